@@ -1,0 +1,55 @@
+"""The architecture description shared by every model family, and the parameter layout.
+
+Parameters are a pytree of arrays (numpy at load time, jax once placed), per-layer weights stacked
+on a leading layer axis so the forward can `jax.lax.scan` over layers. Matrices are stored
+`[in, out]` so activations multiply as `x @ w`:
+
+    embed       [V, E]                  final_norm  [E]
+    lm_head     [V, E]                  (absent when `tie_word_embeddings`)
+    layers:
+      attn_norm [N, E]                  mlp_norm    [N, E]
+      wq        [N, E, H*D]             w_gate      [N, E, I]
+      wk        [N, E, Hkv*D]           w_up        [N, E, I]
+      wv        [N, E, Hkv*D]           w_down      [N, I, E]
+      wo        [N, H*D, E]
+      bq [N, H*D], bk [N, Hkv*D], bv [N, Hkv*D]     (only when `qkv_bias`: Qwen2)
+      q_norm [N, D], k_norm [N, D]                  (only when `qk_norm`: Qwen3)
+
+Rotary embeddings use the rotate-half layout of Hugging Face checkpoints; loaders of other layouts
+(GGUF llama) permute q/k rows back at load time.
+"""
+
+import msgspec
+
+
+class RopeScaling(msgspec.Struct, frozen=True, kw_only=True):
+    """Llama-3 style frequency scaling (`rope_type == "llama3"`)."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
+class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything the forward needs to know about an architecture; immutable and hashable."""
+
+    family: str  # "llama" | "qwen2" | "qwen3"
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    rope_scaling: RopeScaling | None = None
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        """KV-cache bytes one token costs: 2 * layers * kv_heads * head_dim * dtype_bytes."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
