@@ -1,0 +1,9 @@
+"""Model families: each a config parser and a q/k/v projection over the shared decoder."""
+
+from engine.models import llama, qwen2, qwen3
+from engine.models.config import ModelConfig, RopeScaling
+from engine.models.decoder import Family, PackedInputs, label_logprobs
+
+FAMILIES: dict[str, Family] = {f.name: f for f in (llama.FAMILY, qwen2.FAMILY, qwen3.FAMILY)}
+
+__all__ = ["FAMILIES", "Family", "ModelConfig", "PackedInputs", "RopeScaling", "label_logprobs"]

