@@ -1,0 +1,128 @@
+"""Host packing: prefix grouping, batch planning, flat arrays; packed scores equal one-by-one."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine import load_model, packing
+from engine.packing import Chunk
+
+BUCKETS = packing.Buckets(block_size=4, tokens=(8, 16, 32), rows=(1, 4, 16), widths=(1, 2, 4, 8))
+
+
+def test_groups_share_the_longest_prefixes():
+    q1, q2 = [1, 2, 3, 4, 5], [1, 2, 9, 9, 9]
+    seqs = [q1 + [7], q2 + [8], q1 + [6, 6], [4], q2 + [1]]
+    assert packing.group_by_prefix(seqs) == [Chunk(5, (0, 2)), Chunk(5, (1, 4)), Chunk(0, (3,))]
+
+
+def test_one_group_when_the_common_prefix_saves_more():
+    head = [1, 2, 3, 4, 5, 6, 7]
+    seqs = [[*head, 8, 10 + i] for i in range(3)] + [[*head, 50, 51]]
+    assert packing.group_by_prefix(seqs) == [Chunk(7, (0, 1, 2, 3))]  # 3 * 7 beats 2 * 8
+    seqs = [[1, 2, 3, 4, 10 + i] for i in range(6)] + [[1, 2, 3, 9, 9]]
+    assert packing.group_by_prefix(seqs) == [Chunk(4, tuple(range(6))), Chunk(0, (6,))]  # 5*4 > 6*3
+
+
+def test_every_member_keeps_a_suffix_token():
+    seqs = [[1, 2, 3], [1, 2, 3], [1, 2, 3, 4]]
+    assert packing.group_by_prefix(seqs) == [Chunk(2, (0, 1, 2))]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=8), min_size=1, max_size=30))
+def test_grouping_is_a_valid_partition(seqs):
+    groups = packing.group_by_prefix(seqs)
+    members = sorted(m for g in groups for m in g.members)
+    assert members == list(range(len(seqs)))
+    for g in groups:
+        first = seqs[g.members[0]][: g.prefix_len]
+        assert all(seqs[m][: g.prefix_len] == first and len(seqs[m]) > g.prefix_len for m in g.members)
+        assert g.prefix_len > 0 or len(g.members) == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=12), min_size=1, max_size=40),
+    st.integers(8, 40),
+    st.integers(1, 9),
+)
+def test_plans_respect_budget_and_rows(seqs, budget, max_rows):
+    lengths = [len(s) for s in seqs]
+    plans = packing.plan_batches(
+        packing.group_by_prefix(seqs), lengths, token_budget=budget, max_rows=max_rows
+    )
+    seen = sorted(m for plan in plans for c in plan for m in c.members)
+    assert seen == list(range(len(seqs)))
+    for plan in plans:
+        tokens = sum(c.prefix_len + sum(lengths[m] - c.prefix_len for m in c.members) for c in plan)
+        rows = sum(len(c.members) for c in plan)
+        assert rows <= max_rows
+        assert tokens <= budget or rows == 1
+
+
+def test_pack_lays_out_prefix_then_suffixes_then_padding():
+    seqs = [[5, 6, 7, 1], [5, 6, 7, 2, 3], [9, 9, 9]]
+    batch, order = packing.pack(
+        seqs, [[0], [1], [2, 3]], [Chunk(3, (0, 1)), Chunk(0, (2,))], BUCKETS
+    )
+    pad = list(range(9, 16))
+    assert order == [0, 1, 2]
+    np.testing.assert_array_equal(batch.tokens, [5, 6, 7, 1, 2, 3, 9, 9, 9] + [0] * 7)
+    np.testing.assert_array_equal(batch.positions, [0, 1, 2, 3, 3, 4, 0, 1, 2] + [0] * 7)
+    np.testing.assert_array_equal(batch.meta.prefix_start, [0] * 6 + [6, 6, 6] + pad)
+    np.testing.assert_array_equal(batch.meta.prefix_end, [0, 0, 0, 3, 3, 3, 6, 6, 6] + pad)
+    np.testing.assert_array_equal(batch.meta.own_start, [0, 0, 0, 3, 4, 4, 6, 6, 6] + pad)
+    np.testing.assert_array_equal(batch.score_rows, [3, 5, 8, 0])
+    np.testing.assert_array_equal(batch.label_ids, [[0, 0], [1, 0], [2, 3], [0, 0]])
+
+
+def test_too_long_for_every_bucket_is_an_error():
+    with pytest.raises(ValueError, match="exceeds the largest bucket"):
+        packing.pack([list(range(40))], [[0]], [Chunk(0, (0,))], BUCKETS)
+
+
+WORDS = "alpha beta gamma delta river stone light paper green quick slow house".split()
+
+
+def _texts(rng, n, lo, hi):
+    return [" ".join(rng.choice(WORDS, rng.integers(lo, hi))) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tiny_checkpoints):
+    return load_model(tiny_checkpoints["llama-untied"], dtype="float32")
+
+
+@pytest.mark.parametrize("item_first", [False, True])
+def test_packed_equals_one_by_one(tiny_llama, item_first):
+    rng = np.random.default_rng(1)
+    query = "Query: is the river near the stone house? Items follow."
+    items = _texts(rng, 64, 1, 30)
+    labels = [3, 40, 200]
+    packed = tiny_llama.score(query, items, labels, item_first=item_first)
+    single = [tiny_llama.score(query, [it], labels, item_first=item_first)[0] for it in items]
+    seqs = tiny_llama.sequences(query, items, item_first=item_first)
+    lp_packed = tiny_llama.label_logprobs(seqs, [labels] * len(seqs))
+    lp_single = np.concatenate([tiny_llama.label_logprobs([s], [labels]) for s in seqs])
+    np.testing.assert_allclose(lp_packed, lp_single, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(packed, single, rtol=1e-4, atol=0)
+
+
+def test_several_groups_and_split_batches_equal_one_by_one(tiny_checkpoints):
+    model = load_model(tiny_checkpoints["qwen3"], dtype="float32", token_budget=256)
+    rng = np.random.default_rng(2)
+    queries = [list(rng.integers(0, 384, n)) for n in (40, 3, 90)]
+    seqs = [[int(t) for t in q] + list(map(int, rng.integers(0, 384, rng.integers(1, 25))))
+            for q in queries for _ in range(12)]
+    seqs += [list(map(int, rng.integers(0, 384, n))) for n in (1, 2, 200)]
+    order = rng.permutation(len(seqs))
+    seqs = [seqs[i] for i in order]
+    labels = [[int(x) for x in rng.integers(0, 384, rng.integers(1, 4))] for _ in seqs]
+    assert len(packing.plan_batches(packing.group_by_prefix(seqs), [len(s) for s in seqs],
+                                    token_budget=256, max_rows=10**6)) > 2
+    packed = model.label_logprobs(seqs, labels)
+    for i, (s, lab) in enumerate(zip(seqs, labels, strict=True)):
+        single = model.label_logprobs([s], [lab])[0]
+        np.testing.assert_allclose(packed[i, : len(lab)], single, atol=1e-5, rtol=0)

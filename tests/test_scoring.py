@@ -1,0 +1,147 @@
+"""`load_model` / `ScoringModel.score`: sglang semantics, validation, and the real SmolLM2 model."""
+
+import numpy as np
+import pytest
+
+from engine import CheckpointError, load_model
+from engine.loaders import default_model_path
+from engine.scoring import scores_from_logprobs
+from tests.conftest import hf_label_logprobs
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_checkpoints):
+    return load_model(tiny_checkpoints["qwen2"], dtype="float32")
+
+
+def test_text_is_joined_then_tokenised_whole(tiny):
+    query, items, labels = "Is the sky blue?", [" Yes it is.", " No, never"], [3, 9]
+    ids = [e.ids for e in tiny.tokenizer.encode_batch([query + it for it in items])]
+    assert tiny.sequences(query, items, item_first=False) == ids
+    by_text = tiny.score(query, items, labels)
+    by_hand = scores_from_logprobs(tiny.label_logprobs(ids, [labels] * 2), apply_softmax=False)
+    np.testing.assert_allclose(by_text, by_hand, rtol=1e-6)
+
+
+def test_item_first_puts_the_item_before_the_query(tiny):
+    q = tiny.tokenizer.encode("query text").ids
+    assert tiny.sequences(q, [[7, 8]], item_first=True) == [[7, 8, *q]]
+    assert tiny.sequences("Q?", ["item"], item_first=True) == [tiny.tokenizer.encode("itemQ?").ids]
+
+
+def test_token_ids_are_concatenated(tiny):
+    assert tiny.sequences([1, 2], [[3], [4, 5]], item_first=False) == [[1, 2, 3], [1, 2, 4, 5]]
+
+
+def test_single_string_item_is_one_item(tiny):
+    assert len(tiny.score("q", "one item", [1, 2])) == 1
+
+
+def test_softmax_normalises_over_the_labels(tiny):
+    raw = np.array(tiny.score([5, 6, 7], [[8], [9, 10]], [11, 12, 13]))
+    soft = np.array(tiny.score([5, 6, 7], [[8], [9, 10]], [11, 12, 13], apply_softmax=True))
+    np.testing.assert_allclose(soft.sum(axis=1), 1.0, rtol=1e-12)
+    np.testing.assert_allclose(soft, raw / raw.sum(axis=1, keepdims=True), rtol=1e-5)
+    assert (raw.sum(axis=1) < 1).all()
+
+
+@pytest.mark.parametrize(
+    ("query", "items", "labels", "match"),
+    [
+        ("text", [[1, 2]], [1], "query/items: must be all text"),
+        ([1, 2], ["text"], [1], "query/items: must be all text"),
+        ("text", [], [1], "items: must be a non-empty"),
+        ("text", ["ok", ""], [1], r"items\[1\]: empty item"),
+        ([1], [[2], []], [1], r"items\[1\]: empty item"),
+        ("text", ["ok"], [], "label_token_ids: must be a non-empty"),
+        ("text", ["ok"], [384], r"label_token_ids: \[384\] outside the vocabulary \[0, 384\)"),
+        ("text", ["ok"], [-1], "label_token_ids: .* outside the vocabulary"),
+        ([1], [[2, 999]], [1], r"items\[0\]: token id outside the vocabulary"),
+        ([1] * 500, [[2] * 20], [1], r"items\[0\]: sequence of 520 tokens exceeds .* 512"),
+        ([1, True], [[2]], [1], "query/items"),
+    ],
+)
+def test_invalid_input_names_the_problem(tiny, query, items, labels, match):
+    with pytest.raises(ValueError, match=match):
+        tiny.score(query, items, labels)
+
+
+def test_bad_options_are_rejected(tiny_checkpoints, tmp_path):
+    with pytest.raises(ValueError, match="dtype: 'float16'"):
+        load_model(tiny_checkpoints["qwen2"], dtype="float16")
+    with pytest.raises(ValueError, match="unknown attention 'flash'"):
+        load_model(tiny_checkpoints["qwen2"], attention="flash")
+    with pytest.raises(CheckpointError, match="not a Hugging Face model directory"):
+        load_model(tmp_path / "missing.gguf")
+    with pytest.raises(CheckpointError, match="missing config.json"):
+        load_model(tmp_path)
+
+
+def test_reference_attention_gives_the_same_scores(tiny_checkpoints):
+    seqs = [[1, 2, 3, 4, 5], [1, 2, 3, 9], [7] * 70]
+    ref = load_model(tiny_checkpoints["qwen3"], dtype="float32", attention="reference")
+    xla = load_model(tiny_checkpoints["qwen3"], dtype="float32", attention="xla")
+    np.testing.assert_allclose(
+        ref.label_logprobs(seqs, [[1, 2]] * 3), xla.label_logprobs(seqs, [[1, 2]] * 3), atol=1e-5
+    )
+
+
+# --- the real default model ---------------------------------------------------------------
+
+PAIRS = [
+    ("What is the capital of France?", " Paris is the capital and largest city of France."),
+    ("What is the capital of France?", " Berlin is known for its museums and nightlife."),
+    ("Is Python a programming language?", " Python is a high-level, general-purpose language."),
+    ("Is Python a programming language?", " The python is a large constricting snake."),
+    ("How many legs does a spider have?", " Spiders have eight legs and two body segments."),
+    ("How many legs does a spider have?", " Most insects have six legs."),
+    ("Who wrote Hamlet?", " Hamlet is a tragedy written by William Shakespeare around 1600."),
+    ("Who wrote Hamlet?", " Pride and Prejudice was written by Jane Austen."),
+    ("What is 12 * 12?", " 12 multiplied by 12 equals 144."),
+    ("What is 12 * 12?", " The sum of 12 and 12 is 24."),
+    ("Does water boil at 100°C at sea level?", " Yes: at 1 atm, water boils at 100 °C."),
+    ("Best way to sort a list in Python?", " Use sorted(items) or items.sort(key=len)."),
+    ("Best way to sort a list in Python?", " Bake the cake at 180 degrees for 40 minutes."),
+    ("Translate 'cat' to French.", " Le chat (the cat) — «chat» en français."),
+    ("What is the speed of light?", " About 299,792 km/s in vacuum.\nIt is denoted c."),
+    ("日本の首都はどこですか？", " 東京は日本の首都です。"),
+]
+SUFFIX = " Is the answer relevant? Answer yes or no:"
+
+
+@pytest.fixture(scope="module")
+def smol_pair(smollm2):
+    import torch
+    import transformers
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        smollm2.parent, gguf_file=smollm2.name, dtype=torch.float32
+    ).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(smollm2.parent, gguf_file=smollm2.name)
+    return load_model(smollm2, dtype="float32"), hf, tok
+
+
+def _yes_no(tok):
+    return [tok.encode(" yes", add_special_tokens=False)[0], tok.encode(" no", add_special_tokens=False)[0]]
+
+
+def test_default_model_is_smollm2(smollm2):
+    assert default_model_path() == smollm2
+
+
+def test_smollm2_matches_transformers(smol_pair):
+    model, hf, tok = smol_pair
+    labels = _yes_no(tok) + [tok.eos_token_id, 1000]
+    texts = [q + it + SUFFIX for q, it in PAIRS]
+    seqs = [tok(t).input_ids for t in texts]
+    assert [model.tokenizer.encode(t).ids for t in texts] == seqs
+    ours = np.concatenate(
+        [model.label_logprobs(model.sequences(q, [it + SUFFIX], item_first=False), [labels])
+         for q, it in PAIRS]
+    )
+    ref = hf_label_logprobs(hf, seqs, labels)
+    np.testing.assert_allclose(ours, ref, atol=1e-3, rtol=0)
+    soft = [model.score(q, [it + SUFFIX], labels, apply_softmax=True)[0] for q, it in PAIRS]
+    np.testing.assert_allclose(soft, scores_from_logprobs(ref, apply_softmax=True), atol=1e-4)
+    batched = model.score(PAIRS[0][0], [it + SUFFIX for _, it in PAIRS[:2]], labels)
+    np.testing.assert_allclose(np.log(batched), ref[:2], atol=1e-3)
