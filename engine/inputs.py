@@ -27,7 +27,9 @@ def normalize_items(items: Items) -> list:
     if isinstance(items, str):
         items = [items]
     if not isinstance(items, Sequence) or len(items) == 0:
-        raise ValueError("items: must be a non-empty string, list of strings or list of token-id lists")
+        raise ValueError(
+            "items: must be a non-empty string, list of strings or list of token-id lists"
+        )
     return list(items)
 
 

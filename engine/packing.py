@@ -6,6 +6,7 @@ at the end. Positions restart at 0 for every sequence, so RoPE sees what one-by-
 """
 
 from collections.abc import Sequence
+from itertools import pairwise
 from typing import NamedTuple
 
 import numpy as np
@@ -66,7 +67,7 @@ def group_by_prefix(seqs: Sequence[Tokens]) -> list[Chunk]:
     order = sorted(range(len(seqs)), key=lambda i: tuple(seqs[i]))
     lcp = [
         min(common_prefix(seqs[a], seqs[b]), len(seqs[a]) - 1, len(seqs[b]) - 1)
-        for a, b in zip(order, order[1:], strict=False)
+        for a, b in pairwise(order)
     ]
     groups = []
     for lo, hi, prefix in _best_ranges(lcp, 0, len(order)):
@@ -88,7 +89,7 @@ def _best_ranges(lcp: list[int], lo: int, hi: int) -> list[tuple[int, int, int]]
             continue
         low = min(lcp[a : b - 1])
         cuts = [a] + [j + 1 for j in range(a, b - 1) if lcp[j] == low] + [b]
-        parts = list(zip(cuts, cuts[1:], strict=False))
+        parts = list(pairwise(cuts))
         if not expanded:
             stack.append((a, b, True))
             stack.extend((x, y, False) for x, y in parts if len(parts) > 1)
@@ -116,14 +117,14 @@ def plan_batches(
         open_chunk: list[int] = []
         for m in group.members:
             cost = lengths[m] - group.prefix_len + (0 if open_chunk else group.prefix_len)
-            if batches[-1] or open_chunk:
-                if used + cost > token_budget or rows + 1 > max_rows:
-                    if open_chunk:
-                        batches[-1].append(Chunk(group.prefix_len, tuple(open_chunk)))
-                    batches.append([])
-                    used = rows = 0
-                    open_chunk = []
-                    cost = lengths[m]
+            full = used + cost > token_budget or rows + 1 > max_rows
+            if full and (batches[-1] or open_chunk):
+                if open_chunk:
+                    batches[-1].append(Chunk(group.prefix_len, tuple(open_chunk)))
+                batches.append([])
+                used = rows = 0
+                open_chunk = []
+                cost = lengths[m]
             open_chunk.append(m)
             used += cost
             rows += 1

@@ -36,7 +36,9 @@ def load_model(
     )
 
 
-F32_PARAMS = frozenset({"attn_norm", "mlp_norm", "final_norm", "q_norm", "k_norm", "bq", "bk", "bv"})
+F32_PARAMS = frozenset(
+    {"attn_norm", "mlp_norm", "final_norm", "q_norm", "k_norm", "bq", "bk", "bv"}
+)
 
 
 def place_params(params: dict, dtype) -> dict:
@@ -66,7 +68,9 @@ class ScoringModel:
         self.tokenizer: tokenizers.Tokenizer = checkpoint.tokenizer
         self.dtype = dtype
         self.token_budget = token_budget
-        self.buckets = packing.default_buckets(max(token_budget, self.config.max_position_embeddings))
+        self.buckets = packing.default_buckets(
+            max(token_budget, self.config.max_position_embeddings)
+        )
         self.params = place_params(checkpoint.params, DTYPES[dtype])
         self.attention = select_attention(attention, jax.default_backend())
         self._forward = jax.jit(

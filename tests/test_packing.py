@@ -38,7 +38,9 @@ def test_grouping_is_a_valid_partition(seqs):
     assert members == list(range(len(seqs)))
     for g in groups:
         first = seqs[g.members[0]][: g.prefix_len]
-        assert all(seqs[m][: g.prefix_len] == first and len(seqs[m]) > g.prefix_len for m in g.members)
+        assert all(
+            seqs[m][: g.prefix_len] == first and len(seqs[m]) > g.prefix_len for m in g.members
+        )
         assert g.prefix_len > 0 or len(g.members) == 1
 
 
@@ -114,14 +116,26 @@ def test_several_groups_and_split_batches_equal_one_by_one(tiny_checkpoints):
     model = load_model(tiny_checkpoints["qwen3"], dtype="float32", token_budget=256)
     rng = np.random.default_rng(2)
     queries = [list(rng.integers(0, 384, n)) for n in (40, 3, 90)]
-    seqs = [[int(t) for t in q] + list(map(int, rng.integers(0, 384, rng.integers(1, 25))))
-            for q in queries for _ in range(12)]
+    seqs = [
+        [int(t) for t in q] + list(map(int, rng.integers(0, 384, rng.integers(1, 25))))
+        for q in queries
+        for _ in range(12)
+    ]
     seqs += [list(map(int, rng.integers(0, 384, n))) for n in (1, 2, 200)]
     order = rng.permutation(len(seqs))
     seqs = [seqs[i] for i in order]
     labels = [[int(x) for x in rng.integers(0, 384, rng.integers(1, 4))] for _ in seqs]
-    assert len(packing.plan_batches(packing.group_by_prefix(seqs), [len(s) for s in seqs],
-                                    token_budget=256, max_rows=10**6)) > 2
+    assert (
+        len(
+            packing.plan_batches(
+                packing.group_by_prefix(seqs),
+                [len(s) for s in seqs],
+                token_budget=256,
+                max_rows=10**6,
+            )
+        )
+        > 2
+    )
     packed = model.label_logprobs(seqs, labels)
     for i, (s, lab) in enumerate(zip(seqs, labels, strict=True)):
         single = model.label_logprobs([s], [lab])[0]

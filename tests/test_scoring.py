@@ -73,7 +73,7 @@ def test_bad_options_are_rejected(tiny_checkpoints, tmp_path):
         load_model(tiny_checkpoints["qwen2"], attention="flash")
     with pytest.raises(CheckpointError, match="not a Hugging Face model directory"):
         load_model(tmp_path / "missing.gguf")
-    with pytest.raises(CheckpointError, match="missing config.json"):
+    with pytest.raises(CheckpointError, match=r"missing config\.json"):
         load_model(tmp_path)
 
 
@@ -122,7 +122,10 @@ def smol_pair(smollm2):
 
 
 def _yes_no(tok):
-    return [tok.encode(" yes", add_special_tokens=False)[0], tok.encode(" no", add_special_tokens=False)[0]]
+    return [
+        tok.encode(" yes", add_special_tokens=False)[0],
+        tok.encode(" no", add_special_tokens=False)[0],
+    ]
 
 
 def test_default_model_is_smollm2(smollm2):
@@ -136,8 +139,10 @@ def test_smollm2_matches_transformers(smol_pair):
     seqs = [tok(t).input_ids for t in texts]
     assert [model.tokenizer.encode(t).ids for t in texts] == seqs
     ours = np.concatenate(
-        [model.label_logprobs(model.sequences(q, [it + SUFFIX], item_first=False), [labels])
-         for q, it in PAIRS]
+        [
+            model.label_logprobs(model.sequences(q, [it + SUFFIX], item_first=False), [labels])
+            for q, it in PAIRS
+        ]
     )
     ref = hf_label_logprobs(hf, seqs, labels)
     np.testing.assert_allclose(ours, ref, atol=1e-3, rtol=0)

@@ -25,4 +25,6 @@ def default_model_path() -> Path:
         found = sorted(Path(location).glob("*.gguf"))
         if found:
             return found[0]
-    raise CheckpointError(f"package {DEFAULT_PACKAGE} has no .gguf file; reinstall: `{INSTALL_HINT}`")
+    raise CheckpointError(
+        f"package {DEFAULT_PACKAGE} has no .gguf file; reinstall: `{INSTALL_HINT}`"
+    )

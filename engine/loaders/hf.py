@@ -1,4 +1,4 @@
-"""Hugging Face checkpoint directories: config.json, safetensors (single or sharded), tokenizer.json.
+"""Hugging Face model directories: config.json, safetensors (single or sharded), tokenizer.json.
 
 Checkpoint naming is mapped to the layout of `engine.models.config` here, so the forward never
 sees a checkpoint's quirks.
@@ -27,7 +27,11 @@ _LAYER_NAMES = {
     "w_up": "mlp.up_proj.weight",
     "w_down": "mlp.down_proj.weight",
 }
-_BIAS_NAMES = {"bq": "self_attn.q_proj.bias", "bk": "self_attn.k_proj.bias", "bv": "self_attn.v_proj.bias"}
+_BIAS_NAMES = {
+    "bq": "self_attn.q_proj.bias",
+    "bk": "self_attn.k_proj.bias",
+    "bv": "self_attn.v_proj.bias",
+}
 _QK_NORM_NAMES = {"q_norm": "self_attn.q_norm.weight", "k_norm": "self_attn.k_norm.weight"}
 
 

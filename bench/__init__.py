@@ -1,0 +1,1 @@
+"""Benchmarks: measure, never assert."""

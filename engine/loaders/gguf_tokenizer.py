@@ -1,0 +1,353 @@
+"""Rebuilding a `tokenizers.Tokenizer` from the vocabulary a GGUF file carries in its metadata.
+
+A GGUF has no `tokenizer.json`: llama.cpp stores the token strings, their types, the BPE merges,
+the special token ids and a pre-tokenizer name (`tokenizer.ggml.pre`) instead. By default the
+tokenizer built here gives the same ids as transformers' `AutoTokenizer.from_pretrained(dir,
+gguf_file=...)`; `reference="llama.cpp"` follows llama.cpp where the two differ: SmolLM2's
+`smollm` pre-tokenizer splits digits off one by one before the GPT-2 regex, and SentencePiece
+vocabularies honour `add_space_prefix` and prefix "▁" after special tokens too.
+"""
+
+import os
+from collections.abc import Callable
+from typing import Any, Literal
+
+from gguf import GGUFReader, TokenType
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, pre_tokenizers, processors
+from tokenizers.models import BPE
+
+from engine.loaders.checkpoint import CheckpointError
+
+Reference = Literal["transformers", "llama.cpp"]
+
+_MISSING: Any = object()
+
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+_METASPACE = "\u2581"
+
+
+def metadata_value(reader: GGUFReader, key: str, path: str | os.PathLike, default: Any = _MISSING):
+    """The decoded value of metadata `key`, `default` when absent, else a `CheckpointError`."""
+    field = reader.get_field(key)
+    if field is None:
+        if default is _MISSING:
+            raise CheckpointError(f"{os.fspath(path)}: missing GGUF metadata key {key!r}")
+        return default
+    return field.contents()
+
+
+def tokenizer_from_gguf(
+    reader: GGUFReader, path: str | os.PathLike, *, reference: Reference = "transformers"
+) -> Tokenizer:
+    """The tokenizer described by a GGUF file's `tokenizer.ggml.*` metadata.
+
+    Supports `tokenizer.ggml.model` `gpt2` (byte-level BPE) and `llama` (SentencePiece BPE with
+    byte fallback). Control and user-defined tokens are matched whole; BOS/EOS are added by a
+    `TemplateProcessing` post-processor exactly when `add_bos_token`/`add_eos_token` say so
+    (absent: no BOS for `gpt2`, BOS for `llama`, as llama.cpp and transformers do).
+
+    `reference` picks whose ids to reproduce where transformers and llama.cpp disagree (see the
+    module docstring); the default matches transformers.
+    """
+    if reference not in _PRE_TOKENIZERS:
+        raise ValueError(f"reference must be 'transformers' or 'llama.cpp', not {reference!r}")
+    model = metadata_value(reader, "tokenizer.ggml.model", path)
+    tokens = metadata_value(reader, "tokenizer.ggml.tokens", path)
+    token_types = metadata_value(reader, "tokenizer.ggml.token_type", path, None)
+    if token_types is not None and len(token_types) != len(tokens):
+        raise CheckpointError(
+            f"{os.fspath(path)}: tokenizer.ggml.token_type has {len(token_types)} entries "
+            f"for {len(tokens)} tokens"
+        )
+    if model == "gpt2":
+        vocab = _spelled_vocab(tokens)
+        tokenizer = _byte_level_tokenizer(reader, path, vocab, reference)
+        add_bos_default = False
+    elif model == "llama":
+        vocab = {token: index for index, token in enumerate(tokens)}
+        tokenizer = _sentencepiece_tokenizer(reader, path, tokens, vocab, reference)
+        add_bos_default = True
+    else:
+        raise CheckpointError(
+            f"{os.fspath(path)}: unsupported tokenizer model {model!r} (tokenizer.ggml.model); "
+            "supported: 'gpt2', 'llama'"
+        )
+    _add_whole_tokens(reader, path, tokenizer, tokens, token_types or [], vocab)
+    tokenizer.post_processor = _post_processor(reader, path, tokens, add_bos_default)
+    return tokenizer
+
+
+# --- byte-level BPE ("gpt2") ---------------------------------------------------------------------
+
+
+def _byte_alphabet() -> dict[int, str]:
+    """GPT-2's byte -> printable character table: visible Latin-1 bytes stand for themselves,
+    the other 68 bytes are shifted to code points 256 and up in byte order."""
+    visible = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    table = {byte: chr(byte) for byte in visible}
+    shifted = (byte for byte in range(256) if byte not in table)
+    for offset, byte in enumerate(shifted):
+        table[byte] = chr(256 + offset)
+    return dict(sorted(table.items()))
+
+
+_BYTE_ALPHABET = _byte_alphabet()
+_BYTE_CHARS = frozenset(_BYTE_ALPHABET.values())
+
+
+def _spell(token: str) -> str:
+    """A token as the byte-level BPE model knows it.
+
+    Vocabulary entries are stored in the byte alphabet already; a few files carry special tokens
+    spelled in plain UTF-8 (e.g. with full-width bars), which are respelled byte by byte.
+    """
+    if set(token) <= _BYTE_CHARS:
+        return token
+    return "".join(_BYTE_ALPHABET[byte] for byte in token.encode("utf-8"))
+
+
+def _spelled_vocab(tokens: list[str]) -> dict[str, int]:
+    """Token string (byte alphabet) -> id; on a clash the later id wins, as in transformers."""
+    return {_spell(token): index for index, token in enumerate(tokens)}
+
+
+def _byte_level_tokenizer(
+    reader: GGUFReader, path: str | os.PathLike, vocab: dict[str, int], reference: Reference
+) -> Tokenizer:
+    merges = metadata_value(reader, "tokenizer.ggml.merges", path)
+    pre = metadata_value(reader, "tokenizer.ggml.pre", path, "default")
+    model = _bpe(
+        path,
+        vocab=vocab,
+        merges=[_merge_pair(merge, path) for merge in merges],
+        continuing_subword_prefix="",
+        end_of_word_suffix="",
+        fuse_unk=False,
+    )
+    tokenizer = Tokenizer(model)
+    tokenizer.pre_tokenizer = _byte_level_pre_tokenizer(pre, path, reference)
+    tokenizer.decoder = decoders.ByteLevel()
+    return tokenizer
+
+
+def _bpe(path: str | os.PathLike, **options: Any) -> BPE:
+    """A BPE model; inconsistent vocab/merges become a `CheckpointError`."""
+    try:
+        return BPE(dropout=None, **options)
+    except Exception as error:  # tokenizers raises a bare Exception
+        raise CheckpointError(
+            f"{os.fspath(path)}: invalid tokenizer vocabulary: {error}"
+        ) from error
+
+
+def _merge_pair(merge: str, path: str | os.PathLike) -> tuple[str, str]:
+    parts = merge.split(" ")
+    if len(parts) != 2:
+        raise CheckpointError(f"{os.fspath(path)}: malformed tokenizer.ggml.merges entry {merge!r}")
+    return parts[0], parts[1]
+
+
+def _gpt2_regex() -> pre_tokenizers.PreTokenizer:
+    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+
+
+def _digits_then_gpt2_regex() -> pre_tokenizers.PreTokenizer:
+    return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), _gpt2_regex()])
+
+
+def _split_then_bytes(pattern: str) -> Callable[[], pre_tokenizers.PreTokenizer]:
+    def build() -> pre_tokenizers.PreTokenizer:
+        return pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+
+    return build
+
+
+# `tokenizer.ggml.pre` -> pre-tokenizer. transformers has no special case for `smollm` and splits
+# it with the GPT-2 regex alone, where llama.cpp splits digits off first. transformers also reads a
+# missing or "default" name as GPT-2, which llama.cpp does not, so the llama.cpp table omits it.
+_PRE_TOKENIZERS: dict[Reference, dict[str, Callable[[], pre_tokenizers.PreTokenizer]]] = {
+    "transformers": {
+        "default": _gpt2_regex,
+        "gpt-2": _gpt2_regex,
+        "smollm": _gpt2_regex,
+        "llama-bpe": _split_then_bytes(_LLAMA3_SPLIT),
+        "llama3": _split_then_bytes(_LLAMA3_SPLIT),
+        "llama-v3": _split_then_bytes(_LLAMA3_SPLIT),
+        "smaug-bpe": _split_then_bytes(_LLAMA3_SPLIT),
+        "qwen2": _split_then_bytes(_QWEN2_SPLIT),
+        "deepseek-r1-qwen": _split_then_bytes(_QWEN2_SPLIT),
+    },
+}
+_PRE_TOKENIZERS["llama.cpp"] = {
+    **{pre: build for pre, build in _PRE_TOKENIZERS["transformers"].items() if pre != "default"},
+    "smollm": _digits_then_gpt2_regex,
+}
+
+
+def _byte_level_pre_tokenizer(
+    pre: str, path: str | os.PathLike, reference: Reference
+) -> pre_tokenizers.PreTokenizer:
+    table = _PRE_TOKENIZERS[reference]
+    build = table.get(pre)
+    if build is None:
+        raise CheckpointError(
+            f"{os.fspath(path)}: unsupported pre-tokenizer {pre!r} (tokenizer.ggml.pre); "
+            f"supported: {sorted(table)}"
+        )
+    return build()
+
+
+# --- SentencePiece BPE ("llama") -----------------------------------------------------------------
+
+
+def _sentencepiece_tokenizer(
+    reader: GGUFReader,
+    path: str | os.PathLike,
+    tokens: list[str],
+    vocab: dict[str, int],
+    reference: Reference,
+) -> Tokenizer:
+    merges = metadata_value(reader, "tokenizer.ggml.merges", path, None)
+    if merges is None:
+        scores = metadata_value(reader, "tokenizer.ggml.scores", path)
+        pairs = _merges_from_scores(tokens, scores, vocab)
+    else:
+        pairs = [_merge_pair(merge, path) for merge in merges]
+    tokenizer = Tokenizer(_bpe(path, vocab=vocab, merges=pairs, fuse_unk=True, byte_fallback=True))
+    prefix = _space_prefix(reader, path, reference)
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(
+        replacement=_METASPACE, prepend_scheme=prefix, split=False
+    )
+    strip = [decoders.Strip(content=" ", left=1, right=0)] if prefix != "never" else []
+    tokenizer.decoder = decoders.Sequence(
+        [decoders.Replace(_METASPACE, " "), decoders.ByteFallback(), decoders.Fuse(), *strip]
+    )
+    return tokenizer
+
+
+def _space_prefix(reader: GGUFReader, path: str | os.PathLike, reference: Reference) -> str:
+    """Metaspace `prepend_scheme`.
+
+    transformers prefixes "▁" to the start of the text only, whatever `add_space_prefix` says;
+    llama.cpp honours the flag and prefixes every stretch of text, including those right after a
+    special or added token.
+    """
+    if reference == "transformers":
+        return "first"
+    add_prefix = metadata_value(reader, "tokenizer.ggml.add_space_prefix", path, True)
+    return "always" if add_prefix else "never"
+
+
+def _merges_from_scores(
+    tokens: list[str], scores: list[float], vocab: dict[str, int]
+) -> list[tuple[str, str]]:
+    """BPE merges implied by a SentencePiece vocabulary: every split of a token into two vocabulary
+    pieces, best-scored token first; ties go to longer left, then longer right pieces, then file
+    order, then piece ids."""
+    candidates = []
+    for token, score in dict(zip(tokens, scores, strict=True)).items():
+        splits = [
+            (token[:cut], token[cut:])
+            for cut in range(1, len(token))
+            if token[:cut] in vocab and token[cut:] in vocab
+        ]
+        splits.sort(key=lambda pair: (vocab[pair[0]], vocab[pair[1]]))
+        candidates.extend((left, right, score) for left, right in splits)
+    candidates.sort(key=lambda merge: (-merge[2], -len(merge[0]), -len(merge[1])))
+    return [(left, right) for left, right, _ in candidates]
+
+
+# --- added tokens and post-processing ------------------------------------------------------------
+
+_NAMED_SPECIAL_IDS = (
+    "tokenizer.ggml.bos_token_id",
+    "tokenizer.ggml.eos_token_id",
+    "tokenizer.ggml.unknown_token_id",
+    "tokenizer.ggml.padding_token_id",
+)
+
+
+def _add_whole_tokens(
+    reader: GGUFReader,
+    path: str | os.PathLike,
+    tokenizer: Tokenizer,
+    tokens: list[str],
+    token_types: list[int],
+    vocab: dict[str, int],
+) -> None:
+    """Register control tokens (and the named bos/eos/unk/pad) as special and user-defined tokens
+    as plain added tokens, so text containing them is matched whole instead of split into pieces.
+
+    Only tokens whose own spelling is in the vocabulary are added: adding any other string would
+    mint a new id past the embedding table.
+    """
+    typed = list(zip(tokens, token_types, strict=True))
+    special = [token for token, kind in typed if kind == TokenType.CONTROL and token in vocab]
+    for key in _NAMED_SPECIAL_IDS:
+        token_id = metadata_value(reader, key, path, None)
+        if token_id is not None and token_id < len(tokens) and tokens[token_id] in vocab:
+            special.append(tokens[token_id])
+    user = [token for token, kind in typed if kind == TokenType.USER_DEFINED and token in vocab]
+    special_set = set(special)
+    tokenizer.add_special_tokens(
+        [AddedToken(token, normalized=False, special=True) for token in dict.fromkeys(special)]
+    )
+    tokenizer.add_tokens(
+        [
+            AddedToken(token, normalized=False, special=False)
+            for token in dict.fromkeys(user)
+            if token not in special_set
+        ]
+    )
+
+
+def _post_processor(
+    reader: GGUFReader, path: str | os.PathLike, tokens: list[str], add_bos_default: bool
+) -> processors.PostProcessor | None:
+    """BOS/EOS around each sequence as the file asks; None when neither is added."""
+    add_bos = metadata_value(reader, "tokenizer.ggml.add_bos_token", path, add_bos_default)
+    add_eos = metadata_value(reader, "tokenizer.ggml.add_eos_token", path, False)
+    if not add_bos and not add_eos:
+        return None
+    # Template names are placeholders (token strings may contain ':', which templates reserve).
+    specials = []
+    if add_bos:
+        specials.append(_special_token(reader, path, tokens, "bos"))
+    if add_eos:
+        specials.append(_special_token(reader, path, tokens, "eos"))
+
+    def sequence(name: str, type_id: int) -> list[str]:
+        before = [f"BOS:{type_id}"] if add_bos else []
+        after = [f"EOS:{type_id}"] if add_eos else []
+        return [*before, f"${name}:{type_id}", *after]
+
+    single = sequence("A", 0)
+    return processors.TemplateProcessing(
+        single=single, pair=[*single, *sequence("B", 1)], special_tokens=specials
+    )
+
+
+def _special_token(
+    reader: GGUFReader, path: str | os.PathLike, tokens: list[str], name: str
+) -> dict[str, Any]:
+    key = f"tokenizer.ggml.{name}_token_id"
+    token_id = metadata_value(reader, key, path, None)
+    if token_id is None or not 0 <= token_id < len(tokens):
+        raise CheckpointError(
+            f"{os.fspath(path)}: tokenizer.ggml.add_{name}_token is set but {key!r} is missing "
+            "or out of range"
+        )
+    return {"id": name.upper(), "ids": [token_id], "tokens": [tokens[token_id]]}
