@@ -1,4 +1,3 @@
-# cython: boundscheck=False, wraparound=False
 """Padding-bucket selection, compiled. Twin of `_native/_buckets_py.py`."""
 
 
@@ -12,5 +11,6 @@ def pick_bucket(buckets, Py_ssize_t n):
         else:
             hi = mid
     if lo == len(buckets):
-        raise ValueError(f"size {n} exceeds the largest bucket {buckets[-1] if buckets else None}")
+        largest = buckets[len(buckets) - 1] if len(buckets) else None
+        raise ValueError(f"size {n} exceeds the largest bucket {largest}")
     return buckets[lo]

@@ -8,5 +8,6 @@ def pick_bucket(buckets: Sequence[int], n: int) -> int:
     """Smallest bucket >= n from the ascending sequence `buckets`; ValueError when none fits."""
     i = bisect_left(buckets, n)
     if i == len(buckets):
-        raise ValueError(f"size {n} exceeds the largest bucket {buckets[-1] if buckets else None}")
+        largest = buckets[-1] if buckets else None
+        raise ValueError(f"size {n} exceeds the largest bucket {largest}")
     return buckets[i]
