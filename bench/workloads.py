@@ -32,3 +32,25 @@ def rerank_pairs(
     query = text_of_tokens(rng, tokenizer, query_tokens)
     lengths = rng.integers(doc_tokens[0], doc_tokens[1] + 1, docs)
     return query, [text_of_tokens(rng, tokenizer, int(n)) for n in lengths]
+
+
+# Varied real query/answer pairs for parity checks against the reference implementation.
+PAIRS = [
+    ("What is the capital of France?", " Paris is the capital and largest city of France."),
+    ("What is the capital of France?", " Berlin is known for its museums and nightlife."),
+    ("Is Python a programming language?", " Python is a high-level, general-purpose language."),
+    ("Is Python a programming language?", " The python is a large constricting snake."),
+    ("How many legs does a spider have?", " Spiders have eight legs and two body segments."),
+    ("How many legs does a spider have?", " Most insects have six legs."),
+    ("Who wrote Hamlet?", " Hamlet is a tragedy written by William Shakespeare around 1600."),
+    ("Who wrote Hamlet?", " Pride and Prejudice was written by Jane Austen."),
+    ("What is 12 * 12?", " 12 multiplied by 12 equals 144."),
+    ("What is 12 * 12?", " The sum of 12 and 12 is 24."),
+    ("Does water boil at 100°C at sea level?", " Yes: at 1 atm, water boils at 100 °C."),
+    ("Best way to sort a list in Python?", " Use sorted(items) or items.sort(key=len)."),
+    ("Best way to sort a list in Python?", " Bake the cake at 180 degrees for 40 minutes."),
+    ("Translate 'cat' to French.", " Le chat (the cat) — «chat» en français."),
+    ("What is the speed of light?", " About 299,792 km/s in vacuum.\nIt is denoted c."),
+    ("日本の首都はどこですか？", " 東京は日本の首都です。"),
+]
+SUFFIX = " Is the answer relevant? Answer yes or no:"

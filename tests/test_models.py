@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
+from bench.baseline import hf_label_logprobs
 from engine import load_model
-from tests.conftest import FAMILY_CONFIGS, hf_label_logprobs
+from tests.conftest import FAMILY_CONFIGS
 
 
 @pytest.fixture(scope="module")

@@ -3,10 +3,11 @@
 import numpy as np
 import pytest
 
+from bench.baseline import hf_label_logprobs, load_transformers
+from bench.workloads import PAIRS, SUFFIX
 from engine import CheckpointError, load_model
 from engine.loaders import default_model_path
 from engine.scoring import scores_from_logprobs
-from tests.conftest import hf_label_logprobs
 
 
 @pytest.fixture(scope="module")
@@ -88,35 +89,12 @@ def test_reference_attention_gives_the_same_scores(tiny_checkpoints):
 
 # --- the real default model ---------------------------------------------------------------
 
-PAIRS = [
-    ("What is the capital of France?", " Paris is the capital and largest city of France."),
-    ("What is the capital of France?", " Berlin is known for its museums and nightlife."),
-    ("Is Python a programming language?", " Python is a high-level, general-purpose language."),
-    ("Is Python a programming language?", " The python is a large constricting snake."),
-    ("How many legs does a spider have?", " Spiders have eight legs and two body segments."),
-    ("How many legs does a spider have?", " Most insects have six legs."),
-    ("Who wrote Hamlet?", " Hamlet is a tragedy written by William Shakespeare around 1600."),
-    ("Who wrote Hamlet?", " Pride and Prejudice was written by Jane Austen."),
-    ("What is 12 * 12?", " 12 multiplied by 12 equals 144."),
-    ("What is 12 * 12?", " The sum of 12 and 12 is 24."),
-    ("Does water boil at 100°C at sea level?", " Yes: at 1 atm, water boils at 100 °C."),
-    ("Best way to sort a list in Python?", " Use sorted(items) or items.sort(key=len)."),
-    ("Best way to sort a list in Python?", " Bake the cake at 180 degrees for 40 minutes."),
-    ("Translate 'cat' to French.", " Le chat (the cat) — «chat» en français."),
-    ("What is the speed of light?", " About 299,792 km/s in vacuum.\nIt is denoted c."),
-    ("日本の首都はどこですか？", " 東京は日本の首都です。"),
-]
-SUFFIX = " Is the answer relevant? Answer yes or no:"
-
 
 @pytest.fixture(scope="module")
 def smol_pair(smollm2):
-    import torch
     import transformers
 
-    hf = transformers.AutoModelForCausalLM.from_pretrained(
-        smollm2.parent, gguf_file=smollm2.name, dtype=torch.float32
-    ).eval()
+    hf = load_transformers(smollm2, "float32")
     tok = transformers.AutoTokenizer.from_pretrained(smollm2.parent, gguf_file=smollm2.name)
     return load_model(smollm2, dtype="float32"), hf, tok
 
