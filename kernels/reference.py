@@ -1,0 +1,40 @@
+"""Dense oracle for packed two-span attention: builds the full [T, T] mask, ignores the schedule."""
+
+import jax
+import jax.numpy as jnp
+
+from kernels.metadata import AttentionMeta
+
+
+def attention_reference(
+    q: jax.Array,  # [T, H, D]
+    k: jax.Array,  # [T, Hkv, D]
+    v: jax.Array,  # [T, Hkv, D]
+    meta: AttentionMeta,
+    *,
+    scale: float,
+) -> jax.Array:  # [T, H, D] in q's dtype
+    """Attention of every token over its prefix span and causal own span, computed densely in f32.
+
+    Query head h reads kv head `h // (H // Hkv)`. Cost and memory are O(T^2 * H): a test oracle.
+    """
+    num_heads = q.shape[1]
+    kv_head = jnp.arange(num_heads) // (num_heads // k.shape[1])
+    qf = q.astype(jnp.float32)
+    kf = k.astype(jnp.float32)[:, kv_head]
+    vf = v.astype(jnp.float32)[:, kv_head]
+    hi = jax.lax.Precision.HIGHEST
+    scores = jnp.einsum("thd,shd->hts", qf, kf, precision=hi) * scale
+    scores = jnp.where(dense_mask(meta)[None], scores, -jnp.inf)
+    probs = jax.nn.softmax(scores, axis=-1)
+    return jnp.einsum("hts,shd->thd", probs, vf, precision=hi).astype(q.dtype)
+
+
+def dense_mask(meta: AttentionMeta) -> jax.Array:  # bool[T, T]
+    """`mask[t, s]` is True when query t may attend to key s."""
+    t = meta.prefix_start.shape[0]
+    query = jnp.arange(t)[:, None]
+    key = jnp.arange(t)[None, :]
+    in_prefix = (key >= meta.prefix_start[:, None]) & (key < meta.prefix_end[:, None])
+    in_own = (key >= meta.own_start[:, None]) & (key <= query)
+    return in_prefix | in_own

@@ -1,0 +1,152 @@
+"""Host-side construction of the block schedule for packed two-span attention (numpy only).
+
+For each block of B queries the schedule lists the key blocks that any of its tokens' two spans
+touch. It is built from per-token intervals of key blocks, merged per query block and expanded,
+so the cost follows the size of the schedule rather than (T/B)^2.
+"""
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from kernels.metadata import AttentionMeta
+
+
+def build_block_schedule(
+    prefix_start: np.ndarray,  # i32[T]
+    prefix_end: np.ndarray,  # i32[T]
+    own_start: np.ndarray,  # i32[T]
+    *,
+    block_size: int,
+    width_buckets: Sequence[int],
+) -> tuple[np.ndarray, np.ndarray]:
+    """Key blocks each query block must visit.
+
+    Returns `block_kv` i32[T//B, K] (ascending unique key blocks per query block, padded by
+    repeating the last valid entry) and `block_count` i32[T//B]. K is the smallest entry of
+    `width_buckets` that holds the widest row. Raises ValueError when T is not a multiple of
+    `block_size`, when the spans are malformed, or when no bucket is wide enough.
+    """
+    ps, pe, os_ = _validated_spans(prefix_start, prefix_end, own_start, block_size)
+    n = ps.shape[0] // block_size
+    q, lo, hi = _block_intervals(ps, pe, os_, block_size)
+    q, lo, hi = _merge_intervals(q, lo, hi, n)
+    length = hi - lo + 1
+    count = np.bincount(q, weights=length, minlength=n).astype(np.int32)
+    width = _pick_width(int(count.max()), width_buckets)
+    return _pack_rows(lo, length, count, width), count
+
+
+def make_meta(
+    prefix_start: np.ndarray,  # i32[T]
+    prefix_end: np.ndarray,  # i32[T]
+    own_start: np.ndarray,  # i32[T]
+    *,
+    block_size: int,
+    width_buckets: Sequence[int],
+) -> AttentionMeta:
+    """Build the schedule and bundle it with the spans as numpy-backed int32 AttentionMeta."""
+    block_kv, block_count = build_block_schedule(
+        prefix_start,
+        prefix_end,
+        own_start,
+        block_size=block_size,
+        width_buckets=width_buckets,
+    )
+    return AttentionMeta(
+        prefix_start=np.asarray(prefix_start, dtype=np.int32),
+        prefix_end=np.asarray(prefix_end, dtype=np.int32),
+        own_start=np.asarray(own_start, dtype=np.int32),
+        block_kv=block_kv,
+        block_count=block_count,
+    )
+
+
+def _validated_spans(
+    prefix_start: np.ndarray,  # i32[T]
+    prefix_end: np.ndarray,  # i32[T]
+    own_start: np.ndarray,  # i32[T]
+    block_size: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    ps, pe, os_ = (np.asarray(a, dtype=np.int64) for a in (prefix_start, prefix_end, own_start))
+    if not ps.ndim == pe.ndim == os_.ndim == 1 or not ps.shape == pe.shape == os_.shape:
+        shapes = f"{ps.shape} {pe.shape} {os_.shape}"
+        raise ValueError(f"spans must be 1-D of equal length, got {shapes}")
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    t = ps.shape[0]
+    if t == 0 or t % block_size:
+        raise ValueError(f"token count {t} is not a positive multiple of block size {block_size}")
+    pos = np.arange(t)
+    if np.any((os_ < 0) | (os_ > pos)):
+        raise ValueError("own_start must satisfy 0 <= own_start[t] <= t")
+    if np.any((ps < 0) | (ps > pe) | (pe > t)):
+        raise ValueError("prefix spans must satisfy 0 <= prefix_start <= prefix_end <= T")
+    return ps, pe, os_
+
+
+def _block_intervals(
+    ps: np.ndarray,  # i64[T]
+    pe: np.ndarray,  # i64[T]
+    os_: np.ndarray,  # i64[T]
+    block_size: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(query block, first key block, last key block) of every non-empty span, runs collapsed."""
+    q_block = np.arange(ps.shape[0]) // block_size
+    has_prefix = pe > ps
+    q = np.concatenate([q_block, q_block[has_prefix]])
+    lo = np.concatenate([os_ // block_size, ps[has_prefix] // block_size])
+    hi = np.concatenate([q_block, (pe[has_prefix] - 1) // block_size])
+    # A linear pass instead of a sort: tokens of one sequence in one block share their intervals,
+    # so dropping adjacent repeats leaves few enough intervals for the sort that follows.
+    keep = np.ones(q.shape[0], dtype=bool)
+    keep[1:] = (q[1:] != q[:-1]) | (lo[1:] != lo[:-1]) | (hi[1:] != hi[:-1])
+    return q[keep], lo[keep], hi[keep]
+
+
+def _merge_intervals(
+    q: np.ndarray,  # i64[N]
+    lo: np.ndarray,  # i64[N]
+    hi: np.ndarray,  # i64[N]
+    n: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Union of the intervals of each query block as sorted, disjoint, non-touching intervals."""
+    # Offsetting each query block by n + 1 keeps blocks apart (never touching) on one number
+    # line, so a single running maximum merges every row at once.
+    stride = n + 1
+    order = np.argsort(q * stride + lo, kind="stable")
+    lo_key = q[order] * stride + lo[order]
+    hi_key = q[order] * stride + hi[order]
+    reach = np.maximum.accumulate(hi_key)
+    starts = np.flatnonzero(np.concatenate([[True], lo_key[1:] > reach[:-1] + 1]))
+    ends = np.maximum.reduceat(hi_key, starts)
+    q_merged = lo_key[starts] // stride
+    return q_merged, lo_key[starts] - q_merged * stride, ends - q_merged * stride
+
+
+def _pick_width(widest: int, width_buckets: Sequence[int]) -> int:
+    fitting = [w for w in width_buckets if w >= widest]
+    if not fitting:
+        raise ValueError(
+            f"schedule width {widest} exceeds the largest width bucket "
+            f"{max(width_buckets, default=None)}"
+        )
+    return min(fitting)
+
+
+def _pack_rows(
+    lo: np.ndarray,  # i64[M]
+    length: np.ndarray,  # i64[M]
+    count: np.ndarray,  # i32[NQB]
+    width: int,
+) -> np.ndarray:  # i32[NQB, K]
+    """Expand the disjoint sorted intervals into rows of `width` padded with the last entry."""
+    total = int(length.sum())
+    first = np.cumsum(length) - length
+    cols = (np.repeat(lo - first, length) + np.arange(total)).astype(np.int32)
+    valid = np.arange(width) < count[:, None]
+    last = cols[np.cumsum(count, dtype=np.int64) - 1]
+    block_kv = np.repeat(last[:, None], width, axis=1)
+    # Boolean-mask assignment fills row-major, which is exactly the order of `cols`.
+    block_kv[valid] = cols
+    return block_kv

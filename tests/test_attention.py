@@ -1,0 +1,199 @@
+"""Packed two-span attention: the XLA kernel against the dense oracle, the oracle against numpy."""
+
+from collections.abc import Sequence
+from functools import partial
+
+import hypothesis.strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+
+from kernels import (
+    ATTENTION,
+    AttentionMeta,
+    attention_reference,
+    attention_xla,
+    make_meta,
+    select_attention,
+)
+
+Layout = Sequence[tuple[int, Sequence[int]]]  # groups of (prefix_len, [item suffix lens])
+
+TOLERANCE = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}
+
+
+def layout_spans(
+    groups: Layout, block_size: int, extra_pad: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(prefix_start, prefix_end, own_start), i32[T] each, for groups laid out back to back.
+
+    Padding fills up to a multiple of `block_size` after `extra_pad` more tokens.
+    """
+    prefix_start, prefix_end, own_start = [], [], []
+    for prefix_len, items in groups:
+        group_start = len(own_start)
+        for _ in range(prefix_len):
+            prefix_start.append(group_start)
+            prefix_end.append(group_start)
+            own_start.append(group_start)
+        for item_len in items:
+            item_start = len(own_start)
+            for _ in range(item_len):
+                prefix_start.append(group_start)
+                prefix_end.append(group_start + prefix_len)
+                own_start.append(item_start)
+    used = len(own_start)
+    total = -(-(used + extra_pad) // block_size) * block_size
+    for t in range(used, total):
+        prefix_start.append(t)
+        prefix_end.append(t)
+        own_start.append(t)
+    return tuple(np.asarray(a, dtype=np.int32) for a in (prefix_start, prefix_end, own_start))
+
+
+def layout_meta(
+    groups: Layout, block_size: int, extra_pad: int = 0, width_buckets: Sequence[int] = ()
+) -> AttentionMeta:
+    spans = layout_spans(groups, block_size, extra_pad)
+    n = spans[0].shape[0] // block_size
+    buckets = width_buckets or range(1, n + 1)
+    return make_meta(*spans, block_size=block_size, width_buckets=buckets)
+
+
+def random_qkv(
+    t: int, heads: int, kv_heads: int, head_dim: int, dtype, seed: int = 0
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((t, heads, head_dim))  # f64[T, H, D]
+    k = rng.standard_normal((t, kv_heads, head_dim))  # f64[T, Hkv, D]
+    v = rng.standard_normal((t, kv_heads, head_dim))  # f64[T, Hkv, D]
+    return tuple(jnp.asarray(x, dtype=dtype) for x in (q, k, v))
+
+
+@partial(jax.jit, static_argnames=("name", "scale", "per_step"))
+def run_jitted(q, k, v, meta, *, name: str, scale: float, per_step: int | None = None):
+    if name == "xla":
+        return attention_xla(q, k, v, meta, scale=scale, query_blocks_per_step=per_step)
+    return ATTENTION[name](q, k, v, meta, scale=scale)
+
+
+def assert_matches_reference(q, k, v, meta, *, per_step: int | None = None) -> jax.Array:
+    scale = q.shape[-1] ** -0.5
+    got = run_jitted(q, k, v, meta, name="xla", scale=scale, per_step=per_step)
+    want = run_jitted(q, k, v, meta, name="reference", scale=scale)
+    assert got.shape == q.shape
+    assert got.dtype == q.dtype
+    tol = TOLERANCE[q.dtype.type]
+    np.testing.assert_allclose(
+        np.asarray(got, np.float32), np.asarray(want, np.float32), atol=tol, rtol=tol
+    )
+    return got
+
+
+SCENARIOS = {
+    # name: (groups, extra_pad, block_size, heads, kv_heads, head_dim)
+    "plain": ([(0, [5]), (0, [17]), (9, []), (0, [30])], 0, 16, 4, 4, 64),
+    "shared_prefix": ([(40, [7] * 10)], 0, 16, 6, 2, 64),
+    "one_token_items": ([(20, [1] * 30)], 0, 16, 8, 1, 128),
+    "long_sequence": ([(0, [150])], 0, 16, 6, 2, 64),
+    "padding_rows": ([(10, [3, 4])], 40, 32, 6, 2, 64),
+    "mixed_groups": ([(13, [5, 9]), (0, [21]), (7, [1, 2, 30]), (0, [3])], 0, 32, 6, 2, 128),
+    "mixed_gqa8": ([(33, [4, 11, 2]), (0, [40]), (5, [6] * 5)], 0, 32, 8, 1, 64),
+}
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_xla_matches_reference(scenario: str, dtype) -> None:
+    groups, extra_pad, block, heads, kv_heads, head_dim = SCENARIOS[scenario]
+    meta = layout_meta(groups, block, extra_pad)
+    q, k, v = random_qkv(meta.prefix_start.shape[0], heads, kv_heads, head_dim, dtype)
+    assert_matches_reference(q, k, v, meta)
+
+
+@pytest.mark.parametrize("per_step", [1, 4, 64])
+def test_query_blocks_per_step_agree(per_step: int) -> None:
+    # 6 query blocks: 4 leaves a remainder chunk, 64 processes all blocks in one vmapped loop.
+    meta = layout_meta([(13, [5, 9]), (0, [21]), (7, [1, 2, 30])], 16, width_buckets=(8,))
+    assert meta.block_kv.shape[0] == 6
+    q, k, v = random_qkv(meta.prefix_start.shape[0], 6, 2, 64, jnp.float32, seed=1)
+    assert_matches_reference(q, k, v, meta, per_step=per_step)
+
+
+def test_padding_rows_attend_only_to_themselves() -> None:
+    meta = layout_meta([(10, [3, 4])], 16, extra_pad=40)
+    t = meta.prefix_start.shape[0]
+    q, k, v = random_qkv(t, 6, 2, 64, jnp.float32, seed=2)
+    out = run_jitted(q, k, v, meta, name="xla", scale=0.125)
+    assert np.all(np.isfinite(np.asarray(out)))
+    padding = np.arange(17, t)
+    expected = np.repeat(np.asarray(v)[padding], 3, axis=1)  # query head h reads kv head h // 3
+    np.testing.assert_allclose(np.asarray(out)[padding], expected, atol=1e-6)
+
+
+def brute_force_attention(q, k, v, meta: AttentionMeta, scale: float) -> np.ndarray:
+    """Token by token, head by head, in float64 straight from the span definition."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    t, heads, head_dim = q.shape
+    group = heads // k.shape[1]
+    out = np.zeros((t, heads, head_dim))
+    for i in range(t):
+        keys = [
+            s
+            for s in range(t)
+            if meta.prefix_start[i] <= s < meta.prefix_end[i] or meta.own_start[i] <= s <= i
+        ]
+        for h in range(heads):
+            scores = np.array([q[i, h] @ k[s, h // group] for s in keys]) * scale
+            weights = np.exp(scores - scores.max())
+            out[i, h] = (weights / weights.sum()) @ v[keys, h // group]
+    return out
+
+
+def test_reference_matches_brute_force() -> None:
+    meta = layout_meta([(5, [2, 3]), (0, [4]), (3, [1, 1])], 8, extra_pad=3)
+    q, k, v = random_qkv(meta.prefix_start.shape[0], 6, 2, 16, jnp.float32, seed=3)
+    got = attention_reference(q, k, v, meta, scale=0.3)
+    want = brute_force_attention(q, k, v, meta, 0.3)
+    np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
+
+
+PROPERTY_T, PROPERTY_BLOCK = 128, 16
+
+
+@st.composite
+def packings(draw) -> list[tuple[int, list[int]]]:
+    """Random groups that fit in PROPERTY_T tokens (the rest becomes padding)."""
+    groups, used = [], 0
+    for _ in range(draw(st.integers(1, 6))):
+        prefix_len = draw(st.integers(0, 24))
+        items = draw(st.lists(st.integers(1, 20), max_size=6))
+        size = prefix_len + sum(items)
+        if size == 0 or used + size > PROPERTY_T:
+            break
+        groups.append((prefix_len, items))
+        used += size
+    return groups or [(0, [1])]
+
+
+@settings(max_examples=25, deadline=None)
+@given(groups=packings(), seed=st.integers(0, 2**16))
+def test_xla_matches_reference_on_random_packings(groups, seed: int) -> None:
+    # Fixed T and width keep a single compiled shape across examples.
+    spans = layout_spans(groups, PROPERTY_BLOCK, PROPERTY_T - sum(p + sum(i) for p, i in groups))
+    n = PROPERTY_T // PROPERTY_BLOCK
+    meta = make_meta(*spans, block_size=PROPERTY_BLOCK, width_buckets=(n,))
+    q, k, v = random_qkv(PROPERTY_T, 6, 2, 64, jnp.float32, seed=seed)
+    assert_matches_reference(q, k, v, meta)
+
+
+def test_select_attention() -> None:
+    assert select_attention(None, "cpu") is attention_xla
+    assert select_attention(None, "gpu") is attention_xla
+    assert select_attention(None, "other") is attention_xla
+    assert select_attention("reference", "gpu") is attention_reference
+    assert set(ATTENTION) == {"reference", "xla"}
+    with pytest.raises(ValueError, match="known: \\['reference', 'xla'\\]"):
+        select_attention("flash", "cpu")
