@@ -45,7 +45,12 @@ def load_hf_dir(path: str | Path) -> Checkpoint:
             f"{root / 'config.json'}: unsupported model_type {hf.get('model_type')!r} "
             f"(supported: {', '.join(FAMILIES)})"
         )
-    cfg = family.config_from_hf(hf)
+    try:
+        cfg = family.config_from_hf(hf)
+    except (KeyError, TypeError) as e:
+        raise CheckpointError(f"{root / 'config.json'}: missing or invalid field {e}") from e
+    except ValueError as e:
+        raise CheckpointError(f"{root / 'config.json'}: {e}") from e
     tensors = _TensorFiles(root)
     params = _params(tensors, cfg)
     tok_path = root / "tokenizer.json"

@@ -77,9 +77,12 @@ def rope_theta_from_hf(hf: dict, default: float) -> float:
 
 
 def config_from_hf(hf: dict, *, family: str, default_theta: float, **flags) -> ModelConfig:
-    """A ModelConfig from the fields every family's `config.json` shares."""
+    """A ModelConfig from the fields every family's `config.json` shares, type-checked.
+
+    Raises KeyError or TypeError for a missing field, ValueError for a field of the wrong type.
+    """
     heads = hf["num_attention_heads"]
-    return ModelConfig(
+    fields = dict(
         family=family,
         vocab_size=hf["vocab_size"],
         hidden_size=hf["hidden_size"],
@@ -95,3 +98,4 @@ def config_from_hf(hf: dict, *, family: str, default_theta: float, **flags) -> M
         rope_scaling=rope_scaling_from_hf(hf),
         **flags,
     )
+    return msgspec.convert(fields, ModelConfig)
