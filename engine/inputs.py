@@ -14,6 +14,10 @@ Query = str | Sequence[int]
 Items = str | Sequence[str] | Sequence[Sequence[int]]
 
 
+class InputTooLarge(ValueError):
+    """Valid input over a size limit: too many items, or a sequence longer than the context."""
+
+
 def _is_ids(x) -> bool:
     return isinstance(x, Sequence) and not isinstance(x, str) and all(_is_id(t) for t in x)
 
@@ -22,14 +26,16 @@ def _is_id(t) -> bool:
     return isinstance(t, int) and not isinstance(t, bool)
 
 
-def normalize_items(items: Items) -> list:
-    """A single string item becomes a one-item list; an empty list is an error."""
+def normalize_items(items: Items, max_items: int | None = None) -> list:
+    """A single string item becomes a one-item list; an empty or over-long list is an error."""
     if isinstance(items, str):
         items = [items]
     if not isinstance(items, Sequence) or len(items) == 0:
         raise ValueError(
             "items: must be a non-empty string, list of strings or list of token-id lists"
         )
+    if max_items is not None and len(items) > max_items:
+        raise InputTooLarge(f"items: {len(items)} items exceed the limit of {max_items}")
     return list(items)
 
 
@@ -77,7 +83,7 @@ def check_sequences(seqs: Sequence[Sequence[int]], *, vocab_size: int, max_len: 
         if not seq:
             raise ValueError(f"items[{i}]: tokenised to an empty sequence")
         if len(seq) > max_len:
-            raise ValueError(
+            raise InputTooLarge(
                 f"items[{i}]: sequence of {len(seq)} tokens exceeds the model context of {max_len}"
             )
         if min(seq) < 0 or max(seq) >= vocab_size:

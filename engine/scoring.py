@@ -11,7 +11,7 @@ import tokenizers
 
 from engine import inputs, packing
 from engine.loaders import Checkpoint, load_checkpoint
-from engine.models import FAMILIES, ModelConfig, label_logprobs
+from engine.models import FAMILIES, ModelConfig, PackedInputs, label_logprobs
 from kernels import select_attention
 
 DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
@@ -109,6 +109,10 @@ class ScoringModel:
         )
         return seqs
 
+    def run_batch(self, batch: PackedInputs) -> jax.Array:
+        """Dispatch one packed batch; its label log-probs f32[S, L] are computed asynchronously."""
+        return self._forward(self.params, batch)
+
     def label_logprobs(
         self, seqs: Sequence[Sequence[int]], labels: Sequence[Sequence[int]]
     ) -> np.ndarray:
@@ -128,7 +132,7 @@ class ScoringModel:
         pending = None
         for plan in plans:
             batch, order = packing.pack(seqs, labels, plan, self.buckets)
-            running = (self._forward(self.params, batch), order)
+            running = (self.run_batch(batch), order)
             if pending is not None:
                 _collect(out, *pending)
             pending = running

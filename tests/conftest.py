@@ -13,6 +13,7 @@ CORPUS = [
     "def score(query, items):\n    return [len(q) for q in items]\n",
     "Numbers 0 1 2 3 4 5 6 7 8 9 and 2024-11-22, 3.14159.",
     "Ünïcödé text, naïve café, 東京, emoji 🙂 and tabs\tand  spaces.",
+    "Relevant? yes. Relevant? no. Answer: yes no yes no.",
 ] * 20
 
 TINY = {

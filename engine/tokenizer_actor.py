@@ -1,0 +1,137 @@
+"""Tokenizer actor: validates score requests and turns them into token sequences.
+
+Everything pending is encoded in one `encode_batch` call in a worker thread, so the loop stays
+live; token ids are cached by text (bounded LRU). A bad request fails alone with a `Rejected`.
+"""
+
+import time
+from collections import OrderedDict
+
+import tokenizers
+import trio
+
+from engine import inputs
+from engine.messages import Rejected, ScoreRequest, Tokenized
+
+MAX_DRAIN = 256  # requests tokenised together at most; bounds one worker-thread call
+
+
+class TokenCache:
+    """Bounded LRU of text -> token ids, counting hits and misses."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.entries: OrderedDict[str, list[int]] = OrderedDict()
+        self.hits = self.misses = 0
+
+    def get(self, text: str) -> list[int] | None:
+        ids = self.entries.get(text)
+        if ids is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self.entries.move_to_end(text)
+        return ids
+
+    def put(self, text: str, ids: list[int]) -> None:
+        self.entries[text] = ids
+        self.entries.move_to_end(text)
+        while len(self.entries) > self.size:
+            self.entries.popitem(last=False)
+
+
+class TokenizerState:
+    """Validation and tokenisation of score requests with `ScoringModel.score` semantics."""
+
+    def __init__(
+        self,
+        tokenizer: tokenizers.Tokenizer,
+        *,
+        vocab_size: int,
+        max_len: int,
+        max_items: int,
+        cache_size: int,
+    ):
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.max_len = max_len
+        self.max_items = max_items
+        self.cache = TokenCache(cache_size)
+
+    def process(self, requests: list[ScoreRequest]) -> list[Tokenized | Rejected]:
+        """One message per request, in order; all new texts encoded in one batch call."""
+        start = time.perf_counter()
+        staged = [self._stage(r) for r in requests]
+        texts = dict.fromkeys(  # unique, in request order
+            t for s in staged if isinstance(s, list) for t in s if isinstance(t, str)
+        )
+        encoded = self._encode(texts)
+        elapsed = time.perf_counter() - start
+        return [self._finish(r, s, encoded, elapsed) for r, s in zip(requests, staged, strict=True)]
+
+    def _stage(self, r: ScoreRequest) -> list | Rejected:
+        """The texts (str) or id sequences (list) of a request, or why it is rejected."""
+        try:
+            items = inputs.normalize_items(r.items, self.max_items)
+            inputs.check_labels(r.label_token_ids, self.vocab_size)
+            if inputs.is_text_request(r.query, items):
+                return inputs.texts_to_join(r.query, items, item_first=r.item_first)
+            return inputs.join_ids(r.query, items, item_first=r.item_first)
+        except ValueError as e:
+            return _rejected(r.id, e)
+
+    def _encode(self, texts) -> dict[str, list[int]]:
+        """Ids for every text: cached ones, and the rest encoded in one batch call."""
+        found = {t: self.cache.get(t) for t in texts}
+        missing = [t for t, ids in found.items() if ids is None]
+        for text, enc in zip(missing, self.tokenizer.encode_batch(missing), strict=True):
+            found[text] = enc.ids
+            self.cache.put(text, enc.ids)
+        return found
+
+    def _finish(self, r: ScoreRequest, staged, encoded, elapsed: float) -> Tokenized | Rejected:
+        if isinstance(staged, Rejected):
+            return staged
+        seqs = [encoded[s] if isinstance(s, str) else s for s in staged]
+        try:
+            inputs.check_sequences(seqs, vocab_size=self.vocab_size, max_len=self.max_len)
+        except ValueError as e:
+            return _rejected(r.id, e)
+        return Tokenized(
+            id=r.id,
+            sequences=seqs,
+            labels=list(r.label_token_ids),
+            arrived=r.arrived,
+            tokenize_s=elapsed,
+        )
+
+
+def _rejected(request_id: int, error: ValueError) -> Rejected:
+    kind = "too_large" if isinstance(error, inputs.InputTooLarge) else "invalid"
+    return Rejected(id=request_id, kind=kind, message=str(error))
+
+
+def drain(receive: trio.MemoryReceiveChannel, first, limit: int) -> list:
+    """`first` plus whatever is already waiting in `receive`, up to `limit` messages."""
+    batch = [first]
+    while len(batch) < limit:
+        try:
+            batch.append(receive.receive_nowait())
+        except trio.WouldBlock:
+            break
+    return batch
+
+
+async def run(
+    state: TokenizerState,
+    receive: trio.MemoryReceiveChannel,
+    send: trio.MemorySendChannel,
+    *,
+    task_status=trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Tokenise requests as they come, batching whatever queued up meanwhile."""
+    task_status.started()
+    async for first in receive:
+        pending = drain(receive, first, MAX_DRAIN)
+        for message in await trio.to_thread.run_sync(state.process, pending):
+            await send.send(message)

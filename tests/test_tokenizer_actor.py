@@ -1,0 +1,119 @@
+"""Tokenizer actor: batching, caching, validation that fails only the offending request."""
+
+import math
+
+import pytest
+import trio
+
+from engine.messages import Rejected, ScoreRequest, Tokenized
+from engine.tokenizer_actor import TokenCache, TokenizerState, drain, run
+from tests.conftest import train_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return train_tokenizer(300)
+
+
+def state(tok, **kw):
+    return TokenizerState(
+        tok,
+        vocab_size=kw.get("vocab", 384),
+        max_len=kw.get("max_len", 64),
+        max_items=4,
+        cache_size=kw.get("cache", 8),
+    )
+
+
+def req(i, query, items, labels=(1,), item_first=False):
+    return ScoreRequest(
+        id=i,
+        query=query,
+        items=items,
+        label_token_ids=list(labels),
+        item_first=item_first,
+        arrived=0.0,
+    )
+
+
+def test_text_and_ids_follow_score_semantics(tok):
+    out = state(tok).process(
+        [
+            req(0, "Is it?", [" yes", " no"]),
+            req(1, [5, 6], [[7], [8, 9]], item_first=True),
+        ]
+    )
+    assert [type(m) for m in out] == [Tokenized, Tokenized]
+    assert out[0].sequences == [tok.encode("Is it? yes").ids, tok.encode("Is it? no").ids]
+    assert out[1].sequences == [[7, 5, 6], [8, 9, 5, 6]]
+    assert out[0].labels == [1] and out[0].tokenize_s > 0
+
+
+def test_bad_requests_fail_alone_with_their_kind(tok):
+    out = state(tok).process(
+        [
+            req(0, "q", [[1]]),
+            req(1, "q", ["fine"]),
+            req(2, "q", ["a"] * 5),
+            req(3, [1] * 60, [[2] * 10]),
+            req(4, "q", ["x"], labels=[384]),
+            req(5, "q", [""]),
+        ]
+    )
+    kinds = [(m.id, m.kind) if isinstance(m, Rejected) else (m.id, "ok") for m in out]
+    assert kinds == [
+        (0, "invalid"),
+        (1, "ok"),
+        (2, "too_large"),
+        (3, "too_large"),
+        (4, "invalid"),
+        (5, "invalid"),
+    ]
+    assert "items[0]: sequence of 70 tokens exceeds the model context of 64" in out[3].message
+    assert "items: 5 items exceed the limit of 4" in out[2].message
+
+
+def test_cache_counts_hits_and_stays_bounded(tok):
+    s = state(tok, cache=3)
+    s.process([req(0, "q", ["a", "b"])])
+    assert (s.cache.hits, s.cache.misses) == (0, 2)
+    s.process([req(1, "q", ["a", "c", "d"])])
+    assert (s.cache.hits, s.cache.misses) == (1, 4)
+    assert list(s.cache.entries) == ["qa", "qc", "qd"]
+
+
+def test_lru_evicts_the_least_recent():
+    cache = TokenCache(2)
+    cache.put("a", [1])
+    cache.put("b", [2])
+    assert cache.get("a") == [1]
+    cache.put("c", [3])
+    assert cache.get("b") is None and cache.get("a") == [1] and cache.get("c") == [3]
+
+
+def test_drain_takes_what_is_waiting_up_to_the_limit():
+    async def main():
+        send, receive = trio.open_memory_channel(math.inf)
+        for i in range(5):
+            send.send_nowait(i)
+        first = await receive.receive()
+        assert drain(receive, first, 3) == [0, 1, 2]
+        assert drain(receive, "x", 10) == ["x", 3, 4]
+
+    trio.run(main)
+
+
+def test_run_loop_forwards_one_message_per_request(tok):
+    async def main():
+        to_actor, inbox = trio.open_memory_channel(math.inf)
+        out_send, out = trio.open_memory_channel(math.inf)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(run, state(tok), inbox, out_send)
+            for i in range(10):
+                to_actor.send_nowait(req(i, "q", [f"item {i}"] if i % 4 else [[1]]))
+            got = [await out.receive() for _ in range(10)]
+            nursery.cancel_scope.cancel()
+        assert [m.id for m in got] == list(range(10))
+        assert [isinstance(m, Rejected) for m in got] == [i % 4 == 0 for i in range(10)]
+
+    trio.run(main)
