@@ -50,12 +50,14 @@ class TokenizerState:
         vocab_size: int,
         max_len: int,
         max_items: int,
+        max_labels: int,
         cache_size: int,
     ):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_len = max_len
         self.max_items = max_items
+        self.max_labels = max_labels
         self.cache = TokenCache(cache_size)
 
     def process(self, requests: list[ScoreRequest]) -> list[Tokenized | Rejected]:
@@ -73,7 +75,11 @@ class TokenizerState:
         """The texts (str) or id sequences (list) of a request, or why it is rejected."""
         try:
             items = inputs.normalize_items(r.items, self.max_items)
-            inputs.check_labels(r.label_token_ids, self.vocab_size)
+            labels = inputs.check_labels(r.label_token_ids, self.vocab_size)
+            if len(labels) > self.max_labels:
+                raise inputs.InputTooLarge(
+                    f"label_token_ids: {len(labels)} labels exceed the limit of {self.max_labels}"
+                )
             if inputs.is_text_request(r.query, items):
                 return inputs.texts_to_join(r.query, items, item_first=r.item_first)
             return inputs.join_ids(r.query, items, item_first=r.item_first)

@@ -21,6 +21,7 @@ def state(tok, **kw):
         vocab_size=kw.get("vocab", 384),
         max_len=kw.get("max_len", 64),
         max_items=4,
+        max_labels=3,
         cache_size=kw.get("cache", 8),
     )
 
@@ -58,6 +59,7 @@ def test_bad_requests_fail_alone_with_their_kind(tok):
             req(3, [1] * 60, [[2] * 10]),
             req(4, "q", ["x"], labels=[384]),
             req(5, "q", [""]),
+            req(6, "q", ["x"], labels=[1, 2, 3, 4]),
         ]
     )
     kinds = [(m.id, m.kind) if isinstance(m, Rejected) else (m.id, "ok") for m in out]
@@ -68,7 +70,9 @@ def test_bad_requests_fail_alone_with_their_kind(tok):
         (3, "too_large"),
         (4, "invalid"),
         (5, "invalid"),
+        (6, "too_large"),
     ]
+    assert out[6].message == "label_token_ids: 4 labels exceed the limit of 3"
     assert "items[0]: sequence of 70 tokens exceeds the model context of 64" in out[3].message
     assert "items: 5 items exceed the limit of 4" in out[2].message
 

@@ -1,0 +1,92 @@
+"""Device-runner actor: owns the model and its compiled programs, runs one batch at a time.
+
+At start it compiles the bucket grid (progress bar; JAX's persistent cache makes a restart fast)
+and only then reports started. Batches run in a worker thread so the trio loop stays live while
+the device works; a batch that fails reports its error and the runner keeps serving.
+"""
+
+import functools
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import trio
+from tqdm import tqdm
+
+from engine.messages import Batch, BatchDone
+from engine.models import PackedInputs
+from engine.scoring import ScoringModel
+from kernels import make_meta
+
+
+@dataclass
+class RunnerStats:
+    batches: int = 0
+    failed: int = 0
+    compiles: int = 0
+    busy_s: float = 0.0
+
+
+def empty_batch(tokens: int, rows: int, labels: int, block_size: int) -> PackedInputs:
+    """An all-padding batch of shape (T, S, L), for compiling that program ahead of traffic."""
+    pad = np.arange(tokens, dtype=np.int32)  # every token attends only to itself
+    meta = make_meta(pad, pad, pad, block_size=block_size, width_buckets=(tokens // block_size,))
+    zeros = np.zeros(tokens, np.int32)
+    return PackedInputs(
+        zeros, zeros, meta, np.zeros(rows, np.int32), np.zeros((rows, labels), np.int32)
+    )
+
+
+def batch_shape(inputs: PackedInputs) -> tuple[int, int, int]:
+    return (int(inputs.tokens.shape[0]), *map(int, inputs.label_ids.shape))
+
+
+class RunnerState:
+    """The loaded model, the shapes compiled so far, and device counters."""
+
+    def __init__(self, model: ScoringModel, *, block_size: int):
+        self.model = model
+        self.block_size = block_size
+        self.compiled: set[tuple[int, int, int]] = set()
+        self.stats = RunnerStats()
+
+    def warm_up(self, shapes: list[tuple[int, int, int]], *, progress: bool = True) -> None:
+        """Compile (and run once) the program of every (T, S, L) shape."""
+        for shape in tqdm(shapes, desc="compiling", unit="program", disable=not progress):
+            self._run(empty_batch(*shape, self.block_size))
+
+    def execute(self, batch: Batch) -> BatchDone:
+        """Run one batch to completion; any exception becomes the batch's error."""
+        start = time.perf_counter()
+        try:
+            logprobs = self._run(batch.inputs)
+        except Exception as e:  # one bad batch must not stop the runner
+            self.stats.failed += 1
+            return BatchDone(id=batch.id, error=f"{type(e).__name__}: {e}")
+        elapsed = time.perf_counter() - start
+        self.stats.batches += 1
+        self.stats.busy_s += elapsed
+        return BatchDone(id=batch.id, logprobs=logprobs, device_s=elapsed)
+
+    def _run(self, inputs: PackedInputs) -> np.ndarray:
+        shape = batch_shape(inputs)
+        if shape not in self.compiled:
+            self.stats.compiles += 1
+            self.compiled.add(shape)
+        return np.asarray(self.model.run_batch(inputs))  # f32[S, L]
+
+
+async def run(
+    state: RunnerState,
+    batches: trio.MemoryReceiveChannel,
+    done: trio.MemorySendChannel,
+    warm_up: list[tuple[int, int, int]],
+    *,
+    progress: bool = True,
+    task_status=trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Compile the grid, report started, then run batches as the scheduler hands them over."""
+    await trio.to_thread.run_sync(functools.partial(state.warm_up, warm_up, progress=progress))
+    task_status.started()
+    async for batch in batches:
+        await done.send(await trio.to_thread.run_sync(state.execute, batch))

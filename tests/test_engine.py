@@ -1,0 +1,278 @@
+"""The Engine end to end on a tiny model: concurrency, cancellation, overload, faults, shutdown."""
+
+import numpy as np
+import pytest
+import trio
+
+from engine import load_model
+from engine.engine import (
+    EngineClosed,
+    EngineConfig,
+    EngineError,
+    EngineOverloaded,
+    open_engine,
+)
+from engine.inputs import InputTooLarge
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tiny_checkpoints):
+    return str(tiny_checkpoints["llama-untied"])
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_path):
+    return load_model(tiny_path, dtype="float32")
+
+
+def config(path, **overrides) -> EngineConfig:
+    base = dict(
+        model=path,
+        dtype="float32",
+        token_budget=512,
+        compile_cache_dir=None,
+        progress=False,
+        precompile=False,
+    )
+    return EngineConfig(**{**base, **overrides})
+
+
+def workload(rng, n):
+    """Mixed requests: shared and unshared queries, 1-12 items, text and token ids."""
+    shared = [int(t) for t in rng.integers(0, 384, 40)]
+    calls = []
+    for i in range(n):
+        query = shared if i % 3 else [int(t) for t in rng.integers(0, 384, rng.integers(1, 30))]
+        items = [
+            [int(t) for t in rng.integers(0, 384, rng.integers(1, 20))]
+            for _ in range(rng.integers(1, 13))
+        ]
+        labels = [int(t) for t in rng.integers(0, 384, rng.integers(1, 4))]
+        calls.append((query, items, labels, bool(i % 5 == 0), bool(i % 7 == 0)))
+    calls.append(
+        (
+            "Is the river near the house?",
+            [" yes it is", " the stone is green"],
+            [3, 4],
+            False,
+            False,
+        )
+    )
+    return calls
+
+
+def run(fn, *args):
+    return trio.run(fn, *args)
+
+
+def test_concurrent_calls_equal_sequential_scoring(tiny_path, reference):
+    calls = workload(np.random.default_rng(0), 200)
+    expected = [
+        reference.score(q, it, lab, apply_softmax=sm, item_first=f) for q, it, lab, sm, f in calls
+    ]
+    results = [None] * len(calls)
+
+    async def main():
+        async with open_engine(config(tiny_path)) as engine:
+
+            async def one(i, q, it, lab, sm, f):
+                results[i] = await engine.score(q, it, lab, apply_softmax=sm, item_first=f)
+
+            async with trio.open_nursery() as nursery:
+                for i, call in enumerate(calls):
+                    nursery.start_soon(one, i, *call)
+            stats = engine.stats()
+            assert stats.in_flight == 0 and stats.queue_depth == 0
+            assert stats.prefix_tokens_saved > 0
+            assert stats.batches < len(calls)  # requests share batches
+
+    run(main)
+    for got, want, call in zip(results, expected, calls, strict=True):
+        assert got.prompt_tokens == sum(
+            map(len, reference.sequences(call[0], call[1], item_first=call[4]))
+        )
+        np.testing.assert_allclose(np.log(got.scores), np.log(want), atol=1e-5)
+
+
+def _tables_empty(engine):
+    s = engine.scheduler
+    assert not engine._waiters
+    assert not s.requests and not s.queue and not s.cancelled and not s.in_flight
+    assert s.queued_tokens == 0
+
+
+def test_cancelling_half_leaves_the_rest_correct_and_nothing_behind(tiny_path, reference):
+    calls = workload(np.random.default_rng(1), 100)
+    results = {}
+
+    async def main():
+        async with open_engine(config(tiny_path)) as engine:
+
+            async def one(i, q, it, lab, sm, f, scope):
+                with scope:
+                    results[i] = await engine.score(q, it, lab, apply_softmax=sm, item_first=f)
+
+            scopes = [trio.CancelScope() for _ in calls]
+            async with trio.open_nursery() as nursery:
+                for i, call in enumerate(calls):
+                    nursery.start_soon(one, i, *call, scopes[i])
+                await trio.sleep(0.05)  # some queued, some in a batch, some perhaps done
+                for scope in scopes[::2]:
+                    scope.cancel()
+            await trio.sleep(0.5)  # batches already handed to the runner come back
+            _tables_empty(engine)
+
+    run(main)
+    assert set(results) >= set(range(1, len(calls), 2))
+    assert len(set(range(0, len(calls), 2)) - set(results)) >= 25  # really cancelled mid-way
+    for i in range(1, len(calls), 2):
+        q, it, lab, sm, f = calls[i]
+        want = reference.score(q, it, lab, apply_softmax=sm, item_first=f)
+        np.testing.assert_allclose(np.log(results[i].scores), np.log(want), atol=1e-5)
+
+
+def test_overload_fails_fast_then_recovers(tiny_path):
+    outcomes = []
+
+    async def main():
+        async with open_engine(config(tiny_path, max_queued_requests=8)) as engine:
+
+            async def one():
+                try:
+                    await engine.score([1, 2, 3], [[4], [5, 6]], [7])
+                    outcomes.append("ok")
+                except EngineOverloaded as e:
+                    outcomes.append(str(e))
+
+            with trio.fail_after(30):
+                async with trio.open_nursery() as nursery:
+                    for _ in range(20):
+                        nursery.start_soon(one)
+            after = await engine.score([1, 2, 3], [[4]], [7])
+            assert len(after.scores) == 1
+            _tables_empty(engine)
+
+    run(main)
+    assert outcomes.count("ok") == 8
+    assert outcomes.count("8 requests in flight (limit 8)") == 12
+
+
+def test_token_bound_rejects_with_overload(tiny_path):
+    async def main():
+        async with open_engine(config(tiny_path, max_queued_tokens=50)) as engine:
+            with pytest.raises(
+                EngineOverloaded, match=r"queue full: 0 tokens waiting \(limit 50\)"
+            ):
+                await engine.score([1] * 30, [[2] * 30], [7])
+            assert len((await engine.score([1] * 10, [[2] * 10], [7])).scores) == 1
+
+    run(main)
+
+
+def test_a_failing_batch_fails_only_its_requests(tiny_path, monkeypatch):
+    async def main():
+        async with open_engine(config(tiny_path)) as engine:
+            real = engine.model.run_batch
+            calls = []
+
+            def flaky(batch):
+                calls.append(1)
+                if len(calls) == 1:
+                    raise RuntimeError("injected device fault")
+                return real(batch)
+
+            monkeypatch.setattr(engine.model, "run_batch", flaky)
+            with pytest.raises(EngineError, match="device step failed: RuntimeError: injected"):
+                await engine.score([1, 2], [[3]], [4])
+            ok = await engine.score([1, 2], [[3], [5]], [4])
+            assert len(ok.scores) == 2
+            assert engine.stats().failed_batches == 1
+            _tables_empty(engine)
+
+    run(main)
+
+
+def test_invalid_requests_fail_alone(tiny_path):
+    async def main():
+        async with open_engine(config(tiny_path, max_items_per_request=4)) as engine:
+            async with trio.open_nursery() as nursery:
+                errors = []
+
+                async def bad(q, it, lab, exc, match):
+                    with pytest.raises(exc, match=match):
+                        await engine.score(q, it, lab)
+                    errors.append(match)
+
+                nursery.start_soon(bad, "text", [[1]], [1], ValueError, "query/items")
+                nursery.start_soon(bad, [1], [[2]], [999], ValueError, "label_token_ids")
+                nursery.start_soon(bad, [1], [[2]] * 5, [1], InputTooLarge, "limit of 4")
+                nursery.start_soon(bad, [1] * 600, [[2]], [1], InputTooLarge, "exceeds the model")
+                good = await engine.score("a query", ["an item"], [1])
+            assert len(errors) == 4 and len(good.scores) == 1
+            _tables_empty(engine)
+
+    run(main)
+
+
+def test_timings_are_reported(tiny_path):
+    async def main():
+        async with open_engine(config(tiny_path)) as engine:
+            result = await engine.score("query", ["one", "two"], [1, 2])
+        t = result.timings
+        assert t.total >= t.queue >= 0
+        assert t.tokenize > 0 and t.device > 0 and t.batch_build > 0
+        assert t.total >= t.device
+
+    run(main)
+
+
+def test_shutdown_with_work_in_flight_ends_every_caller(tiny_path):
+    outcomes = []
+
+    async def main():
+        with trio.fail_after(120):
+            async with trio.open_nursery() as callers:
+                async with open_engine(config(tiny_path)) as engine:
+
+                    async def one(i):
+                        try:
+                            await engine.score([1, 2, i % 300], [[3] * 50] * 8, [4])
+                            outcomes.append("ok")
+                        except EngineClosed:
+                            outcomes.append("closed")
+
+                    for i in range(40):
+                        callers.start_soon(one, i)
+                    await trio.sleep(0.2)
+                closed_at = trio.current_time()
+            assert trio.current_time() - closed_at < 1  # callers woke at once
+            with pytest.raises(EngineClosed):
+                await engine.score([1], [[2]], [3])
+
+    run(main)
+    assert len(outcomes) == 40 and "closed" in outcomes
+
+
+def test_rerank_orders_by_yes_probability(tiny_path, reference):
+    docs = ["the river is green", "quick paper", "stone house light"]
+
+    async def main():
+        async with open_engine(config(tiny_path)) as engine:
+            return engine, await engine.rerank("where is the house?", docs, top_n=2)
+
+    engine, result = run(main)
+    t = engine.template
+    yes, no = (
+        reference.tokenizer.encode(x, add_special_tokens=False).ids[0] for x in (t.yes, t.no)
+    )
+    want = reference.score(
+        t.query_text("where is the house?", None),
+        [t.document_text(d) for d in docs],
+        [yes, no],
+        apply_softmax=True,
+    )
+    order = sorted(range(3), key=lambda i: -want[i][0])[:2]
+    assert [h.index for h in result.results] == order
+    np.testing.assert_allclose(
+        [h.relevance_score for h in result.results], [want[i][0] for i in order], rtol=1e-4
+    )

@@ -1,0 +1,111 @@
+"""SchedulerState: admission, batching order, splitting, cancellation bookkeeping, failures."""
+
+import numpy as np
+import pytest
+
+from engine import packing
+from engine.messages import BatchDone, Cancel, Rejected, Scored, Tokenized
+from engine.scheduler import SchedulerState
+
+BUCKETS = packing.Buckets(block_size=8, tokens=(16, 32, 64, 128))
+
+
+def tokenized(i, seqs, labels=(1,)):
+    return Tokenized(id=i, sequences=seqs, labels=list(labels), arrived=0.0, tokenize_s=0.001)
+
+
+def state(budget=64, max_tokens=1000):
+    return SchedulerState(BUCKETS, token_budget=budget, max_queued_tokens=max_tokens)
+
+
+def done_for(batch, value=-1.0):
+    s, width = batch.inputs.label_ids.shape
+    return BatchDone(id=batch.id, logprobs=np.full((s, width), value, np.float32), device_s=0.01)
+
+
+def test_requests_are_batched_in_arrival_order_and_completed():
+    st = state()
+    assert st.handle(tokenized(0, [[1, 2, 3], [1, 2, 4]]), 0.0) == []
+    assert st.handle(tokenized(1, [[9, 9]]), 0.0) == []
+    batch = st.next_batch(1.0)
+    assert sorted(batch.rows) == [(0, 0), (0, 1), (1, 0)]
+    assert batch.real_tokens == 2 + 1 + 1 + 2  # prefix [1, 2] once
+    assert st.stats.prefix_tokens_saved == 2
+    assert st.next_batch(1.0) is None
+    out = st.handle(done_for(batch), 2.0)
+    assert {m.id for m in out} == {0, 1} and all(isinstance(m, Scored) for m in out)
+    scored = {m.id: m for m in out}[0]
+    assert scored.logprobs == [[-1.0], [-1.0]] and scored.prompt_tokens == 6
+    assert scored.timings.queue == 1.0 and scored.timings.device == 0.01
+    assert not st.requests and not st.queue and not st.in_flight
+
+
+def test_a_request_larger_than_the_budget_spans_batches():
+    st = state(budget=16)
+    st.handle(tokenized(0, [[i] * 10 for i in range(1, 6)]), 0.0)
+    batches = []
+    while (b := st.next_batch(0.0)) is not None:
+        batches.append(b)
+    assert len(batches) == 5 and st.queued_tokens == 0
+    outs = [m for b in batches for m in st.handle(done_for(b), 1.0)]
+    assert [type(m) for m in outs] == [Scored]
+    assert len(outs[0].logprobs) == 5
+
+
+def test_overload_rejects_past_the_token_bound():
+    st = state(max_tokens=10)
+    assert st.handle(tokenized(0, [[1] * 8]), 0.0) == []
+    (rejected,) = st.handle(tokenized(1, [[1] * 3]), 0.0)
+    assert rejected.kind == "overloaded" and "8 tokens waiting (limit 10)" in rejected.message
+    assert 1 not in st.requests
+
+
+def test_cancel_before_arrival_drops_the_request_when_it_comes():
+    st = state()
+    st.handle(Cancel(id=3), 0.0)
+    assert st.cancelled == {3}
+    assert st.handle(tokenized(3, [[1, 2]]), 0.0) == []
+    assert not st.cancelled and not st.requests and st.next_batch(0.0) is None
+
+
+def test_cancel_of_a_finished_request_leaves_nothing_behind():
+    st = state()
+    st.handle(Rejected(id=5, kind="invalid", message="bad"), 0.0)
+    st.handle(Cancel(id=5), 0.0)
+    st.handle(Cancel(id=2), 0.0)  # finished long ago
+    assert not st.cancelled
+
+
+def test_cancel_in_flight_discards_its_rows():
+    st = state()
+    st.handle(tokenized(0, [[1, 2]]), 0.0)
+    st.handle(tokenized(1, [[3, 4]]), 0.0)
+    batch = st.next_batch(0.0)
+    st.handle(Cancel(id=0), 0.0)
+    out = st.handle(done_for(batch), 1.0)
+    assert [m.id for m in out] == [1]
+    assert not st.requests and not st.in_flight
+
+
+def test_a_failed_batch_fails_its_requests_only():
+    st = state(budget=16)
+    st.handle(tokenized(0, [[1] * 10]), 0.0)
+    st.handle(tokenized(1, [[2] * 10, [3] * 10]), 0.0)
+    first = st.next_batch(0.0)
+    assert [rid for rid, _ in first.rows] == [0]
+    out = st.handle(BatchDone(id=first.id, error="RuntimeError: boom"), 0.0)
+    assert out == [Rejected(id=0, kind="failed", message="device step failed: RuntimeError: boom")]
+    assert set(st.requests) == {1}
+
+
+def test_fail_waiting_empties_the_head_of_the_queue():
+    st = state()
+    st.handle(tokenized(0, [[1]]), 0.0)
+    out = st.fail_waiting(ValueError("oops"))
+    assert out[0].kind == "failed" and "batch build failed: ValueError: oops" in out[0].message
+    assert not st.requests and not st.queue and st.queued_tokens == 0
+
+
+def test_unknown_messages_are_a_bug():
+    with pytest.raises(TypeError, match="unexpected str"):
+        state().handle("hello", 0.0)
