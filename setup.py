@@ -4,8 +4,11 @@ import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
+MODULES = ("_buckets", "_pack", "_radix")
+
 extensions = [
-    Extension("_native._buckets", ["_native/_buckets.pyx"], include_dirs=[numpy.get_include()]),
+    Extension(f"_native.{name}", [f"_native/{name}.pyx"], include_dirs=[numpy.get_include()])
+    for name in MODULES
 ]
 
 setup(ext_modules=cythonize(extensions, language_level=3))

@@ -1,17 +1,49 @@
 """Host hot paths: compiled Cython modules with pure-Python twins of the same signature.
 
-The compiled module is used when it was built; otherwise the twin is, and `COMPILED` says which.
+The compiled modules are used when they were built; otherwise the twins are, and `COMPILED` says
+which. `IMPLEMENTATIONS` holds both (by name) so tests can run every function through each.
+
+- `pick_bucket(buckets, n)`: the smallest padding bucket >= n.
+- `RadixTree`: a compressed trie over token sequences (`insert`, `match`, `len`).
+- `group_by_prefix(seqs)`: `(prefix_len, members)` groups sharing a token prefix.
+- `pack_chunks(seqs, chunks)`: the unpadded flat arrays of one packed batch.
 """
 
-from . import _buckets_py
+from types import SimpleNamespace
+
+from . import _buckets_py, _pack_py, _radix_py
 
 try:
-    from . import _buckets as _buckets_native
+    from . import _buckets, _pack, _radix
 except ImportError:  # not built (e.g. a source checkout without `pip install -e .`)
-    _buckets_native = None
+    _buckets = _pack = _radix = None
 
-COMPILED = _buckets_native is not None
-IMPLEMENTATIONS = {"python": _buckets_py, **({"native": _buckets_native} if COMPILED else {})}
-pick_bucket = (_buckets_native or _buckets_py).pick_bucket
 
-__all__ = ["COMPILED", "IMPLEMENTATIONS", "pick_bucket"]
+def _implementation(buckets, radix, pack) -> SimpleNamespace:
+    return SimpleNamespace(
+        pick_bucket=buckets.pick_bucket,
+        RadixTree=radix.RadixTree,
+        group_by_prefix=radix.group_by_prefix,
+        pack_chunks=pack.pack_chunks,
+    )
+
+
+COMPILED = _radix is not None
+IMPLEMENTATIONS = {"python": _implementation(_buckets_py, _radix_py, _pack_py)}
+if COMPILED:
+    IMPLEMENTATIONS["native"] = _implementation(_buckets, _radix, _pack)
+_chosen = IMPLEMENTATIONS["native" if COMPILED else "python"]
+
+pick_bucket = _chosen.pick_bucket
+RadixTree = _chosen.RadixTree
+group_by_prefix = _chosen.group_by_prefix
+pack_chunks = _chosen.pack_chunks
+
+__all__ = [
+    "COMPILED",
+    "IMPLEMENTATIONS",
+    "RadixTree",
+    "group_by_prefix",
+    "pack_chunks",
+    "pick_bucket",
+]

@@ -6,11 +6,11 @@ at the end. Positions restart at 0 for every sequence, so RoPE sees what one-by-
 """
 
 from collections.abc import Sequence
-from itertools import pairwise
 from typing import NamedTuple
 
 import numpy as np
 
+import _native
 from _native import pick_bucket
 from engine.models.decoder import PackedInputs
 from kernels import make_meta
@@ -26,81 +26,76 @@ class Chunk(NamedTuple):
 
 
 class Buckets(NamedTuple):
-    """Padding grids: total tokens (multiples of `block_size`), score rows, schedule width."""
+    """Padding grids. A batch's shape is (T tokens, S score rows, L labels per row).
+
+    T comes from `tokens` (multiples of `block_size`); S from `rows_for(T)`, tied to T so that the
+    compiled program grid stays small; L from `label_widths`. The block-schedule width is fixed
+    per T (`T // block_size`), so it is not a grid dimension.
+    """
 
     block_size: int
     tokens: tuple[int, ...]
-    rows: tuple[int, ...]
-    widths: tuple[int, ...]
+    row_divisors: tuple[int, ...] = (32, 8, 2)
+    label_widths: tuple[int, ...] = (4, 32, 256)
+
+    def rows_for(self, tokens: int) -> tuple[int, ...]:
+        """Score-row buckets of token bucket `tokens`, ascending."""
+        return tuple(sorted({max(1, tokens // d) for d in self.row_divisors}))
+
+    @property
+    def max_rows(self) -> int:
+        """The most score rows any batch can have."""
+        return self.rows_for(self.tokens[-1])[-1]
+
+    def grid(self, max_tokens: int) -> list[tuple[int, int, int]]:
+        """The (T, S, L) shapes to precompile: T <= `max_tokens`, L the smallest label width."""
+        return [
+            (t, s, self.label_widths[0])
+            for t in self.tokens
+            if t <= max_tokens
+            for s in self.rows_for(t)
+        ]
+
+    def shape(self, real_tokens: int, rows: int, labels: int) -> tuple[int, int, int]:
+        """The (T, S, L) of a batch of `real_tokens` tokens, `rows` sequences and `labels` labels.
+
+        T is the smallest token bucket that holds the tokens and whose largest row bucket holds
+        the rows; S the smallest of its row buckets that holds them. ValueError when nothing does.
+        """
+        width = self._label_width(labels)
+        smallest = pick_bucket(self.tokens, real_tokens)
+        for t in self.tokens[self.tokens.index(smallest) :]:
+            row_buckets = self.rows_for(t)
+            if row_buckets[-1] >= rows:
+                return t, pick_bucket(row_buckets, rows), width
+        raise ValueError(f"score rows {rows} exceeds the largest bucket {self.max_rows}")
+
+    def _label_width(self, labels: int) -> int:
+        if labels > self.label_widths[-1]:
+            raise ValueError(
+                f"{labels} labels per sequence exceed the largest label width "
+                f"{self.label_widths[-1]}"
+            )
+        return pick_bucket(self.label_widths, labels)
 
 
 def default_buckets(max_tokens: int, block_size: int = 64) -> Buckets:
-    """Power-of-two grids covering batches up to `max_tokens` tokens."""
+    """Power-of-two token buckets from `2 * block_size` up to covering `max_tokens`."""
     tokens = [block_size * 2]
     while tokens[-1] < max_tokens:
         tokens.append(tokens[-1] * 2)
-    rows = [1]
-    while rows[-1] < tokens[-1]:
-        rows.append(rows[-1] * 4)
-    widths = [1]
-    while widths[-1] < tokens[-1] // block_size:
-        widths.append(widths[-1] * 2)
-    return Buckets(block_size, tuple(tokens), tuple(rows), tuple(widths))
-
-
-def common_prefix(a: Tokens, b: Tokens) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    return Buckets(block_size, tuple(tokens))
 
 
 def group_by_prefix(seqs: Sequence[Tokens]) -> list[Chunk]:
     """Partition sequences into groups sharing a token prefix, maximising the tokens saved.
 
-    Sorted order puts sequences with long common prefixes side by side; a range of that order
-    either stays one group (saving `(n - 1) * min_lcp` tokens) or splits where its adjacent LCP
-    is smallest, whichever saves more. Every member keeps at least one suffix token, because the
-    scored position is a sequence's last token.
+    On a radix tree of the sequences, the sequences below each node either stay one group
+    (saving `(n - 1) * depth` tokens) or split among the node's children, whichever saves more.
+    Every member keeps at least one suffix token, because the scored position is a sequence's
+    last token. Groups are ordered by their first member; ungrouped sequences are singletons.
     """
-    order = sorted(range(len(seqs)), key=lambda i: tuple(seqs[i]))
-    lcp = [
-        min(common_prefix(seqs[a], seqs[b]), len(seqs[a]) - 1, len(seqs[b]) - 1)
-        for a, b in pairwise(order)
-    ]
-    groups = []
-    for lo, hi, prefix in _best_ranges(lcp, 0, len(order)):
-        if prefix == 0:
-            groups.extend(Chunk(0, (i,)) for i in order[lo:hi])
-        else:
-            groups.append(Chunk(prefix, tuple(sorted(order[lo:hi]))))
-    return sorted(groups, key=lambda g: g.members[0])
-
-
-def _best_ranges(lcp: list[int], lo: int, hi: int) -> list[tuple[int, int, int]]:
-    """Ranges `(lo, hi, prefix)` of sorted positions [lo, hi) that save the most tokens."""
-    plans: dict[tuple[int, int], tuple[int, list]] = {}
-    stack = [(lo, hi, False)]
-    while stack:  # post-order without recursion: sorted runs can nest thousands deep
-        a, b, expanded = stack.pop()
-        if b - a == 1:
-            plans[a, b] = (0, [(a, b, 0)])
-            continue
-        low = min(lcp[a : b - 1])
-        cuts = [a] + [j + 1 for j in range(a, b - 1) if lcp[j] == low] + [b]
-        parts = list(pairwise(cuts))
-        if not expanded:
-            stack.append((a, b, True))
-            stack.extend((x, y, False) for x, y in parts if len(parts) > 1)
-            continue
-        whole = (b - a - 1) * low
-        split = sum(plans[p][0] for p in parts) if len(parts) > 1 else -1
-        if low > 0 and whole >= split:
-            plans[a, b] = (whole, [(a, b, low)])
-        else:
-            plans[a, b] = (split, [r for p in parts for r in plans[p][1]])
-    return plans[lo, hi][1]
+    return [Chunk(p, members) for p, members in _native.group_by_prefix(seqs)]
 
 
 def plan_batches(
@@ -138,51 +133,39 @@ def pack(
     chunks: Sequence[Chunk],
     buckets: Buckets,
 ) -> tuple[PackedInputs, list[int]]:
-    """Flat numpy arrays for one batch, and the sequence index behind each real score row."""
-    tokens, positions, pstart, pend, ostart, rows, order = [], [], [], [], [], [], []
-    for chunk in chunks:
-        base = len(tokens)
-        p = chunk.prefix_len
-        first = seqs[chunk.members[0]]
-        tokens.extend(first[:p])
-        positions.extend(range(p))
-        pstart.extend([base] * p)
-        pend.extend([base] * p)
-        ostart.extend([base] * p)
-        for m in chunk.members:
-            start = len(tokens)
-            suffix = seqs[m][p:]
-            tokens.extend(suffix)
-            positions.extend(range(p, p + len(suffix)))
-            pstart.extend([base] * len(suffix))
-            pend.extend([base + p] * len(suffix))
-            ostart.extend([start] * len(suffix))
-            rows.append(len(tokens) - 1)
-            order.append(m)
-    return _padded(tokens, positions, pstart, pend, ostart, rows, order, labels, buckets), order
+    """Flat numpy arrays for one batch, and the sequence index behind each real score row.
 
-
-def _padded(tokens, positions, pstart, pend, ostart, rows, order, labels, buckets: Buckets):
-    real = len(tokens)
-    t = pick_bucket(buckets.tokens, real)
-    pad = np.arange(real, t, dtype=np.int32)  # padding tokens attend only to themselves
-
-    def flat(values, fill):
-        return np.concatenate([np.asarray(values, np.int32), fill]).astype(np.int32)
-
+    The shape (T, S, L) comes from `buckets.shape`; ValueError when the batch fits no bucket.
+    """
+    # Unpadded: i32[N] for the five per-token arrays, i32[R] for rows and order.
+    tokens, positions, pstart, pend, ostart, rows, order = _native.pack_chunks(seqs, chunks)
+    order = order.tolist()
+    width = max((len(labels[m]) for m in order), default=0)
+    t, s, label_width = buckets.shape(len(tokens), len(rows), width)
+    pad = np.arange(len(tokens), t, dtype=np.int32)  # padding tokens attend only to themselves
+    zeros = np.zeros(t - len(tokens), np.int32)
     meta = make_meta(
-        flat(pstart, pad),
-        flat(pend, pad),
-        flat(ostart, pad),
+        np.concatenate([pstart, pad]),
+        np.concatenate([pend, pad]),
+        np.concatenate([ostart, pad]),
         block_size=buckets.block_size,
-        width_buckets=buckets.widths,
+        width_buckets=(t // buckets.block_size,),
     )
-    s = pick_bucket(buckets.rows, len(rows))
-    width = max(len(labels[m]) for m in order)
-    label_ids = np.zeros((s, width), np.int32)  # i32[S, L]
-    for r, m in enumerate(order):
-        label_ids[r, : len(labels[m])] = labels[m]
     score_rows = np.zeros(s, np.int32)  # i32[S]
     score_rows[: len(rows)] = rows
-    zeros = np.zeros(t - real, np.int32)
-    return PackedInputs(flat(tokens, zeros), flat(positions, zeros), meta, score_rows, label_ids)
+    batch = PackedInputs(
+        np.concatenate([tokens, zeros]),  # i32[T]
+        np.concatenate([positions, zeros]),  # i32[T]
+        meta,
+        score_rows,
+        _label_ids([labels[m] for m in order], s, label_width),
+    )
+    return batch, order
+
+
+def _label_ids(labels: Sequence[Sequence[int]], rows: int, width: int) -> np.ndarray:
+    """i32[rows, width]: row r holds `labels[r]`, zero-padded."""
+    label_ids = np.zeros((rows, width), np.int32)
+    for r, lab in enumerate(labels):
+        label_ids[r, : len(lab)] = lab
+    return label_ids

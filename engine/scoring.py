@@ -127,7 +127,7 @@ class ScoringModel:
             groups,
             [len(s) for s in seqs],
             token_budget=self.token_budget,
-            max_rows=self.buckets.rows[-1],
+            max_rows=self.buckets.max_rows,
         )
         pending = None
         for plan in plans:
@@ -141,8 +141,9 @@ class ScoringModel:
 
 
 def _collect(out: np.ndarray, result: jax.Array, order: list[int]) -> None:
-    result = np.asarray(result)  # f32[S_bucket, L_batch]
-    out[order, : result.shape[1]] = result[: len(order)]
+    result = np.asarray(result)  # f32[S_bucket, L_bucket]
+    width = min(result.shape[1], out.shape[1])
+    out[order, :width] = result[: len(order), :width]
 
 
 def scores_from_logprobs(logprobs: np.ndarray, *, apply_softmax: bool) -> np.ndarray:

@@ -1,7 +1,10 @@
 """Each compiled hot path and its pure-Python twin give the same answers."""
 
+from itertools import pairwise
+
+import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import _native
@@ -14,6 +17,17 @@ def impl(request):
 
 def test_compiled_module_is_built():
     assert _native.COMPILED, "run `pip install -e .` to build the Cython extensions"
+
+
+def outcome(fn, *args):
+    """What `fn(*args)` returns, or its ValueError's message: comparable across twins."""
+    try:
+        return fn(*args)
+    except ValueError as e:
+        return str(e)
+
+
+# --- pick_bucket
 
 
 def test_pick_bucket_chooses_the_smallest_that_fits(impl):
@@ -38,10 +52,205 @@ def test_pick_bucket_never_clips(impl):
 @given(st.lists(st.integers(1, 10**6), min_size=1, max_size=20, unique=True), st.integers(0, 10**6))
 def test_twins_agree(buckets, n):
     buckets = sorted(buckets)
-    outcomes = []
-    for impl in _native.IMPLEMENTATIONS.values():
-        try:
-            outcomes.append(impl.pick_bucket(buckets, n))
-        except ValueError as e:
-            outcomes.append(str(e))
+    outcomes = [outcome(i.pick_bucket, buckets, n) for i in _native.IMPLEMENTATIONS.values()]
     assert len(set(outcomes)) == 1
+
+
+# --- RadixTree
+
+
+def test_radix_insert_reports_the_tokens_already_stored(impl):
+    tree = impl.RadixTree()
+    assert [tree.insert(s) for s in ([1, 2, 3, 4], [1, 2, 5], [1, 2, 3, 4], [], [1, 2])] == [
+        0,
+        2,
+        4,
+        0,
+        2,
+    ]
+    assert len(tree) == 5
+
+
+def test_radix_match_is_the_longest_stored_prefix(impl):
+    tree = impl.RadixTree()
+    assert tree.match([1, 2]) == 0
+    for seq in ([1, 2, 3, 4], [1, 2, 5], [7]):
+        tree.insert(seq)
+    cases = {(1, 2, 3, 9): 3, (1, 2): 2, (1, 2, 3, 4, 5): 4, (1, 2, 5, 6): 3, (7, 7): 1, (): 0}
+    assert {seq: tree.match(list(seq)) for seq in cases} == cases
+    assert tree.match(np.array([1, 2, 5, 6], np.int32)) == 3
+    assert tree.match((1, 2, 3)) == 3
+    assert tree.match(np.array([9, 1], np.int64)) == 0
+
+
+def test_radix_stores_copies_of_array_inputs(impl):
+    seq = np.array([4, 5, 6, 7], np.int32)
+    tree = impl.RadixTree()
+    tree.insert(seq)
+    seq[:] = 0
+    assert tree.match([4, 5, 6, 7]) == 4
+
+
+def common_prefix(a, b):
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+token_lists = st.lists(st.lists(st.integers(0, 3), max_size=10), max_size=25)
+
+
+@settings(max_examples=200, deadline=None)
+@given(token_lists, token_lists)
+def test_radix_match_equals_brute_force(stored, queries):
+    for impl in _native.IMPLEMENTATIONS.values():
+        tree = impl.RadixTree()
+        for i, seq in enumerate(stored):
+            expected = max((common_prefix(seq, s) for s in stored[:i]), default=0)
+            assert tree.insert(seq) == expected
+        for seq in queries + stored:
+            assert tree.match(seq) == max((common_prefix(seq, s) for s in stored), default=0)
+        assert len(tree) == len(stored)
+
+
+# --- group_by_prefix
+
+
+def sorted_lcp_groups(seqs):
+    """The grouping oracle on sorted order: a range stays one group (saving (n-1) * its smallest
+    adjacent LCP) or splits at those smallest LCPs, whichever saves more, whole on ties; every
+    LCP is capped so that each member keeps a suffix token."""
+    order = sorted(range(len(seqs)), key=lambda i: tuple(seqs[i]))
+    lcp = [
+        min(common_prefix(seqs[a], seqs[b]), len(seqs[a]) - 1, len(seqs[b]) - 1)
+        for a, b in pairwise(order)
+    ]
+
+    def best(lo, hi):  # (saved, [(prefix, members)]) for sorted positions [lo, hi)
+        if hi - lo == 1:
+            return 0, [(0, (order[lo],))]
+        low = min(lcp[lo : hi - 1])
+        cuts = [lo] + [j + 1 for j in range(lo, hi - 1) if lcp[j] == low] + [hi]
+        parts = [best(a, b) for a, b in pairwise(cuts)]
+        split = sum(saved for saved, _ in parts)
+        if low > 0 and (hi - lo - 1) * low >= split:
+            return (hi - lo - 1) * low, [(low, tuple(sorted(order[lo:hi])))]
+        return split, [g for _, groups in parts for g in groups]
+
+    return sorted(best(0, len(seqs))[1], key=lambda g: g[1][0]) if seqs else []
+
+
+def test_groups_share_the_longest_prefixes(impl):
+    q1, q2 = [1, 2, 3, 4, 5], [1, 2, 9, 9, 9]
+    seqs = [q1 + [7], q2 + [8], q1 + [6, 6], [4], q2 + [1]]
+    assert impl.group_by_prefix(seqs) == [(5, (0, 2)), (5, (1, 4)), (0, (3,))]
+
+
+@pytest.mark.parametrize(
+    ("seqs", "expected"),
+    [
+        ([], []),
+        ([[5]], [(0, (0,))]),
+        ([[], [], [1]], [(0, (0,)), (0, (1,)), (0, (2,))]),
+        ([[1, 2, 3], [1, 2, 3], [1, 2, 3, 4]], [(2, (0, 1, 2))]),  # each keeps a suffix token
+        ([[1, 2], [1, 2, 3], [1, 2, 3, 4]], [(1, (0, 1, 2))]),
+        ([[1, 2, 3, 4, 5], [1, 2, 3, 4, 6], [1, 2]], [(4, (0, 1)), (0, (2,))]),  # 4 beats 2 * 1
+        ([[7, 1, 2], [7, 1, 3], [7, 5, 6], [7, 5, 8]], [(2, (0, 1)), (2, (2, 3))]),  # 4 beats 3
+        ([[1, 2, 3, 4], [1, 2, 8, 5], [1, 2, 3, 5], [1, 2, 8, 4]], [(2, (0, 1, 2, 3))]),  # 6 = 6
+        (
+            [[1, 2, 3, 4, 4], [1, 2, 8, 5], [1, 2, 3, 4, 5], [1, 2, 8, 4]],
+            [(4, (0, 2)), (3, (1, 3))],
+        ),
+        ([[7, 1, 2, 2], [7, 1, 2, 3], [7, 5, 6], [7, 5, 8]], [(3, (0, 1)), (2, (2, 3))]),
+    ],
+)
+def test_group_by_prefix_exact(impl, seqs, expected):
+    assert impl.group_by_prefix(seqs) == expected
+    assert impl.group_by_prefix([np.array(s, np.int32) for s in seqs]) == expected
+
+
+def test_group_by_prefix_of_a_shared_prompt(impl):
+    prompt = list(range(1000, 3000))
+    seqs = [prompt + [i, i + 1] for i in range(50)] + [[5, 6, 7]]
+    assert impl.group_by_prefix(seqs) == [(2000, tuple(range(50))), (0, (50,))]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 3), max_size=9), max_size=30))
+def test_group_by_prefix_equals_the_sorted_lcp_oracle(seqs):
+    expected = sorted_lcp_groups(seqs)
+    for impl in _native.IMPLEMENTATIONS.values():
+        assert impl.group_by_prefix(seqs) == expected
+
+
+PROMPT = [(7 * i) % 5 for i in range(300)]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 300), st.lists(st.integers(0, 4), max_size=4)), max_size=12)
+)
+def test_long_shared_prefixes_group_like_the_oracle(cuts):
+    seqs = [PROMPT[:k] + tail for k, tail in cuts]  # prefixes longer than one compared slice
+    expected = sorted_lcp_groups(seqs)
+    for impl in _native.IMPLEMENTATIONS.values():
+        assert impl.group_by_prefix(seqs) == expected
+        tree = impl.RadixTree()
+        for seq in seqs:
+            tree.insert(seq)
+        for seq in seqs + [PROMPT]:
+            assert tree.match(seq) == max((common_prefix(seq, s) for s in seqs), default=0)
+
+
+# --- pack_chunks
+
+
+def test_pack_chunks_lays_out_prefix_then_suffixes(impl):
+    seqs = [[5, 6, 7, 1], [5, 6, 7, 2, 3], [9, 9, 9]]
+    arrays = impl.pack_chunks(seqs, [(3, (0, 1)), (0, (2,))])
+    expected = [
+        [5, 6, 7, 1, 2, 3, 9, 9, 9],  # tokens
+        [0, 1, 2, 3, 3, 4, 0, 1, 2],  # positions
+        [0, 0, 0, 0, 0, 0, 6, 6, 6],  # prefix_start
+        [0, 0, 0, 3, 3, 3, 6, 6, 6],  # prefix_end
+        [0, 0, 0, 3, 4, 4, 6, 6, 6],  # own_start
+        [3, 5, 8],  # score_rows
+        [0, 1, 2],  # order
+    ]
+    assert len(arrays) == len(expected)
+    for got, want in zip(arrays, expected, strict=True):
+        assert got.dtype == np.int32
+        np.testing.assert_array_equal(got, want)
+
+
+def test_pack_chunks_reads_arrays_and_tuples(impl):
+    seqs = [np.array([4, 4, 1], np.int32), (4, 4, 2, 2), np.array([3], np.int64)]
+    tokens, *_, rows, order = impl.pack_chunks(seqs, [(0, (2,)), (2, (1, 0))])
+    np.testing.assert_array_equal(tokens, [3, 4, 4, 2, 2, 1])
+    np.testing.assert_array_equal(rows, [0, 4, 5])
+    np.testing.assert_array_equal(order, [2, 1, 0])
+
+
+def test_pack_chunks_rejects_members_without_a_suffix(impl):
+    with pytest.raises(ValueError, match="sequence 1 has 2 tokens; its chunk's prefix 2"):
+        impl.pack_chunks([[1, 2, 3], [1, 2]], [(2, (0, 1))])
+    with pytest.raises(ValueError, match="no members"):
+        impl.pack_chunks([[1]], [(0, ())])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=9), min_size=1, max_size=20))
+def test_pack_chunks_twins_agree_and_lay_out_every_sequence(seqs):
+    chunks = _native.IMPLEMENTATIONS["python"].group_by_prefix(seqs)
+    results = [i.pack_chunks(seqs, chunks) for i in _native.IMPLEMENTATIONS.values()]
+    for other in results[1:]:
+        for a, b in zip(results[0], other, strict=True):
+            np.testing.assert_array_equal(a, b)
+    tokens, positions, pstart, pend, ostart, rows, order = results[0]
+    assert sorted(order.tolist()) == list(range(len(seqs)))
+    for row, m in zip(rows, order, strict=True):
+        own = tokens[ostart[row] : row + 1]
+        prefix = tokens[pstart[row] : pend[row]]
+        assert np.concatenate([prefix, own]).tolist() == seqs[m]
+        assert positions[row] == len(seqs[m]) - 1

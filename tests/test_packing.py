@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from engine import load_model, packing
 from engine.packing import Chunk
 
-BUCKETS = packing.Buckets(block_size=4, tokens=(8, 16, 32), rows=(1, 4, 16), widths=(1, 2, 4, 8))
+BUCKETS = packing.Buckets(block_size=4, tokens=(8, 16, 32), row_divisors=(4,), label_widths=(2, 4))
 
 
 def test_groups_share_the_longest_prefixes():
@@ -83,6 +83,67 @@ def test_pack_lays_out_prefix_then_suffixes_then_padding():
 def test_too_long_for_every_bucket_is_an_error():
     with pytest.raises(ValueError, match="exceeds the largest bucket"):
         packing.pack([list(range(40))], [[0]], [Chunk(0, (0,))], BUCKETS)
+
+
+SHAPES = packing.Buckets(
+    block_size=4, tokens=(8, 16, 32, 64), row_divisors=(8, 2), label_widths=(2, 4)
+)
+
+
+def test_rows_are_tied_to_tokens():
+    assert SHAPES.rows_for(8) == (1, 4)
+    assert SHAPES.rows_for(64) == (8, 32)
+    assert SHAPES.max_rows == 32
+    assert packing.default_buckets(8192).rows_for(1024) == (32, 128, 512)
+
+
+@pytest.mark.parametrize(
+    ("real", "rows", "labels", "expected"),
+    [
+        (1, 1, 1, (8, 1, 2)),
+        (8, 2, 2, (8, 4, 2)),
+        (9, 1, 3, (16, 2, 4)),
+        (16, 8, 4, (16, 8, 4)),
+        (10, 9, 0, (32, 16, 2)),  # 9 rows do not fit T=16 (8 rows at most): bump T
+        (5, 20, 1, (64, 32, 2)),
+        (64, 32, 4, (64, 32, 4)),
+    ],
+)
+def test_shape_is_the_smallest_that_holds_the_batch(real, rows, labels, expected):
+    assert SHAPES.shape(real, rows, labels) == expected
+
+
+def test_shapes_beyond_the_largest_bucket_are_errors():
+    with pytest.raises(ValueError, match="size 65 exceeds the largest bucket 64"):
+        SHAPES.shape(65, 1, 1)
+    with pytest.raises(ValueError, match="score rows 33 exceeds the largest bucket 32"):
+        SHAPES.shape(40, 33, 1)
+    with pytest.raises(ValueError, match="5 labels per sequence exceed the largest label width 4"):
+        SHAPES.shape(8, 1, 5)
+
+
+def test_grid_lists_the_programs_to_precompile():
+    assert SHAPES.grid(16) == [(8, 1, 2), (8, 4, 2), (16, 2, 2), (16, 8, 2)]
+    for max_tokens in (8192, 32768, 40960):
+        grid = packing.default_buckets(max_tokens).grid(max_tokens)
+        assert len(grid) <= 30
+        assert len(set(grid)) == len(grid)
+        assert all(t % 64 == 0 and t <= max(max_tokens, 128) for t, _, _ in grid)
+
+
+def test_pack_pads_to_the_bucket_shape_with_a_full_width_schedule():
+    seqs = [[1] * 6 + [i] for i in range(10)]  # prefix 6 once, then 10 one-token suffixes
+    batch, order = packing.pack(seqs, [[7]] * 10, [Chunk(6, tuple(range(10)))], SHAPES)
+    assert order == list(range(10))
+    assert batch.tokens.shape == (32,) and batch.label_ids.shape == (16, 2)
+    assert batch.meta.block_kv.shape == (8, 8)
+    np.testing.assert_array_equal(batch.score_rows[:10], np.arange(6, 16))
+    np.testing.assert_array_equal(batch.label_ids[:, 0], [7] * 10 + [0] * 6)
+
+
+def test_pack_rejects_too_many_labels():
+    with pytest.raises(ValueError, match="5 labels"):
+        packing.pack([[1, 2]], [[1, 2, 3, 4, 5]], [Chunk(0, (0,))], SHAPES)
 
 
 WORDS = "alpha beta gamma delta river stone light paper green quick slow house".split()

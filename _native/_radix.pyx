@@ -1,0 +1,210 @@
+# cython: boundscheck=False, wraparound=False
+"""Radix tree over token-id sequences, compiled. Twin of `_native/_radix_py.py`.
+
+A compressed trie: every edge holds a run of int32 tokens, and every node other than the root
+either ends an inserted sequence or branches. `match` and `insert` are the operations a prefix
+cache needs; `group_by_prefix` plans shared-prefix groups for the packed batch (DESIGN §3).
+"""
+
+from libc.string cimport memcmp
+
+import numpy as np
+
+__all__ = ["RadixTree", "group_by_prefix"]
+
+
+cdef class _Node:
+    cdef object owner  # the i32 array that holds `edge`; keeps the pointer valid
+    cdef const int* edge  # tokens on the edge from the parent to this node, i32[length]
+    cdef Py_ssize_t length
+    cdef Py_ssize_t depth  # tokens from the root to the end of `edge`
+    cdef dict children  # first edge token -> _Node
+    cdef list ends  # ids of the inserted sequences that end exactly here
+    # Scratch of group_by_prefix's bottom-up plan.
+    cdef Py_ssize_t count
+    cdef long long saved
+    cdef bint whole
+
+
+cdef _Node _new_node(object owner, const int* edge, Py_ssize_t length, Py_ssize_t depth):
+    cdef _Node node = _Node.__new__(_Node)
+    node.owner = owner
+    node.edge = edge
+    node.length = length
+    node.depth = depth
+    node.children = {}
+    node.ends = []
+    return node
+
+
+cdef _Node _new_leaf(object toks, Py_ssize_t start, Py_ssize_t stop):
+    """A node owning a copy of `toks[start:stop]` (never empty), so callers may reuse `toks`."""
+    tail = np.array(toks[start:stop], dtype=np.int32)
+    cdef const int[::1] view = tail
+    return _new_node(tail, &view[0], stop - start, stop)
+
+
+cdef _Node _split(_Node parent, _Node child, Py_ssize_t k):
+    """Insert a node `k` tokens (0 < k < child.length) down the edge into `child`; return it."""
+    cdef _Node mid = _new_node(child.owner, child.edge, k, child.depth - child.length + k)
+    child.edge += k
+    child.length -= k
+    mid.children[child.edge[0]] = child
+    parent.children[mid.edge[0]] = mid
+    return mid
+
+
+cdef inline Py_ssize_t _common(const int* a, const int* b, Py_ssize_t n) noexcept nogil:
+    """Length of the common prefix of a[:n] and b[:n]."""
+    cdef Py_ssize_t k = 0
+    if memcmp(a, b, n * sizeof(int)) == 0:  # the usual case for a shared prompt: vectorised
+        return n
+    while a[k] == b[k]:
+        k += 1
+    return k
+
+
+cdef object _as_i32(object seq):
+    """`seq` as a C-contiguous int32 array: converted from a list, else viewed when possible."""
+    cdef Py_ssize_t i, n
+    cdef int[::1] out
+    if type(seq) is list:
+        n = len(<list>seq)
+        arr = np.empty(n, dtype=np.int32)
+        out = arr
+        for i in range(n):
+            out[i] = (<list>seq)[i]
+        return arr
+    return np.ascontiguousarray(seq, dtype=np.int32)
+
+
+cdef class RadixTree:
+    """A multiset of token sequences sharing storage for common prefixes.
+
+    Sequences are Python int lists, tuples or integer numpy arrays (stored as int32). The i-th
+    call of `insert` stores a sequence with id i (duplicates are kept, each with its own id).
+    """
+
+    cdef _Node root
+    cdef Py_ssize_t size
+
+    def __cinit__(self):
+        self.root = _new_node(None, NULL, 0, 0)
+        self.size = 0
+
+    def __len__(self):
+        """The number of sequences inserted (duplicates included)."""
+        return self.size
+
+    def insert(self, seq):
+        """Add `seq` with the next id; returns how many of its leading tokens were already stored
+        (what `match(seq)` returned just before)."""
+        toks = _as_i32(seq)
+        return self._insert(toks, toks.shape[0])
+
+    def match(self, seq):
+        """Length of the longest prefix of `seq` that is a prefix of some inserted sequence."""
+        toks = _as_i32(seq)
+        return self._match(toks, toks.shape[0])
+
+    cdef Py_ssize_t _insert(self, object toks, Py_ssize_t n) except -1:
+        """Insert `toks[:n]` (an int32 array with at least n tokens)."""
+        cdef const int[::1] view = toks
+        cdef const int* t = &view[0] if n else NULL
+        cdef _Node node = self.root, child
+        cdef Py_ssize_t i = 0, k
+        while i < n:
+            child = node.children.get(t[i])
+            if child is None:
+                child = _new_leaf(toks, i, n)
+                node.children[t[i]] = child
+                node = child
+                break
+            k = _common(child.edge, t + i, min(child.length, n - i))
+            if k < child.length:
+                child = _split(node, child, k)
+            node = child
+            i += k
+        node.ends.append(self.size)
+        self.size += 1
+        return i
+
+    cdef Py_ssize_t _match(self, object toks, Py_ssize_t n) except -1:
+        cdef const int[::1] view = toks
+        cdef const int* t = &view[0] if n else NULL
+        cdef _Node node = self.root, child
+        cdef Py_ssize_t i = 0, k
+        while i < n:
+            child = node.children.get(t[i])
+            if child is None:
+                return i
+            k = _common(child.edge, t + i, min(child.length, n - i))
+            if k < child.length:
+                return i + k
+            node = child
+            i += k
+        return n
+
+
+def group_by_prefix(seqs):
+    """Partition sequences into `(prefix_len, members)` groups that save the most tokens.
+
+    Built on a tree of every sequence without its last token, so a group's prefix always leaves
+    each member at least one suffix token (the scored position). At each node all sequences below
+    either form one group, saving `(n - 1) * depth` tokens, or are split among the children,
+    whichever saves more (the whole group on ties). Sequences that join no group are singletons
+    `(0, (i,))`. Members ascend; groups are ordered by their first member.
+    """
+    cdef RadixTree tree = RadixTree()
+    for seq in seqs:
+        toks = _as_i32(seq)
+        tree._insert(toks, max(toks.shape[0] - 1, 0))
+    _plan(tree.root)
+    cdef list groups = []
+    cdef list stack = [tree.root]
+    cdef _Node node
+    while stack:
+        node = stack.pop()
+        if node.whole:
+            groups.append((node.depth, tuple(sorted(_members(node)))))
+        else:
+            groups.extend([(0, (m,)) for m in node.ends])
+            stack.extend(node.children.values())
+    groups.sort(key=_first_member)
+    return groups
+
+
+def _first_member(group):
+    return group[1][0]
+
+
+cdef void _plan(_Node root) except *:
+    """Mark the nodes whose sequences form one group each, choosing bottom-up."""
+    cdef list order = [], stack = [root]
+    cdef _Node node, child
+    cdef Py_ssize_t i
+    cdef long long split, together
+    while stack:  # pre-order without recursion: nested sequences make chains thousands deep
+        node = stack.pop()
+        order.append(node)
+        stack.extend(node.children.values())
+    for i in range(len(order) - 1, -1, -1):
+        node = order[i]
+        node.count = len(node.ends)
+        split = 0
+        for child in node.children.values():
+            node.count += child.count
+            split += child.saved
+        together = (node.count - 1) * <long long>node.depth
+        node.whole = node.count > 1 and node.depth > 0 and together >= split
+        node.saved = together if node.whole else split
+
+
+cdef list _members(_Node top):
+    cdef list members = [], stack = [top]
+    cdef _Node node
+    while stack:
+        node = stack.pop()
+        members.extend(node.ends)
+        stack.extend(node.children.values())
+    return members
