@@ -35,6 +35,11 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     attention: str | None = None  # "reference" | "xla"; None picks by backend
     token_budget: int = 8192  # most real tokens in one packed batch
     block_size: int = 64  # attention block (tokens); token buckets are multiples of it
+    # padded batch sizes in tokens, ascending multiples of block_size; None: powers of two from
+    # 2 * block_size up to the model's context (buckets <= token_budget are compiled at start)
+    token_buckets: tuple[int, ...] | None = None
+    row_divisors: tuple[int, ...] = (32, 8, 2)  # score-row buckets of a T-token batch: T // d
+    label_widths: tuple[int, ...] = (4, 32, 256)  # padded label counts; the last is the limit
     max_queued_requests: int = 1024  # in-flight requests before score() fails as overloaded
     max_queued_tokens: int = 2_000_000  # tokenised tokens waiting before requests are refused
     max_items_per_request: int = 4096
@@ -108,14 +113,12 @@ class Engine:
     def __init__(self, config: EngineConfig, model: ScoringModel):
         self.config = config
         self.model = model
-        self.buckets = packing.default_buckets(
-            max(config.token_budget, model.config.max_position_embeddings), config.block_size
-        )
+        self.buckets = engine_buckets(config, model.config.max_position_embeddings)
         self.template = templates.template_for(model.config.family, model.tokenizer)
         self.tokenizer = tokenizer_actor.TokenizerState(
             model.tokenizer,
             vocab_size=model.config.vocab_size,
-            max_len=model.config.max_position_embeddings,
+            max_len=min(model.config.max_position_embeddings, self.buckets.tokens[-1]),
             max_items=config.max_items_per_request,
             max_labels=self.buckets.label_widths[-1],
             cache_size=config.tokenizer_cache_size,
@@ -245,6 +248,25 @@ class Engine:
             cache_hits=c.hits,
             cache_misses=c.misses,
         )
+
+
+def engine_buckets(config: EngineConfig, context: int) -> packing.Buckets:
+    """The padding grid the config asks for; ValueError naming the field that is inconsistent."""
+    b = config.block_size
+    tokens = (
+        config.token_buckets or packing.default_buckets(max(config.token_budget, context), b).tokens
+    )
+    if list(tokens) != sorted(set(tokens)) or any(t <= 0 or t % b for t in tokens):
+        raise ValueError(f"token_buckets: must be ascending multiples of block_size {b}")
+    if tokens[-1] < config.token_budget:
+        raise ValueError(f"token_buckets: the largest ({tokens[-1]}) is below token_budget")
+    for name in ("row_divisors", "label_widths"):
+        values = getattr(config, name)
+        if not values or any(v < 1 for v in values):
+            raise ValueError(f"{name}: must be positive integers")
+    return packing.Buckets(
+        b, tuple(tokens), tuple(config.row_divisors), tuple(sorted(config.label_widths))
+    )
 
 
 def _check_rerank(query, documents, top_n) -> None:

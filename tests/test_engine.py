@@ -276,3 +276,32 @@ def test_rerank_orders_by_yes_probability(tiny_path, reference):
     np.testing.assert_allclose(
         [h.relevance_score for h in result.results], [want[i][0] for i in order], rtol=1e-4
     )
+
+
+def test_bucket_settings_are_checked_and_used():
+    from engine.engine import engine_buckets
+
+    b = engine_buckets(EngineConfig(token_budget=256, block_size=32), 1000)
+    assert b.tokens == (64, 128, 256, 512, 1024) and b.block_size == 32
+    custom = EngineConfig(token_budget=256, token_buckets=(128, 256, 384), label_widths=(8, 2))
+    assert engine_buckets(custom, 4096).tokens == (128, 256, 384)
+    assert engine_buckets(custom, 4096).label_widths == (2, 8)
+    bad = [
+        ({"token_buckets": (128, 100)}, "token_buckets: must be ascending multiples of block_size"),
+        ({"token_buckets": (128,)}, r"token_buckets: the largest \(128\) is below token_budget"),
+        ({"row_divisors": ()}, "row_divisors: must be positive"),
+        ({"label_widths": (0,)}, "label_widths: must be positive"),
+    ]
+    for fields, message in bad:
+        with pytest.raises(ValueError, match=message):
+            engine_buckets(EngineConfig(token_budget=256, **fields), 1000)
+
+
+def test_sequences_beyond_the_largest_bucket_are_too_large(tiny_path):
+    async def main():
+        cfg = config(tiny_path, token_budget=128, token_buckets=(128, 256))
+        async with open_engine(cfg) as engine:
+            with pytest.raises(InputTooLarge, match="exceeds the model context of 256"):
+                await engine.score([1] * 250, [[2] * 10], [3])
+
+    run(main)
