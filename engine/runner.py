@@ -52,7 +52,9 @@ class RunnerState:
 
     def warm_up(self, shapes: list[tuple[int, int, int]], *, progress: bool = True) -> None:
         """Compile (and run once) the program of every (T, S, L) shape."""
-        for shape in tqdm(shapes, desc="compiling", unit="program", disable=not progress):
+        for shape in tqdm(
+            shapes, desc="compiling", unit="program", disable=not (progress and shapes)
+        ):
             self._run(empty_batch(*shape, self.block_size))
 
     def execute(self, batch: Batch) -> BatchDone:
