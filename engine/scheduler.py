@@ -5,6 +5,7 @@ so a lone request is not held back by a timer and a crowd fills the token budget
 served in arrival order; one of many items may span several batches.
 """
 
+import math
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 import trio
 
 from engine import packing
+from engine.channels import drain
 from engine.messages import Batch, BatchDone, Cancel, Rejected, Scored, Timings, Tokenized
 
 WINDOW_ITEMS = 4096  # queued items considered for one batch: bounds host work per batch
@@ -223,7 +225,10 @@ async def run(
     *,
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Apply inbound messages as they come while a second task feeds the runner."""
+    """Apply inbound messages as they come while a second task feeds the runner.
+
+    `results` must be unbounded (callers are woken without backpressure on the scheduler).
+    """
     work = trio.Event()
 
     async def dispatch() -> None:
@@ -233,7 +238,7 @@ async def run(
                 batch = state.next_batch(trio.current_time())
             except Exception as e:
                 for out in state.fail_waiting(e):
-                    await results.send(out)
+                    results.send_nowait(out)
                 continue
             if batch is None:
                 await work.wait()
@@ -244,7 +249,9 @@ async def run(
     async with trio.open_nursery() as nursery:
         nursery.start_soon(dispatch)
         task_status.started()
-        async for msg in inbox:
-            for out in state.handle(msg, trio.current_time()):
-                await results.send(out)
+        async for first in inbox:
+            now = trio.current_time()
+            for msg in drain(inbox, first, math.inf):  # a burst is seen whole before batching
+                for out in state.handle(msg, now):
+                    results.send_nowait(out)
             work.set()

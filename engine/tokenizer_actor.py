@@ -11,6 +11,7 @@ import tokenizers
 import trio
 
 from engine import inputs
+from engine.channels import drain
 from engine.messages import Rejected, ScoreRequest, Tokenized
 
 MAX_DRAIN = 256  # requests tokenised together at most; bounds one worker-thread call
@@ -117,17 +118,6 @@ def _rejected(request_id: int, error: ValueError) -> Rejected:
     return Rejected(id=request_id, kind=kind, message=str(error))
 
 
-def drain(receive: trio.MemoryReceiveChannel, first, limit: int) -> list:
-    """`first` plus whatever is already waiting in `receive`, up to `limit` messages."""
-    batch = [first]
-    while len(batch) < limit:
-        try:
-            batch.append(receive.receive_nowait())
-        except trio.WouldBlock:
-            break
-    return batch
-
-
 async def run(
     state: TokenizerState,
     receive: trio.MemoryReceiveChannel,
@@ -135,9 +125,13 @@ async def run(
     *,
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Tokenise requests as they come, batching whatever queued up meanwhile."""
+    """Tokenise requests as they come, batching whatever queued up meanwhile.
+
+    `send` must be unbounded: a drained batch is handed over whole, without a checkpoint between
+    messages, so the scheduler sees every request of a burst before it forms the next batch.
+    """
     task_status.started()
     async for first in receive:
         pending = drain(receive, first, MAX_DRAIN)
         for message in await trio.to_thread.run_sync(state.process, pending):
-            await send.send(message)
+            send.send_nowait(message)

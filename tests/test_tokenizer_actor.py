@@ -6,7 +6,7 @@ import pytest
 import trio
 
 from engine.messages import Rejected, ScoreRequest, Tokenized
-from engine.tokenizer_actor import TokenCache, TokenizerState, drain, run
+from engine.tokenizer_actor import TokenCache, TokenizerState, run
 from tests.conftest import train_tokenizer
 
 
@@ -93,18 +93,6 @@ def test_lru_evicts_the_least_recent():
     assert cache.get("a") == [1]
     cache.put("c", [3])
     assert cache.get("b") is None and cache.get("a") == [1] and cache.get("c") == [3]
-
-
-def test_drain_takes_what_is_waiting_up_to_the_limit():
-    async def main():
-        send, receive = trio.open_memory_channel(math.inf)
-        for i in range(5):
-            send.send_nowait(i)
-        first = await receive.receive()
-        assert drain(receive, first, 3) == [0, 1, 2]
-        assert drain(receive, "x", 10) == ["x", 3, 4]
-
-    trio.run(main)
 
 
 def test_run_loop_forwards_one_message_per_request(tok):
