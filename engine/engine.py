@@ -284,6 +284,8 @@ def _enable_compile_cache(directory: str | None) -> None:
     if directory is not None:
         Path(directory).mkdir(parents=True, exist_ok=True)
         jax.config.update("jax_compilation_cache_dir", directory)
+        # every grid program, not only slow ones: a restart should compile nothing
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
 
 @asynccontextmanager
