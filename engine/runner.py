@@ -51,11 +51,12 @@ class RunnerState:
         self.stats = RunnerStats()
 
     def warm_up(self, shapes: list[tuple[int, int, int]], *, progress: bool = True) -> None:
-        """Compile (and run once) the program of every (T, S, L) shape."""
+        """Compile the program of every (T, S, L) shape, without running any."""
         for shape in tqdm(
             shapes, desc="compiling", unit="program", disable=not (progress and shapes)
         ):
-            self._run(empty_batch(*shape, self.block_size))
+            self.model.compile(empty_batch(*shape, self.block_size))
+            self._count_compile(shape)
 
     def execute(self, batch: Batch) -> BatchDone:
         """Run one batch to completion; any exception becomes the batch's error."""
@@ -71,11 +72,13 @@ class RunnerState:
         return BatchDone(id=batch.id, logprobs=logprobs, device_s=elapsed)
 
     def _run(self, inputs: PackedInputs) -> np.ndarray:
-        shape = batch_shape(inputs)
+        self._count_compile(batch_shape(inputs))
+        return np.asarray(self.model.run_batch(inputs))  # f32[S, L]
+
+    def _count_compile(self, shape: tuple[int, int, int]) -> None:
         if shape not in self.compiled:
             self.stats.compiles += 1
             self.compiled.add(shape)
-        return np.asarray(self.model.run_batch(inputs))  # f32[S, L]
 
 
 async def run(

@@ -109,6 +109,10 @@ class ScoringModel:
         )
         return seqs
 
+    def compile(self, batch: PackedInputs) -> None:
+        """Compile the program for `batch`'s shapes without running it; later calls reuse it."""
+        self._forward.lower(self.params, batch).compile()
+
     def run_batch(self, batch: PackedInputs) -> jax.Array:
         """Dispatch one packed batch; its label log-probs f32[S, L] are computed asynchronously."""
         return self._forward(self.params, batch)
