@@ -127,6 +127,21 @@ def plan_batches(
     return [b for b in batches if b]
 
 
+def plan(seqs: Sequence[Tokens], *, token_budget: int, buckets: Buckets) -> list[list[Chunk]]:
+    """Group sequences by shared prefix, then split them into batches that fit the grid."""
+    return plan_batches(
+        group_by_prefix(seqs),
+        [len(s) for s in seqs],
+        token_budget=token_budget,
+        max_rows=buckets.max_rows,
+    )
+
+
+def real_tokens(chunks: Sequence[Chunk], seqs: Sequence[Tokens]) -> int:
+    """Tokens a batch of `chunks` lays out before padding: each prefix once, then suffixes."""
+    return sum(c.prefix_len + sum(len(seqs[m]) - c.prefix_len for m in c.members) for c in chunks)
+
+
 def pack(
     seqs: Sequence[Tokens],
     labels: Sequence[Sequence[int]],

@@ -36,7 +36,6 @@ class SchedulerStats:
     real_tokens: int = 0
     padded_tokens: int = 0
     prefix_tokens_saved: int = 0
-    failed_batches: int = 0
 
 
 class SchedulerState:
@@ -118,16 +117,10 @@ class SchedulerState:
         start = time.perf_counter()
         seqs = [self.requests[rid].msg.sequences[idx] for rid, idx in window]
         labels = [self.requests[rid].msg.labels for rid, _ in window]
-        groups = packing.group_by_prefix(seqs)
-        plan = packing.plan_batches(
-            groups,
-            [len(s) for s in seqs],
-            token_budget=self.token_budget,
-            max_rows=self.buckets.max_rows,
-        )[0]
+        plan = packing.plan(seqs, token_budget=self.token_budget, buckets=self.buckets)[0]
         inputs, order = packing.pack(seqs, labels, plan, self.buckets)
         rows = [window[i] for i in order]
-        real = sum(c.prefix_len + sum(len(seqs[m]) - c.prefix_len for m in c.members) for c in plan)
+        real = packing.real_tokens(plan, seqs)
         self._dequeue(rows, seqs, order, now)
         self._count(inputs, real, sum(len(seqs[i]) for i in order))
         return self._emit(inputs, rows, real, time.perf_counter() - start)
@@ -183,7 +176,6 @@ class SchedulerState:
     def _complete(self, done: BatchDone, now: float) -> list[Scored | Rejected]:
         rows = self.in_flight.pop(done.id)
         if done.error is not None:
-            self.stats.failed_batches += 1
             return self._fail({rid for rid, _ in rows}, f"device step failed: {done.error}")
         live = {rid: self.requests[rid] for rid, _ in rows if rid in self.requests}
         for req in live.values():  # cancelled or failed requests are no longer in the table

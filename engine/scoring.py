@@ -126,15 +126,8 @@ class ScoringModel:
         """
         width = max(len(lab) for lab in labels)
         out = np.zeros((len(seqs), width), np.float32)
-        groups = packing.group_by_prefix(seqs)
-        plans = packing.plan_batches(
-            groups,
-            [len(s) for s in seqs],
-            token_budget=self.token_budget,
-            max_rows=self.buckets.max_rows,
-        )
         pending = None
-        for plan in plans:
+        for plan in packing.plan(seqs, token_budget=self.token_budget, buckets=self.buckets):
             batch, order = packing.pack(seqs, labels, plan, self.buckets)
             running = (self.run_batch(batch), order)
             if pending is not None:

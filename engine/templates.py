@@ -41,13 +41,7 @@ QWEN3_RERANKER = RerankTemplate(
     yes="yes",
     no="no",
 )
-CHATML = RerankTemplate(
-    name="chatml",
-    prefix=f"<|im_start|>system\n{_SYSTEM}<|im_end|>\n<|im_start|>user\n",
-    suffix="<|im_end|>\n<|im_start|>assistant\n",
-    yes="yes",
-    no="no",
-)
+CHATML = QWEN3_RERANKER._replace(name="chatml", suffix="<|im_end|>\n<|im_start|>assistant\n")
 PLAIN = RerankTemplate(
     name="plain",
     prefix=f"{_SYSTEM}\n",
