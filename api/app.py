@@ -1,0 +1,73 @@
+"""The ASGI app: `hypercorn api.app:app` (asyncio; the engine runs in a trio thread) or
+`hypercorn -k trio api.app:app` (the engine runs in the server's loop).
+
+Configured by `SCORING_*` environment variables (see `api.settings`). The engine loads and
+compiles in the background after startup; `/health` answers 503 until it is ready.
+"""
+
+import logging
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+
+from api import errors, routes
+from api.bridge import host_engine
+from api.metrics import CountRequests
+from api.service import Service
+from api.settings import Settings, settings_from_env
+
+log = logging.getLogger("api")
+
+
+@asynccontextmanager
+async def lifespan(app: Starlette) -> AsyncIterator[None]:
+    """Start the engine host (loading in the background) and stop it on shutdown."""
+    service: Service = app.state.service
+    _configure_logging(service.settings.server.log_level)
+    async with host_engine(service.settings.engine) as host:
+        service.host = host
+        try:
+            yield
+        finally:
+            service.host = None
+
+
+def create_app(settings: Settings | None = None) -> Starlette:
+    """A new app with its own service state; `settings` default to the environment's."""
+    service = Service(settings or settings_from_env())
+    paths = frozenset(route.path for route in routes.ROUTES)
+    middleware = [Middleware(CountRequests, metrics=service.metrics, routes=paths)]
+    origins = service.settings.server.cors_origins
+    if origins:
+        middleware.append(
+            Middleware(
+                CORSMiddleware,
+                allow_origins=list(origins),
+                allow_methods=["GET", "POST"],
+                allow_headers=["*"],
+            )
+        )
+    app = Starlette(
+        routes=routes.ROUTES,
+        middleware=middleware,
+        exception_handlers=errors.HANDLERS,
+        lifespan=lifespan,
+    )
+    app.state.service = service
+    return app
+
+
+def _configure_logging(level: str) -> None:
+    # only when nothing else (the server, pytest) has set up logging, so lines are not doubled
+    log.setLevel(level.upper())
+    if not log.hasHandlers():
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        log.addHandler(handler)
+
+
+app = create_app()

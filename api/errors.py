@@ -1,0 +1,131 @@
+"""Errors as `{"error": {"message", "type", "param"}}`: the exception type, its mappings, handlers.
+
+Routes raise `ApiError`; decode and engine failures are turned into one by `decode_error` and
+`engine_error`, which take `param` from the field path in the message. A user's mistake is
+never a 500; anything unexpected is, with a log line, and the server keeps serving.
+"""
+
+import logging
+import re
+
+import msgspec
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from api.schemas import ErrorDetail, ErrorResponse, encode
+from engine import EngineClosed, EngineError, EngineOverloaded, InputTooLarge
+
+log = logging.getLogger("api")
+
+CLIENT_CLOSED = 499  # nginx's status for a client that went away before the answer
+
+TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "method_not_allowed",
+    409: "conflict_error",
+    413: "request_too_large",
+    CLIENT_CLOSED: "client_closed_request",
+    500: "internal_error",
+    503: "service_unavailable",
+}
+
+
+class ApiError(Exception):
+    """An HTTP error answer: status, message, the offending field and extra headers."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        type: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.type = type or TYPES.get(status, "error")
+        self.headers = headers or {}
+
+    def response(self) -> Response:
+        body = ErrorResponse(
+            error=ErrorDetail(message=self.message, type=self.type, param=self.param)
+        )
+        return Response(encode(body), self.status, self.headers, media_type="application/json")
+
+
+_AT = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
+_FIELD = re.compile(r"^Object (?:missing required|contains unknown) field `(?P<field>[^`]+)`")
+_PREFIX = re.compile(r"^(?P<field>[A-Za-z_][\w/]*)(?P<index>(?:\[\d+\])*): ")
+
+
+def decode_error(error: msgspec.MsgspecError) -> ApiError:
+    """400 for a body that is not JSON or does not fit the schema, naming the field."""
+    message = str(error)
+    if not isinstance(error, msgspec.ValidationError):
+        return ApiError(400, f"invalid JSON: {message}")
+    at = _AT.search(message)
+    path = at["path"] if at else ""
+    field = _FIELD.match(message)
+    if field:
+        path = f"{path}.{field['field']}" if path else field["field"]
+    return ApiError(400, message, param=path or None)
+
+
+def engine_error(
+    error: Exception, *, retry_after_s: int, renames: dict[str, str] | None = None
+) -> ApiError:
+    """The answer to an exception from `Engine.score` / `Engine.rerank`.
+
+    `renames` maps the engine's field names to the request's (rerank's `items` are `documents`).
+    """
+    if isinstance(error, EngineOverloaded | EngineClosed):
+        return ApiError(503, str(error), headers={"Retry-After": str(retry_after_s)})
+    if isinstance(error, ValueError):
+        status = 413 if isinstance(error, InputTooLarge) else 400
+        message, param = _field_message(str(error), renames or {})
+        return ApiError(status, message, param=param)
+    if isinstance(error, EngineError):
+        log.error("engine failure: %s", error)
+        return ApiError(500, f"engine failure: {error}")
+    return internal_error(error)
+
+
+def _field_message(message: str, renames: dict[str, str]) -> tuple[str, str | None]:
+    match = _PREFIX.match(message)
+    if match is None:
+        return message, None
+    field = renames.get(match["field"], match["field"])
+    param = field + match["index"]
+    return f"{param}: {message[match.end() :]}", param
+
+
+def internal_error(error: BaseException) -> ApiError:
+    """A 500 for a failure that is ours, logged with its traceback."""
+    log.error("internal error: %s: %s", type(error).__name__, error, exc_info=error)
+    return ApiError(500, f"internal error: {type(error).__name__}: {error}")
+
+
+async def on_api_error(request: Request, error: ApiError) -> Response:
+    return error.response()
+
+
+async def on_http_exception(request: Request, error: HTTPException) -> Response:
+    headers = dict(error.headers or {})
+    return ApiError(error.status_code, error.detail, headers=headers).response()
+
+
+async def on_exception(request: Request, error: Exception) -> Response:
+    return internal_error(error).response()
+
+
+HANDLERS = {
+    ApiError: on_api_error,
+    HTTPException: on_http_exception,
+    Exception: on_exception,
+}

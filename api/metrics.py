@@ -1,0 +1,132 @@
+"""Prometheus metrics: request counts by status, per-stage latency histograms, and the engine's
+counters (queue depth, real vs padded batch tokens, prefix tokens saved, compiles) read at
+scrape time. Each app owns its registry, so several apps can live in one process.
+"""
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from engine.engine import EngineStats
+from engine.messages import Timings
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+STAGES = ("tokenize", "queue", "batch_build", "device", "total")
+BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class Metrics:
+    """The service's metrics; `render()` is the `/metrics` body."""
+
+    def __init__(self, stats: Callable[[], EngineStats | None]):
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "scoring_http_requests",
+            "HTTP requests answered, by route and status",
+            ["route", "status"],
+            registry=self.registry,
+        )
+        self.stages = Histogram(
+            "scoring_stage_seconds",
+            "Per-request time in each engine stage",
+            ["stage"],
+            buckets=BUCKETS,
+            registry=self.registry,
+        )
+        self.items = Counter(
+            "scoring_items",
+            "Items scored (documents for rerank)",
+            ["route"],
+            registry=self.registry,
+        )
+        self.registry.register(_EngineCollector(stats))
+
+    def observe(self, route: str, timings: Timings, items: int) -> None:
+        """Record one successful request's stage times and item count."""
+        for stage in STAGES:
+            self.stages.labels(stage).observe(getattr(timings, stage))
+        self.items.labels(route).inc(items)
+
+    def count(self, route: str, status: int) -> None:
+        self.requests.labels(route, str(status)).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _EngineCollector(Collector):
+    """The engine's own counters, read when Prometheus scrapes (nothing while it loads)."""
+
+    def __init__(self, stats: Callable[[], EngineStats | None]):
+        self.stats = stats
+
+    def describe(self) -> list[Metric]:
+        return []  # dynamic: the engine may not exist yet
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.stats()
+        if s is None:
+            return
+        yield _gauge("scoring_queue_depth", "Requests waiting to be batched", s.queue_depth)
+        yield _gauge("scoring_requests_in_flight", "Requests inside the engine", s.in_flight)
+        yield _counter("scoring_batches", "Batches run on the device", s.batches)
+        yield _counter(
+            "scoring_failed_batches", "Batches whose device step failed", s.failed_batches
+        )
+        tokens = CounterMetricFamily(
+            "scoring_batch_tokens", "Batch tokens, real or padding", labels=["kind"]
+        )
+        tokens.add_metric(["real"], s.real_tokens)
+        tokens.add_metric(["padded"], s.padded_tokens)
+        yield tokens
+        yield _counter(
+            "scoring_prefix_tokens_saved",
+            "Tokens not computed thanks to shared prefixes",
+            s.prefix_tokens_saved,
+        )
+        yield _counter("scoring_compiles", "Programs compiled", s.compiles)
+        yield _counter(
+            "scoring_device_busy_seconds", "Time the device ran batches", s.device_busy_s
+        )
+        cache = CounterMetricFamily(
+            "scoring_tokenizer_cache", "Tokenizer cache lookups", labels=["result"]
+        )
+        cache.add_metric(["hit"], s.cache_hits)
+        cache.add_metric(["miss"], s.cache_misses)
+        yield cache
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=value)
+
+
+class CountRequests:
+    """ASGI middleware counting every HTTP answer by route and status (500 if none was sent)."""
+
+    def __init__(self, app, metrics: Metrics, routes: frozenset[str]):
+        self.app = app
+        self.metrics = metrics
+        self.routes = routes
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        status = 500
+
+        async def counting_send(message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counting_send)
+        finally:
+            route = scope["path"] if scope["path"] in self.routes else "other"
+            self.metrics.count(route, status)

@@ -1,0 +1,100 @@
+"""Server settings: one frozen struct, read from `SCORING_*` environment variables at start.
+
+Every `EngineConfig` field has a variable (`SCORING_TOKEN_BUDGET` for `token_budget`, ...), and so
+has every server field below. Tuples are comma-separated; an empty value of an optional field is
+None (`SCORING_COMPILE_CACHE_DIR=` disables the compile cache); booleans are 1/0/true/false.
+"""
+
+import logging
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import msgspec
+import msgspec.inspect as mi
+
+from engine.engine import EngineConfig
+from engine.loaders import CheckpointError, default_model_path
+
+PREFIX = "SCORING_"
+log = logging.getLogger("api")
+
+
+class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What the HTTP layer adds to the engine's configuration."""
+
+    model_name: str | None = None  # served name; None: the model file or directory name
+    api_key: str | None = None  # when set, every route but /health needs `Bearer <api_key>`
+    max_body_bytes: int = 16 * 2**20
+    profile_dir: str = str(Path(tempfile.gettempdir()) / "llm-scoring-engine-profile")
+    retry_after_s: int = 1  # the Retry-After of a 503
+    cors_origins: tuple[str, ...] = ()  # empty: no CORS headers at all
+    log_level: str = "INFO"
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything the service runs with."""
+
+    engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
+    server: ServerConfig = msgspec.field(default_factory=ServerConfig)
+
+    @property
+    def model_name(self) -> str:
+        """The name clients see in `model` fields and `/v1/models`."""
+        return self.server.model_name or _model_name(self.engine.model)
+
+
+def settings_from_env(environ: Mapping[str, str] | None = None) -> Settings:
+    """Settings from `SCORING_*` variables; ValueError naming the variable that is wrong."""
+    environ = os.environ if environ is None else environ
+    known = {PREFIX + f.name.upper() for cls in (EngineConfig, ServerConfig) for f in _fields(cls)}
+    for name in sorted(n for n in environ if n.startswith(PREFIX) and n not in known):
+        log.warning("ignoring unknown setting %s", name)
+    return Settings(
+        engine=_from_env(EngineConfig, environ), server=_from_env(ServerConfig, environ)
+    )
+
+
+def _from_env(cls, environ: Mapping[str, str]):
+    raw = {
+        f.name: _parse(f.type, environ[PREFIX + f.name.upper()])
+        for f in _fields(cls)
+        if PREFIX + f.name.upper() in environ
+    }
+    try:
+        return msgspec.convert(raw, cls, strict=False)
+    except msgspec.ValidationError as e:
+        field = str(e).rpartition("$.")[2].rstrip("`").split("[")[0]
+        raise ValueError(f"{PREFIX}{field.upper()}: {e}") from None
+
+
+def _fields(cls) -> tuple:
+    return mi.type_info(cls).fields
+
+
+def _parse(kind, value: str):
+    """The raw value of one variable, shaped for `msgspec.convert(strict=False)`."""
+    kinds = kind.types if isinstance(kind, mi.UnionType) else (kind,)
+    if value.strip() == "" and any(isinstance(k, mi.NoneType) for k in kinds):
+        return None
+    if any(isinstance(k, mi.VarTupleType | mi.TupleType | mi.ListType) for k in kinds):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    return value
+
+
+def model_path(model: str | None) -> str | None:
+    """The checkpoint `model` names; None is the default model (None if it is not installed)."""
+    if model is not None:
+        return model
+    try:
+        return str(default_model_path())
+    except CheckpointError:
+        return None
+
+
+def _model_name(model: str | None) -> str:
+    path = model_path(model)
+    if path is None:
+        return "default"
+    return Path(path).stem if path.endswith(".gguf") else Path(path).name

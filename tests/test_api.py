@@ -1,0 +1,700 @@
+"""The HTTP service in process, through Starlette's TestClient on asyncio (engine in a trio
+thread behind the bridge) and on trio (engine in the server's loop): every endpoint, every error."""
+
+import json
+import logging
+import time
+
+import anyio
+import msgspec
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from starlette.testclient import TestClient
+
+from api.app import create_app
+from api.settings import Settings, settings_from_env
+from engine import load_model
+from tests.test_api_support import (
+    DOCS,
+    NO,
+    YES,
+    asgi_post,
+    assert_rerank,
+    assert_scores,
+    expected_scores,
+    ids,
+    rerank_cases,
+    rerank_references,
+    score_cases,
+    tables_empty,
+    tiny_env,
+    wait_until,
+)
+
+BACKENDS = ["asyncio", "trio"]
+KEY = "s3cret"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tiny_checkpoints):
+    return tiny_checkpoints["llama-untied"]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_path):
+    return load_model(str(tiny_path), dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def rerank_expected(tiny_path):
+    return rerank_references(tiny_path)
+
+
+def serving(app, backend: str):
+    """A TestClient running `app` (lifespan included) once its engine is ready."""
+    with TestClient(app, backend=backend) as client:
+        assert wait_until(lambda: client.get("/health").status_code == 200, 60)
+        yield client
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def client(request, tiny_path):
+    """A ready service with default limits and no API key."""
+    yield from serving(create_app(settings_from_env(tiny_env(tiny_path))), request.param)
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def strict(request, tiny_path):
+    """A ready service with an API key, small limits and a queue of two requests."""
+    env = tiny_env(
+        tiny_path,
+        SCORING_API_KEY=KEY,
+        SCORING_MAX_BODY_BYTES="65536",
+        SCORING_MAX_ITEMS_PER_REQUEST="64",
+        SCORING_MAX_QUEUED_REQUESTS="2",
+        SCORING_RETRY_AFTER_S="3",
+    )
+    yield from serving(create_app(settings_from_env(env)), request.param)
+
+
+def engine_of(client):
+    return client.app.state.service.host.engine
+
+
+def error(message: str, type: str, param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type, "param": param}}
+
+
+def invalid(message: str, param: str | None = None) -> dict:
+    return error(message, "invalid_request_error", param)
+
+
+# -- settings --------------------------------------------------------------------------------
+
+
+def test_settings_from_env_cover_engine_and_server(tiny_path):
+    s = settings_from_env(
+        tiny_env(
+            tiny_path,
+            SCORING_TOKEN_BUCKETS="128, 256,512",
+            SCORING_LABEL_WIDTHS="4",
+            SCORING_API_KEY="k",
+            SCORING_CORS_ORIGINS="http://a.example,http://b.example",
+            SCORING_MODEL_NAME="tiny",
+        )
+    )
+    assert s.engine.model == str(tiny_path) and s.engine.dtype == "float32"
+    assert s.engine.token_budget == 512 and s.engine.token_buckets == (128, 256, 512)
+    assert s.engine.label_widths == (4,) and s.engine.precompile is False
+    assert s.engine.compile_cache_dir is None and s.engine.progress is False
+    assert s.server.api_key == "k" and s.model_name == "tiny"
+    assert s.server.cors_origins == ("http://a.example", "http://b.example")
+
+
+def test_settings_defaults():
+    s = settings_from_env({})
+    assert s == Settings() and s.model_name in ("SmolLM2-135M-Instruct.Q4_1", "default")
+    assert s.server.api_key is None and s.server.max_body_bytes == 16 * 2**20
+    assert s.server.cors_origins == () and s.engine.precompile is True
+    assert settings_from_env({"SCORING_MODEL": "/m/SmolLM2.Q8_0.gguf"}).model_name == "SmolLM2.Q8_0"
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("SCORING_TOKEN_BUDGET", "lots", "SCORING_TOKEN_BUDGET: Expected `int`, got `str`"),
+        ("SCORING_TOKEN_BUCKETS", "128,x", "SCORING_TOKEN_BUCKETS: Expected `int`, got `str`"),
+        ("SCORING_PRECOMPILE", "maybe", "SCORING_PRECOMPILE: Expected `bool`, got `str`"),
+        ("SCORING_MAX_BODY_BYTES", "1.5", "SCORING_MAX_BODY_BYTES: Expected `int`, got `str`"),
+    ],
+)
+def test_settings_name_the_bad_variable(name, value, message):
+    with pytest.raises(ValueError, match=f"^{message}"):
+        settings_from_env({name: value})
+
+
+def test_unknown_setting_is_logged(caplog):
+    with caplog.at_level(logging.WARNING, logger="api"):
+        settings_from_env({"SCORING_TOKEN_BUDGTE": "1"})
+    assert "ignoring unknown setting SCORING_TOKEN_BUDGTE" in caplog.text
+
+
+# -- health and readiness --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_health_is_503_until_the_engine_is_ready(tiny_path, backend):
+    app = create_app(settings_from_env(tiny_env(tiny_path)))
+    client = TestClient(app, backend=backend)  # no lifespan yet: nothing is loaded
+    r = client.get("/health")
+    assert (r.status_code, r.json()) == (503, {"status": "loading", "message": None})
+    assert r.headers["retry-after"] == "1"
+    r = client.post("/v1/score", json=score_cases()[0])
+    assert r.status_code == 503 and r.headers["retry-after"] == "1"
+    assert r.json() == error("the engine is loading", "service_unavailable")
+    with client:
+        assert wait_until(lambda: client.get("/health").status_code == 200, 60)
+        assert client.get("/health").json() == {"status": "ok", "message": None}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_model_that_fails_to_load_leaves_health_503(tmp_path, backend):
+    app = create_app(settings_from_env(tiny_env(tmp_path / "missing")))
+    with TestClient(app, backend=backend) as client:
+        assert wait_until(lambda: client.get("/health").json()["status"] == "failed", 30)
+        reason = (
+            f"CheckpointError: {tmp_path / 'missing'}: "
+            "not a Hugging Face model directory or an existing .gguf file"
+        )
+        r = client.get("/health")
+        assert (r.status_code, r.json()) == (503, {"status": "failed", "message": reason})
+        r = client.post("/v1/score", json=score_cases()[0])
+        assert r.status_code == 503
+        assert r.json() == error(f"the engine is not running: {reason}", "service_unavailable")
+
+
+# -- /v1/score -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", range(len(score_cases())))
+def test_score_equals_the_reference(client, reference, case):
+    body = score_cases()[case]
+    r = client.post("/v1/score", json=body)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert_scores(got["scores"], expected_scores(reference, body))
+    seqs = reference.sequences(
+        body["query"], body["items"], item_first=body.get("item_first", False)
+    )
+    tokens = sum(map(len, seqs))
+    assert got["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0}
+    assert got["model"] == "llama-untied" and got["object"] == "scoring"
+    assert set(got) == {"scores", "model", "usage", "object"}
+
+
+def test_timing_headers_in_milliseconds(client):
+    r = client.post("/v1/score", json=score_cases()[0])
+    times = {
+        stage: float(r.headers[f"x-{stage}-time"])
+        for stage in ("tokenize", "queue", "batch-build", "device", "total")
+    }
+    assert all(t >= 0 for t in times.values())
+    assert times["total"] >= times["device"] > 0
+
+
+# -- /v1/rerank ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", range(len(rerank_cases())))
+def test_rerank_equals_engine_rerank(client, rerank_expected, case):
+    path, body, _ = rerank_cases()[case]
+    r = client.post(path, json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["model"] == "llama-untied"
+    assert_rerank(r.json(), body, rerank_expected[case], DOCS)
+    assert float(r.headers["x-device-time"]) > 0
+
+
+def test_rerank_truncates_to_fit_the_context_when_asked(client):
+    long_doc = "yes no maybe " * 300  # far over the 512-token context
+    body = {"query": "q", "documents": [long_doc, "short"]}
+    r = client.post("/v1/rerank", json=body)
+    assert r.status_code == 413
+    message = r.json()["error"]["message"]
+    assert message.startswith("documents[0]: sequence of ") and message.endswith(
+        "tokens exceeds the model context of 512"
+    )
+    assert r.json()["error"]["param"] == "documents[0]"
+    r = client.post("/v1/rerank", json={**body, "truncate": True, "return_documents": True})
+    assert r.status_code == 200, r.text
+    assert 512 < r.json()["usage"]["prompt_tokens"] <= 2 * 512
+    assert {h["document"]["text"] for h in r.json()["results"]} == {long_doc, "short"}
+
+
+# -- request errors: 400 ---------------------------------------------------------------------
+
+TYPES = "Expected `str | array`, got `int`"
+BAD_SCORES = [
+    (b"{", invalid("invalid JSON: Input data was truncated")),
+    (b"[]", invalid("Expected `object`, got `array`")),
+    (b'{"query": 1}', invalid(f"{TYPES} - at `$.query`", "query")),
+    (
+        b'{"query": "q", "items": ["a", [1, "b"]], "label_token_ids": [1]}',
+        invalid("Expected `int`, got `str` - at `$.items[1][1]`", "items[1][1]"),
+    ),
+    (
+        b'{"query": "q", "items": ["a"], "label_token_ids": [true]}',
+        invalid("Expected `int`, got `bool` - at `$.label_token_ids[0]`", "label_token_ids[0]"),
+    ),
+    (
+        b'{"query": "q", "items": ["a"]}',
+        invalid("Object missing required field `label_token_ids`", "label_token_ids"),
+    ),
+    (
+        b'{"query": "q", "items": ["a"], "label_token_ids": [1], "temperature": 0}',
+        invalid("Object contains unknown field `temperature`", "temperature"),
+    ),
+    (
+        b'{"query": "q", "items": [], "label_token_ids": [1]}',
+        invalid(
+            "items: must be a non-empty string, list of strings or list of token-id lists", "items"
+        ),
+    ),
+    (
+        b'{"query": "q", "items": ["a", ""], "label_token_ids": [1]}',
+        invalid("items[1]: empty item", "items[1]"),
+    ),
+    (
+        b'{"query": [1], "items": [[2], []], "label_token_ids": [1]}',
+        invalid("items[1]: empty item", "items[1]"),
+    ),
+    (
+        b'{"query": "q", "items": ["a"], "label_token_ids": []}',
+        invalid("label_token_ids: must be a non-empty list of token ids", "label_token_ids"),
+    ),
+    (
+        b'{"query": "q", "items": ["a"], "label_token_ids": [5, 384, -1]}',
+        invalid("label_token_ids: [384, -1] outside the vocabulary [0, 384)", "label_token_ids"),
+    ),
+    (
+        b'{"query": [1, 2], "items": [[3], [1000]], "label_token_ids": [1]}',
+        invalid("items[1]: token id outside the vocabulary [0, 384)", "items[1]"),
+    ),
+    (
+        b'{"query": "q", "items": [[1, 2]], "label_token_ids": [1]}',
+        invalid(
+            "query/items: must be all text (str query, list of str items) or all token ids "
+            "(list[int] query, list of list[int] items)",
+            "query/items",
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize(("body", "answer"), BAD_SCORES)
+def test_score_rejects_bad_input_with_400(client, body, answer):
+    r = client.post("/v1/score", content=body, headers={"content-type": "application/json"})
+    assert (r.status_code, r.json()) == (400, answer)
+
+
+BAD_RERANKS = [
+    ({"query": "q"}, invalid("documents: required (or TEI's `texts`)", "documents")),
+    (
+        {"query": "q", "documents": ["a"], "texts": ["a"]},
+        invalid("texts: give `documents` or `texts`, not both", "texts"),
+    ),
+    (
+        {"query": "q", "documents": []},
+        invalid("documents: must be a non-empty list of strings", "documents"),
+    ),
+    (
+        {"query": "q", "texts": []},
+        invalid("texts: must be a non-empty list of strings", "texts"),
+    ),
+    (
+        {"query": "q", "documents": ["a"], "top_n": 0},
+        invalid("Expected `int` >= 1 - at `$.top_n`", "top_n"),
+    ),
+    (
+        {"query": "q", "documents": ["a"], "max_tokens_per_doc": -3},
+        invalid("Expected `int` >= 1 - at `$.max_tokens_per_doc`", "max_tokens_per_doc"),
+    ),
+    (
+        {"query": "q", "documents": [{"txt": "a"}]},
+        invalid("Object contains unknown field `txt` - at `$.documents[0]`", "documents[0].txt"),
+    ),
+    (
+        {"query": "q", "documents": ["a", {}]},
+        invalid("Object missing required field `text` - at `$.documents[1]`", "documents[1].text"),
+    ),
+    (
+        {"query": ["q"], "documents": ["a"]},
+        invalid("Expected `str`, got `array` - at `$.query`", "query"),
+    ),
+    (
+        {"query": "q", "documents": ["a"], "raw_scores": True},
+        invalid("Object contains unknown field `raw_scores`", "raw_scores"),
+    ),
+]
+
+
+@pytest.mark.parametrize(("body", "answer"), BAD_RERANKS)
+def test_rerank_rejects_bad_input_with_400(client, body, answer):
+    for path in ("/v1/rerank", "/rerank"):
+        r = client.post(path, json=body)
+        assert (r.status_code, r.json()) == (400, answer)
+
+
+def test_unknown_route_and_wrong_method(client):
+    r = client.get("/v2/score")
+    assert (r.status_code, r.json()) == (404, error("Not Found", "not_found_error"))
+    r = client.get("/v1/score")
+    assert (r.status_code, r.json()) == (405, error("Method Not Allowed", "method_not_allowed"))
+    assert r.headers["allow"] == "POST"
+
+
+# -- 413 -------------------------------------------------------------------------------------
+
+
+def too_large(message: str, param: str | None = None) -> dict:
+    return error(message, "request_too_large", param)
+
+
+def test_body_over_the_limit_is_413(strict):
+    body = json.dumps({"query": "q", "items": ["x" * 70_000], "label_token_ids": [1]})
+    r = strict.post("/v1/score", content=body, headers=AUTH)
+    size = len(body)
+    assert r.status_code == 413
+    assert r.json() == too_large(f"request body of {size} bytes exceeds the limit of 65536 bytes")
+
+    def chunks():  # no content-length: the limit holds while streaming
+        yield body[:40_000].encode()
+        yield body[40_000:].encode()
+
+    r = strict.post("/v1/score", content=chunks(), headers=AUTH)
+    assert r.status_code == 413
+    assert r.json() == too_large(f"request body of {size} bytes exceeds the limit of 65536 bytes")
+
+
+def test_too_many_items_is_413(strict):
+    body = {"query": "q", "items": ["a"] * 65, "label_token_ids": [1]}
+    r = strict.post("/v1/score", json=body, headers=AUTH)
+    assert r.status_code == 413
+    assert r.json() == too_large("items: 65 items exceed the limit of 64", "items")
+    r = strict.post("/v1/rerank", json={"query": "q", "documents": ["a"] * 65}, headers=AUTH)
+    assert r.json() == too_large("documents: 65 items exceed the limit of 64", "documents")
+
+
+def test_sequence_over_the_context_is_413(client):
+    r = client.post(
+        "/v1/score",
+        json={"query": [5] * 500, "items": [[1], [2] * 13], "label_token_ids": [1]},
+    )
+    assert r.status_code == 413
+    assert r.json() == too_large(
+        "items[1]: sequence of 513 tokens exceeds the model context of 512", "items[1]"
+    )
+
+
+def test_too_many_labels_is_413(client):
+    r = client.post("/v1/score", json={"query": "q", "items": ["a"], "label_token_ids": [1] * 257})
+    assert r.status_code == 413
+    assert r.json() == too_large(
+        "label_token_ids: 257 labels exceed the limit of 256", "label_token_ids"
+    )
+
+
+# -- 401 -------------------------------------------------------------------------------------
+
+
+PROTECTED = [
+    ("POST", "/v1/score"),
+    ("POST", "/v1/rerank"),
+    ("POST", "/rerank"),
+    ("GET", "/v1/models"),
+    ("GET", "/get_model_info"),
+    ("GET", "/get_server_info"),
+    ("GET", "/metrics"),
+    ("POST", "/start_profile"),
+    ("POST", "/stop_profile"),
+    ("GET", "/openapi.json"),
+]
+
+
+@pytest.mark.parametrize("header", [None, "Bearer wrong", "Basic czNjcmV0", f"Bearer{KEY}"])
+def test_api_key_is_required(strict, header):
+    headers = {"Authorization": header} if header else {}
+    for method, path in PROTECTED:
+        r = strict.request(method, path, headers=headers, json={})
+        assert r.status_code == 401, (method, path)
+        assert r.json() == error(
+            "missing or wrong API key: send `Authorization: Bearer <key>`", "authentication_error"
+        )
+        assert r.headers["www-authenticate"] == "Bearer"
+    assert strict.get("/health", headers=headers).status_code == 200  # health stays open
+
+
+def test_the_right_key_is_accepted_and_never_shown(strict, reference):
+    body = score_cases()[0]
+    r = strict.post("/v1/score", json=body, headers=AUTH)
+    assert r.status_code == 200
+    assert_scores(r.json()["scores"], expected_scores(reference, body))
+    r = strict.get("/get_server_info", headers=AUTH)
+    assert r.status_code == 200 and KEY not in r.text
+    assert r.json()["auth"] is True and r.json()["server_config"]["api_key"] is None
+
+
+# -- 503 overload, 499 disconnect, 500 internal ----------------------------------------------
+
+
+def heavy(rng, items: int, length: int) -> dict:
+    return {
+        "query": ids(rng, 20),
+        "items": [ids(rng, length) for _ in range(items)],
+        "label_token_ids": [YES, NO],
+    }
+
+
+def test_overload_is_503_with_retry_after(strict, reference):
+    rng = np.random.default_rng(3)
+    bodies = [heavy(rng, 64, 100) for _ in range(12)]
+    headers = [(b"authorization", f"Bearer {KEY}".encode())]
+
+    async def burst():
+        answers = [None] * len(bodies)
+
+        async def one(i):
+            answers[i] = await asgi_post(strict.app, "/v1/score", bodies[i], headers=headers)
+
+        async with anyio.create_task_group() as tasks:
+            for i in range(len(bodies)):
+                tasks.start_soon(one, i)
+        return answers
+
+    answers = strict.portal.call(burst)
+    statuses = [status for status, _, _ in answers]
+    assert set(statuses) == {200, 503} and statuses.count(200) >= 2, statuses
+    for (status, headers_, body), request in zip(answers, bodies, strict=True):
+        if status == 503:
+            assert headers_["retry-after"] == "3"
+            assert json.loads(body) == error(
+                "2 requests in flight (limit 2)", "service_unavailable"
+            )
+        else:
+            assert_scores(json.loads(body)["scores"], expected_scores(reference, request))
+    assert wait_until(lambda: tables_empty(engine_of(strict)))
+
+
+def test_disconnect_drops_the_engine_work(client):
+    engine = engine_of(client)
+    body = heavy(np.random.default_rng(4), 2000, 48)  # ~200 batches of 512 tokens
+    before = engine.stats().batches
+
+    async def leave_early():
+        gone = anyio.Event()
+        async with anyio.create_task_group() as tasks:
+            answer = []
+            tasks.start_soon(
+                lambda: _append(answer, asgi_post(client.app, "/v1/score", body, disconnect=gone))
+            )
+            with anyio.fail_after(30):
+                while engine.stats().batches < before + 2:  # tokenised, batching has begun
+                    await anyio.sleep(0.002)
+            gone.set()
+        return answer[0], engine.stats().batches
+
+    (status, _, payload), at_disconnect = client.portal.call(leave_early)
+    assert status == 499
+    assert json.loads(payload) == error("client closed the request", "client_closed_request")
+    assert wait_until(lambda: tables_empty(engine), 10)
+    time.sleep(0.2)
+    assert engine.stats().batches <= at_disconnect + 3  # the rest was dropped, not run
+    metrics = client.get("/metrics").text
+    assert 'scoring_http_requests_total{route="/v1/score",status="499"} 1.0' in metrics
+
+
+async def _append(out: list, coroutine) -> None:
+    out.append(await coroutine)
+
+
+def test_engine_failure_is_500_and_the_server_keeps_serving(client, reference, caplog):
+    model = engine_of(client).model
+
+    def broken(batch):
+        raise RuntimeError("device on fire")
+
+    model.run_batch = broken
+    try:
+        with caplog.at_level(logging.ERROR, logger="api"):
+            r = client.post("/v1/score", json=score_cases()[0])
+    finally:
+        del model.run_batch
+    assert r.status_code == 500
+    assert r.json() == error(
+        "engine failure: device step failed: RuntimeError: device on fire", "internal_error"
+    )
+    assert "engine failure: device step failed" in caplog.text
+    body = score_cases()[1]
+    r = client.post("/v1/score", json=body)
+    assert r.status_code == 200
+    assert_scores(r.json()["scores"], expected_scores(reference, body))
+
+
+def test_a_bug_in_the_service_is_500_with_a_log_line(client, caplog, monkeypatch):
+    def broken(*args):
+        raise KeyError("stage")
+
+    monkeypatch.setattr(client.app.state.service.metrics, "observe", broken)
+    with caplog.at_level(logging.ERROR, logger="api"):
+        r = client.post("/v1/score", json=score_cases()[0])
+    assert r.status_code == 500
+    assert r.json() == error("internal error: KeyError: 'stage'", "internal_error")
+    assert "internal error: KeyError" in caplog.text and "Traceback" in caplog.text
+    monkeypatch.undo()
+    assert client.post("/v1/score", json=score_cases()[0]).status_code == 200
+
+
+# -- info, metrics, profile, openapi ---------------------------------------------------------
+
+
+def test_models(client):
+    r = client.get("/v1/models")
+    assert r.status_code == 200
+    (card,) = r.json()["data"]
+    assert r.json()["object"] == "list"
+    assert card["id"] == "llama-untied" and card["object"] == "model"
+    assert card["max_model_len"] == 512 and card["owned_by"] == "llm-scoring-engine"
+    assert abs(card["created"] - time.time()) < 3600
+
+
+def test_model_info(client, tiny_path):
+    assert client.get("/get_model_info").json() == {
+        "model_path": str(tiny_path),
+        "tokenizer_path": str(tiny_path),
+        "is_generation": False,
+        "model_name": "llama-untied",
+        "family": "llama",
+        "dtype": "float32",
+        "vocab_size": 384,
+        "context_length": 512,
+        "max_sequence_tokens": 512,
+        "kv_bytes_per_token": 2 * 2 * 2 * 16 * 4,  # K and V, layers, kv heads, head dim, f32
+        "rerank_template": "plain",
+    }
+
+
+def test_server_info(client, tiny_path):
+    info = client.get("/get_server_info").json()
+    assert info["status"] == "ready" and info["model"] == "llama-untied"
+    assert info["async_library"] == client.async_backend["backend"]
+    assert info["auth"] is False and info["profiling"] is None
+    assert info["engine_config"]["model"] == str(tiny_path)
+    assert info["engine_config"]["token_budget"] == 512
+    assert info["server_config"]["max_body_bytes"] == 16 * 2**20
+    assert info["buckets"] == {
+        "block_size": 64,
+        "tokens": [128, 256, 512],
+        "row_divisors": [32, 8, 2],
+        "label_widths": [4, 32, 256],
+    }
+    assert info["kv_bytes_per_token"] == 512 and info["max_sequence_tokens"] == 512
+    assert set(info["stats"]) == set(msgspec.structs.asdict(engine_of(client).stats()))
+
+
+def scrape(client) -> dict:
+    families = text_string_to_metric_families(client.get("/metrics").text)
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families for s in f.samples}
+
+
+def test_metrics(client):
+    before = scrape(client)
+    r = client.post("/v1/score", json=score_cases()[0])
+    client.post("/v1/score", content=b"{")
+    after = scrape(client)
+    stats = engine_of(client).stats()
+    ok = ("scoring_http_requests_total", (("route", "/v1/score"), ("status", "200")))
+    bad = ("scoring_http_requests_total", (("route", "/v1/score"), ("status", "400")))
+    assert after[ok] - before.get(ok, 0) == 1 and after[bad] - before.get(bad, 0) == 1
+    for stage in ("tokenize", "queue", "batch_build", "device", "total"):
+        key = ("scoring_stage_seconds_count", (("stage", stage),))
+        assert after[key] - before.get(key, 0) == 1
+    device = after[("scoring_stage_seconds_sum", (("stage", "device"),))]
+    assert device >= float(r.headers["x-device-time"]) / 1e3 - 1e-6
+    assert after[("scoring_queue_depth", ())] == 0
+    assert after[("scoring_requests_in_flight", ())] == 0
+    assert after[("scoring_batch_tokens_total", (("kind", "real"),))] == stats.real_tokens
+    assert after[("scoring_batch_tokens_total", (("kind", "padded"),))] == stats.padded_tokens
+    assert after[("scoring_prefix_tokens_saved_total", ())] == stats.prefix_tokens_saved
+    assert after[("scoring_compiles_total", ())] == stats.compiles > 0
+    assert after[("scoring_batches_total", ())] == stats.batches
+    items = ("scoring_items_total", (("route", "/v1/score"),))
+    assert after[items] - before.get(items, 0) == 4
+    assert client.get("/metrics").headers["content-type"].startswith("text/plain; version=0.0.4")
+
+
+def test_profile_start_stop(client, tmp_path):
+    out = tmp_path / "trace"
+    r = client.post("/start_profile", json={"output_dir": str(out)})
+    assert (r.status_code, r.json()) == (200, {"status": "started", "output_dir": str(out)})
+    r = client.post("/start_profile")
+    assert r.status_code == 409
+    assert r.json() == error(f"a profile is already running into {out}", "conflict_error")
+    assert client.get("/get_server_info").json()["profiling"] == str(out)
+    assert client.post("/v1/score", json=score_cases()[0]).status_code == 200
+    r = client.post("/stop_profile")
+    assert (r.status_code, r.json()) == (200, {"status": "stopped", "output_dir": str(out)})
+    assert list(out.rglob("*.xplane.pb"))
+    r = client.post("/stop_profile")
+    assert (r.status_code, r.json()) == (409, error("no profile is running", "conflict_error"))
+    r = client.post("/start_profile", json={"dir": "x"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "dir"
+
+
+def test_openapi_is_generated_from_the_schemas(client):
+    doc = client.get("/openapi.json").json()
+    assert doc["openapi"] == "3.1.0"
+    assert set(doc["paths"]) == {
+        "/v1/score",
+        "/v1/rerank",
+        "/rerank",
+        "/health",
+        "/v1/models",
+        "/get_model_info",
+        "/get_server_info",
+        "/metrics",
+        "/start_profile",
+        "/stop_profile",
+        "/openapi.json",
+    }
+    schemas = doc["components"]["schemas"]
+    score = schemas["ScoreRequest"]
+    assert score["required"] == ["query", "items", "label_token_ids"]
+    assert score["additionalProperties"] is False
+    assert set(schemas["RerankRequest"]["properties"]) >= {
+        "documents",
+        "texts",
+        "return_text",
+        "top_n",
+    }
+    body = doc["paths"]["/v1/score"]["post"]["requestBody"]["content"]["application/json"]
+    assert body["schema"] == {"$ref": "#/components/schemas/ScoreRequest"}
+    assert doc["paths"]["/v1/score"]["post"]["responses"]["413"]["content"]["application/json"][
+        "schema"
+    ] == {"$ref": "#/components/schemas/ErrorResponse"}
+
+
+@pytest.mark.parametrize("origins", ["", "http://ui.example"])
+def test_cors_is_off_unless_configured(tiny_path, origins):
+    app = create_app(settings_from_env(tiny_env(tiny_path, SCORING_CORS_ORIGINS=origins)))
+    client = TestClient(app)  # no lifespan: CORS answers without the engine
+    r = client.options(
+        "/v1/score",
+        headers={"Origin": "http://ui.example", "Access-Control-Request-Method": "POST"},
+    )
+    if origins:
+        assert r.status_code == 200
+        assert r.headers["access-control-allow-origin"] == "http://ui.example"
+    else:
+        assert r.status_code == 405 and "access-control-allow-origin" not in r.headers

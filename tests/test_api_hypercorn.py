@@ -1,0 +1,224 @@
+"""The service under real hypercorn processes on 127.0.0.1: `hypercorn api.app:app` (asyncio
+worker, engine in a trio thread) and `hypercorn -k trio api.app:app` (engine in the server's
+loop). One server per worker class, shared by this module's tests."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import httpx2
+import numpy as np
+import pytest
+
+from engine import load_model
+from tests.test_api_support import (
+    DOCS,
+    NO,
+    YES,
+    assert_rerank,
+    assert_scores,
+    expected_scores,
+    ids,
+    rerank_cases,
+    rerank_references,
+    score_cases,
+    tiny_env,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKERS = ["asyncio", "trio"]
+BURST = 256
+
+
+@dataclass
+class Server:
+    worker: str
+    url: str
+    log: Path
+    saw_503: bool  # /health answered 503 before it answered 200
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, process: subprocess.Popen, log: Path, timeout: float) -> bool:
+    """Poll /health until 200; whether a 503 came first. Fails if the process dies."""
+    saw_503, deadline = False, time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"hypercorn exited with {process.returncode}:\n{log.read_text()}")
+        try:
+            status = httpx2.get(f"{url}/health", timeout=2).status_code
+        except httpx2.TransportError:
+            status = None  # not listening yet
+        if status == 200:
+            return saw_503
+        saw_503 |= status == 503
+        time.sleep(0.05)
+    pytest.fail(f"/health not 200 after {timeout} s:\n{log.read_text()}")
+
+
+@pytest.fixture(scope="module", params=WORKERS)
+def server(request, tiny_checkpoints, tmp_path_factory):
+    worker, port = request.param, free_port()
+    log = tmp_path_factory.mktemp("hypercorn") / f"{worker}.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCORING_")}
+    env |= tiny_env(tiny_checkpoints["llama-untied"], SCORING_PRECOMPILE="1", SCORING_PROGRESS="1")
+    env |= {"JAX_PLATFORMS": "cpu"}
+    command = [sys.executable, "-m", "hypercorn", "api.app:app"]
+    command += ["--bind", f"127.0.0.1:{port}", "--backlog", "1024"]
+    if worker == "trio":
+        command += ["-k", "trio"]
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        yield Server(worker, url, log, wait_healthy(url, process, log, 120))
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_checkpoints):
+    return load_model(str(tiny_checkpoints["llama-untied"]), dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def rerank_expected(tiny_checkpoints):
+    return rerank_references(tiny_checkpoints["llama-untied"])
+
+
+def test_startup_compiles_with_progress_and_health_turns_ready(server):
+    assert server.saw_503
+    log = server.log.read_text()
+    assert "INFO api: loading " in log and "compiling: 100%" in log
+    assert "engine ready in " in log and "(9 programs compiled)" in log
+    info = httpx2.get(f"{server.url}/get_server_info").json()
+    assert info["async_library"] == server.worker and info["stats"]["compiles"] == 9
+
+
+def test_score_equals_the_reference(server, reference):
+    with httpx2.Client(base_url=server.url) as client:
+        for body in score_cases():
+            r = client.post("/v1/score", json=body)
+            assert r.status_code == 200, r.text
+            assert_scores(r.json()["scores"], expected_scores(reference, body))
+            assert float(r.headers["x-total-time"]) > 0
+
+
+def test_rerank_equals_engine_rerank(server, rerank_expected):
+    with httpx2.Client(base_url=server.url) as client:
+        for (path, body, _), expected in zip(rerank_cases(), rerank_expected, strict=True):
+            r = client.post(path, json=body)
+            assert r.status_code == 200, r.text
+            assert_rerank(r.json(), body, expected, DOCS)
+
+
+def test_errors(server):
+    with httpx2.Client(base_url=server.url) as client:
+        r = client.post("/v1/score", content=b'{"query": ')
+        assert (r.status_code, r.json()) == (
+            400,
+            {
+                "error": {
+                    "message": "invalid JSON: Input data was truncated",
+                    "type": "invalid_request_error",
+                    "param": None,
+                }
+            },
+        )
+        body = {"query": [5] * 600, "items": [[1]], "label_token_ids": [1]}
+        r = client.post("/v1/score", json=body)
+        assert r.status_code == 413 and r.json()["error"]["param"] == "items[0]"
+        r = client.post("/v1/rerank", json={"query": "q", "documents": ["a"], "top_n": 0})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "top_n"
+        assert client.get("/nowhere").status_code == 404
+        assert client.get("/metrics").text.count("scoring_http_requests_total{") >= 4
+
+
+def stats(client: httpx2.Client) -> dict:
+    return client.get("/get_server_info").json()["stats"]
+
+
+def test_a_client_that_leaves_has_its_work_dropped(server):
+    rng = np.random.default_rng(5)
+    body = {"query": ids(rng, 20), "items": [ids(rng, 100) for _ in range(4000)]}
+    body["label_token_ids"] = [YES, NO]
+    needed = 4000 * 120 // 512  # batches the whole request would take
+    with httpx2.Client(base_url=server.url) as client:
+        before = stats(client)["batches"]
+        with pytest.raises(httpx2.ReadTimeout):
+            client.post("/v1/score", content=json.dumps(body), timeout=0.5)
+        deadline = time.monotonic() + 10
+        while (s := stats(client))["in_flight"] or s["queue_depth"]:
+            assert time.monotonic() < deadline, s
+            time.sleep(0.02)
+        time.sleep(0.2)
+        assert stats(client)["batches"] - before < needed // 2
+        metrics = client.get("/metrics").text
+        assert 'scoring_http_requests_total{route="/v1/score",status="499"} 1.0' in metrics
+
+
+def burst_bodies() -> list[dict]:
+    """32 distinct requests of 4 text items, cycled over the burst."""
+    return [
+        {
+            "query": f"Question {i}: is the river near the house? Answer:",
+            "items": [f" yes {i}", " the stone is green", f" no, {i} times", " maybe"],
+            "label_token_ids": [YES, NO],
+            "apply_softmax": i % 2 == 0,
+        }
+        for i in range(32)
+    ]
+
+
+async def burst(url: str, bodies: list[dict]) -> tuple[list, float]:
+    """Every body posted at once on its own connection: (status, scores, seconds) each, wall."""
+    answers = [None] * len(bodies)
+    limits = httpx2.Limits(max_connections=len(bodies), max_keepalive_connections=len(bodies))
+    async with httpx2.AsyncClient(base_url=url, limits=limits, timeout=60) as client:
+
+        async def one(i: int) -> None:
+            start = time.perf_counter()
+            r = await client.post("/v1/score", json=bodies[i])
+            scores = r.json()["scores"] if r.status_code == 200 else r.text
+            answers[i] = (r.status_code, scores, time.perf_counter() - start)
+
+        start = time.perf_counter()
+        with anyio.fail_after(120):
+            async with anyio.create_task_group() as tasks:
+                for i in range(len(bodies)):
+                    tasks.start_soon(one, i)
+        return answers, time.perf_counter() - start
+
+
+def test_burst_of_256_concurrent_requests(server, reference):
+    distinct = burst_bodies()
+    expected = [expected_scores(reference, body) for body in distinct]
+    bodies = [distinct[i % len(distinct)] for i in range(BURST)]
+    answers, wall = anyio.run(burst, server.url, bodies)
+    statuses = [status for status, _, _ in answers]
+    assert statuses == [200] * BURST, {s: statuses.count(s) for s in set(statuses)}
+    for i, (_, scores, _) in enumerate(answers):
+        assert_scores(scores, expected[i % len(distinct)])
+    latencies = np.array([seconds for _, _, seconds in answers]) * 1e3
+    items = sum(len(body["items"]) for body in bodies)
+    print(
+        f"\nburst [{server.worker} worker]: {BURST} concurrent requests, {items} items in "
+        f"{wall:.2f} s: P50 {np.percentile(latencies, 50):.0f} ms, "
+        f"P99 {np.percentile(latencies, 99):.0f} ms, {items / wall:.0f} items/s"
+    )

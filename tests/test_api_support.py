@@ -1,0 +1,206 @@
+"""Shared by the HTTP tests (no tests here): the tiny model's settings, request cases, their
+reference answers, and a raw ASGI caller for what TestClient cannot do (disconnects, bursts)."""
+
+import json
+import time
+
+import anyio
+import numpy as np
+import trio
+
+from engine import EngineConfig, open_engine
+from engine.engine import RerankResult
+
+YES, NO = 264, 265  # " yes" and " no" in the tiny tokenizer
+
+BASE_ENV = {
+    "SCORING_DTYPE": "float32",
+    "SCORING_TOKEN_BUDGET": "512",
+    "SCORING_PRECOMPILE": "0",
+    "SCORING_COMPILE_CACHE_DIR": "",
+    "SCORING_PROGRESS": "0",
+}
+
+
+def tiny_env(path, **extra: str) -> dict[str, str]:
+    """Environment variables for a small, fast service on the tiny checkpoint."""
+    return {"SCORING_MODEL": str(path), **BASE_ENV, **extra}
+
+
+def ids(rng, n: int) -> list[int]:
+    return [int(t) for t in rng.integers(0, 384, n)]
+
+
+def score_cases() -> list[dict]:
+    """`/v1/score` bodies: text and ids, softmax, item_first, a single item, a shared prefix."""
+    rng = np.random.default_rng(7)
+    query = "Is the river near the house? Answer:"
+    items = [" yes it is", " the stone is green", " no", " 東京 🙂"]
+    return [
+        {"query": query, "items": items, "label_token_ids": [YES, NO]},
+        {"query": query, "items": items, "label_token_ids": [YES, NO], "apply_softmax": True},
+        {"query": query, "items": items, "label_token_ids": [NO], "item_first": True},
+        {"query": " a kitten", "items": " sleeps.", "label_token_ids": [YES, NO, 3]},
+        {"query": ids(rng, 30), "items": [ids(rng, n) for n in (1, 5, 17)], "label_token_ids": [7]},
+        {
+            "query": ids(rng, 60),
+            "items": [ids(rng, 8) for _ in range(40)],
+            "label_token_ids": [1, 2, 3, 4],
+            "apply_softmax": True,
+            "model": "anything",
+        },
+    ]
+
+
+def expected_scores(reference, body: dict) -> list[list[float]]:
+    return reference.score(
+        body["query"],
+        body["items"],
+        body["label_token_ids"],
+        apply_softmax=body.get("apply_softmax", False),
+        item_first=body.get("item_first", False),
+    )
+
+
+def assert_scores(got, want) -> None:
+    """Equal to the one-by-one reference in f32 (log space: scores can be tiny)."""
+    np.testing.assert_allclose(np.log(got), np.log(want), atol=1e-5, rtol=0)
+
+
+DOCS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Numbers 0 1 2 3 4 5 6 7 8 9 and 2024-11-22, 3.14159.",
+    "def score(query, items):\n    return [len(q) for q in items]\n",
+    "Relevant? yes. Relevant? no. Answer: yes no yes no.",
+]
+
+
+def rerank_cases() -> list[tuple[str, dict, tuple]]:
+    """(path, body, (query, documents, top_n, instruction, tokens per document or None))."""
+    query = "Where does the fox jump?"
+    return [
+        ("/v1/rerank", {"query": query, "documents": DOCS}, (query, DOCS, None, None, None)),
+        (
+            "/v1/rerank",
+            {
+                "query": query,
+                "documents": [{"text": d} for d in DOCS],
+                "top_n": 2,
+                "return_documents": True,
+                "instruction": "Find code",
+                "model": "rerank-english-v3.0",
+            },
+            (query, DOCS, 2, "Find code", None),
+        ),
+        (
+            "/rerank",
+            {"query": "yes", "texts": DOCS[:3], "return_text": True},
+            ("yes", DOCS[:3], None, None, None),
+        ),
+        (
+            "/rerank",
+            {"query": query, "documents": DOCS, "max_tokens_per_doc": 5},
+            (query, DOCS, None, None, 5),
+        ),
+    ]
+
+
+def rerank_references(path) -> list[RerankResult]:
+    """`Engine.rerank` on each case, from an engine of its own; documents over a token limit
+    are cut to their first tokens (decoded) first."""
+    config = EngineConfig(
+        model=str(path),
+        dtype="float32",
+        token_budget=512,
+        compile_cache_dir=None,
+        progress=False,
+        precompile=False,
+    )
+
+    async def main():
+        async with open_engine(config) as engine:
+            tok = engine.model.tokenizer
+            results = []
+            for _, _, (q, docs, top_n, instruction, n) in rerank_cases():
+                if n is not None:
+                    docs = [
+                        tok.decode(tok.encode(d, add_special_tokens=False).ids[:n]) for d in docs
+                    ]
+                results.append(await engine.rerank(q, docs, top_n=top_n, instruction=instruction))
+            return results
+
+    return trio.run(main)
+
+
+def assert_rerank(body: dict, request: dict, expected: RerankResult, documents: list[str]) -> None:
+    """The HTTP answer is `Engine.rerank`'s order and scores, with documents echoed if asked."""
+    assert [r["index"] for r in body["results"]] == [h.index for h in expected.results]
+    np.testing.assert_allclose(
+        [r["relevance_score"] for r in body["results"]],
+        [h.relevance_score for h in expected.results],
+        rtol=1e-5,
+    )
+    echo = request.get("return_documents") or request.get("return_text")
+    for r in body["results"]:
+        assert r.get("document") == ({"text": documents[r["index"]]} if echo else None)
+    assert body["usage"] == {
+        "prompt_tokens": expected.prompt_tokens,
+        "total_tokens": expected.prompt_tokens,
+    }
+    assert len(body["id"]) == 32
+
+
+def tables_empty(engine) -> bool:
+    """Nothing of any request is left in the engine (see tests/test_engine.py)."""
+    s = engine.scheduler
+    return not (engine._waiters or s.requests or s.queue or s.cancelled or s.in_flight) and (
+        s.queued_tokens == 0
+    )
+
+
+def wait_until(condition, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+async def asgi_post(app, path: str, body: dict | bytes, *, disconnect=None, headers=()):
+    """POST through the raw ASGI interface: (status, headers, body). With `disconnect` (an
+    anyio.Event), the client goes away when it is set."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    pending = [{"type": "http.request", "body": data, "more_body": False}]
+    finished = anyio.Event()
+    sent = []
+
+    async def receive():
+        if pending:
+            return pending.pop()
+        await (disconnect or finished).wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json"), *headers],
+        "client": ("127.0.0.1", 1),
+        "server": ("testserver", 80),
+        "state": {},
+    }
+    await app(scope, receive, send)
+    finished.set()
+    start = sent[0]
+    body = b"".join(m.get("body", b"") for m in sent[1:])
+    return start["status"], {k.decode(): v.decode() for k, v in start["headers"]}, body
