@@ -53,6 +53,9 @@ class SchedulerState:
         self.in_flight: dict[int, list[tuple[int, int]]] = {}
         self.next_batch_id = 0
         self.stats = SchedulerStats()
+        # batches planned from the head of the queue, valid until the queue changes
+        self._plans: deque[list[packing.Chunk]] = deque()
+        self._planned: tuple[list, list, list] = ([], [], [])
 
     def handle(self, msg, now: float) -> list[Scored | Rejected]:
         """Apply one inbound message; returns the caller-bound messages it produced."""
@@ -82,6 +85,15 @@ class SchedulerState:
         if not self._arrived(msg.id):
             return []
         tokens = sum(map(len, msg.sequences))
+        if tokens > self.max_queued_tokens:
+            return [
+                Rejected(
+                    id=msg.id,
+                    kind="too_large",
+                    message=f"items: {tokens} tokens exceed the queue limit of "
+                    f"{self.max_queued_tokens}",
+                )
+            ]
         if self.queued_tokens + tokens > self.max_queued_tokens:
             return [
                 Rejected(
@@ -92,6 +104,7 @@ class SchedulerState:
                 )
             ]
         n = len(msg.sequences)
+        self._plans.clear()
         self.requests[msg.id] = _Request(msg, now, [None] * n, n)
         self.queue[msg.id] = deque(range(n))
         self.queued_tokens += tokens
@@ -105,25 +118,41 @@ class SchedulerState:
         # else: finished or rejected already; nothing is left of it
 
     def _drop(self, request_id: int) -> None:
+        self._plans.clear()
         req = self.requests.pop(request_id)
         for idx in self.queue.pop(request_id, ()):
             self.queued_tokens -= len(req.msg.sequences[idx])
 
     def next_batch(self, now: float) -> Batch | None:
-        """The next packed batch from the head of the queue, or None when nothing waits."""
-        window = self._window()
-        if not window:
+        """The next packed batch from the head of the queue, or None when nothing waits.
+
+        The window at the head is grouped and planned once; later batches take the next plan
+        until the queue changes other than by batching (an arrival, a cancellation, a failure),
+        so a request of thousands of items is not regrouped for every batch.
+        """
+        if not self._plans:
+            self._plan_window()
+        if not self._plans:
             return None
         start = time.perf_counter()
-        seqs = [self.requests[rid].msg.sequences[idx] for rid, idx in window]
-        labels = [self.requests[rid].msg.labels for rid, _ in window]
-        plan = packing.plan(seqs, token_budget=self.token_budget, buckets=self.buckets)[0]
+        window, seqs, labels = self._planned
+        plan = self._plans.popleft()
         inputs, order = packing.pack(seqs, labels, plan, self.buckets)
         rows = [window[i] for i in order]
         real = packing.real_tokens(plan, seqs)
         self._dequeue(rows, seqs, order, now)
         self._count(inputs, real, sum(len(seqs[i]) for i in order))
         return self._emit(inputs, rows, real, time.perf_counter() - start)
+
+    def _plan_window(self) -> None:
+        window = self._window()
+        seqs = [self.requests[rid].msg.sequences[idx] for rid, idx in window]
+        labels = [self.requests[rid].msg.labels for rid, _ in window]
+        self._planned = (window, seqs, labels)
+        if window:
+            self._plans.extend(
+                packing.plan(seqs, token_budget=self.token_budget, buckets=self.buckets)
+            )
 
     def fail_waiting(self, error: Exception) -> list[Rejected]:
         """Fail every request at the head of the queue: the batch they formed could not be built.

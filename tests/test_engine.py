@@ -158,15 +158,29 @@ def test_overload_fails_fast_then_recovers(tiny_path):
 
 
 def test_token_bound_rejects_with_overload(tiny_path):
+    outcomes = []
+
     async def main():
-        async with open_engine(config(tiny_path, max_queued_tokens=50)) as engine:
-            with pytest.raises(
-                EngineOverloaded, match=r"queue full: 0 tokens waiting \(limit 50\)"
-            ):
-                await engine.score([1] * 30, [[2] * 30], [7])
+        async with open_engine(config(tiny_path, max_queued_tokens=100)) as engine:
+            with pytest.raises(InputTooLarge, match="items: 120 tokens exceed the queue limit"):
+                await engine.score([1] * 60, [[2] * 60], [7])
+
+            async def one():
+                try:
+                    await engine.score([1] * 15, [[2] * 15], [7])
+                    outcomes.append("ok")
+                except EngineOverloaded as e:
+                    outcomes.append(str(e))
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(10):
+                    nursery.start_soon(one)
             assert len((await engine.score([1] * 10, [[2] * 10], [7])).scores) == 1
+            _tables_empty(engine)
 
     run(main)
+    assert outcomes.count("ok") >= 3  # a burst of 300 tokens against a bound of 100
+    assert sum(o.startswith("queue full:") for o in outcomes) >= 5
 
 
 def test_a_failing_batch_fails_only_its_requests(tiny_path, monkeypatch):

@@ -109,3 +109,26 @@ def test_fail_waiting_empties_the_head_of_the_queue():
 def test_unknown_messages_are_a_bug():
     with pytest.raises(TypeError, match="unexpected str"):
         state().handle("hello", 0.0)
+
+
+def test_one_plan_serves_many_batches_until_the_queue_changes(monkeypatch):
+    calls = []
+    real_plan = packing.plan
+    monkeypatch.setattr(packing, "plan", lambda *a, **k: calls.append(1) or real_plan(*a, **k))
+    st = state(budget=16)
+    st.handle(tokenized(0, [[i] * 10 for i in range(1, 7)]), 0.0)
+    st.next_batch(0.0)
+    st.next_batch(0.0)
+    assert len(calls) == 1
+    st.handle(tokenized(1, [[9] * 3]), 0.0)  # an arrival re-plans, keeping arrival order
+    b = st.next_batch(0.0)
+    assert len(calls) == 2 and b.rows[0][0] == 0
+    st.handle(Cancel(id=0), 0.0)  # so does a cancellation
+    b = st.next_batch(0.0)
+    assert len(calls) == 3 and b.rows == [(1, 0)]
+
+
+def test_a_request_bigger_than_the_whole_queue_is_too_large():
+    (rejected,) = state(max_tokens=10).handle(tokenized(0, [[1] * 11]), 0.0)
+    assert rejected.kind == "too_large"
+    assert rejected.message == "items: 11 tokens exceed the queue limit of 10"
