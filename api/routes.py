@@ -106,12 +106,12 @@ def truncate_documents(engine: Engine, req: schemas.RerankRequest, documents: li
     """Documents cut to `max_tokens_per_doc` tokens and, with `truncate`, to what fits the
     context after the rerank prompt (less a small margin). The originals are what is echoed."""
     tokenizer = engine.model.tokenizer
-    limit = req.max_tokens_per_doc or engine.tokenizer.max_len
+    limit = req.max_tokens_per_doc or engine.max_sequence_tokens
     if req.truncate:
         template = engine.template
         prompt = tokenizer.encode(template.query_text(req.query, req.instruction)).ids
         suffix = tokenizer.encode(template.document_text(""), add_special_tokens=False).ids
-        room = engine.tokenizer.max_len - len(prompt) - len(suffix) - TRUNCATION_MARGIN
+        room = engine.max_sequence_tokens - len(prompt) - len(suffix) - TRUNCATION_MARGIN
         limit = max(0, min(limit, room))
     encodings = tokenizer.encode_batch(documents, add_special_tokens=False)
     return [_cut(doc, enc.offsets, limit) for doc, enc in zip(documents, encodings, strict=True)]
@@ -144,7 +144,7 @@ async def models(service: Service, request: Request) -> Response:
     card = schemas.ModelCard(
         id=service.model_name,
         created=int(service.started),
-        max_model_len=engine.tokenizer.max_len if engine else None,
+        max_model_len=engine.max_sequence_tokens if engine else None,
     )
     return _json(schemas.ModelList(data=[card]))
 
@@ -163,7 +163,7 @@ async def model_info(service: Service, request: Request) -> Response:
             "dtype": engine.model.dtype,
             "vocab_size": cfg.vocab_size,
             "context_length": cfg.max_position_embeddings,
-            "max_sequence_tokens": engine.tokenizer.max_len,
+            "max_sequence_tokens": engine.max_sequence_tokens,
             "kv_bytes_per_token": kv_bytes_per_token(engine),
             "rerank_template": engine.template.name,
         }
@@ -191,7 +191,7 @@ async def server_info(service: Service, request: Request) -> Response:
             "server_config": server,
             "buckets": engine.buckets._asdict() if engine else None,
             "kv_bytes_per_token": kv_bytes_per_token(engine) if engine else None,
-            "max_sequence_tokens": engine.tokenizer.max_len if engine else None,
+            "max_sequence_tokens": engine.max_sequence_tokens if engine else None,
             "stats": engine.stats() if engine else None,
             "profiling": service.profiling,
         }

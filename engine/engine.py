@@ -115,6 +115,10 @@ class Engine:
         self.model = model
         self.buckets = engine_buckets(config, model.config.max_position_embeddings)
         self.template = templates.template_for(model.config.family, model.tokenizer)
+        try:
+            self._rerank_labels = list(templates.label_ids(self.template, model.tokenizer))
+        except ValueError as e:  # the model cannot rerank; score still works
+            self._rerank_labels = str(e)
         self.tokenizer = tokenizer_actor.TokenizerState(
             model.tokenizer,
             vocab_size=model.config.vocab_size,
@@ -192,7 +196,9 @@ class Engine:
         """Documents by relevance to `query`: P(yes) / (P(yes) + P(no)) under the model's
         rerank template, best first, the first `top_n` of them (all when None)."""
         _check_rerank(query, documents, top_n)
-        yes_no = list(templates.label_ids(self.template, self.model.tokenizer))
+        if isinstance(self._rerank_labels, str):
+            raise EngineError(f"rerank is unavailable for this model: {self._rerank_labels}")
+        yes_no = self._rerank_labels
         items = [self.template.document_text(d) for d in documents]
         result = await self.score(
             self.template.query_text(query, instruction), items, yes_no, apply_softmax=True
@@ -231,6 +237,16 @@ class Engine:
         if isinstance(waiter.outcome, Rejected):
             raise _ERRORS[waiter.outcome.kind](waiter.outcome.message)
         return waiter.outcome
+
+    @property
+    def max_sequence_tokens(self) -> int:
+        """The longest query + item sequence accepted (the context, or the largest bucket)."""
+        return self.tokenizer.max_len
+
+    def idle(self) -> bool:
+        """True when no request is in flight and nothing is queued, planned or running."""
+        s = self.scheduler
+        return not (self._waiters or s.requests or s.queue or s.cancelled or s.in_flight)
 
     def stats(self) -> EngineStats:
         """Counters for metrics, read at the moment of the call."""
@@ -302,6 +318,7 @@ async def open_engine(config: EngineConfig | None = None) -> AsyncIterator[Engin
             dtype=config.dtype,
             attention=config.attention,
             token_budget=config.token_budget,
+            progress=config.progress,
         )
     )
     engine = Engine(config, model)

@@ -24,15 +24,19 @@ def load_model(
     dtype: str = "bfloat16",
     attention: str | None = None,
     token_budget: int = DEFAULT_TOKEN_BUDGET,
+    progress: bool = True,
 ) -> "ScoringModel":
     """Load a checkpoint (a `.gguf` file or a Hugging Face directory; `None` is the default model).
 
     `dtype` is the weight dtype ("bfloat16" or "float32"; matmuls accumulate in f32 either way);
     `attention` forces an implementation by name ("reference", "xla"), `None` picks by backend;
-    `token_budget` bounds the tokens of one packed batch.
+    `token_budget` bounds the tokens of one packed batch; `progress` shows a loading bar.
     """
     return ScoringModel(
-        load_checkpoint(path), dtype=dtype, attention=attention, token_budget=token_budget
+        load_checkpoint(path, progress=progress),
+        dtype=dtype,
+        attention=attention,
+        token_budget=token_budget,
     )
 
 

@@ -152,10 +152,7 @@ def assert_rerank(body: dict, request: dict, expected: RerankResult, documents: 
 
 def tables_empty(engine) -> bool:
     """Nothing of any request is left in the engine (see tests/test_engine.py)."""
-    s = engine.scheduler
-    return not (engine._waiters or s.requests or s.queue or s.cancelled or s.in_flight) and (
-        s.queued_tokens == 0
-    )
+    return engine.idle() and engine.scheduler.queued_tokens == 0
 
 
 def wait_until(condition, timeout: float = 10.0) -> bool:

@@ -95,10 +95,8 @@ def test_concurrent_calls_equal_sequential_scoring(tiny_path, reference):
 
 
 def _tables_empty(engine):
-    s = engine.scheduler
-    assert not engine._waiters
-    assert not s.requests and not s.queue and not s.cancelled and not s.in_flight
-    assert s.queued_tokens == 0
+    assert engine.idle()
+    assert engine.scheduler.queued_tokens == 0 and not engine.scheduler._plans
 
 
 def test_cancelling_half_leaves_the_rest_correct_and_nothing_behind(tiny_path, reference):
@@ -317,5 +315,20 @@ def test_sequences_beyond_the_largest_bucket_are_too_large(tiny_path):
         async with open_engine(cfg) as engine:
             with pytest.raises(InputTooLarge, match="exceeds the model context of 256"):
                 await engine.score([1] * 250, [[2] * 10], [3])
+
+    run(main)
+
+
+def test_a_model_that_cannot_rerank_still_scores(tiny_path, monkeypatch):
+    from engine import templates
+
+    broken = templates.PLAIN._replace(yes=" yes indeed")
+    monkeypatch.setattr(templates, "template_for", lambda family, tok: broken)
+
+    async def main():
+        async with open_engine(config(tiny_path)) as engine:
+            with pytest.raises(EngineError, match="rerank is unavailable for this model"):
+                await engine.rerank("q", ["d"])
+            assert len((await engine.score("q", ["d"], [1])).scores) == 1
 
     run(main)

@@ -48,7 +48,7 @@ _GLOBAL_TENSORS = {
 }
 
 
-def load_gguf(path: str | os.PathLike) -> Checkpoint:
+def load_gguf(path: str | os.PathLike, *, progress: bool = True) -> Checkpoint:
     """Load a llama/qwen2/qwen3 GGUF file: config from metadata, float32 parameters in the layout
     of `engine.models.config`, and the tokenizer rebuilt from metadata.
 
@@ -58,7 +58,7 @@ def load_gguf(path: str | os.PathLike) -> Checkpoint:
     reader = _open(source)
     tensors = {tensor.name: tensor for tensor in reader.tensors}
     config = _config(reader, tensors, source)
-    params = _params(tensors, config, source)
+    params = _params(tensors, config, source, progress)
     tokenizer = tokenizer_from_gguf(reader, source)
     return Checkpoint(config=config, params=params, tokenizer=tokenizer, source=source)
 
@@ -218,7 +218,7 @@ def _slots(config: ModelConfig) -> dict[str, _Slot]:
 
 
 def _params(
-    tensors: dict[str, ReaderTensor], config: ModelConfig, source: str
+    tensors: dict[str, ReaderTensor], config: ModelConfig, source: str, progress: bool = True
 ) -> dict[str, np.ndarray | dict[str, np.ndarray]]:
     slots = _slots(config)
     for name in slots:
@@ -231,7 +231,9 @@ def _params(
     layers = _allocate_layers(config, slots)
     params: dict[str, np.ndarray | dict[str, np.ndarray]] = {}
     label = f"Loading {os.path.basename(source)}"
-    for tensor in tqdm(tensors.values(), desc=label, unit="tensor", file=sys.stderr):
+    for tensor in tqdm(
+        tensors.values(), desc=label, unit="tensor", file=sys.stderr, disable=not progress
+    ):
         slot = slots[tensor.name]
         weight = _dequantized(tensor, slot.shape, source)  # f32[out, in] or f32[n]
         if config.family == "llama" and slot.param in ("wq", "wk"):

@@ -35,7 +35,7 @@ _BIAS_NAMES = {
 _QK_NORM_NAMES = {"q_norm": "self_attn.q_norm.weight", "k_norm": "self_attn.k_norm.weight"}
 
 
-def load_hf_dir(path: str | Path) -> Checkpoint:
+def load_hf_dir(path: str | Path, *, progress: bool = True) -> Checkpoint:
     """Load a Hugging Face model directory of family llama, qwen2 or qwen3."""
     root = Path(path)
     hf = _read_json(root / "config.json")
@@ -52,7 +52,7 @@ def load_hf_dir(path: str | Path) -> Checkpoint:
     except ValueError as e:
         raise CheckpointError(f"{root / 'config.json'}: {e}") from e
     tensors = _TensorFiles(root)
-    params = _params(tensors, cfg)
+    params = _params(tensors, cfg, progress)
     tok_path = root / "tokenizer.json"
     if not tok_path.is_file():
         raise CheckpointError(f"{root}: missing tokenizer.json")
@@ -92,14 +92,16 @@ class _TensorFiles:
             return np.asarray(f.get_tensor(key), np.float32)
 
 
-def _params(tensors: _TensorFiles, cfg) -> dict:
+def _params(tensors: _TensorFiles, cfg, progress: bool = True) -> dict:
     names = dict(_LAYER_NAMES)
     if cfg.qkv_bias:
         names |= _BIAS_NAMES
     if cfg.qk_norm:
         names |= _QK_NORM_NAMES
     layers = {}
-    for ours, theirs in tqdm(names.items(), desc="loading weights", leave=False):
+    for ours, theirs in tqdm(
+        names.items(), desc="loading weights", leave=False, disable=not progress
+    ):
         stack = [tensors.get(f"layers.{i}.{theirs}") for i in range(cfg.num_layers)]
         layers[ours] = np.stack([w.T if w.ndim == 2 else w for w in stack])  # [N, in, out]
     params = {
