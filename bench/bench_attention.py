@@ -86,7 +86,7 @@ def bench(tokens: int, dtype: str, block_size: int, repeats: int, max_reference:
     print(line, flush=True)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, nargs="+", default=[2048, 8192])
     parser.add_argument("--dtype", nargs="+", default=["bfloat16"], choices=["bfloat16", "float32"])
@@ -98,7 +98,7 @@ def main() -> None:
         default=8192,
         help="skip the dense O(T^2) reference above this many tokens",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     print(f"jax {jax.__version__} on {jax.default_backend()}")
     for dtype in args.dtype:
         for tokens in args.tokens:

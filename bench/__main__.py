@@ -1,0 +1,58 @@
+"""`python -m bench WORKLOAD [options]`: one entry point for every benchmark.
+
+python -m bench w1 --dtype bfloat16          # rerank batch, engine vs transformers
+python -m bench w2 --shape qwen3-0.6b        # 2000-token prompt + 500 items
+python -m bench w3                           # HTTP serving, concurrency sweep
+python -m bench w1 --help                    # a workload's own options
+"""
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+WORKLOADS = {
+    "w1": ("bench.w1", "rerank batch: 1 query + 64 documents, engine vs transformers"),
+    "w2": ("bench.w2", "2000-token prompt + 500 items of 20 tokens, vs two baselines"),
+    "w3": ("bench.w3", "HTTP serving, concurrency 1/8/64/256, vs transformers"),
+    "score-offline": ("bench.score_offline", "ScoringModel.score vs transformers, f32 + bf16"),
+    "engine-offline": ("bench.engine_offline", "Engine vs ScoringModel, per-stage timings"),
+    "parity": ("bench.parity", "engine vs transformers scores on varied pairs"),
+    "attention": ("bench.bench_attention", "packed attention kernels on a W2-like packing"),
+    "native": ("bench.bench_native", "Cython hot paths vs their pure-Python twins"),
+}
+
+
+def usage() -> str:
+    lines = [__doc__.strip(), "", "workloads:"]
+    lines += [f"  {name:<15} {doc}" for name, (_, doc) in WORKLOADS.items()]
+    return "\n".join(lines)
+
+
+def redraw(paths: list[str]) -> None:
+    """The PNG of each w1/w2/w3 JSON report, drawn again beside it from the report alone."""
+    for path in map(Path, paths):
+        report = json.loads(path.read_text())
+        importlib.import_module(WORKLOADS[report["workload"]][0]).chart(
+            report, path.with_suffix(".png")
+        )
+        print(path.with_suffix(".png"))
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return
+    if argv[0] == "chart":
+        redraw(argv[1:])
+        return
+    if argv[0] not in WORKLOADS:
+        sys.exit(f"unknown workload {argv[0]!r}\n\n{usage()}")
+    module = importlib.import_module(WORKLOADS[argv[0]][0])
+    sys.argv = [f"python -m bench {argv[0]}", *argv[1:]]
+    module.main(argv[1:])
+
+
+if __name__ == "__main__":
+    main()

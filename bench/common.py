@@ -1,0 +1,174 @@
+"""What the workload programs share: flags, the model under test, timing, the JSON + PNG report.
+
+Every program takes `--model PATH` (any supported checkpoint; default: SmolLM2) or `--shape NAME`
+(random weights of a real model's shape, see `bench.shapes`), `--dtype`, `--json FILE` (the PNG
+goes beside it) and `--quick` (the smallest run that still exercises everything).
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from bench.flops import Cost
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    model = p.add_mutually_exclusive_group()
+    model.add_argument("--model", default=None, help="a .gguf file or HF directory")
+    model.add_argument("--shape", default=None, help="random weights of this shape: qwen3-0.6b")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--json", default=None, help="report file (default: bench/results/...)")
+    p.add_argument("--quick", action="store_true", help="the smallest run: for tests")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--token-budget", type=int, default=8192, help="engine token budget")
+    p.add_argument(
+        "--gemm", type=int, nargs="+", default=[1024, 2048, 4096], help="GEMM sizes of the peak"
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return p
+
+
+def model_path(args) -> Path:
+    """The checkpoint under test: `--model`, the `--shape` directory, or the default model."""
+    if args.shape:
+        from bench.shapes import shape_dir
+
+        print(f"building/reusing random-weight checkpoint of shape {args.shape} ...", flush=True)
+        return shape_dir(args.shape, seed=args.seed)
+    if args.model:
+        return Path(args.model)
+    from engine.loaders import default_model_path
+
+    return default_model_path()
+
+
+def model_tag(args, path: Path) -> str:
+    if args.shape:
+        return args.shape
+    return path.stem if path.suffix == ".gguf" else path.name
+
+
+def report_tag(report: dict) -> str:
+    """The model's short name in a report: the shape, or the checkpoint's file/directory name."""
+    path = Path(report["model"])
+    return report.get("shape") or (path.stem if path.suffix == ".gguf" else path.name)
+
+
+def output_paths(args, workload: str, tag: str) -> tuple[Path, Path]:
+    """(JSON, PNG): `--json FILE` and FILE.png, or `bench/results/<workload>-<tag>-<dtype>.*`."""
+    default = RESULTS / f"{workload}-{tag}-{args.dtype}.json"
+    json_path = Path(args.json) if args.json else default
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    return json_path, json_path.with_suffix(".png")
+
+
+def timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=Path(__file__).resolve().parents[1],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def environment(args, path: Path, cfg) -> dict:
+    """Facts every report carries: model, shape, dtype, machine, commit."""
+    import jax
+
+    return {
+        "model": str(path),
+        "shape": args.shape,
+        "dtype": args.dtype,
+        "family": cfg.family,
+        "non_embedding_params": Cost.of(cfg).params,
+        "cores": os.cpu_count(),
+        "jax_backend": jax.default_backend(),
+        "commit": git_commit(),
+        "seed": args.seed,
+        "argv": sys.argv[1:],
+    }
+
+
+def write_report(report: dict, json_path: Path) -> None:
+    json_path.write_text(json.dumps(report, indent=1, default=_jsonable))
+
+
+def _jsonable(x):
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    raise TypeError(f"not JSON serialisable: {type(x).__name__}")
+
+
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def bar_chart(png: Path, title: str, bars: dict[str, float], ylabel: str, notes: str = "") -> None:
+    """One horizontal-label bar chart with the value on each bar."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    names, values = list(bars), list(bars.values())
+    colors = ["tab:blue" if n.startswith("engine") else "tab:gray" for n in names]
+    rects = ax.bar(range(len(values)), values, color=colors)
+    ax.bar_label(rects, labels=[_short(v) for v in values], padding=2, fontsize=8)
+    if max(values) > 20 * min(values) > 0:
+        ax.set_yscale("log")
+    ax.margins(y=0.12)
+    ax.set_xticks(range(len(names)), names, rotation=15, ha="right", fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title("\n".join(textwrap.fill(line, 100) for line in title.split("\n")), fontsize=9)
+    if notes:
+        fig.text(0.01, 0.01, notes, fontsize=7, va="bottom")
+    fig.tight_layout(rect=(0, 0.06 if notes else 0, 1, 1))
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+def _short(v: float) -> str:
+    return f"{v:,.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.3g}"
+
+
+def summary_numbers(flops: float, seconds: float, tokens: int, peaks: dict, dtype: str) -> dict:
+    """tokens/s, GFLOP/s and MFU against both measured peaks."""
+    gflops = flops / seconds / 1e9
+    return {
+        "tokens_per_s": tokens / seconds,
+        "gflop_per_s": gflops,
+        "mfu": gflops / peaks[dtype],
+        "mfu_vs_bf16_peak": gflops / peaks["bfloat16"],
+        "mfu_vs_f32_peak": gflops / peaks["float32"],
+    }
+
+
+def fmt_mfu(side: dict, dtype: str) -> str:
+    return f"MFU {side['mfu']:.1%} of {dtype} peak"

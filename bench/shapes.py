@@ -1,0 +1,81 @@
+"""Random-weight checkpoints with the exact shape of a real model, to measure its cost without
+its weights: a real Hugging Face directory (config.json, model.safetensors, tokenizer.json) that
+both the engine and transformers load, so the baseline runs the same weights.
+
+The tokenizer is a small byte-level BPE trained on the bench's own English-like text; its ids
+all lie far below the model's vocabulary size, and the LM head still spans the full vocabulary.
+"""
+
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from bench.workloads import SUFFIX, WORDS, sentence
+
+# Qwen3-0.6B's config.json, weights aside.
+QWEN3_0_6B = {
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "max_position_embeddings": 40960,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-06,
+    "tie_word_embeddings": True,
+    "attention_bias": False,
+    "hidden_act": "silu",
+    "initializer_range": 0.02,
+}
+SHAPES = {"qwen3-0.6b": ("Qwen3Config", QWEN3_0_6B)}
+TOKENIZER_VOCAB = 4096
+
+
+def shape_dir(name: str, *, seed: int = 0, root: Path | None = None) -> Path:
+    """The checkpoint directory of shape `name`, written on first use and reused after."""
+    if name not in SHAPES:
+        raise ValueError(f"--shape: {name!r} is not one of {sorted(SHAPES)}")
+    root = root or Path(tempfile.gettempdir()) / "llm-scoring-bench"
+    path = root / f"{name}-seed{seed}"
+    if (path / "model.safetensors").is_file() and (path / "tokenizer.json").is_file():
+        return path
+    partial = root / f".{name}-seed{seed}-{os.getpid()}"
+    write_checkpoint(partial, name, seed)
+    partial.replace(path)
+    return path
+
+
+def write_checkpoint(path: Path, name: str, seed: int) -> None:
+    import torch
+    import transformers
+
+    cls_name, fields = SHAPES[name]
+    cfg = getattr(transformers, cls_name)(**fields)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    model.save_pretrained(path, safe_serialization=True)
+    train_tokenizer(seed, TOKENIZER_VOCAB).save(str(path / "tokenizer.json"))
+
+
+def train_tokenizer(seed: int, vocab_size: int):
+    """A byte-level BPE trained on the bench's word list, with `SUFFIX`'s " yes"/" no"."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    rng = np.random.default_rng(seed)
+    corpus = [sentence(rng, int(rng.integers(6, 16))) + SUFFIX for _ in range(2000)]
+    corpus += [" ".join(WORDS), " yes no yes no", "Answer yes or no:"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer)
+    return tok

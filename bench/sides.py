@@ -1,0 +1,175 @@
+"""The two sides of a workload: the engine (through `open_engine`, as a served request would go)
+and the transformers baseline (torch CPU, same weights, same dtype, `logits_to_keep=1`).
+
+Timing excludes warm-up on both sides: the engine compiles its bucket grid at start and runs the
+request once untimed; the baseline runs one batch of each batch size untimed. The engine's
+tokenizer cache is off, so each timed pass tokenises its texts as new traffic would; the baseline
+gets the same token ids already tokenised (its tokenisation is not timed).
+"""
+
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import trio
+from tqdm import tqdm, trange
+
+from bench.baseline import hf_label_logprobs, load_transformers
+from bench.flops import Cost, plan_flops
+from engine import EngineConfig, open_engine, packing
+
+
+def engine_config(args, path) -> EngineConfig:
+    return EngineConfig(
+        model=str(path),
+        dtype=args.dtype,
+        token_budget=args.token_budget,
+        tokenizer_cache_size=0,
+        progress=not args.no_progress,
+    )
+
+
+def run_engine(config: EngineConfig, build: Callable, repeats: int) -> dict:
+    """One `Engine.score` request: warm-up, then `repeats` timed passes.
+
+    `build(model)` makes the request `(query, items, labels)` from the loaded `ScoringModel`
+    (its tokenizer); the result holds it under "request" for the baseline.
+    """
+    return trio.run(_run_engine, config, build, repeats)
+
+
+async def _run_engine(config, build, repeats) -> dict:
+    start = time.perf_counter()
+    async with open_engine(config) as engine:
+        startup_s = time.perf_counter() - start
+        query, items, labels = build(engine.model)
+        warm = await engine.score(query, items, labels)  # warm-up: first run of this request
+        before = engine.stats()
+        times = []
+        for _ in trange(repeats, desc="engine", disable=not config.progress):
+            t0 = time.perf_counter()
+            await engine.score(query, items, labels)
+            times.append(time.perf_counter() - t0)
+        after = engine.stats()
+        seqs = engine.model.sequences(query, items, item_first=False)
+        plan = packing.plan(seqs, token_budget=config.token_budget, buckets=engine.buckets)
+        cost = Cost.of(engine.model.config)
+        per_pass = lambda name: (getattr(after, name) - getattr(before, name)) / repeats
+        return {
+            "startup_s": startup_s,
+            "compiles": after.compiles,
+            "times_s": times,
+            "best_s": min(times),
+            "logprobs": np.log(np.asarray(warm.scores, np.float64)),
+            "seqs": seqs,
+            "flops": plan_flops(cost, plan, seqs),
+            "planned_real_tokens": sum(packing.real_tokens(b, seqs) for b in plan),
+            "real_tokens": per_pass("real_tokens"),
+            "padded_tokens": per_pass("padded_tokens"),
+            "batches": per_pass("batches"),
+            "device_busy_s": per_pass("device_busy_s"),
+            "cost": cost,
+            "config": engine.model.config,
+            "request": (query, items, labels),
+        }
+
+
+def run_padded_baseline(
+    hf, seqs: Sequence[Sequence[int]], labels: list[int], batch_sizes, repeats: int, progress: bool
+) -> dict[int, dict]:
+    """transformers over `seqs` in left-padded batches, per batch size: the best of `repeats`.
+
+    Sequences are sorted by length first (longest first), as a careful user would, so a batch
+    pads to its own longest member; batch size 1 pads nothing. Log-probs come back in input order.
+    """
+    order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
+    ordered = [seqs[i] for i in order]
+    out = {}
+    for bs in batch_sizes:
+        hf_label_logprobs(hf, ordered[:bs], labels, bs)  # warm-up: one batch
+        times, logprobs = [], None
+        for _ in trange(repeats, desc=f"transformers bs={bs}", disable=not progress):
+            t0 = time.perf_counter()
+            logprobs = hf_label_logprobs(hf, ordered, labels, bs)
+            times.append(time.perf_counter() - t0)
+        unsorted = np.empty_like(logprobs)
+        unsorted[order] = logprobs
+        padded = sum(
+            len(ordered[i]) * len(ordered[i : i + bs]) - sum(map(len, ordered[i : i + bs]))
+            for i in range(0, len(ordered), bs)
+        )
+        out[bs] = {"times_s": times, "best_s": min(times), "logprobs": unsorted, "padded": padded}
+    return out
+
+
+def best_batch(results: dict[int, dict]) -> int:
+    return min(results, key=lambda bs: results[bs]["best_s"])
+
+
+def prefix_reuse_logprobs(hf, prompt: list[int], items: list[list[int]], labels, bs: int):
+    """transformers with the prompt run once (`use_cache=True`), then the items in batches of
+    `bs` on a copy of its KV cache expanded to the batch, positions continuing after the prompt.
+
+    Items must all have the same length (no padding inside the batch). Log-probs f64[N, L].
+    """
+    import torch
+    from transformers import DynamicCache
+
+    n = len(items[0])
+    if any(len(it) != n for it in items):
+        raise ValueError("prefix reuse baseline: items must have equal lengths")
+    p = len(prompt)
+    out = []
+    with torch.no_grad():
+        cache = hf(
+            input_ids=torch.tensor([prompt]), use_cache=True, logits_to_keep=1
+        ).past_key_values
+        kv = [(layer.keys, layer.values) for layer in cache.layers]
+        positions = torch.arange(p, p + n).unsqueeze(0)
+        for i in range(0, len(items), bs):
+            chunk = torch.tensor(items[i : i + bs])
+            b = chunk.shape[0]
+            # DynamicCache copies its inputs (cat onto an empty tensor): the prompt cache stays
+            batch_cache = DynamicCache(
+                [(k.expand(b, -1, -1, -1), v.expand(b, -1, -1, -1)) for k, v in kv]
+            )
+            logits = hf(
+                input_ids=chunk,
+                attention_mask=torch.ones((b, p + n), dtype=torch.long),
+                position_ids=positions.expand(b, -1),
+                past_key_values=batch_cache,
+                use_cache=True,
+                logits_to_keep=1,
+            ).logits[:, -1]
+            out.append(torch.log_softmax(logits.double(), -1)[:, labels].numpy())
+    return np.concatenate(out)
+
+
+def run_prefix_baseline(hf, prompt, items, labels, batch_sizes, repeats, progress) -> dict:
+    """Per batch size: the best of `repeats` full passes (prompt + all items), and log-probs."""
+    out = {}
+    for bs in batch_sizes:
+        prefix_reuse_logprobs(hf, prompt, items[:bs], labels, bs)  # warm-up
+        times, logprobs = [], None
+        for _ in trange(repeats, desc=f"transformers prefix bs={bs}", disable=not progress):
+            t0 = time.perf_counter()
+            logprobs = prefix_reuse_logprobs(hf, prompt, items, labels, bs)
+            times.append(time.perf_counter() - t0)
+        out[bs] = {"times_s": times, "best_s": min(times), "logprobs": logprobs}
+    return out
+
+
+def run_naive_sample(hf, seqs, labels, batch_sizes, progress) -> dict:
+    """Seconds per item of full-sequence scoring, timed on `seqs` (a sample), per batch size."""
+    out = {}
+    hf_label_logprobs(hf, seqs[:1], labels, 1)  # warm-up: one sequence
+    for bs in tqdm(batch_sizes, desc="transformers naive", disable=not progress):
+        t0 = time.perf_counter()
+        logprobs = hf_label_logprobs(hf, seqs, labels, bs)
+        seconds = time.perf_counter() - t0
+        out[bs] = {"best_s": seconds, "s_per_item": seconds / len(seqs), "logprobs": logprobs}
+    return out
+
+
+def load_baseline(path, dtype: str):
+    return load_transformers(path, dtype)

@@ -1,0 +1,421 @@
+"""W3 serving: many small `/v1/score` requests (1-8 items) over real HTTP to a hypercorn server
+on 127.0.0.1, at concurrency 1, 8, 64 and 256, beside transformers scoring the same requests.
+
+    python -m bench w3 [--model PATH | --shape qwen3-0.6b] [--dtype bfloat16] [--duration 20]
+
+The server is `hypercorn api.app:app` in a child process (SCORING_* settings, tokenizer cache
+off, so a recycled body is tokenised again), started and stopped by this program. Each level runs
+closed-loop clients (`--concurrency` of them, each posting its next request when the last one
+answers) until `--duration` seconds or `--max-requests` requests, whichever comes first. A level
+reports items/s, real tokens/s, P50/P95/P99 latency, errors, and the device-busy fraction: the
+growth of the server's `scoring_device_busy_seconds_total` counter (`/metrics`: seconds the
+runner spent executing batches) over the level's wall time. Real tokens come from the server's
+`scoring_batch_tokens_total{kind="real"}`; FLOPs from the answered requests, each one's items
+sharing their common token prefix once. The load generator runs on the same CPU cores as the
+server, and its CPU time is reported.
+
+The baseline is transformers (torch CPU, same weights and dtype) scoring the same request bodies
+one request at a time, each as one left-padded batch of its items (what a server without
+cross-request batching does), for `--baseline-requests` requests or `--baseline-seconds`.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import anyio
+import numpy as np
+from tqdm import tqdm
+
+from bench import common
+from bench.baseline import hf_label_logprobs, load_transformers
+from bench.flops import Cost, shared_prefix_flops
+from bench.parity import label_ids
+from bench.peak import measure_peaks
+from bench.workloads import text_of_tokens
+from engine.inputs import build_sequences
+from engine.loaders import load_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+SUFFIX = " Answer yes or no:"
+QUICK = dict(
+    concurrency=[1, 4],
+    duration=3.0,
+    max_requests=12,
+    pool=16,
+    baseline_requests=4,
+    baseline_seconds=10.0,
+    gemm=[512],
+)
+
+
+def request_pool(tokenizer, labels: list[int], count: int, seed: int) -> list[dict]:
+    """`count` distinct `/v1/score` bodies: a 15-40-token query and 1-8 items of 10-40 tokens."""
+    rng = np.random.default_rng(seed)
+    bodies = []
+    for _ in range(count):
+        query = text_of_tokens(rng, tokenizer, int(rng.integers(15, 41)))
+        items = [
+            text_of_tokens(rng, tokenizer, int(rng.integers(10, 41))) + SUFFIX
+            for _ in range(int(rng.integers(1, 9)))
+        ]
+        bodies.append(
+            {"query": query, "items": items, "label_token_ids": labels, "apply_softmax": True}
+        )
+    return bodies
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text exposition -> {"name{labels}": value} (comments skipped)."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+METRICS = {
+    "device_busy_s": "scoring_device_busy_seconds_total",
+    "real_tokens": 'scoring_batch_tokens_total{kind="real"}',
+    "padded_tokens": 'scoring_batch_tokens_total{kind="padded"}',
+    "batches": "scoring_batches_total",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process `pid` and its descendants (Linux /proc; hypercorn
+    serves from a worker child), 0.0 where unavailable."""
+    stats = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        stats[int(entry.name)] = (int(fields[1]), int(fields[11]) + int(fields[12]))
+    tree, frontier = {pid}, [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child, (ppid, _) in stats.items():
+            if ppid == parent and child not in tree:
+                tree.add(child)
+                frontier.append(child)
+    return sum(stats[p][1] for p in tree if p in stats) / os.sysconf("SC_CLK_TCK")
+
+
+class Server:
+    """`hypercorn api.app:app` on 127.0.0.1 in a child process; stops on exit."""
+
+    def __init__(self, path: Path, args):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = Path(tempfile.mkdtemp(prefix="bench-w3-")) / "hypercorn.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SCORING_")}
+        env |= {
+            "SCORING_MODEL": str(path),
+            "SCORING_DTYPE": args.dtype,
+            "SCORING_TOKEN_BUDGET": str(args.token_budget),
+            "SCORING_TOKENIZER_CACHE_SIZE": "0",
+            "SCORING_PROGRESS": "0",
+            "JAX_PLATFORMS": "cpu",
+        }
+        command = [sys.executable, "-m", "hypercorn", "api.app:app"]
+        command += ["--bind", f"127.0.0.1:{self.port}", "--backlog", "2048"]
+        if args.worker == "trio":
+            command += ["-k", "trio"]
+        self.command = command
+        self.env = env
+
+    def __enter__(self) -> "Server":
+        with self.log.open("wb") as out:
+            self.process = subprocess.Popen(
+                self.command, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT
+            )
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def wait_ready(self, timeout: float) -> float:
+        """Seconds until /health answered 200; RuntimeError with the log if it never did."""
+        import httpx2
+
+        start = time.monotonic()
+        while time.monotonic() - start < timeout:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited {self.process.returncode}:\n{self.tail()}")
+            try:
+                if httpx2.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return time.monotonic() - start
+            except httpx2.TransportError:
+                pass  # not listening yet
+            time.sleep(0.1)
+        raise RuntimeError(f"server not ready after {timeout} s:\n{self.tail()}")
+
+    def tail(self, chars: int = 4000) -> str:
+        return self.log.read_text(errors="replace")[-chars:]
+
+    def metrics(self) -> dict[str, float]:
+        import httpx2
+
+        values = parse_metrics(httpx2.get(f"{self.url}/metrics", timeout=30).text)
+        return {k: values.get(name, 0.0) for k, name in METRICS.items()}
+
+
+async def load_level(
+    url: str, payloads: list[bytes], concurrency: int, duration: float, limit: int
+):
+    """Closed-loop load: `concurrency` clients until `duration` s or `limit` requests.
+
+    Returns ([(body index, status or error name, seconds)], wall seconds).
+    """
+    import httpx2
+
+    results: list[tuple[int, int | str, float]] = []
+    issued = 0
+    limits = httpx2.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    headers = {"content-type": "application/json"}
+    start = time.perf_counter()
+    deadline = start + duration
+    async with httpx2.AsyncClient(base_url=url, limits=limits, timeout=60) as client:
+
+        async def worker() -> None:
+            nonlocal issued
+            while issued < limit and time.perf_counter() < deadline:
+                i = issued % len(payloads)
+                issued += 1
+                t0 = time.perf_counter()
+                try:
+                    r = await client.post("/v1/score", content=payloads[i], headers=headers)
+                    status: int | str = r.status_code
+                except httpx2.HTTPError as e:
+                    status = type(e).__name__
+                results.append((i, status, time.perf_counter() - t0))
+
+        with anyio.move_on_after(duration + 90):  # a hard stop even if requests hang
+            async with anyio.create_task_group() as tasks:
+                for _ in range(concurrency):
+                    tasks.start_soon(worker)
+    return results, time.perf_counter() - start
+
+
+def level_report(results, wall, before, after, client_cpu, server_cpu, bodies, flops, peaks, dtype):
+    ok = [(i, s) for i, st, s in results if st == 200]
+    errors: dict[str, int] = {}
+    for _, st, _ in results:
+        if st != 200:
+            errors[str(st)] = errors.get(str(st), 0) + 1
+    latencies = np.array([s for _, s in ok]) * 1e3 if ok else np.array([np.nan])
+    items = sum(len(bodies[i]["items"]) for i, _ in ok)
+    delta = {k: after[k] - before[k] for k in METRICS}
+    done_flops = sum(flops[i] for i, _ in ok)
+    gflops = done_flops / wall / 1e9
+    return {
+        "requests": len(results),
+        "ok": len(ok),
+        "errors": sum(errors.values()),
+        "errors_by_kind": errors,
+        "wall_s": wall,
+        "items": items,
+        "items_per_s": items / wall,
+        "requests_per_s": len(ok) / wall,
+        "tokens_per_s": delta["real_tokens"] / wall,
+        "p50_ms": float(np.percentile(latencies, 50)),
+        "p95_ms": float(np.percentile(latencies, 95)),
+        "p99_ms": float(np.percentile(latencies, 99)),
+        "device_busy_fraction": delta["device_busy_s"] / wall,
+        "batches": delta["batches"],
+        "real_tokens": delta["real_tokens"],
+        "padded_tokens": delta["padded_tokens"],
+        "gflop_per_s": gflops,
+        "mfu": gflops / peaks[dtype],
+        "mfu_vs_bf16_peak": gflops / peaks["bfloat16"],
+        "mfu_vs_f32_peak": gflops / peaks["float32"],
+        "client_cpu_fraction": client_cpu / wall,
+        "server_cpu_fraction": server_cpu / wall,
+    }
+
+
+def run_baseline(path, dtype, seqs_per_body, labels, max_requests, max_seconds, progress):
+    """transformers, one request at a time, its items one left-padded batch."""
+    hf = load_transformers(path, dtype)
+    hf_label_logprobs(hf, seqs_per_body[0], labels, len(seqs_per_body[0]))  # warm-up
+    items = 0
+    start = time.perf_counter()
+    bar = tqdm(total=max_requests, desc="transformers", disable=not progress)
+    done = 0
+    for seqs in seqs_per_body[:max_requests]:
+        hf_label_logprobs(hf, seqs, labels, len(seqs))
+        items += len(seqs)
+        done += 1
+        bar.update()
+        if time.perf_counter() - start > max_seconds:
+            break
+    bar.close()
+    wall = time.perf_counter() - start
+    tokens = sum(sum(map(len, s)) for s in seqs_per_body[:done])
+    return {"requests": done, "items": items, "wall_s": wall, "tokens": tokens}
+
+
+def main(argv=None) -> dict:
+    p = common.parser(__doc__.split("\n\n")[0])
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64, 256])
+    p.add_argument("--duration", type=float, default=20.0, help="seconds per level, at most")
+    p.add_argument("--max-requests", type=int, default=4000, help="requests per level, at most")
+    p.add_argument("--pool", type=int, default=512, help="distinct request bodies, cycled")
+    p.add_argument("--worker", choices=["asyncio", "trio"], default="asyncio")
+    p.add_argument("--baseline-requests", type=int, default=96)
+    p.add_argument("--baseline-seconds", type=float, default=60.0)
+    p.add_argument("--startup-timeout", type=float, default=900.0)
+    args = p.parse_args(argv)
+    if args.quick:
+        p.set_defaults(**QUICK)
+        args = p.parse_args(argv)
+    progress = not args.no_progress
+    path = common.model_path(args)
+    peaks = measure_peaks(args.gemm)
+    checkpoint = load_checkpoint(path, progress=progress)
+    cfg, tokenizer = checkpoint.config, checkpoint.tokenizer
+    del checkpoint  # only the tokenizer and config are needed here
+    labels = label_ids(tokenizer)
+    bodies = request_pool(tokenizer, labels, args.pool, args.seed)
+    payloads = [json.dumps(b).encode() for b in bodies]
+    seqs = [build_sequences(tokenizer, b["query"], b["items"], item_first=False) for b in bodies]
+    cost = Cost.of(cfg)
+    flops = [shared_prefix_flops(cost, s)[0] for s in seqs]
+
+    levels = []
+    with Server(path, args) as server:
+        startup_s = server.wait_ready(args.startup_timeout)
+        anyio.run(load_level, server.url, payloads, 4, 60.0, 16)  # warm-up, excluded
+        for c in tqdm(args.concurrency, desc="concurrency levels", disable=not progress):
+            before, cpu0, srv0 = (
+                server.metrics(),
+                time.process_time(),
+                cpu_seconds(server.process.pid),
+            )
+            results, wall = anyio.run(
+                load_level, server.url, payloads, c, args.duration, args.max_requests
+            )
+            after = server.metrics()
+            client_cpu = time.process_time() - cpu0
+            server_cpu = cpu_seconds(server.process.pid) - srv0
+            level = level_report(
+                results,
+                wall,
+                before,
+                after,
+                client_cpu,
+                server_cpu,
+                bodies,
+                flops,
+                peaks,
+                args.dtype,
+            )
+            levels.append({"concurrency": c, **level})
+
+    base = run_baseline(
+        path, args.dtype, seqs, labels, args.baseline_requests, args.baseline_seconds, progress
+    )
+    base_flops = sum(cost.sequences(s) for s in seqs[: base["requests"]])
+    baseline = {
+        "kind": "transformers, one request at a time, its items one left-padded batch",
+        "items_per_s": base["items"] / base["wall_s"],
+        **common.summary_numbers(base_flops, base["wall_s"], base["tokens"], peaks, args.dtype),
+        **base,
+    }
+    best = max(levels, key=lambda lv: lv["items_per_s"])
+    tag = common.model_tag(args, path)
+    report = {
+        "workload": "w3",
+        "description": (
+            f"{args.pool} distinct /v1/score bodies (15-40-token query, 1-8 items of 10-40 "
+            f"tokens), closed loop over HTTP, concurrency {args.concurrency}"
+        ),
+        **common.environment(args, path, cfg),
+        "worker": args.worker,
+        "server_startup_s": startup_s,
+        "peak_gflops": peaks,
+        "device_busy_source": "delta of scoring_device_busy_seconds_total (/metrics) / wall",
+        "engine_items_per_s": best["items_per_s"],
+        "engine_best_concurrency": best["concurrency"],
+        "baseline_items_per_s": baseline["items_per_s"],
+        "ratio": best["items_per_s"] / baseline["items_per_s"],
+        "levels": levels,
+        "baseline": baseline,
+    }
+    json_path, png = common.output_paths(args, "w3", tag)
+    common.write_report(report, json_path)
+    chart(report, png)
+    line = ", ".join(
+        f"c={lv['concurrency']}: {lv['items_per_s']:.1f} items/s P50/P95/P99 "
+        f"{lv['p50_ms']:.0f}/{lv['p95_ms']:.0f}/{lv['p99_ms']:.0f} ms busy "
+        f"{lv['device_busy_fraction']:.0%} err {lv['errors']}"
+        for lv in levels
+    )
+    print(
+        f"w3 {tag} {args.dtype}: {line}; best {best['items_per_s']:.1f} items/s "
+        f"({best['tokens_per_s']:.0f} tok/s, {common.fmt_mfu(best, args.dtype)}) vs transformers "
+        f"{baseline['items_per_s']:.1f} items/s ({common.fmt_mfu(baseline, args.dtype)}), "
+        f"ratio {report['ratio']:.2f}x -> {json_path}"
+    )
+    return report
+
+
+def chart(report: dict, png) -> None:
+    """Items/s per concurrency level (with the device-busy fraction) and latency percentiles."""
+    tag, dtype = common.report_tag(report), report["dtype"]
+    plt = common.pyplot()
+    levels = report["levels"]
+    cs = [str(lv["concurrency"]) for lv in levels]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+    rects = left.bar(cs, [lv["items_per_s"] for lv in levels], color="tab:blue", label="engine")
+    left.bar_label(
+        rects,
+        labels=[f"{lv['items_per_s']:.0f}\nbusy {lv['device_busy_fraction']:.0%}" for lv in levels],
+        fontsize=8,
+    )
+    left.axhline(
+        report["baseline_items_per_s"],
+        color="tab:gray",
+        ls="--",
+        label="transformers (1 req/batch)",
+    )
+    left.set_xlabel("concurrent clients")
+    left.set_ylabel("items/s")
+    left.legend(fontsize=8, loc="upper left")
+    left.margins(y=0.2)
+    for q in ("p50", "p95", "p99"):
+        right.plot(cs, [lv[f"{q}_ms"] for lv in levels], marker="o", label=q.upper())
+    right.set_yscale("log")
+    right.set_xlabel("concurrent clients")
+    right.set_ylabel("latency (ms)")
+    right.legend(fontsize=8)
+    fig.suptitle(
+        f"W3 serving over HTTP (hypercorn, 127.0.0.1): {tag} {dtype}, {report['cores']} CPU "
+        f"cores; engine/transformers = {report['ratio']:.2f}x",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""The benchmark programs in their quickest form on the tiny checkpoint: each writes a JSON report
+with positive throughput figures and a PNG chart. Timings are measured, never asserted."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from bench import __main__ as entry
+from bench import w1, w2, w3
+from bench.flops import Cost, common_prefix, shared_prefix_flops
+from engine.models import ModelConfig
+
+QUICK = ["--quick", "--dtype", "float32", "--token-budget", "512", "--no-progress"]
+
+
+def positive(report: dict, *keys: str) -> None:
+    for key in keys:
+        value = report[key]
+        assert isinstance(value, int | float) and math.isfinite(value) and value > 0, (key, value)
+
+
+@pytest.fixture
+def tiny(tiny_checkpoints):
+    return str(tiny_checkpoints["llama-untied"])
+
+
+def run(main, tiny, tmp_path, name: str, *extra: str) -> dict:
+    out = tmp_path / f"{name}.json"
+    main(["--model", tiny, *QUICK, "--json", str(out), *extra])
+    report = json.loads(out.read_text())
+    assert out.with_suffix(".png").stat().st_size > 1000
+    positive(report, "engine_items_per_s", "baseline_items_per_s", "ratio")
+    assert report["peak_gflops"]["bfloat16"] > 0 and report["peak_gflops"]["float32"] > 0
+    return report
+
+
+def test_w1_rerank_batch(tiny, tmp_path, capsys):
+    report = run(w1.main, tiny, tmp_path, "w1")
+    assert report["items"] == 8 and report["workload"] == "w1"
+    positive(report["engine"], "tokens_per_s", "mfu", "flops")
+    positive(report["baseline"], "tokens_per_s", "mfu", "flops")
+    assert set(report["baseline"]["per_batch_size"]) == {"1", "4"}
+    assert report["max_abs_logprob_diff_vs_baseline"] < 1e-3  # same scores, f32
+    assert capsys.readouterr().out.count("\n") == 1  # one summary line
+
+
+def test_w2_large_multi_item(tiny, tmp_path):
+    report = run(w2.main, tiny, tmp_path, "w2", "--items", "6")
+    positive(report, "naive_items_per_s", "ratio_vs_naive")
+    positive(report["engine"], "tokens_per_s", "mfu")
+    assert report["naive_baseline"]["extrapolated_from_items"] == 2
+    check = report["score_check"]  # the prefix-reuse baseline scores what the engine scores
+    assert check["ok"] and check["items_compared"] == 6
+    assert check["max_abs_logprob_diff_naive_vs_prefix"] < 1e-3
+    # the FLOP count follows the engine's own plan: the prompt once, then the items' tokens
+    engine = report["engine"]
+    assert engine["real_tokens_computed"] == engine["real_tokens_stats"]
+    assert 6 * 20 <= engine["real_tokens_computed"] <= 100 + 6 * 20
+    assert report["workload_tokens"] == 6 * (100 + 20)
+
+
+def test_w3_serving(tiny, tmp_path):
+    report = run(w3.main, tiny, tmp_path, "w3")
+    assert [lv["concurrency"] for lv in report["levels"]] == [1, 4]
+    for level in report["levels"]:
+        assert level["errors"] == 0 and level["ok"] == level["requests"] > 0
+        positive(level, "items_per_s", "tokens_per_s", "p50_ms", "device_busy_fraction")
+        assert level["p50_ms"] <= level["p95_ms"] <= level["p99_ms"]
+
+
+def test_entry_point_dispatches_and_lists_workloads(capsys):
+    entry.main([])
+    out = capsys.readouterr().out
+    assert all(f"  {name} " in out for name in ("w1", "w2", "w3"))
+    with pytest.raises(SystemExit, match="unknown workload"):
+        entry.main(["w9"])
+
+
+CFG = ModelConfig(
+    family="llama",
+    vocab_size=100,
+    hidden_size=8,
+    num_layers=2,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=4,
+    intermediate_size=16,
+    rms_norm_eps=1e-6,
+    rope_theta=1e4,
+    max_position_embeddings=64,
+    tie_word_embeddings=True,
+)
+
+
+def test_flops_count_params_keys_and_score_rows():
+    cost = Cost.of(CFG)
+    # per layer: wq 8x8, wk 8x4, wv 8x4, wo 8x8, MLP 3 x 8x16
+    assert cost.params == 2 * (64 + 32 + 32 + 64 + 384)
+    assert cost.per_key == 4 * 4 * 2 * 2 and cost.per_row == 2 * 8 * 100
+    # a 3-token prefix, suffixes of 1 and 2: keys 1+2+3, then 4, then 4+5
+    assert cost.chunk(3, [1, 2]) == cost.per_token * 6 + cost.per_key * 19 + cost.per_row * 2
+    alone = cost.chunk(0, [4]) + cost.chunk(0, [5])
+    assert cost.sequences([[1] * 4, [1] * 5]) == alone
+    seqs = [[1, 2, 3, 4], [1, 2, 3, 5, 6]]
+    assert common_prefix(seqs) == 3 and common_prefix([[1, 2], [1, 2]]) == 1
+    assert shared_prefix_flops(cost, seqs) == (cost.chunk(3, [1, 2]), 6)
+
+
+def test_metrics_text_is_parsed():
+    text = (
+        "# HELP scoring_batches_total x\n# TYPE scoring_batches_total counter\n"
+        'scoring_batches_total 7.0\nscoring_batch_tokens_total{kind="real"} 1.5e+03\n'
+    )
+    assert w3.parse_metrics(text) == {
+        "scoring_batches_total": 7.0,
+        'scoring_batch_tokens_total{kind="real"}': 1500.0,
+    }
+    assert np.isclose(w3.cpu_seconds(-1), 0.0)
