@@ -114,7 +114,8 @@ def test_cancelling_half_leaves_the_rest_correct_and_nothing_behind(tiny_path, r
             async with trio.open_nursery() as nursery:
                 for i, call in enumerate(calls):
                     nursery.start_soon(one, i, *call, scopes[i])
-                await trio.sleep(0.05)  # some queued, some in a batch, some perhaps done
+                while not results:  # some done, some in a batch, most queued
+                    await trio.sleep(0.005)
                 for scope in scopes[::2]:
                     scope.cancel()
             await trio.sleep(0.5)  # batches already handed to the runner come back
@@ -248,14 +249,15 @@ def test_shutdown_with_work_in_flight_ends_every_caller(tiny_path):
 
                     async def one(i):
                         try:
-                            await engine.score([1, 2, i % 300], [[3] * 50] * 8, [4])
+                            await engine.score([1, 2, i % 300], [[3] * 50] * 64, [4])
                             outcomes.append("ok")
                         except EngineClosed:
                             outcomes.append("closed")
 
                     for i in range(40):
                         callers.start_soon(one, i)
-                    await trio.sleep(0.2)
+                    while not outcomes:  # leave with most of the work still queued
+                        await trio.sleep(0.01)
                 closed_at = trio.current_time()
             assert trio.current_time() - closed_at < 1  # callers woke at once
             with pytest.raises(EngineClosed):
