@@ -155,7 +155,9 @@ def bar_chart(png: Path, title: str, bars: dict[str, float], ylabel: str, notes:
 
 
 def _short(v: float) -> str:
-    return f"{v:,.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.3g}"
+    if v >= 100:
+        return f"{v:,.0f}"
+    return f"{v:.1f}" if v >= 10 else f"{v:.2f}" if v >= 1 else f"{v:.3g}"
 
 
 def summary_numbers(flops: float, seconds: float, tokens: int, peaks: dict, dtype: str) -> dict:

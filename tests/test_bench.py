@@ -44,6 +44,10 @@ def test_w1_rerank_batch(tiny, tmp_path, capsys):
     assert set(report["baseline"]["per_batch_size"]) == {"1", "4"}
     assert report["max_abs_logprob_diff_vs_baseline"] < 1e-3  # same scores, f32
     assert capsys.readouterr().out.count("\n") == 1  # one summary line
+    png = tmp_path / "w1.png"
+    png.unlink()
+    entry.main(["chart", str(tmp_path / "w1.json")])  # redrawn from the report alone
+    assert png.stat().st_size > 1000
 
 
 def test_w2_large_multi_item(tiny, tmp_path):
