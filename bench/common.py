@@ -174,3 +174,33 @@ def summary_numbers(flops: float, seconds: float, tokens: int, peaks: dict, dtyp
 
 def fmt_mfu(side: dict, dtype: str) -> str:
     return f"MFU {side['mfu']:.1%} of {dtype} peak"
+
+
+def parse_args(parser, argv, quick: dict):
+    """Parse `argv`; with `--quick`, again with the workload's short settings as defaults."""
+    args = parser.parse_args(argv)
+    if args.quick:
+        parser.set_defaults(**quick)
+        args = parser.parse_args(argv)
+    return args
+
+
+def engine_numbers(eng: dict, items: int, peaks, dtype: str) -> dict:
+    """The engine side of a W1/W2 report from its measured run."""
+    keys = (
+        "best_s",
+        "times_s",
+        "startup_s",
+        "compiles",
+        "flops",
+        "padded_tokens",
+        "batches",
+        "device_busy_s",
+    )
+    return {
+        "items_per_s": items / eng["best_s"],
+        **summary_numbers(eng["flops"], eng["best_s"], eng["planned_real_tokens"], peaks, dtype),
+        **{k: eng[k] for k in keys},
+        "real_tokens_computed": eng["planned_real_tokens"],
+        "real_tokens_stats": eng["real_tokens"],
+    }

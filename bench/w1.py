@@ -28,10 +28,7 @@ def main(argv=None) -> dict:
     p.add_argument("--doc-tokens", type=int, nargs=2, default=(130, 230))
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 16, 32])
     p.add_argument("--repeats", type=int, default=3)
-    args = p.parse_args(argv)
-    if args.quick:
-        p.set_defaults(**QUICK)
-        args = p.parse_args(argv)
+    args = common.parse_args(p, argv, QUICK)
     progress = not args.no_progress
     path = common.model_path(args)
     peaks = measure_peaks(args.gemm)
@@ -55,22 +52,7 @@ def main(argv=None) -> dict:
     bs = sides.best_batch(base)
     cost: Cost = eng["cost"]
     n, tokens = len(items), sum(map(len, seqs))
-    engine = {
-        "items_per_s": n / eng["best_s"],
-        **common.summary_numbers(
-            eng["flops"], eng["best_s"], eng["planned_real_tokens"], peaks, args.dtype
-        ),
-        "best_s": eng["best_s"],
-        "times_s": eng["times_s"],
-        "startup_s": eng["startup_s"],
-        "compiles": eng["compiles"],
-        "flops": eng["flops"],
-        "real_tokens_computed": eng["planned_real_tokens"],
-        "real_tokens_stats": eng["real_tokens"],
-        "padded_tokens": eng["padded_tokens"],
-        "batches": eng["batches"],
-        "device_busy_s": eng["device_busy_s"],
-    }
+    engine = common.engine_numbers(eng, n, peaks, args.dtype)
     baseline_flops = cost.sequences(seqs)  # every pair whole: nothing shared
     baseline = {
         "batch_size": bs,

@@ -61,10 +61,7 @@ def main(argv=None) -> dict:
     p.add_argument("--naive-sample", type=int, default=8, help="items timed by the naive baseline")
     p.add_argument("--naive-batch-sizes", type=int, nargs="+", default=[1, 8])
     p.add_argument("--repeats", type=int, default=2)
-    args = p.parse_args(argv)
-    if args.quick:
-        p.set_defaults(**QUICK)
-        args = p.parse_args(argv)
+    args = common.parse_args(p, argv, QUICK)
     progress = not args.no_progress
     path = common.model_path(args)
     peaks = measure_peaks(args.gemm)
@@ -87,22 +84,7 @@ def main(argv=None) -> dict:
 
     cost: Cost = eng["cost"]
     workload_tokens = sum(map(len, eng["seqs"]))
-    engine = {
-        "items_per_s": n / eng["best_s"],
-        **common.summary_numbers(
-            eng["flops"], eng["best_s"], eng["planned_real_tokens"], peaks, args.dtype
-        ),
-        "best_s": eng["best_s"],
-        "times_s": eng["times_s"],
-        "startup_s": eng["startup_s"],
-        "compiles": eng["compiles"],
-        "flops": eng["flops"],
-        "real_tokens_computed": eng["planned_real_tokens"],
-        "real_tokens_stats": eng["real_tokens"],
-        "padded_tokens": eng["padded_tokens"],
-        "batches": eng["batches"],
-        "device_busy_s": eng["device_busy_s"],
-    }
+    engine = common.engine_numbers(eng, n, peaks, args.dtype)
     bs = sides.best_batch(prefix)
     prefix_tokens = plen + n * args.item_tokens
     prefix_flops = cost.chunk(plen, [args.item_tokens] * n, rows=n + 1)  # + the prompt's row

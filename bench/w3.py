@@ -283,10 +283,7 @@ def main(argv=None) -> dict:
     p.add_argument("--baseline-requests", type=int, default=96)
     p.add_argument("--baseline-seconds", type=float, default=60.0)
     p.add_argument("--startup-timeout", type=float, default=900.0)
-    args = p.parse_args(argv)
-    if args.quick:
-        p.set_defaults(**QUICK)
-        args = p.parse_args(argv)
+    args = common.parse_args(p, argv, QUICK)
     progress = not args.no_progress
     path = common.model_path(args)
     peaks = measure_peaks(args.gemm)
