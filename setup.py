@@ -1,5 +1,12 @@
-"""Builds the Cython hot paths in `_native/`; everything else is declared in pyproject.toml."""
+"""Builds the native hot paths in `_native/`; everything else is declared in pyproject.toml.
 
+The Cython modules are plain C. `_attention` is C++ (the CPU attention custom call) and compiles
+against the XLA FFI headers that jaxlib ships.
+"""
+
+import os
+
+import jaxlib
 import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, setup
@@ -10,5 +17,15 @@ extensions = [
     Extension(f"_native.{name}", [f"_native/{name}.pyx"], include_dirs=[numpy.get_include()])
     for name in MODULES
 ]
+extensions.append(
+    Extension(
+        "_native._attention",
+        ["_native/_attention.pyx", "_native/attention.cc"],
+        include_dirs=["_native", os.path.join(os.path.dirname(jaxlib.__file__), "include")],
+        language="c++",
+        extra_compile_args=["-O3", "-std=c++17", "-fno-math-errno", "-Wno-psabi"],
+        depends=["_native/attention.h", "_native/attention_kernel.h"],
+    )
+)
 
 setup(ext_modules=cythonize(extensions, language_level=3))

@@ -2,24 +2,31 @@
 
 from collections.abc import Callable
 
+from kernels import cpu
+from kernels.cpu import attention_cpu
 from kernels.metadata import AttentionMeta
 from kernels.reference import attention_reference
 from kernels.schedule import build_block_schedule, make_meta
 from kernels.xla import attention_xla
 
 ATTENTION: dict[str, Callable] = {"reference": attention_reference, "xla": attention_xla}
+if cpu.AVAILABLE:
+    ATTENTION["cpu"] = attention_cpu
 
-_DEFAULT_BY_BACKEND = {"cpu": "xla", "gpu": "xla", "tpu": "xla"}
 
-
-def select_attention(name: str | None, backend: str) -> Callable:
+def select_attention(
+    name: str | None, backend: str, *, head_dim: int | None = None, dtype=None
+) -> Callable:
     """The attention function called `name`, or the default for `backend` when `name` is None.
 
-    `backend` is a `jax.default_backend()` name; unlisted backends get "xla", which runs anywhere.
-    Raises ValueError for an unknown name, listing the known ones.
+    `backend` is a `jax.default_backend()` name. On "cpu" the default is the fused native kernel
+    when it was built and supports `head_dim` and `dtype`; everywhere else, and as the fallback,
+    it is "xla", which runs anywhere. Raises ValueError for an unknown name, listing the known
+    ones.
     """
     if name is None:
-        name = _DEFAULT_BY_BACKEND.get(backend, "xla")
+        native = backend == "cpu" and head_dim is not None and cpu.supports(head_dim, dtype)
+        name = "cpu" if native else "xla"
     if name not in ATTENTION:
         raise ValueError(f"unknown attention {name!r}; known: {sorted(ATTENTION)}")
     return ATTENTION[name]
@@ -28,6 +35,7 @@ def select_attention(name: str | None, backend: str) -> Callable:
 __all__ = [
     "ATTENTION",
     "AttentionMeta",
+    "attention_cpu",
     "attention_reference",
     "attention_xla",
     "build_block_schedule",

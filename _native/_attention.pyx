@@ -1,0 +1,50 @@
+# distutils: language = c++
+"""The CPU packed attention kernel (attention.cc) as an XLA FFI handler capsule, and its knobs."""
+
+from cpython.pycapsule cimport PyCapsule_New
+
+
+cdef extern from "attention.h":
+    void* packed_attention_handler()
+    void packed_attention_set_threads(int threads)
+    int packed_attention_cpu_has(int isa)
+    void packed_attention_set_isa(int isa)
+    int packed_attention_isa()
+
+
+# Instruction-set builds of the kernel, by the index the C side uses.
+ISAS = ("portable", "avx2", "avx512", "avx512bf16")
+
+
+def handler():
+    """The XLA FFI handler of the `packed_attention` custom call, as a PyCapsule."""
+    return PyCapsule_New(packed_attention_handler(), NULL, NULL)
+
+
+def set_threads(int threads):
+    """Worker threads per call; 0 means every online core."""
+    if threads < 0:
+        raise ValueError(f"threads must be >= 0, got {threads}")
+    packed_attention_set_threads(threads)
+
+
+def available_isas():
+    """The instruction-set builds this CPU can run, narrowest first."""
+    return tuple(name for i, name in enumerate(ISAS) if packed_attention_cpu_has(i))
+
+
+def set_isa(name):
+    """Use build `name` (one of `available_isas()`), or None for the widest available."""
+    if name is None:
+        packed_attention_set_isa(-1)
+        return
+    if name not in ISAS:
+        raise ValueError(f"isa must be one of {ISAS} or None, got {name!r}")
+    if not packed_attention_cpu_has(ISAS.index(name)):
+        raise ValueError(f"this CPU cannot run the {name} build; it can run {available_isas()}")
+    packed_attention_set_isa(ISAS.index(name))
+
+
+def isa():
+    """The build calls use now."""
+    return ISAS[packed_attention_isa()]

@@ -1,0 +1,224 @@
+// Packed two-span attention for the CPU as an XLA FFI custom call (see attention_kernel.h).
+//
+// Token t attends to keys [prefix_start[t], prefix_end[t]) and [own_start[t], t]. The handler
+// checks shapes and dtypes, then runs the widest instruction-set build of the kernel this CPU
+// supports on `threads` worker threads (all online cores by default).
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "attention.h"
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace packed_attention {
+
+struct Problem {
+  int tokens, heads, kv_heads, head_dim;
+  float scale;
+  const int32_t* prefix_start;
+  const int32_t* prefix_end;
+  const int32_t* own_start;
+};
+
+std::atomic<int> g_threads{0};
+
+int thread_count() {
+  int n = g_threads.load();
+  if (n > 0) return n;
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+// A growable array of 64-byte aligned 64-byte vectors (std::vector does not promise the
+// alignment of vector-extension types across compilers).
+class Vectors {
+ public:
+  Vectors() = default;
+  Vectors(const Vectors&) = delete;
+  Vectors& operator=(const Vectors&) = delete;
+  ~Vectors() { std::free(data_); }
+  void resize(size_t n) {
+    if (n > capacity_) {
+      std::free(data_);
+      data_ = std::aligned_alloc(64, std::max<size_t>(n, 1) * 64);
+      if (data_ == nullptr) throw std::bad_alloc();
+      capacity_ = n;
+    }
+    size_ = n;
+  }
+  template <typename V>
+  V* as() const { return static_cast<V*>(data_); }
+  size_t size() const { return size_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t size_ = 0, capacity_ = 0;
+};
+
+// Runs fn(0..n) on up to thread_count() threads pulling items from a shared counter.
+template <typename Fn>
+void parallel_for(int n, const Fn& fn) {
+  std::atomic<int> next{0};
+  auto worker = [&] {
+    for (int i = next++; i < n; i = next++) fn(i);
+  };
+  int helpers = std::min(thread_count(), n) - 1;
+  std::vector<std::thread> pool;
+  pool.reserve(std::max(helpers, 0));
+  for (int h = 0; h < helpers; ++h) pool.emplace_back(worker);
+  worker();
+  for (auto& t : pool) t.join();
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define PACKED_ATTENTION_BF16 1
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,avx512bf16,fma")
+namespace avx512bf16 {
+#include "attention_kernel.h"
+}  // namespace avx512bf16
+#pragma GCC pop_options
+#undef PACKED_ATTENTION_BF16
+#define PACKED_ATTENTION_BF16 0
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,fma")
+namespace avx512 {
+#include "attention_kernel.h"
+}  // namespace avx512
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace avx2 {
+#include "attention_kernel.h"
+}  // namespace avx2
+#pragma GCC pop_options
+#else
+#define PACKED_ATTENTION_BF16 0
+#endif
+namespace portable {
+#include "attention_kernel.h"
+}  // namespace portable
+
+enum Isa { kPortable = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Bf16 = 3 };
+
+bool cpu_has(int isa) {
+  switch (isa) {
+    case kPortable:
+      return true;
+#if defined(__x86_64__) && defined(__GNUC__)
+    case kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case kAvx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+    case kAvx512Bf16:
+      return cpu_has(kAvx512) && __builtin_cpu_supports("avx512bf16");
+#endif
+    default:
+      return false;
+  }
+}
+
+std::atomic<int> g_isa{-1};  // -1: the widest this CPU has
+
+int chosen_isa() {
+  int isa = g_isa.load();
+  if (isa >= 0) return isa;
+  for (int best = kAvx512Bf16; best > kPortable; --best)
+    if (cpu_has(best)) return best;
+  return kPortable;
+}
+
+template <typename In>
+bool dispatch(const Problem& p, const In* q, const In* k, const In* v, In* out) {
+  switch (chosen_isa()) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    case kAvx512Bf16:
+      return avx512bf16::run(p, q, k, v, out);
+    case kAvx512:
+      return avx512::run(p, q, k, v, out);
+    case kAvx2:
+      return avx2::run(p, q, k, v, out);
+#endif
+    default:
+      return portable::run(p, q, k, v, out);
+  }
+}
+
+std::string shape_error(const char* what, const ffi::AnyBuffer& buffer) {
+  std::string dims;
+  for (int64_t d : buffer.dimensions()) dims += (dims.empty() ? "" : ", ") + std::to_string(d);
+  return std::string("packed_attention: ") + what + " has shape [" + dims + "]";
+}
+
+ffi::Error Attention(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                     ffi::Buffer<ffi::S32> prefix_start, ffi::Buffer<ffi::S32> prefix_end,
+                     ffi::Buffer<ffi::S32> own_start, ffi::Result<ffi::AnyBuffer> out,
+                     float scale) {
+  auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
+  if (qd.size() != 3) return ffi::Error::InvalidArgument(shape_error("q", q));
+  if (kd.size() != 3 || kd[0] != qd[0] || kd[2] != qd[2] || qd[1] % kd[1] != 0)
+    return ffi::Error::InvalidArgument(shape_error("k", k));
+  if (vd.size() != 3 || vd[0] != kd[0] || vd[1] != kd[1] || vd[2] != kd[2])
+    return ffi::Error::InvalidArgument(shape_error("v", v));
+  for (const auto* span : {&prefix_start, &prefix_end, &own_start})
+    if (span->element_count() != size_t(qd[0]))
+      return ffi::Error::InvalidArgument("packed_attention: spans must have T entries");
+  auto dtype = q.element_type();
+  if (k.element_type() != dtype || v.element_type() != dtype || out->element_type() != dtype)
+    return ffi::Error::InvalidArgument("packed_attention: q, k, v and out must share a dtype");
+  Problem p{int(qd[0]),          int(qd[1]),          int(kd[1]),         int(qd[2]), scale,
+            prefix_start.typed_data(), prefix_end.typed_data(), own_start.typed_data()};
+  bool ok;
+  if (dtype == ffi::DataType::BF16) {
+    ok = dispatch(p, static_cast<const uint16_t*>(q.untyped_data()),
+                  static_cast<const uint16_t*>(k.untyped_data()),
+                  static_cast<const uint16_t*>(v.untyped_data()),
+                  static_cast<uint16_t*>(out->untyped_data()));
+  } else if (dtype == ffi::DataType::F32) {
+    ok = dispatch(p, static_cast<const float*>(q.untyped_data()),
+                  static_cast<const float*>(k.untyped_data()),
+                  static_cast<const float*>(v.untyped_data()),
+                  static_cast<float*>(out->untyped_data()));
+  } else {
+    return ffi::Error::InvalidArgument("packed_attention: dtype must be bfloat16 or float32");
+  }
+  if (!ok) return ffi::Error::InvalidArgument("packed_attention: head_dim must be 64 or 128");
+  return ffi::Error::Success();
+}
+
+}  // namespace packed_attention
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PackedAttentionHandler, packed_attention::Attention,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<float>("scale"));
+
+void* packed_attention_handler() { return reinterpret_cast<void*>(&PackedAttentionHandler); }
+
+void packed_attention_set_threads(int threads) { packed_attention::g_threads = threads; }
+
+int packed_attention_cpu_has(int isa) { return packed_attention::cpu_has(isa); }
+
+void packed_attention_set_isa(int isa) { packed_attention::g_isa = isa; }
+
+int packed_attention_isa() { return packed_attention::chosen_isa(); }

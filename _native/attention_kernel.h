@@ -1,0 +1,450 @@
+// Fused packed two-span attention on the CPU: the body, compiled once per instruction set.
+//
+// attention.cc includes this file inside a namespace per target (AVX-512, AVX2+FMA, baseline)
+// and dispatches at run time, so one build runs everywhere and uses the widest vectors there.
+// It expects the standard headers and <immintrin.h> to be included already, `Problem`,
+// `Vectors` and `parallel_for` declared in the enclosing scope, and PACKED_ATTENTION_BF16
+// defined: 1 compiles the AVX512-BF16 dot-product path for bf16 inputs.
+//
+// Layout: q [T, H, D], k and v [T, Hkv, D] row-major (bf16 or f32), out like q. Work items are
+// (query tile of `tile_tokens` tokens, kv head); a work item's rows are its tokens times the G
+// query heads of that kv head. Scores never leave a 64-key tile held in cache: QK^T, the mask,
+// an online softmax (exp2 with log2(e) folded into the query scale) and PV are fused per tile.
+
+typedef float vf __attribute__((vector_size(64)));  // 16 f32 lanes, split by narrower targets
+typedef int32_t vi __attribute__((vector_size(64)));
+
+constexpr int kLanes = 16;
+constexpr int kKeyTile = 64;
+constexpr int kKeyVecs = kKeyTile / kLanes;
+
+inline vf splat(float x) { return vf{} + x; }
+
+// 2^x for x <= 0 (scores minus their running max), exact 0 below -126.
+inline vf exp2_nonpositive(vf x) {
+  const vf magic = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
+  vf clamped = x < splat(-126.0f) ? splat(-126.0f) : x;
+  vf shifted = clamped + magic;
+  vf n = shifted - magic;
+  vf r = clamped - n;  // [-0.5, 0.5]
+  // Taylor series of 2^r = e^(r ln 2) to degree 6: relative error < 2e-7 on [-0.5, 0.5].
+  vf p = splat(1.5252733804059840e-5f);
+  p = p * r + splat(1.5403530393381608e-4f);
+  p = p * r + splat(1.3333558146428443e-3f);
+  p = p * r + splat(9.6181291076284772e-3f);
+  p = p * r + splat(5.5504108664821580e-2f);
+  p = p * r + splat(2.4022650695910071e-1f);
+  p = p * r + splat(6.9314718055994531e-1f);
+  p = p * r + splat(1.0f);
+  vi bits;
+  std::memcpy(&bits, &shifted, sizeof bits);
+  vi magic_bits;
+  std::memcpy(&magic_bits, &magic, sizeof magic_bits);
+  vi scale_bits = ((bits - magic_bits) + 127) << 23;
+  vf scale;
+  std::memcpy(&scale, &scale_bits, sizeof scale);
+  return x < splat(-126.0f) ? splat(0.0f) : p * scale;
+}
+
+#if defined(__AVX512F__)
+inline float hmax(vf x) { return _mm512_reduce_max_ps((__m512)x); }
+inline float hsum(vf x) { return _mm512_reduce_add_ps((__m512)x); }
+#else
+inline float hmax(vf x) {
+  float m = x[0];
+  for (int i = 1; i < kLanes; ++i) m = std::max(m, x[i]);
+  return m;
+}
+
+inline float hsum(vf x) {
+  float s = 0.0f;
+  for (int i = 0; i < kLanes; ++i) s += x[i];
+  return s;
+}
+#endif
+
+// scores[r][0..64) = q_rows[r] . kt[.][0..64) for rows [0, rows), rows a multiple of 4.
+template <int D>
+void tile_scores(const float* q_rows, const vf* kt, int rows, vf* scores) {
+  for (int r = 0; r < rows; r += 4) {
+    vf acc[4][kKeyVecs] = {};
+    const float* q = q_rows + r * D;
+    for (int d = 0; d < D; ++d) {
+      const vf* key = kt + d * kKeyVecs;
+      for (int i = 0; i < 4; ++i) {
+        float qv = q[i * D + d];
+        for (int c = 0; c < kKeyVecs; ++c) acc[i][c] += qv * key[c];
+      }
+    }
+    for (int i = 0; i < 4; ++i)
+      for (int c = 0; c < kKeyVecs; ++c) scores[(r + i) * kKeyVecs + c] = acc[i][c];
+  }
+}
+
+// out[r] = out[r] * alpha[r] + probs[r] . v_tile for rows [0, rows).
+template <int D>
+void tile_values(const vf* probs, const vf* v_tile, const float* alpha, int rows, vf* out) {
+  constexpr int kVecs = D / kLanes;
+  constexpr int kRows = kVecs >= 8 ? 2 : 4;  // keeps the accumulators in registers
+  for (int r = 0; r < rows; r += kRows) {
+    vf acc[kRows][kVecs];
+    for (int i = 0; i < kRows; ++i)
+      for (int c = 0; c < kVecs; ++c) acc[i][c] = out[(r + i) * kVecs + c] * alpha[r + i];
+    const float* p = reinterpret_cast<const float*>(probs + r * kKeyVecs);
+    for (int key = 0; key < kKeyTile; ++key) {
+      const vf* value = v_tile + key * kVecs;
+      for (int i = 0; i < kRows; ++i) {
+        float pv = p[i * kKeyTile + key];
+        for (int c = 0; c < kVecs; ++c) acc[i][c] += pv * value[c];
+      }
+    }
+    for (int i = 0; i < kRows; ++i)
+      for (int c = 0; c < kVecs; ++c) out[(r + i) * kVecs + c] = acc[i][c];
+  }
+}
+
+enum class Visible { kNone, kPartial, kAll };
+
+inline Visible classify(const Problem& p, int token, int key0) {
+  int key1 = key0 + kKeyTile;  // exclusive
+  int ps = p.prefix_start[token], pe = p.prefix_end[token], os = p.own_start[token];
+  bool prefix_all = ps <= key0 && key1 <= pe;
+  bool own_all = os <= key0 && key1 - 1 <= token;
+  if (prefix_all || own_all) return Visible::kAll;
+  bool prefix_any = ps < pe && ps < key1 && key0 < pe;
+  bool own_any = os < key1 && key0 <= token;
+  return prefix_any || own_any ? Visible::kPartial : Visible::kNone;
+}
+
+inline void mask_row(const Problem& p, int token, int key0, vf* row) {
+  const vi lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  int ps = p.prefix_start[token], pe = p.prefix_end[token], os = p.own_start[token];
+  for (int c = 0; c < kKeyVecs; ++c) {
+    vi key = lane + (key0 + c * kLanes);
+    vi visible = ((key >= ps) & (key < pe)) | ((key >= os) & (key <= token));
+    row[c] = visible ? row[c] : splat(-INFINITY);
+  }
+}
+
+// Ascending key tiles any token of [tok0, tok1) sees.
+inline void visited_tiles(const Problem& p, int tok0, int tok1, std::vector<int>* tiles,
+                          std::vector<std::pair<int, int>>* spans) {
+  spans->clear();
+  for (int t = tok0; t < tok1; ++t) {
+    spans->emplace_back(p.own_start[t], t + 1);
+    if (p.prefix_end[t] > p.prefix_start[t])
+      spans->emplace_back(p.prefix_start[t], p.prefix_end[t]);
+  }
+  std::sort(spans->begin(), spans->end());
+  tiles->clear();
+  for (const auto& [lo, hi] : *spans) {
+    int first = lo / kKeyTile, last = (hi - 1) / kKeyTile;
+    if (!tiles->empty()) first = std::max(first, tiles->back() + 1);
+    for (int tile = first; tile <= last; ++tile) tiles->push_back(tile);
+  }
+}
+
+template <typename In>
+inline float load(const In* x, int64_t i) {
+  if constexpr (sizeof(In) == 2) {
+    uint32_t bits = uint32_t(x[i]) << 16;
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+  } else {
+    return x[i];
+  }
+}
+
+template <typename In>
+inline void store(In* x, int64_t i, float f) {
+  if constexpr (sizeof(In) == 2) {
+    uint32_t bits;
+    std::memcpy(&bits, &f, sizeof bits);
+    bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even (inputs are finite)
+    x[i] = In(bits >> 16);
+  } else {
+    x[i] = f;
+  }
+}
+
+// K/V prepared as f32 tiles and the f32 FMA tile kernels: every target, every dtype.
+template <typename In, int D>
+struct F32Tiles {
+  using QueryWord = float;
+  static constexpr int kQueryWords = D;
+  static constexpr int kVecs = D / kLanes;
+  int k_tiles = 0;
+  Vectors kt, vt;  // kt[g][tile][d][64] (transposed for the score kernel), vt[g][tile][64][d]
+
+  void prepare(const Problem& p, const In* k, const In* v) {
+    k_tiles = (p.tokens + kKeyTile - 1) / kKeyTile;
+    size_t vecs = size_t(p.kv_heads) * k_tiles * kKeyTile * D / kLanes;
+    kt.resize(vecs);
+    vt.resize(vecs);
+    parallel_for(p.kv_heads * k_tiles, [&](int item) {
+      int g = item / k_tiles, tile = item % k_tiles;
+      float* kt_tile = kt.as<float>() + (int64_t(g) * k_tiles + tile) * D * kKeyTile;
+      float* v_tile = vt.as<float>() + (int64_t(g) * k_tiles + tile) * kKeyTile * D;
+      for (int j = 0; j < kKeyTile; ++j) {
+        int key = tile * kKeyTile + j;
+        int64_t base = (int64_t(key) * p.kv_heads + g) * D;
+        for (int d = 0; d < D; ++d) {
+          kt_tile[d * kKeyTile + j] = key < p.tokens ? load(k, base + d) : 0.0f;
+          v_tile[j * D + d] = key < p.tokens ? load(v, base + d) : 0.0f;
+        }
+      }
+    });
+  }
+
+  // Query rows scaled into log2 units; q_rows holds `padded` rows of D floats.
+  void load_queries(const Problem& p, const In* q, int tok0, int tok1, int g, int group,
+                    std::vector<float>* q_rows) const {
+    const float q_scale = p.scale * 1.4426950408889634f;
+    for (int t = tok0; t < tok1; ++t)
+      for (int i = 0; i < group; ++i) {
+        int64_t base = (int64_t(t) * p.heads + g * group + i) * D;
+        float* row = q_rows->data() + ((t - tok0) * group + i) * D;
+        for (int d = 0; d < D; ++d) row[d] = load(q, base + d) * q_scale;
+      }
+  }
+
+  void scores(const std::vector<float>& q_rows, int g, int tile, int rows, vf* score) const {
+    const vf* kt_tile = kt.as<vf>() + (int64_t(g) * k_tiles + tile) * D * kKeyVecs;
+    tile_scores<D>(q_rows.data(), kt_tile, rows, score);
+  }
+
+  void values(const vf* probs, const float* alpha, int g, int tile, int rows, vf* out) const {
+    const vf* v_tile = vt.as<vf>() + (int64_t(g) * k_tiles + tile) * kKeyTile * kVecs;
+    tile_values<D>(probs, v_tile, alpha, rows, out);
+  }
+};
+
+#if PACKED_ATTENTION_BF16
+// bf16 K/V kept in bf16 and multiplied with AVX512-BF16 dot products (two products per f32 lane
+// per instruction), accumulating in f32. Probabilities are rounded to bf16 for PV, as the XLA
+// kernel does; scores, softmax and sums stay f32.
+template <int D>
+struct Bf16Tiles {
+  static constexpr int kVecs = D / kLanes;
+  static constexpr int kPairs = D / 2;
+  using QueryWord = uint32_t;
+  static constexpr int kQueryWords = kPairs;
+  int k_tiles = 0;
+  float score_scale = 0.0f;
+  // kp[g][tile][D/2][64]: the 32-bit (d, d+1) pair of each key; vp[g][tile][32][D][2]: the
+  // (2k, 2k+1) key pair of each dimension.
+  Vectors kp, vp;
+
+  void prepare(const Problem& p, const uint16_t* k, const uint16_t* v) {
+    k_tiles = (p.tokens + kKeyTile - 1) / kKeyTile;
+    score_scale = p.scale * 1.4426950408889634f;
+    size_t vecs = size_t(p.kv_heads) * k_tiles * kKeyTile * D / (2 * kLanes);
+    kp.resize(vecs);
+    vp.resize(vecs);
+    parallel_for(p.kv_heads * k_tiles, [&](int item) {
+      int g = item / k_tiles, tile = item % k_tiles;
+      uint32_t* kp_tile = kp.as<uint32_t>() + (int64_t(g) * k_tiles + tile) * kPairs * kKeyTile;
+      uint16_t* vp_tile = vp.as<uint16_t>() + (int64_t(g) * k_tiles + tile) * kKeyTile * D;
+      for (int j = 0; j < kKeyTile; ++j) {
+        int key = tile * kKeyTile + j;
+        int64_t base = (int64_t(key) * p.kv_heads + g) * D;
+        for (int dp = 0; dp < kPairs; ++dp) {
+          uint32_t pair = 0;
+          if (key < p.tokens) std::memcpy(&pair, k + base + 2 * dp, sizeof pair);
+          kp_tile[dp * kKeyTile + j] = pair;
+        }
+        for (int d = 0; d < D; ++d)
+          vp_tile[((j / 2) * D + d) * 2 + (j % 2)] = key < p.tokens ? v[base + d] : 0;
+      }
+    });
+  }
+
+  // Query rows as raw bf16 (D/2 pairs each); the scale is applied to the f32 scores.
+  void load_queries(const Problem& p, const uint16_t* q, int tok0, int tok1, int g, int group,
+                    std::vector<uint32_t>* q_rows) const {
+    for (int t = tok0; t < tok1; ++t)
+      for (int i = 0; i < group; ++i) {
+        int64_t base = (int64_t(t) * p.heads + g * group + i) * D;
+        std::memcpy(q_rows->data() + ((t - tok0) * group + i) * kPairs, q + base, D * 2);
+      }
+  }
+
+  void scores(const std::vector<uint32_t>& q_rows, int g, int tile, int rows, vf* score) const {
+    const __m512bh* keys = kp.as<__m512bh>() + (int64_t(g) * k_tiles + tile) * kPairs * kKeyVecs;
+    const __m512 scale = _mm512_set1_ps(score_scale);
+    for (int r = 0; r < rows; r += 4) {
+      __m512 acc[4][kKeyVecs];
+      for (int i = 0; i < 4; ++i)
+        for (int c = 0; c < kKeyVecs; ++c) acc[i][c] = _mm512_setzero_ps();
+      const uint32_t* q = q_rows.data() + r * kPairs;
+      for (int dp = 0; dp < kPairs; ++dp) {
+        const __m512bh* key = keys + dp * kKeyVecs;
+        for (int i = 0; i < 4; ++i) {
+          __m512bh qv = (__m512bh)_mm512_set1_epi32(int(q[i * kPairs + dp]));
+          for (int c = 0; c < kKeyVecs; ++c) acc[i][c] = _mm512_dpbf16_ps(acc[i][c], key[c], qv);
+        }
+      }
+      for (int i = 0; i < 4; ++i)
+        for (int c = 0; c < kKeyVecs; ++c)
+          score[(r + i) * kKeyVecs + c] = (vf)_mm512_mul_ps(acc[i][c], scale);
+    }
+  }
+
+  void values(const vf* probs, const float* alpha, int g, int tile, int rows, vf* out) const {
+    constexpr int kRows = kVecs >= 8 ? 2 : 4;
+    const __m512bh* vals = vp.as<__m512bh>() + (int64_t(g) * k_tiles + tile) * kKeyTile * kVecs / 2;
+    thread_local std::vector<uint32_t> p16;  // [rows][32] bf16 probability pairs
+    p16.resize(size_t(rows) * kKeyTile / 2);
+    for (int r = 0; r < rows; ++r)
+      for (int c = 0; c < kKeyVecs; ++c) {
+        __m256bh half = _mm512_cvtneps_pbh((__m512)probs[r * kKeyVecs + c]);
+        std::memcpy(p16.data() + r * kKeyTile / 2 + c * kLanes / 2, &half, sizeof half);
+      }
+    for (int r = 0; r < rows; r += kRows) {
+      __m512 acc[kRows][kVecs];
+      for (int i = 0; i < kRows; ++i)
+        for (int c = 0; c < kVecs; ++c)
+          acc[i][c] = (__m512)(out[(r + i) * kVecs + c] * alpha[r + i]);
+      for (int kp2 = 0; kp2 < kKeyTile / 2; ++kp2) {
+        const __m512bh* value = vals + kp2 * kVecs;
+        for (int i = 0; i < kRows; ++i) {
+          __m512bh pv = (__m512bh)_mm512_set1_epi32(int(p16[(r + i) * kKeyTile / 2 + kp2]));
+          for (int c = 0; c < kVecs; ++c) acc[i][c] = _mm512_dpbf16_ps(acc[i][c], value[c], pv);
+        }
+      }
+      for (int i = 0; i < kRows; ++i)
+        for (int c = 0; c < kVecs; ++c) out[(r + i) * kVecs + c] = (vf)acc[i][c];
+    }
+  }
+};
+#endif
+
+// Online-softmax step of one key tile: scores become probabilities (masked keys 0), alpha the
+// rescale of each row's accumulator; rows [rows, padded) get zeros and alpha 1. `tile_max` is
+// scratch of `padded` rounded up to 16 floats.
+inline void softmax_tile(const Problem& p, int tok0, int tok1, int group, int key0, int padded,
+                         vf* score, float* row_max, float* row_sum, float* alpha,
+                         float* tile_max) {
+  const int rows = (tok1 - tok0) * group;
+  for (int r = rows; r < padded; ++r)
+    for (int c = 0; c < kKeyVecs; ++c) score[r * kKeyVecs + c] = vf{};
+  // Pass 1: mask, and the new running max of every row (unchanged for rows seeing nothing).
+  for (int t = tok0; t < tok1; ++t) {
+    Visible seen = classify(p, t, key0);
+    for (int i = 0; i < group; ++i) {
+      int r = (t - tok0) * group + i;
+      vf* s = score + r * kKeyVecs;
+      if (seen == Visible::kNone) {
+        tile_max[r] = NAN;  // marks the row: no keys here
+        continue;
+      }
+      if (seen == Visible::kPartial) mask_row(p, t, key0, s);
+      vf m = s[0];
+      for (int c = 1; c < kKeyVecs; ++c) m = m > s[c] ? m : s[c];
+      tile_max[r] = std::max(row_max[r], hmax(m));
+    }
+  }
+  // Pass 2: alpha = 2^(old max - new max) for 16 rows at a time (0 while the old max is -inf).
+  for (int r = 0; r < rows; r += kLanes) {
+    vf old_max, new_max;
+    std::memcpy(&old_max, row_max + r, sizeof old_max);
+    std::memcpy(&new_max, tile_max + r, sizeof new_max);
+    vf a = exp2_nonpositive(old_max - new_max);
+    std::memcpy(alpha + r, &a, sizeof a);
+  }
+  // Pass 3: probabilities and running sums.
+  for (int r = 0; r < padded; ++r) {
+    vf* s = score + r * kKeyVecs;
+    if (r >= rows || std::isnan(tile_max[r])) {
+      for (int c = 0; c < kKeyVecs; ++c) s[c] = vf{};
+      alpha[r] = 1.0f;
+      continue;
+    }
+    float m = tile_max[r];
+    vf sum{};
+    for (int c = 0; c < kKeyVecs; ++c) {
+      s[c] = exp2_nonpositive(s[c] - m);
+      sum += s[c];
+    }
+    row_sum[r] = row_sum[r] * alpha[r] + hsum(sum);
+    row_max[r] = m;
+  }
+}
+
+// One work item per (query tile, kv head); `Tiles` supplies the score and value kernels.
+template <typename In, int D, typename Tiles>
+void attend(const Problem& p, const In* q, const Tiles& tiles, In* out) {
+  using QueryWord = typename Tiles::QueryWord;
+  constexpr int kVecs = D / kLanes;
+  constexpr int kWords = Tiles::kQueryWords;
+  const int group = p.heads / p.kv_heads;
+  const int tile_tokens = std::max(1, 64 / group);
+  const int q_tiles = (p.tokens + tile_tokens - 1) / tile_tokens;
+  const int max_rows = (tile_tokens * group + 3) / 4 * 4;
+  parallel_for(q_tiles * p.kv_heads, [&](int item) {
+    int g = item % p.kv_heads;
+    int tok0 = (item / p.kv_heads) * tile_tokens;
+    int tok1 = std::min(p.tokens, tok0 + tile_tokens);
+    int padded = ((tok1 - tok0) * group + 3) / 4 * 4;
+    thread_local std::vector<QueryWord> q_rows;
+    thread_local std::vector<float> row_max, row_sum, alpha, tile_max;
+    thread_local Vectors scores, acc;
+    thread_local std::vector<int> visited;
+    thread_local std::vector<std::pair<int, int>> spans;
+    q_rows.assign(size_t(max_rows) * kWords, QueryWord{});
+    row_max.assign(max_rows + kLanes, -INFINITY);
+    row_sum.assign(max_rows, 0.0f);
+    alpha.assign(max_rows + kLanes, 1.0f);
+    tile_max.assign(max_rows + kLanes, 0.0f);
+    scores.resize(size_t(max_rows) * kKeyVecs);
+    acc.resize(size_t(max_rows) * kVecs);
+    vf* const score = scores.as<vf>();
+    vf* const out_rows = acc.as<vf>();
+    std::fill(out_rows, out_rows + acc.size(), vf{});
+    // Row r = (token - tok0) * group + i holds query head g * group + i of that token.
+    tiles.load_queries(p, q, tok0, tok1, g, group, &q_rows);
+    visited_tiles(p, tok0, tok1, &visited, &spans);
+    for (int tile : visited) {
+      tiles.scores(q_rows, g, tile, padded, score);
+      softmax_tile(p, tok0, tok1, group, tile * kKeyTile, padded, score, row_max.data(),
+                   row_sum.data(), alpha.data(), tile_max.data());
+      tiles.values(score, alpha.data(), g, tile, padded, out_rows);
+    }
+    for (int t = tok0; t < tok1; ++t)
+      for (int i = 0; i < group; ++i) {
+        int r = (t - tok0) * group + i;
+        int64_t base = (int64_t(t) * p.heads + g * group + i) * D;
+        const float* o = reinterpret_cast<const float*>(out_rows + r * kVecs);
+        float inv = 1.0f / row_sum[r];
+        for (int d = 0; d < D; ++d) store(out, base + d, o[d] * inv);
+      }
+  });
+}
+
+template <typename In, int D>
+void run_head_dim(const Problem& p, const In* q, const In* k, const In* v, In* out) {
+#if PACKED_ATTENTION_BF16
+  if constexpr (sizeof(In) == 2) {
+    Bf16Tiles<D> tiles;
+    tiles.prepare(p, k, v);
+    attend<In, D>(p, q, tiles, out);
+    return;
+  }
+#endif
+  F32Tiles<In, D> tiles;
+  tiles.prepare(p, k, v);
+  attend<In, D>(p, q, tiles, out);
+}
+
+template <typename In>
+bool run(const Problem& p, const In* q, const In* k, const In* v, In* out) {
+  if (p.head_dim == 64) {
+    run_head_dim<In, 64>(p, q, k, v, out);
+  } else if (p.head_dim == 128) {
+    run_head_dim<In, 128>(p, q, k, v, out);
+  } else {
+    return false;
+  }
+  return true;
+}

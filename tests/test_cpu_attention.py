@@ -1,0 +1,160 @@
+"""The native CPU attention kernel against the dense oracle, in every instruction-set build."""
+
+import hypothesis.strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+
+from kernels import (
+    ATTENTION,
+    attention_reference,
+    attention_xla,
+    cpu,
+    make_meta,
+    select_attention,
+)
+from tests.test_attention import SCENARIOS, TOLERANCE, layout_meta, layout_spans, random_qkv
+
+pytestmark = pytest.mark.skipif(not cpu.AVAILABLE, reason="native CPU attention not built")
+
+ISAS = cpu.available_isas() if cpu.AVAILABLE else ()
+
+
+@pytest.fixture(params=ISAS)
+def isa(request):
+    cpu.set_isa(request.param)
+    yield request.param
+    cpu.set_isa(None)
+
+
+@jax.jit
+def run_cpu(q, k, v, meta):
+    return cpu.attention_cpu(q, k, v, meta, scale=q.shape[-1] ** -0.5)
+
+
+@jax.jit
+def run_reference(q, k, v, meta):
+    return attention_reference(q, k, v, meta, scale=q.shape[-1] ** -0.5)
+
+
+def assert_matches_reference(q, k, v, meta) -> np.ndarray:
+    got = run_cpu(q, k, v, meta)
+    assert got.shape == q.shape
+    assert got.dtype == q.dtype
+    want = run_reference(q, k, v, meta)
+    tol = TOLERANCE[q.dtype.type]
+    got = np.asarray(got, np.float32)
+    np.testing.assert_allclose(got, np.asarray(want, np.float32), atol=tol, rtol=tol)
+    return got
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_matches_reference(isa: str, scenario: str, dtype) -> None:
+    groups, extra_pad, block, heads, kv_heads, head_dim = SCENARIOS[scenario]
+    meta = layout_meta(groups, block, extra_pad)
+    q, k, v = random_qkv(meta.prefix_start.shape[0], heads, kv_heads, head_dim, dtype)
+    assert_matches_reference(q, k, v, meta)
+
+
+@pytest.mark.parametrize(
+    "heads,kv_heads,head_dim",
+    [(14, 2, 64), (16, 8, 128), (4, 4, 64), (32, 1, 128)],
+    ids=["gqa7", "qwen3", "mha", "mqa32"],
+)
+def test_head_layouts_and_ragged_token_count(heads: int, kv_heads: int, head_dim: int) -> None:
+    # 150 tokens: not a multiple of the 64-key tile nor of the query tile (64 // group tokens);
+    # a 70-token prefix crosses a tile edge, and items cross both tile grids.
+    meta = layout_meta([(70, [9, 30, 1, 17]), (0, [23])], 1)
+    assert meta.prefix_start.shape[0] == 150
+    for dtype in (jnp.float32, jnp.bfloat16):
+        q, k, v = random_qkv(150, heads, kv_heads, head_dim, dtype, seed=heads)
+        assert_matches_reference(q, k, v, meta)
+
+
+def test_long_prefix_bf16_matches_f32_kernel() -> None:
+    # A 700-token prefix shared by 40 items: the online softmax runs over 12 key tiles.
+    meta = layout_meta([(700, [8] * 40)], 64)
+    q, k, v = random_qkv(meta.prefix_start.shape[0], 9, 3, 64, jnp.float32, seed=5)
+    f32 = assert_matches_reference(q, k, v, meta)
+    bf16 = np.asarray(run_cpu(*(x.astype(jnp.bfloat16) for x in (q, k, v)), meta), np.float32)
+    np.testing.assert_allclose(bf16, f32, atol=3e-2)
+
+
+def test_padding_rows_attend_only_to_themselves() -> None:
+    meta = layout_meta([(10, [3, 4])], 16, extra_pad=40)
+    t = meta.prefix_start.shape[0]
+    q, k, v = random_qkv(t, 6, 2, 64, jnp.float32, seed=2)
+    out = np.asarray(run_cpu(q, k, v, meta))
+    padding = np.arange(17, t)
+    expected = np.repeat(np.asarray(v)[padding], 3, axis=1)  # query head h reads kv head h // 3
+    np.testing.assert_allclose(out[padding], expected, atol=1e-6)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    groups=st.lists(
+        st.tuples(st.integers(0, 90), st.lists(st.integers(1, 40), min_size=0, max_size=5)),
+        min_size=1,
+        max_size=4,
+    ),
+    seed=st.integers(0, 2**16),
+)
+def test_random_packings(groups, seed: int) -> None:
+    # Fixed T keeps one compiled shape; groups that do not fit are dropped.
+    t, kept, used = 256, [], 0
+    for prefix_len, items in groups:
+        size = prefix_len + sum(items)
+        if 0 < size <= t - used:
+            kept.append((prefix_len, items))
+            used += size
+    spans = layout_spans(kept or [(0, [1])], t, extra_pad=1)
+    meta = make_meta(*spans, block_size=64, width_buckets=(t // 64,))
+    q, k, v = random_qkv(t, 6, 2, 64, jnp.float32, seed=seed)
+    assert_matches_reference(q, k, v, meta)
+
+
+def test_threads_do_not_change_results() -> None:
+    meta = layout_meta([(40, [7] * 20), (0, [50])], 64)
+    q, k, v = random_qkv(meta.prefix_start.shape[0], 9, 3, 64, jnp.bfloat16, seed=4)
+    many = np.asarray(run_cpu(q, k, v, meta), np.float32)
+    cpu.set_threads(1)
+    try:
+        one = np.asarray(run_cpu(q, k, v, meta), np.float32)
+    finally:
+        cpu.set_threads(0)
+    np.testing.assert_array_equal(one, many)
+
+
+def test_isa_knobs() -> None:
+    assert "portable" in ISAS
+    cpu.set_isa("portable")
+    try:
+        assert cpu.isa() == "portable"
+    finally:
+        cpu.set_isa(None)
+    assert cpu.isa() == ISAS[-1]
+    with pytest.raises(ValueError, match="isa must be one of"):
+        cpu.set_isa("sse9")
+    with pytest.raises(ValueError, match="threads must be >= 0"):
+        cpu.set_threads(-1)
+
+
+def test_unsupported_inputs_are_refused() -> None:
+    meta = layout_meta([(0, [64])], 64)
+    q, k, v = random_qkv(64, 2, 1, 32, jnp.float32)
+    with pytest.raises(ValueError, match="head_dim in \\(64, 128\\)"):
+        cpu.attention_cpu(q, k, v, meta, scale=1.0)
+    assert not cpu.supports(32, jnp.float32)
+    assert not cpu.supports(64, jnp.float16)
+    assert cpu.supports(128, jnp.bfloat16)
+
+
+def test_selected_by_default_on_cpu_when_supported() -> None:
+    assert ATTENTION["cpu"] is cpu.attention_cpu
+    assert select_attention(None, "cpu", head_dim=64, dtype=jnp.bfloat16) is cpu.attention_cpu
+    assert select_attention(None, "cpu", head_dim=80, dtype=jnp.bfloat16) is attention_xla
+    assert select_attention(None, "gpu", head_dim=64, dtype=jnp.bfloat16) is attention_xla
+    assert select_attention("xla", "cpu", head_dim=64, dtype=jnp.float32) is attention_xla
