@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <new>
 #include <string>
 #include <thread>
@@ -68,19 +70,50 @@ class Vectors {
   size_t size_ = 0, capacity_ = 0;
 };
 
-// Runs fn(0..n) on up to thread_count() threads pulling items from a shared counter.
+// XLA's intra-op thread pool for the call running on this thread (null outside a call).
+thread_local ffi::ThreadPool* t_pool = nullptr;
+
+// Work shared by the caller and the pool tasks. Tasks hold it by shared_ptr: one that starts
+// after all items are claimed touches nothing else, so the caller never waits for a task to
+// start, only for claimed items to finish.
+struct Shared {
+  std::atomic<int> next{0};
+  std::atomic<int> done{0};
+  int n = 0;
+  std::function<void(int)> fn;
+
+  void work() {
+    for (int i = next++; i < n; i = next++) {
+      fn(i);
+      done.fetch_add(1, std::memory_order_release);
+    }
+  }
+};
+
+// Runs fn(0..n) on the calling thread and up to thread_count() - 1 tasks of XLA's pool (or
+// plain threads when there is no pool).
 template <typename Fn>
 void parallel_for(int n, const Fn& fn) {
-  std::atomic<int> next{0};
-  auto worker = [&] {
-    for (int i = next++; i < n; i = next++) fn(i);
-  };
   int helpers = std::min(thread_count(), n) - 1;
-  std::vector<std::thread> pool;
-  pool.reserve(std::max(helpers, 0));
-  for (int h = 0; h < helpers; ++h) pool.emplace_back(worker);
-  worker();
-  for (auto& t : pool) t.join();
+  if (t_pool != nullptr) helpers = std::min<int64_t>(helpers, t_pool->num_threads());
+  if (helpers <= 0) {
+    for (int i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  auto shared = std::make_shared<Shared>();
+  shared->n = n;
+  shared->fn = [&fn](int i) { fn(i); };
+  std::vector<std::thread> threads;
+  for (int h = 0; h < helpers; ++h) {
+    if (t_pool != nullptr) {
+      t_pool->Schedule([shared] { shared->work(); });
+    } else {
+      threads.emplace_back([shared] { shared->work(); });
+    }
+  }
+  shared->work();
+  while (shared->done.load(std::memory_order_acquire) < n) std::this_thread::yield();
+  for (auto& t : threads) t.join();
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -167,7 +200,11 @@ std::string shape_error(const char* what, const ffi::AnyBuffer& buffer) {
 ffi::Error Attention(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                      ffi::Buffer<ffi::S32> prefix_start, ffi::Buffer<ffi::S32> prefix_end,
                      ffi::Buffer<ffi::S32> own_start, ffi::Result<ffi::AnyBuffer> out,
-                     float scale) {
+                     float scale, ffi::ThreadPool pool) {
+  t_pool = &pool;
+  struct Reset {
+    ~Reset() { t_pool = nullptr; }
+  } reset;
   auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
   if (qd.size() != 3) return ffi::Error::InvalidArgument(shape_error("q", q));
   if (kd.size() != 3 || kd[0] != qd[0] || kd[2] != qd[2] || qd[1] % kd[1] != 0)
@@ -211,7 +248,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PackedAttentionHandler, packed_attention::Attentio
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::AnyBuffer>()
-                                  .Attr<float>("scale"));
+                                  .Attr<float>("scale")
+                                  .Ctx<ffi::ThreadPool>());
 
 void* packed_attention_handler() { return reinterpret_cast<void*>(&PackedAttentionHandler); }
 

@@ -80,10 +80,18 @@ class Buckets(NamedTuple):
 
 
 def default_buckets(max_tokens: int, block_size: int = 64) -> Buckets:
-    """Power-of-two token buckets from `2 * block_size` up to covering `max_tokens`."""
+    """Token buckets from `2 * block_size` up to covering `max_tokens`.
+
+    Powers of two up to 1024 tokens, then four per octave (P, 5P/4, 3P/2, 7P/4), so a large batch
+    pads by at most a fifth and usually by far less; small batches are cheap either way. Each
+    bucket is a multiple of `block_size`.
+    """
     tokens = [block_size * 2]
     while tokens[-1] < max_tokens:
-        tokens.append(tokens[-1] * 2)
+        last = tokens[-1]
+        octave = 1 << (last.bit_length() - 1)  # the power of two at or below `last`
+        step = octave // 4 if octave >= 1024 else octave
+        tokens.append(-(-(last + step) // block_size) * block_size)
     return Buckets(block_size, tuple(tokens))
 
 
@@ -128,13 +136,30 @@ def plan_batches(
 
 
 def plan(seqs: Sequence[Tokens], *, token_budget: int, buckets: Buckets) -> list[list[Chunk]]:
-    """Group sequences by shared prefix, then split them into batches that fit the grid."""
-    return plan_batches(
-        group_by_prefix(seqs),
-        [len(s) for s in seqs],
-        token_budget=token_budget,
-        max_rows=buckets.max_rows,
-    )
+    """Group sequences by shared prefix, then split them into batches that fit the grid.
+
+    Batches fill up to `token_budget` in order. The last one is re-split when two batches in
+    smaller buckets compute fewer tokens (prefixes repeated included) than its own padded bucket.
+    """
+    groups = group_by_prefix(seqs)
+    lengths = [len(s) for s in seqs]
+    batches = plan_batches(groups, lengths, token_budget=token_budget, max_rows=buckets.max_rows)
+    return batches[:-1] + _split_last(batches[-1], seqs, buckets) if batches else batches
+
+
+def _split_last(batch: list[Chunk], seqs: Sequence[Tokens], buckets: Buckets) -> list[list[Chunk]]:
+    """`batch`, or the same members in two batches when that pads to fewer tokens."""
+    real = real_tokens(batch, seqs)
+    padded = pick_bucket(buckets.tokens, real)
+    smaller = [t for t in buckets.tokens if t < real]
+    if not smaller or padded - real <= real // 32:
+        return [batch]
+    lengths = [len(s) for s in seqs]
+    split = plan_batches(batch, lengths, token_budget=smaller[-1], max_rows=buckets.max_rows)
+    if len(split) != 2:
+        return [batch]
+    cost = sum(pick_bucket(buckets.tokens, real_tokens(b, seqs)) for b in split)
+    return split if cost < padded else [batch]
 
 
 def real_tokens(chunks: Sequence[Chunk], seqs: Sequence[Tokens]) -> int:

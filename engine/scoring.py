@@ -16,10 +16,6 @@ from kernels import select_attention
 
 DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
 DEFAULT_TOKEN_BUDGET = 8192
-# Rows per chunk of a layer's dense work by backend (see `decoder.map_rows`); measured on a
-# 2-core EPYC, 1024 rows ran the SmolLM2 MLP at ~700 GFLOP/s against ~400 unchunked at T=8192.
-# Accelerators want one large matmul: no chunking.
-DENSE_ROWS_BY_BACKEND = {"cpu": 100000}
 
 
 def load_model(
@@ -93,7 +89,6 @@ class ScoringModel:
                 cfg=self.config,
                 family=FAMILIES[self.config.family],
                 attention=self.attention,
-                max_rows=DENSE_ROWS_BY_BACKEND.get(jax.default_backend()),
             )
         )
 

@@ -1,5 +1,7 @@
 """Host packing: prefix grouping, batch planning, flat arrays; packed scores equal one-by-one."""
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -126,9 +128,32 @@ def test_grid_lists_the_programs_to_precompile():
     assert SHAPES.grid(16) == [(8, 1, 2), (8, 4, 2), (16, 2, 2), (16, 8, 2)]
     for max_tokens in (8192, 32768, 40960):
         grid = packing.default_buckets(max_tokens).grid(max_tokens)
-        assert len(grid) <= 30
+        assert len(grid) <= 3 * (4 + 4 * 6)  # 3 row buckets; <= 1024, then 4 per octave
         assert len(set(grid)) == len(grid)
         assert all(t % 64 == 0 and t <= max(max_tokens, 128) for t, _, _ in grid)
+
+
+def test_default_buckets_pad_large_batches_by_at_most_a_fifth():
+    tokens = packing.default_buckets(40960).tokens
+    assert tokens[:5] == (128, 256, 512, 1024, 1280)
+    assert tokens[-1] == 40960 and 8192 in tokens and 12288 in tokens
+    for small, large in itertools.pairwise(tokens):
+        assert large % 64 == 0
+        assert large <= small * 2 if small < 1024 else (large - small) * 5 <= large
+
+
+def test_plan_splits_a_badly_padded_last_batch():
+    # One group: a 40-token prefix and 60 items of 160 more = 9,640 tokens, which one batch
+    # would pad to 10,240 (6%): two batches, 8,192 + 1,792, compute fewer tokens.
+    seqs = [[1] * 40 + [2 + i] * 160 for i in range(60)]
+    buckets = packing.default_buckets(16384)
+    batches = packing.plan(seqs, token_budget=16384, buckets=buckets)
+    padded = [buckets.shape(packing.real_tokens(b, seqs), 1, 1)[0] for b in batches]
+    assert padded == [8192, 1792]
+    assert sorted(m for b in batches for c in b for m in c.members) == list(range(60))
+    # 63 items = 10,120 tokens pad to 10,240 (1.2%): one batch.
+    seqs = [[1] * 40 + [2 + i] * 160 for i in range(63)]
+    assert len(packing.plan(seqs, token_budget=16384, buckets=buckets)) == 1
 
 
 def test_pack_pads_to_the_bucket_shape_with_a_full_width_schedule():

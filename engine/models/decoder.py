@@ -6,7 +6,6 @@ the weights' dtype and accumulate in f32 (`preferred_element_type`), which on CP
 fast and the accurate path for bf16.
 """
 
-import functools
 import math
 from collections.abc import Callable
 from typing import NamedTuple
@@ -77,71 +76,27 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
-def row_chunk(tokens: int, limit: int | None) -> int:
-    """Rows per chunk of the dense work: the largest divisor of `tokens` up to `limit`."""
-    if limit is None or tokens <= limit:
-        return tokens
-    return max(d for d in range(1, limit + 1) if tokens % d == 0)
-
-
-def map_rows(fn: Callable, arrays: tuple, rows: int):
-    """`fn(*arrays)` computed `rows` leading rows at a time (arrays share their leading axis T).
-
-    On the CPU a [T, E] x [E, N] matmul with T in the thousands runs at about half the speed of
-    the same work in chunks of ~1024 rows, whose activations stay in cache; so the dense parts of
-    a layer (everything but attention, which needs all keys) run chunk by chunk.
-    """
-    t = arrays[0].shape[0]
-    if rows >= t:
-        return fn(*arrays)
-    chunked = tuple(a.reshape(t // rows, rows, *a.shape[1:]) for a in arrays)
-    out = jax.lax.map(lambda xs: fn(*xs), chunked)
-    return jax.tree.map(lambda a: a.reshape(t, *a.shape[2:]), out)
-
-
-def _layer(x, p, *, cfg: ModelConfig, family: Family, attention, meta, cos, sin, rows: int):
+def _layer(x, p, *, cfg: ModelConfig, family: Family, attention, meta, cos, sin):
+    t = x.shape[0]
+    q, k, v = family.project_qkv(rms_norm(x, p["attn_norm"], cfg.rms_norm_eps), p, cfg)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     dt = p["wo"].dtype
-
-    def project(x, cos, sin):  # [C, E] -> q [C, H, D], k and v [C, Hkv, D] in the weight dtype
-        q, k, v = family.project_qkv(rms_norm(x, p["attn_norm"], cfg.rms_norm_eps), p, cfg)
-        return apply_rope(q, cos, sin).astype(dt), apply_rope(k, cos, sin).astype(dt), v.astype(dt)
-
-    def mlp(x, o):  # [C, E] residual and [C, H, D] attention output -> [C, E]
-        x = x + matmul(o.reshape(o.shape[0], -1), p["wo"])
-        h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
-        return x + matmul(jax.nn.silu(matmul(h, p["w_gate"])) * matmul(h, p["w_up"]), p["w_down"])
-
-    q, k, v = map_rows(project, (x, cos, sin), rows)
-    o = attention(q, k, v, meta, scale=cfg.head_dim**-0.5)
-    return map_rows(mlp, (x, o), rows), None
+    o = attention(q.astype(dt), k.astype(dt), v.astype(dt), meta, scale=cfg.head_dim**-0.5)
+    x = x + matmul(o.reshape(t, -1), p["wo"])
+    h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
+    x = x + matmul(jax.nn.silu(matmul(h, p["w_gate"])) * matmul(h, p["w_up"]), p["w_down"])
+    return x, None
 
 
 def label_logprobs(
-    params: Params,
-    inputs: PackedInputs,
-    *,
-    cfg: ModelConfig,
-    family: Family,
-    attention,
-    max_rows: int | None = None,
+    params: Params, inputs: PackedInputs, *, cfg: ModelConfig, family: Family, attention
 ) -> jax.Array:
-    """Full-vocabulary log-probs f32[S, L] of `label_ids` at each score row.
-
-    `max_rows` bounds the rows of each chunk of a layer's dense work (None: no chunking).
-    """
+    """Full-vocabulary log-probs f32[S, L] of `label_ids` at each score row."""
     x = params["embed"][inputs.tokens].astype(jnp.float32)  # [T, E]
     angles = inputs.positions.astype(jnp.float32)[:, None] * rope_frequencies(cfg)  # [T, D/2]
     cos, sin = jnp.cos(angles)[:, None, :], jnp.sin(angles)[:, None, :]
-    rows = row_chunk(x.shape[0], max_rows)
-    layer = functools.partial(
-        _layer,
-        cfg=cfg,
-        family=family,
-        attention=attention,
-        meta=inputs.meta,
-        cos=cos,
-        sin=sin,
-        rows=rows,
+    layer = lambda x, p: _layer(
+        x, p, cfg=cfg, family=family, attention=attention, meta=inputs.meta, cos=cos, sin=sin
     )
     x, _ = jax.lax.scan(layer, x, params["layers"])
     h = rms_norm(x[inputs.score_rows], params["final_norm"], cfg.rms_norm_eps)  # [S, E]
