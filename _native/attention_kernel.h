@@ -2,7 +2,7 @@
 //
 // attention.cc includes this file inside a namespace per target (AVX-512, AVX2+FMA, baseline)
 // and dispatches at run time, so one build runs everywhere and uses the widest vectors there.
-// It expects the standard headers and <immintrin.h> to be included already, `Problem`,
+// It expects the standard headers (<type_traits> included) and <immintrin.h> to be included already, `Problem`,
 // `Vectors` and `parallel_for` declared in the enclosing scope, and PACKED_ATTENTION_BF16
 // defined: 1 compiles the AVX512-BF16 dot-product path for bf16 inputs.
 //
@@ -63,27 +63,46 @@ inline float hsum(vf x) {
 }
 #endif
 
-// scores[r][0..64) = q_rows[r] . kt[.][0..64) for rows [0, rows), rows a multiple of 4.
-template <int D>
-void tile_scores(const float* q_rows, const vf* kt, int rows, vf* scores) {
+// scores[r][16 c0 .. 16 (c0 + NV)) = q_rows[r] . kt[.][same keys] for rows [0, rows), rows a
+// multiple of 4. Keys outside the range are neither computed nor written.
+template <int D, int NV>
+void tile_scores(const float* q_rows, const vf* kt, int c0, int rows, vf* scores) {
   for (int r = 0; r < rows; r += 4) {
-    vf acc[4][kKeyVecs] = {};
+    vf acc[4][NV] = {};
     const float* q = q_rows + r * D;
     for (int d = 0; d < D; ++d) {
-      const vf* key = kt + d * kKeyVecs;
+      const vf* key = kt + d * kKeyVecs + c0;
       for (int i = 0; i < 4; ++i) {
         float qv = q[i * D + d];
-        for (int c = 0; c < kKeyVecs; ++c) acc[i][c] += qv * key[c];
+        for (int c = 0; c < NV; ++c) acc[i][c] += qv * key[c];
       }
     }
     for (int i = 0; i < 4; ++i)
-      for (int c = 0; c < kKeyVecs; ++c) scores[(r + i) * kKeyVecs + c] = acc[i][c];
+      for (int c = 0; c < NV; ++c) scores[(r + i) * kKeyVecs + c0 + c] = acc[i][c];
   }
 }
 
-// out[r] = out[r] * alpha[r] + probs[r] . v_tile for rows [0, rows).
+// Calls body(std::integral_constant<int, n>) for n = c1 - c0 in [1, 4]: the vector count of a
+// key range as a compile-time constant, so the accumulators stay in registers.
+template <typename Body>
+inline void with_vector_count(int n, const Body& body) {
+  switch (n) {
+    case 1:
+      return body(std::integral_constant<int, 1>{});
+    case 2:
+      return body(std::integral_constant<int, 2>{});
+    case 3:
+      return body(std::integral_constant<int, 3>{});
+    default:
+      return body(std::integral_constant<int, 4>{});
+  }
+}
+
+// out[r] = out[r] * alpha[r] + probs[r][keys] . v_tile[keys] for rows [0, rows), over the keys
+// of vectors [c0, c1).
 template <int D>
-void tile_values(const vf* probs, const vf* v_tile, const float* alpha, int rows, vf* out) {
+void tile_values(const vf* probs, const vf* v_tile, const float* alpha, int rows, int c0, int c1,
+                 vf* out) {
   constexpr int kVecs = D / kLanes;
   constexpr int kRows = kVecs >= 8 ? 2 : 4;  // keeps the accumulators in registers
   for (int r = 0; r < rows; r += kRows) {
@@ -91,7 +110,7 @@ void tile_values(const vf* probs, const vf* v_tile, const float* alpha, int rows
     for (int i = 0; i < kRows; ++i)
       for (int c = 0; c < kVecs; ++c) acc[i][c] = out[(r + i) * kVecs + c] * alpha[r + i];
     const float* p = reinterpret_cast<const float*>(probs + r * kKeyVecs);
-    for (int key = 0; key < kKeyTile; ++key) {
+    for (int key = c0 * kLanes; key < c1 * kLanes; ++key) {
       const vf* value = v_tile + key * kVecs;
       for (int i = 0; i < kRows; ++i) {
         float pv = p[i * kKeyTile + key];
@@ -116,14 +135,30 @@ inline Visible classify(const Problem& p, int token, int key0) {
   return prefix_any || own_any ? Visible::kPartial : Visible::kNone;
 }
 
-inline void mask_row(const Problem& p, int token, int key0, vf* row) {
+inline void mask_row(const Problem& p, int token, int key0, int c0, int c1, vf* row) {
   const vi lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   int ps = p.prefix_start[token], pe = p.prefix_end[token], os = p.own_start[token];
-  for (int c = 0; c < kKeyVecs; ++c) {
+  for (int c = c0; c < c1; ++c) {
     vi key = lane + (key0 + c * kLanes);
     vi visible = ((key >= ps) & (key < pe)) | ((key >= os) & (key <= token));
     row[c] = visible ? row[c] : splat(-INFINITY);
   }
+}
+
+// The 16-key vectors [c0, c1) of the tile at key0 that some token of [tok0, tok1) can see.
+inline std::pair<int, int> visible_vectors(const Problem& p, int tok0, int tok1, int key0) {
+  int lo = key0 + kKeyTile, hi = key0;  // visible keys [lo, hi), empty so far
+  auto cover = [&](int start, int end) {  // [start, end) clipped to the tile
+    start = std::max(start, key0);
+    end = std::min(end, key0 + kKeyTile);
+    if (start < end) lo = std::min(lo, start), hi = std::max(hi, end);
+  };
+  for (int t = tok0; t < tok1; ++t) {
+    cover(p.prefix_start[t], p.prefix_end[t]);
+    cover(p.own_start[t], t + 1);
+  }
+  if (lo >= hi) return {0, 0};
+  return {(lo - key0) / kLanes, (hi - key0 + kLanes - 1) / kLanes};
 }
 
 // Ascending key tiles any token of [tok0, tok1) sees.
@@ -209,14 +244,18 @@ struct F32Tiles {
       }
   }
 
-  void scores(const std::vector<float>& q_rows, int g, int tile, int rows, vf* score) const {
+  void scores(const std::vector<float>& q_rows, int g, int tile, int rows, int c0, int c1,
+              vf* score) const {
     const vf* kt_tile = kt.as<vf>() + (int64_t(g) * k_tiles + tile) * D * kKeyVecs;
-    tile_scores<D>(q_rows.data(), kt_tile, rows, score);
+    with_vector_count(c1 - c0, [&](auto n) {
+      tile_scores<D, decltype(n)::value>(q_rows.data(), kt_tile, c0, rows, score);
+    });
   }
 
-  void values(const vf* probs, const float* alpha, int g, int tile, int rows, vf* out) const {
+  void values(const vf* probs, const float* alpha, int g, int tile, int rows, int c0, int c1,
+              vf* out) const {
     const vf* v_tile = vt.as<vf>() + (int64_t(g) * k_tiles + tile) * kKeyTile * kVecs;
-    tile_values<D>(probs, v_tile, alpha, rows, out);
+    tile_values<D>(probs, v_tile, alpha, rows, c0, c1, out);
   }
 };
 
@@ -270,34 +309,44 @@ struct Bf16Tiles {
       }
   }
 
-  void scores(const std::vector<uint32_t>& q_rows, int g, int tile, int rows, vf* score) const {
-    const __m512bh* keys = kp.as<__m512bh>() + (int64_t(g) * k_tiles + tile) * kPairs * kKeyVecs;
+  template <int NV>
+  void scores_n(const uint32_t* q_rows, const __m512bh* keys, int c0, int rows,
+                vf* score) const {
     const __m512 scale = _mm512_set1_ps(score_scale);
     for (int r = 0; r < rows; r += 4) {
-      __m512 acc[4][kKeyVecs];
+      __m512 acc[4][NV];
       for (int i = 0; i < 4; ++i)
-        for (int c = 0; c < kKeyVecs; ++c) acc[i][c] = _mm512_setzero_ps();
-      const uint32_t* q = q_rows.data() + r * kPairs;
+        for (int c = 0; c < NV; ++c) acc[i][c] = _mm512_setzero_ps();
+      const uint32_t* q = q_rows + r * kPairs;
       for (int dp = 0; dp < kPairs; ++dp) {
-        const __m512bh* key = keys + dp * kKeyVecs;
+        const __m512bh* key = keys + dp * kKeyVecs + c0;
         for (int i = 0; i < 4; ++i) {
           __m512bh qv = (__m512bh)_mm512_set1_epi32(int(q[i * kPairs + dp]));
-          for (int c = 0; c < kKeyVecs; ++c) acc[i][c] = _mm512_dpbf16_ps(acc[i][c], key[c], qv);
+          for (int c = 0; c < NV; ++c) acc[i][c] = _mm512_dpbf16_ps(acc[i][c], key[c], qv);
         }
       }
       for (int i = 0; i < 4; ++i)
-        for (int c = 0; c < kKeyVecs; ++c)
-          score[(r + i) * kKeyVecs + c] = (vf)_mm512_mul_ps(acc[i][c], scale);
+        for (int c = 0; c < NV; ++c)
+          score[(r + i) * kKeyVecs + c0 + c] = (vf)_mm512_mul_ps(acc[i][c], scale);
     }
   }
 
-  void values(const vf* probs, const float* alpha, int g, int tile, int rows, vf* out) const {
+  void scores(const std::vector<uint32_t>& q_rows, int g, int tile, int rows, int c0, int c1,
+              vf* score) const {
+    const __m512bh* keys = kp.as<__m512bh>() + (int64_t(g) * k_tiles + tile) * kPairs * kKeyVecs;
+    with_vector_count(c1 - c0, [&](auto n) {
+      scores_n<decltype(n)::value>(q_rows.data(), keys, c0, rows, score);
+    });
+  }
+
+  void values(const vf* probs, const float* alpha, int g, int tile, int rows, int c0, int c1,
+              vf* out) const {
     constexpr int kRows = kVecs >= 8 ? 2 : 4;
     const __m512bh* vals = vp.as<__m512bh>() + (int64_t(g) * k_tiles + tile) * kKeyTile * kVecs / 2;
     thread_local std::vector<uint32_t> p16;  // [rows][32] bf16 probability pairs
     p16.resize(size_t(rows) * kKeyTile / 2);
     for (int r = 0; r < rows; ++r)
-      for (int c = 0; c < kKeyVecs; ++c) {
+      for (int c = c0; c < c1; ++c) {
         __m256bh half = _mm512_cvtneps_pbh((__m512)probs[r * kKeyVecs + c]);
         std::memcpy(p16.data() + r * kKeyTile / 2 + c * kLanes / 2, &half, sizeof half);
       }
@@ -306,7 +355,7 @@ struct Bf16Tiles {
       for (int i = 0; i < kRows; ++i)
         for (int c = 0; c < kVecs; ++c)
           acc[i][c] = (__m512)(out[(r + i) * kVecs + c] * alpha[r + i]);
-      for (int kp2 = 0; kp2 < kKeyTile / 2; ++kp2) {
+      for (int kp2 = c0 * kLanes / 2; kp2 < c1 * kLanes / 2; ++kp2) {
         const __m512bh* value = vals + kp2 * kVecs;
         for (int i = 0; i < kRows; ++i) {
           __m512bh pv = (__m512bh)_mm512_set1_epi32(int(p16[(r + i) * kKeyTile / 2 + kp2]));
@@ -320,15 +369,13 @@ struct Bf16Tiles {
 };
 #endif
 
-// Online-softmax step of one key tile: scores become probabilities (masked keys 0), alpha the
-// rescale of each row's accumulator; rows [rows, padded) get zeros and alpha 1. `tile_max` is
-// scratch of `padded` rounded up to 16 floats.
-inline void softmax_tile(const Problem& p, int tok0, int tok1, int group, int key0, int padded,
-                         vf* score, float* row_max, float* row_sum, float* alpha,
-                         float* tile_max) {
+// Online-softmax step over vectors [c0, c1) of one key tile: scores become probabilities
+// (masked keys 0), alpha the rescale of each row's accumulator; rows [rows, padded) get zeros
+// and alpha 1. `tile_max` is scratch of `padded` rounded up to 16 floats.
+inline void softmax_tile(const Problem& p, int tok0, int tok1, int group, int key0, int c0,
+                         int c1, int padded, vf* score, float* row_max, float* row_sum,
+                         float* alpha, float* tile_max) {
   const int rows = (tok1 - tok0) * group;
-  for (int r = rows; r < padded; ++r)
-    for (int c = 0; c < kKeyVecs; ++c) score[r * kKeyVecs + c] = vf{};
   // Pass 1: mask, and the new running max of every row (unchanged for rows seeing nothing).
   for (int t = tok0; t < tok1; ++t) {
     Visible seen = classify(p, t, key0);
@@ -339,9 +386,9 @@ inline void softmax_tile(const Problem& p, int tok0, int tok1, int group, int ke
         tile_max[r] = NAN;  // marks the row: no keys here
         continue;
       }
-      if (seen == Visible::kPartial) mask_row(p, t, key0, s);
-      vf m = s[0];
-      for (int c = 1; c < kKeyVecs; ++c) m = m > s[c] ? m : s[c];
+      if (seen == Visible::kPartial) mask_row(p, t, key0, c0, c1, s);
+      vf m = s[c0];
+      for (int c = c0 + 1; c < c1; ++c) m = m > s[c] ? m : s[c];
       tile_max[r] = std::max(row_max[r], hmax(m));
     }
   }
@@ -357,13 +404,13 @@ inline void softmax_tile(const Problem& p, int tok0, int tok1, int group, int ke
   for (int r = 0; r < padded; ++r) {
     vf* s = score + r * kKeyVecs;
     if (r >= rows || std::isnan(tile_max[r])) {
-      for (int c = 0; c < kKeyVecs; ++c) s[c] = vf{};
+      for (int c = c0; c < c1; ++c) s[c] = vf{};
       alpha[r] = 1.0f;
       continue;
     }
     float m = tile_max[r];
     vf sum{};
-    for (int c = 0; c < kKeyVecs; ++c) {
+    for (int c = c0; c < c1; ++c) {
       s[c] = exp2_nonpositive(s[c] - m);
       sum += s[c];
     }
@@ -406,10 +453,13 @@ void attend(const Problem& p, const In* q, const Tiles& tiles, In* out) {
     tiles.load_queries(p, q, tok0, tok1, g, group, &q_rows);
     visited_tiles(p, tok0, tok1, &visited, &spans);
     for (int tile : visited) {
-      tiles.scores(q_rows, g, tile, padded, score);
-      softmax_tile(p, tok0, tok1, group, tile * kKeyTile, padded, score, row_max.data(),
+      int key0 = tile * kKeyTile;
+      auto [c0, c1] = visible_vectors(p, tok0, tok1, key0);
+      if (c0 >= c1) continue;
+      tiles.scores(q_rows, g, tile, padded, c0, c1, score);
+      softmax_tile(p, tok0, tok1, group, key0, c0, c1, padded, score, row_max.data(),
                    row_sum.data(), alpha.data(), tile_max.data());
-      tiles.values(score, alpha.data(), g, tile, padded, out_rows);
+      tiles.values(score, alpha.data(), g, tile, padded, c0, c1, out_rows);
     }
     for (int t = tok0; t < tok1; ++t)
       for (int i = 0; i < group; ++i) {
