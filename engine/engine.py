@@ -32,11 +32,13 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
     model: str | None = None  # a .gguf file or HF directory; None is the default model
     dtype: str = "bfloat16"  # weight dtype: "bfloat16" or "float32"
-    attention: str | None = None  # "reference" | "xla"; None picks by backend
-    token_budget: int = 8192  # most real tokens in one packed batch
+    # "reference" | "xla" | "cpu"; None picks by backend (the native kernel on CPU)
+    attention: str | None = None
+    token_budget: int = 16384  # most real tokens in one packed batch
     block_size: int = 64  # attention block (tokens); token buckets are multiples of it
     # padded batch sizes in tokens, ascending multiples of block_size; None: powers of two from
-    # 2 * block_size up to the model's context (buckets <= token_budget are compiled at start)
+    # 2 * block_size to 1024, then four per octave, up to the model's context (buckets <=
+    # token_budget are compiled at start)
     token_buckets: tuple[int, ...] | None = None
     row_divisors: tuple[int, ...] = (32, 8, 2)  # score-row buckets of a T-token batch: T // d
     label_widths: tuple[int, ...] = (4, 32, 256)  # padded label counts; the last is the limit

@@ -15,7 +15,7 @@ from engine.models import FAMILIES, ModelConfig, PackedInputs, label_logprobs
 from kernels import select_attention
 
 DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
-DEFAULT_TOKEN_BUDGET = 8192
+DEFAULT_TOKEN_BUDGET = 16384
 
 
 def load_model(
