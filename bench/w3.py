@@ -30,14 +30,16 @@ from pathlib import Path
 
 import anyio
 import numpy as np
+import trio
 from tqdm import tqdm
 
-from bench import common
+from bench import common, sides
 from bench.baseline import hf_label_logprobs, load_transformers
 from bench.flops import Cost, shared_prefix_flops
 from bench.parity import label_ids
 from bench.peak import measure_peaks
 from bench.workloads import text_of_tokens
+from engine import open_engine
 from engine.inputs import build_sequences
 from engine.loaders import load_checkpoint
 
@@ -183,7 +185,8 @@ async def load_level(
 ):
     """Closed-loop load: `concurrency` clients until `duration` s or `limit` requests.
 
-    Returns ([(body index, status or error name, seconds)], wall seconds).
+    Returns ([(body index, status or error name, seconds)], wall seconds, requests issued);
+    an issued request without a result was lost (cut off by the hard stop).
     """
     import httpx2
 
@@ -212,10 +215,12 @@ async def load_level(
             async with anyio.create_task_group() as tasks:
                 for _ in range(concurrency):
                     tasks.start_soon(worker)
-    return results, time.perf_counter() - start
+    return results, time.perf_counter() - start, issued
 
 
-def level_report(results, wall, before, after, client_cpu, server_cpu, bodies, flops, peaks, dtype):
+def level_report(
+    results, wall, issued, before, after, client_cpu, server_cpu, bodies, flops, peaks, dtype
+):
     ok = [(i, s) for i, st, s in results if st == 200]
     errors: dict[str, int] = {}
     for _, st, _ in results:
@@ -228,6 +233,7 @@ def level_report(results, wall, before, after, client_cpu, server_cpu, bodies, f
     gflops = done_flops / wall / 1e9
     return {
         "requests": len(results),
+        "lost": issued - len(results),
         "ok": len(ok),
         "errors": sum(errors.values()),
         "errors_by_kind": errors,
@@ -250,6 +256,28 @@ def level_report(results, wall, before, after, client_cpu, server_cpu, bodies, f
         "client_cpu_fraction": client_cpu / wall,
         "server_cpu_fraction": server_cpu / wall,
     }
+
+
+async def run_offline(config, bodies: list[dict]) -> dict:
+    """The in-process engine on the same bodies, all submitted at once: the offline rate a
+    server level is compared with. Best of two passes after a warm-up pass."""
+    async with open_engine(config) as engine:
+
+        async def one(body: dict) -> None:
+            await engine.score(
+                body["query"], body["items"], body["label_token_ids"], apply_softmax=True
+            )
+
+        walls = []
+        for _ in range(3):
+            start = time.perf_counter()
+            async with trio.open_nursery() as nursery:
+                for body in bodies:
+                    nursery.start_soon(one, body)
+            walls.append(time.perf_counter() - start)
+    items = sum(len(b["items"]) for b in bodies)
+    wall = min(walls[1:])
+    return {"requests": len(bodies), "items": items, "wall_s": wall, "items_per_s": items / wall}
 
 
 def run_baseline(path, dtype, seqs_per_body, labels, max_requests, max_seconds, progress):
@@ -307,7 +335,7 @@ def main(argv=None) -> dict:
                 time.process_time(),
                 cpu_seconds(server.process.pid),
             )
-            results, wall = anyio.run(
+            results, wall, issued = anyio.run(
                 load_level, server.url, payloads, c, args.duration, args.max_requests
             )
             after = server.metrics()
@@ -316,6 +344,7 @@ def main(argv=None) -> dict:
             level = level_report(
                 results,
                 wall,
+                issued,
                 before,
                 after,
                 client_cpu,
@@ -327,6 +356,9 @@ def main(argv=None) -> dict:
             )
             levels.append({"concurrency": c, **level})
 
+    offline = trio.run(run_offline, sides.engine_config(args, path), bodies)
+    for level in levels:
+        level["vs_offline"] = level["items_per_s"] / offline["items_per_s"]
     base = run_baseline(
         path, args.dtype, seqs, labels, args.baseline_requests, args.baseline_seconds, progress
     )
@@ -350,6 +382,7 @@ def main(argv=None) -> dict:
         "server_startup_s": startup_s,
         "peak_gflops": peaks,
         "device_busy_source": "delta of scoring_device_busy_seconds_total (/metrics) / wall",
+        "offline": offline,
         "engine_items_per_s": best["items_per_s"],
         "engine_best_concurrency": best["concurrency"],
         "baseline_items_per_s": baseline["items_per_s"],
@@ -363,14 +396,16 @@ def main(argv=None) -> dict:
     line = ", ".join(
         f"c={lv['concurrency']}: {lv['items_per_s']:.1f} items/s P50/P95/P99 "
         f"{lv['p50_ms']:.0f}/{lv['p95_ms']:.0f}/{lv['p99_ms']:.0f} ms busy "
-        f"{lv['device_busy_fraction']:.0%} err {lv['errors']}"
+        f"{lv['device_busy_fraction']:.0%} err {lv['errors']} lost {lv['lost']} "
+        f"{lv['vs_offline']:.0%} of offline"
         for lv in levels
     )
     print(
         f"w3 {tag} {args.dtype}: {line}; best {best['items_per_s']:.1f} items/s "
         f"({best['tokens_per_s']:.0f} tok/s, {common.fmt_mfu(best, args.dtype)}) vs transformers "
         f"{baseline['items_per_s']:.1f} items/s ({common.fmt_mfu(baseline, args.dtype)}), "
-        f"ratio {report['ratio']:.2f}x -> {json_path}"
+        f"ratio {report['ratio']:.2f}x; offline engine {offline['items_per_s']:.1f} items/s "
+        f"-> {json_path}"
     )
     return report
 

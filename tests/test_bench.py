@@ -69,9 +69,14 @@ def test_w3_serving(tiny, tmp_path):
     report = run(w3.main, tiny, tmp_path, "w3")
     assert [lv["concurrency"] for lv in report["levels"]] == [1, 4]
     for level in report["levels"]:
-        assert level["errors"] == 0 and level["ok"] == level["requests"] > 0
+        assert level["errors"] == 0 and level["lost"] == 0
+        assert level["ok"] == level["requests"] > 0
         positive(level, "items_per_s", "tokens_per_s", "p50_ms", "device_busy_fraction")
+        positive(level, "vs_offline")
         assert level["p50_ms"] <= level["p95_ms"] <= level["p99_ms"]
+    offline = report["offline"]
+    assert offline["requests"] == 16  # the --quick pool, every body once per pass
+    positive(offline, "items", "items_per_s", "wall_s")
 
 
 def test_entry_point_dispatches_and_lists_workloads(capsys):
