@@ -42,6 +42,9 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     token_buckets: tuple[int, ...] | None = None
     row_divisors: tuple[int, ...] = (32, 8, 2)  # score-row buckets of a T-token batch: T // d
     label_widths: tuple[int, ...] = (4, 32, 256)  # padded label counts; the last is the limit
+    # after answering requests, how long an idle device waits for as many to queue again (the
+    # same clients coming back) before batching what is there
+    batch_linger_ms: float = 20.0
     max_queued_requests: int = 1024  # in-flight requests before score() fails as overloaded
     max_queued_tokens: int = 2_000_000  # tokenised tokens waiting before requests are refused
     max_items_per_request: int = 4096
@@ -133,6 +136,7 @@ class Engine:
             self.buckets,
             token_budget=config.token_budget,
             max_queued_tokens=config.max_queued_tokens,
+            linger=config.batch_linger_ms / 1000,
         )
         self.runner = runner.RunnerState(model, block_size=config.block_size)
         self._ids = itertools.count()
@@ -282,6 +286,8 @@ def engine_buckets(config: EngineConfig, context: int) -> packing.Buckets:
         values = getattr(config, name)
         if not values or any(v < 1 for v in values):
             raise ValueError(f"{name}: must be positive integers")
+    if not 0 <= config.batch_linger_ms <= 10_000:
+        raise ValueError("batch_linger_ms: must be between 0 and 10000")
     return packing.Buckets(
         b, tuple(tokens), tuple(config.row_divisors), tuple(sorted(config.label_widths))
     )

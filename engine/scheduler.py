@@ -1,8 +1,12 @@
 """Scheduler actor: owns the queue, forms packed prefix batches, tracks requests to completion.
 
-Pull-based: a batch is built whenever the device runner can take one, from whatever is waiting,
-so a lone request is not held back by a timer and a crowd fills the token budget. Requests are
-served in arrival order; one of many items may span several batches.
+Pull-based: a batch is built when the device runner is free, from whatever is waiting then, so
+requests that arrive while the device works join the next batch instead of a batch frozen ahead
+of time. Only a queue holding a full token budget is batched ahead, to overlap host packing with
+the device. When the device has just answered requests, it waits up to `linger` seconds for
+that many requests to queue: closed-loop clients come straight back, and without the wait their
+cohorts split into small, slow batches. A lone request is never held back (its cohort is
+itself). Requests are served in arrival order; one of many items may span several batches.
 """
 
 import math
@@ -41,10 +45,20 @@ class SchedulerStats:
 class SchedulerState:
     """Queue and request table; every method is synchronous and returns messages to send on."""
 
-    def __init__(self, buckets: packing.Buckets, *, token_budget: int, max_queued_tokens: int):
+    def __init__(
+        self,
+        buckets: packing.Buckets,
+        *,
+        token_budget: int,
+        max_queued_tokens: int,
+        linger: float = 0.0,
+    ):
         self.buckets = buckets
         self.token_budget = token_budget
         self.max_queued_tokens = max_queued_tokens
+        self.linger = linger
+        self.last_done_at = -math.inf  # when the device last answered requests
+        self.last_done_requests = 0  # how many it answered then
         self.requests: dict[int, _Request] = {}
         self.queue: OrderedDict[int, deque[int]] = OrderedDict()  # request id -> item indices
         self.queued_tokens = 0
@@ -122,6 +136,19 @@ class SchedulerState:
         req = self.requests.pop(request_id)
         for idx in self.queue.pop(request_id, ()):
             self.queued_tokens -= len(req.msg.sequences[idx])
+
+    def batch_wait(self, now: float) -> float | None:
+        """Seconds to wait before building the next batch: 0 to build now, None to wait for the
+        next message (nothing queued, or the device busy with less than a budget queued)."""
+        if not self.queue:
+            return None
+        if self.queued_tokens >= self.token_budget:
+            return 0.0  # a full batch either way: build it ahead
+        if self.in_flight:
+            return None  # let the queue grow until the device is free
+        if len(self.queue) >= self.last_done_requests:
+            return 0.0
+        return max(0.0, self.last_done_at + self.linger - now)
 
     def next_batch(self, now: float) -> Batch | None:
         """The next packed batch from the head of the queue, or None when nothing waits.
@@ -213,7 +240,9 @@ class SchedulerState:
             if rid in live:
                 live[rid].logprobs[idx] = done.logprobs[r, : len(live[rid].msg.labels)].tolist()
                 live[rid].remaining -= 1
-        return [self._finish(rid, now) for rid, req in live.items() if req.remaining == 0]
+        finished = [self._finish(rid, now) for rid, req in live.items() if req.remaining == 0]
+        self.last_done_at, self.last_done_requests = now, len(finished)
+        return finished
 
     def _fail(self, request_ids: set[int], error: str) -> list[Rejected]:
         out = []
@@ -255,17 +284,20 @@ async def run(
     async def dispatch() -> None:
         nonlocal work
         while True:
+            wait = state.batch_wait(trio.current_time())
+            if wait is None or wait > 0:
+                with trio.move_on_after(math.inf if wait is None else wait):
+                    await work.wait()
+                work = trio.Event()
+                continue
             try:
                 batch = state.next_batch(trio.current_time())
             except Exception as e:
                 for out in state.fail_waiting(e):
                     results.send_nowait(out)
                 continue
-            if batch is None:
-                await work.wait()
-                work = trio.Event()
-                continue
-            await batches.send(batch)  # waits until the runner can take it
+            if batch is not None:
+                await batches.send(batch)  # waits until the runner can take it
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(dispatch)

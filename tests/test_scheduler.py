@@ -132,3 +132,46 @@ def test_a_request_bigger_than_the_whole_queue_is_too_large():
     (rejected,) = state(max_tokens=10).handle(tokenized(0, [[1] * 11]), 0.0)
     assert rejected.kind == "too_large"
     assert rejected.message == "items: 11 tokens exceed the queue limit of 10"
+
+
+def test_batch_wait_builds_at_once_for_a_lone_request():
+    st = SchedulerState(BUCKETS, token_budget=64, max_queued_tokens=1000, linger=0.02)
+    assert st.batch_wait(0.0) is None  # nothing queued
+    st.handle(tokenized(0, [[1, 2, 3]]), 0.0)
+    assert st.batch_wait(0.0) == 0.0
+
+
+def test_batch_wait_lets_the_queue_grow_while_the_device_is_busy():
+    st = SchedulerState(BUCKETS, token_budget=64, max_queued_tokens=1000, linger=0.02)
+    st.handle(tokenized(0, [[1, 2, 3]]), 0.0)
+    first = st.next_batch(0.0)
+    st.handle(tokenized(1, [[4, 5]]), 0.1)
+    assert st.batch_wait(0.1) is None  # device busy, less than a budget queued: wait
+    st.handle(tokenized(2, [[6] * 70]), 0.2)  # now a full budget waits: build ahead
+    assert st.batch_wait(0.2) == 0.0
+    st.handle(done_for(first), 0.3)
+    assert st.last_done_requests == 1 and st.last_done_at == 0.3
+
+
+def test_batch_wait_lingers_for_the_cohort_it_just_answered():
+    st = SchedulerState(BUCKETS, token_budget=64, max_queued_tokens=1000, linger=0.02)
+    for i in range(3):
+        st.handle(tokenized(i, [[i + 1, 7]]), 0.0)
+    batch = st.next_batch(0.0)
+    assert len(st.handle(done_for(batch), 1.0)) == 3
+    st.handle(tokenized(3, [[9, 9]]), 1.005)  # the first of the three clients is back
+    assert st.batch_wait(1.005) == pytest.approx(0.015)
+    st.handle(tokenized(4, [[9, 8]]), 1.01)
+    assert st.batch_wait(1.01) == pytest.approx(0.01)
+    assert st.batch_wait(1.03) == 0.0  # the linger ran out: batch what is there
+    st.handle(tokenized(5, [[9, 7]]), 1.011)
+    assert st.batch_wait(1.011) == 0.0  # the whole cohort is back
+
+
+def test_no_linger_by_default():
+    st = state()
+    for i in range(3):
+        st.handle(tokenized(i, [[i + 1, 7]]), 0.0)
+    st.handle(done_for(st.next_batch(0.0)), 1.0)
+    st.handle(tokenized(3, [[9, 9]]), 1.001)
+    assert st.batch_wait(1.001) == 0.0
