@@ -4,8 +4,8 @@ Pull-based: a batch is built when the device runner is free, from whatever is wa
 requests that arrive while the device works join the next batch instead of a batch frozen ahead
 of time. Only a queue holding a full token budget is batched ahead, to overlap host packing with
 the device. When the device has just answered requests, it waits up to `linger` seconds for
-that many requests to queue: closed-loop clients come straight back, and without the wait their
-cohorts split into small, slow batches. A lone request is never held back (its cohort is
+that many more requests to queue: closed-loop clients come straight back, and without the wait
+their cohorts split into small, slow batches. A lone request is never held back (its cohort is
 itself). Requests are served in arrival order; one of many items may span several batches.
 """
 
@@ -59,6 +59,7 @@ class SchedulerState:
         self.linger = linger
         self.last_done_at = -math.inf  # when the device last answered requests
         self.last_done_requests = 0  # how many it answered then
+        self.cohort = 0  # requests expected queued before batching: waiting then + answered
         self.requests: dict[int, _Request] = {}
         self.queue: OrderedDict[int, deque[int]] = OrderedDict()  # request id -> item indices
         self.queued_tokens = 0
@@ -146,7 +147,7 @@ class SchedulerState:
             return 0.0  # a full batch either way: build it ahead
         if self.in_flight:
             return None  # let the queue grow until the device is free
-        if len(self.queue) >= self.last_done_requests:
+        if len(self.queue) >= self.cohort:
             return 0.0
         return max(0.0, self.last_done_at + self.linger - now)
 
@@ -242,6 +243,7 @@ class SchedulerState:
                 live[rid].remaining -= 1
         finished = [self._finish(rid, now) for rid, req in live.items() if req.remaining == 0]
         self.last_done_at, self.last_done_requests = now, len(finished)
+        self.cohort = len(self.queue) + len(finished)
         return finished
 
     def _fail(self, request_ids: set[int], error: str) -> list[Rejected]:

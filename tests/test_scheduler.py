@@ -168,6 +168,20 @@ def test_batch_wait_lingers_for_the_cohort_it_just_answered():
     assert st.batch_wait(1.011) == 0.0  # the whole cohort is back
 
 
+def test_the_cohort_counts_requests_already_waiting():
+    st = SchedulerState(BUCKETS, token_budget=64, max_queued_tokens=1000, linger=0.02)
+    for i in range(2):
+        st.handle(tokenized(i, [[i + 1, 7]]), 0.0)
+    batch = st.next_batch(0.0)
+    st.handle(tokenized(2, [[5, 5]]), 0.5)  # arrived while the device worked
+    st.handle(done_for(batch), 1.0)
+    assert st.cohort == 3
+    st.handle(tokenized(3, [[9, 9]]), 1.005)
+    assert st.batch_wait(1.005) == pytest.approx(0.015)  # 2 queued of the 3 expected
+    st.handle(tokenized(4, [[9, 8]]), 1.006)
+    assert st.batch_wait(1.006) == 0.0
+
+
 def test_no_linger_by_default():
     st = state()
     for i in range(3):
