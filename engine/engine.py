@@ -44,7 +44,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     label_widths: tuple[int, ...] = (4, 32, 256)  # padded label counts; the last is the limit
     # after answering requests, how long an idle device waits for as many to queue again (the
     # same clients coming back) before batching what is there
-    batch_linger_ms: float = 20.0
+    batch_linger_ms: float = 50.0
     max_queued_requests: int = 1024  # in-flight requests before score() fails as overloaded
     max_queued_tokens: int = 2_000_000  # tokenised tokens waiting before requests are refused
     max_items_per_request: int = 4096
