@@ -6,6 +6,7 @@ python -m bench w3                           # HTTP serving, concurrency sweep
 python -m bench w1 --help                    # a workload's own options
 """
 
+import argparse
 import importlib
 import json
 import sys
@@ -29,9 +30,15 @@ def usage() -> str:
     return "\n".join(lines)
 
 
-def redraw(paths: list[str]) -> None:
+def redraw(argv: list[str]) -> None:
     """The PNG of each w1/w2/w3 JSON report, drawn again beside it from the report alone."""
-    for path in map(Path, paths):
+    parser = argparse.ArgumentParser(
+        prog="python -m bench chart", description=redraw.__doc__.splitlines()[0]
+    )
+    parser.add_argument("reports", nargs="+", type=Path, metavar="REPORT.json")
+    for path in parser.parse_args(argv).reports:
+        if not path.is_file():
+            parser.error(f"no such report: {path}")
         report = json.loads(path.read_text())
         importlib.import_module(WORKLOADS[report["workload"]][0]).chart(
             report, path.with_suffix(".png")
