@@ -1,24 +1,34 @@
-"""Packed attention kernels on a W2-like packing: the dense reference against the XLA kernel.
+"""Packed attention kernels on a W2-like packing: Pallas, block-sparse XLA and the dense mask.
 
     python -m bench.bench_attention [--tokens 2048 8192] [--dtype bfloat16 float32]
+    python -m bench.bench_attention --backend gpu --tokens 2048 8192 32768 --shape qwen3-0.6b
 
 Packing: one 2000-token prompt shared as a prefix by 20-token items, as many as fit in T tokens,
-then padding. SmolLM2 attention shape (H=9, Hkv=3, D=64). Each kernel is jitted, warmed up, then
-timed; the median of `--repeats` calls is reported with the host schedule build time.
+then padding. Attention shape of SmolLM2 (H=9, Hkv=3, D=64) or Qwen3-0.6B (H=16, Hkv=8, D=128).
+Each kernel is jitted, warmed up, then timed; the median of `--repeats` calls is reported with
+the host schedule build time. `--kernels` picks the columns: "pallas" (compiled on GPU/TPU, the
+Pallas interpreter on CPU: slow, for debugging only), "xla" (block-sparse), "reference" (dense
+mask, skipped above `--max-reference-tokens`) and, where built, "cpu" (the native kernel).
 """
 
 import argparse
+import functools
+import json
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels import ATTENTION, AttentionMeta, make_meta
+from kernels import ATTENTION, AttentionMeta, attention_pallas, make_meta, pallas
+from kernels.tuning import BlockSizes
 
-HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64
+SHAPES = {"smollm2": (9, 3, 64), "qwen3-0.6b": (16, 8, 128)}  # (H, Hkv, D)
+DEFAULT_KERNELS = {"cpu": ["xla", "reference"], "gpu": ["pallas", "xla", "reference"]}
+DEFAULT_KERNELS["tpu"] = DEFAULT_KERNELS["gpu"]
 
 
 def w2_spans(
@@ -54,55 +64,119 @@ def median_ms(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(times) * 1e3
 
 
-def time_kernel(name: str, qkv, meta: AttentionMeta, repeats: int) -> float:
-    kernel = jax.jit(lambda q, k, v, m: ATTENTION[name](q, k, v, m, scale=HEAD_DIM**-0.5))
-    run = lambda: kernel(*qkv, meta)
+def kernel_table(backend: str, block_sizes: BlockSizes | None) -> dict[str, Callable]:
+    """The kernels by name, Pallas bound to `backend` (interpreted where it has no lowering)."""
+    interpret = backend not in pallas.PLATFORMS
+    kernels = dict(ATTENTION)
+    kernels["pallas"] = functools.partial(
+        attention_pallas,
+        interpret=interpret,
+        block_sizes=block_sizes,
+        platform=None if interpret else backend,
+    )
+    return kernels
+
+
+def time_kernel(kernel: Callable, qkv, meta: AttentionMeta, head_dim: int, repeats: int) -> float:
+    jitted = jax.jit(lambda q, k, v, m: kernel(q, k, v, m, scale=head_dim**-0.5))
+    run = lambda: jitted(*qkv, meta)
     jax.block_until_ready(run())  # warm-up: compiles
     return median_ms(run, repeats)
 
 
-def bench(tokens: int, dtype: str, block_size: int, repeats: int, max_reference: int) -> None:
+def bench(tokens: int, dtype: str, args, kernels: dict[str, Callable]) -> dict:
+    heads, kv_heads, head_dim = SHAPES[args.shape]
     spans = w2_spans(tokens)
-    widths = power_of_two_widths(tokens // block_size)
-    build = lambda: make_meta(*spans, block_size=block_size, width_buckets=widths)
-    schedule_ms = median_ms(build, repeats)
+    widths = power_of_two_widths(tokens // args.block_size)
+    build = lambda: make_meta(*spans, block_size=args.block_size, width_buckets=widths)
+    schedule_ms = median_ms(build, args.repeats)
     meta = jax.tree.map(jnp.asarray, build())
     rng = np.random.default_rng(0)
     qkv = tuple(
-        jnp.asarray(rng.standard_normal((tokens, heads, HEAD_DIM)), dtype)
-        for heads in (HEADS, KV_HEADS, KV_HEADS)
+        jnp.asarray(rng.standard_normal((tokens, h, head_dim)), dtype)
+        for h in (heads, kv_heads, kv_heads)
     )
-    xla_ms = time_kernel("xla", qkv, meta, repeats)
+    row = {"tokens": tokens, "dtype": dtype, "schedule_ms": schedule_ms, "ms": {}}
     line = (
-        f"T={tokens} {dtype} B={block_size} K={meta.block_kv.shape[1]} "
-        f"visited={int(meta.block_count.sum())}/{(tokens // block_size) ** 2} blocks  "
-        f"schedule {schedule_ms:.2f} ms  xla {xla_ms:.1f} ms"
+        f"T={tokens} {dtype} B={args.block_size} K={meta.block_kv.shape[1]} "
+        f"visited={int(meta.block_count.sum())}/{(tokens // args.block_size) ** 2} blocks  "
+        f"schedule {schedule_ms:.2f} ms"
     )
-    if tokens <= max_reference:
-        reference_ms = time_kernel("reference", qkv, meta, repeats)
-        line += f"  reference {reference_ms:.1f} ms  reference/xla {reference_ms / xla_ms:.2f}x"
-    else:
-        line += f"  reference skipped (T > --max-reference-tokens {max_reference})"
+    for name in args.kernels:
+        if name == "reference" and tokens > args.max_reference_tokens:
+            line += f"  reference skipped (T > --max-reference-tokens {args.max_reference_tokens})"
+            continue
+        row["ms"][name] = time_kernel(kernels[name], qkv, meta, head_dim, args.repeats)
+        line += f"  {name} {row['ms'][name]:.2f} ms"
+    first = args.kernels[0]
+    for name, ms in row["ms"].items():
+        if name != first and first in row["ms"]:
+            line += f"  {name}/{first} {ms / row['ms'][first]:.2f}x"
     print(line, flush=True)
+    return row
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, nargs="+", default=[2048, 8192])
     parser.add_argument("--dtype", nargs="+", default=["bfloat16"], choices=["bfloat16", "float32"])
-    parser.add_argument("--block-size", type=int, default=64)
+    parser.add_argument("--shape", default="smollm2", choices=sorted(SHAPES))
+    parser.add_argument("--block-size", type=int, default=64, help="schedule block B")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--backend",
+        choices=["cpu", "gpu", "tpu"],
+        default=None,
+        help="device to run on (default: JAX's default backend)",
+    )
+    parser.add_argument(
+        "--kernels",
+        nargs="+",
+        default=None,
+        help="columns, first is the baseline of the ratios (default: pallas xla reference on "
+        "gpu/tpu, xla reference on cpu)",
+    )
+    parser.add_argument("--block-q", type=int, default=None, help="Pallas query tile (tuning)")
+    parser.add_argument("--block-k", type=int, default=None, help="Pallas key tile (tuning)")
+    parser.add_argument("--num-warps", type=int, default=None, help="Triton warps (tuning)")
+    parser.add_argument("--num-stages", type=int, default=None, help="Triton stages (tuning)")
     parser.add_argument(
         "--max-reference-tokens",
         type=int,
         default=8192,
         help="skip the dense O(T^2) reference above this many tokens",
     )
-    args = parser.parse_args(argv)
-    print(f"jax {jax.__version__} on {jax.default_backend()}")
-    for dtype in args.dtype:
-        for tokens in args.tokens:
-            bench(tokens, dtype, args.block_size, args.repeats, args.max_reference_tokens)
+    parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    return parser, parser.parse_args(argv)
+
+
+def block_sizes_arg(parser, args) -> BlockSizes | None:
+    tiles = (args.block_q, args.block_k)
+    if tiles == (None, None):
+        return None
+    if None in tiles:
+        parser.error("--block-q and --block-k go together")
+    return BlockSizes(*tiles, num_warps=args.num_warps, num_stages=args.num_stages)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser, args = parse_args(argv)
+    backend = args.backend or jax.default_backend()
+    kernels = kernel_table(backend, block_sizes_arg(parser, args))
+    args.kernels = args.kernels or DEFAULT_KERNELS.get(backend, ["xla", "reference"])
+    unknown = sorted(set(args.kernels) - set(kernels))
+    if unknown:
+        parser.error(f"unknown kernels {unknown}; known: {sorted(kernels)}")
+    device = jax.devices(backend)[0]
+    print(f"jax {jax.__version__} on {backend} ({device.device_kind}), shape {args.shape}")
+    rows = []
+    with jax.default_device(device):
+        for dtype in args.dtype:
+            for tokens in args.tokens:
+                rows.append(bench(tokens, dtype, args, kernels))
+    if args.json:
+        report = {"backend": backend, "device": device.device_kind, "shape": args.shape}
+        args.json.write_text(json.dumps({**report, "rows": rows}, indent=2))
 
 
 if __name__ == "__main__":

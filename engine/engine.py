@@ -32,7 +32,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
     model: str | None = None  # a .gguf file or HF directory; None is the default model
     dtype: str = "bfloat16"  # weight dtype: "bfloat16" or "float32"
-    # "reference" | "xla" | "cpu"; None picks by backend (the native kernel on CPU)
+    # "reference" | "xla" | "cpu" | "pallas"; None picks by backend (cpu on CPU, pallas on TPU/GPU)
     attention: str | None = None
     token_budget: int = 16384  # most real tokens in one packed batch
     block_size: int = 64  # attention block (tokens); token buckets are multiples of it

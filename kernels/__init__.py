@@ -2,14 +2,20 @@
 
 from collections.abc import Callable
 
-from kernels import cpu
+from kernels import cpu, pallas
 from kernels.cpu import attention_cpu
 from kernels.metadata import AttentionMeta
+from kernels.pallas import attention_pallas, attention_pallas_auto
 from kernels.reference import attention_reference
 from kernels.schedule import build_block_schedule, make_meta
 from kernels.xla import attention_xla
 
-ATTENTION: dict[str, Callable] = {"reference": attention_reference, "xla": attention_xla}
+# "pallas" compiles on TPU and GPU and runs in the (slow) Pallas interpreter elsewhere.
+ATTENTION: dict[str, Callable] = {
+    "reference": attention_reference,
+    "xla": attention_xla,
+    "pallas": attention_pallas_auto,
+}
 if cpu.AVAILABLE:
     ATTENTION["cpu"] = attention_cpu
 
@@ -20,22 +26,30 @@ def select_attention(
     """The attention function called `name`, or the default for `backend` when `name` is None.
 
     `backend` is a `jax.default_backend()` name. On "cpu" the default is the fused native kernel
-    when it was built and supports `head_dim` and `dtype`; everywhere else, and as the fallback,
-    it is "xla", which runs anywhere. Raises ValueError for an unknown name, listing the known
-    ones.
+    when it was built and supports `head_dim` and `dtype`; on "tpu" and "gpu" it is the Pallas
+    kernel when it supports them (None counts as supported); everywhere else, and as the
+    fallback, it is "xla", which runs anywhere. Raises ValueError for an unknown name, listing
+    the known ones.
     """
     if name is None:
-        native = backend == "cpu" and head_dim is not None and cpu.supports(head_dim, dtype)
-        name = "cpu" if native else "xla"
+        name = _default_name(backend, head_dim, dtype)
     if name not in ATTENTION:
         raise ValueError(f"unknown attention {name!r}; known: {sorted(ATTENTION)}")
     return ATTENTION[name]
+
+
+def _default_name(backend: str, head_dim: int | None, dtype) -> str:
+    if backend == "cpu":
+        return "cpu" if head_dim is not None and cpu.supports(head_dim, dtype) else "xla"
+    return "pallas" if pallas.supports(head_dim, dtype, backend) else "xla"
 
 
 __all__ = [
     "ATTENTION",
     "AttentionMeta",
     "attention_cpu",
+    "attention_pallas",
+    "attention_pallas_auto",
     "attention_reference",
     "attention_xla",
     "build_block_schedule",

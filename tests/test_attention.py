@@ -191,9 +191,12 @@ def test_xla_matches_reference_on_random_packings(groups, seed: int) -> None:
 
 def test_select_attention() -> None:
     assert select_attention(None, "cpu") is attention_xla  # no head dim: nothing native fits
-    assert select_attention(None, "gpu") is attention_xla
+    assert select_attention(None, "gpu") is ATTENTION["pallas"]
+    assert select_attention(None, "tpu") is ATTENTION["pallas"]
+    assert select_attention(None, "gpu", head_dim=80) is attention_xla  # Triton: powers of two
     assert select_attention(None, "other") is attention_xla
     assert select_attention("reference", "gpu") is attention_reference
-    assert {"reference", "xla"} <= set(ATTENTION) <= {"reference", "xla", "cpu"}
+    assert select_attention("xla", "tpu") is attention_xla
+    assert {"reference", "xla", "pallas"} <= set(ATTENTION) <= {"reference", "xla", "pallas", "cpu"}
     with pytest.raises(ValueError, match=r"unknown attention 'flash'; known: \[.*'xla'\]"):
         select_attention("flash", "cpu")
