@@ -12,7 +12,16 @@ from engine.scoring import load_model
 from kernels import ATTENTION, attention_reference, make_meta, select_attention, tuning
 from kernels.pallas import attention_pallas, attention_pallas_auto, supports
 from kernels.tuning import BlockSizes
-from tests.test_attention import SCENARIOS, TOLERANCE, layout_meta, layout_spans, random_qkv
+from tests.test_attention import (
+    PROPERTY_BLOCK,
+    PROPERTY_T,
+    SCENARIOS,
+    TOLERANCE,
+    layout_meta,
+    layout_spans,
+    packings,
+    random_qkv,
+)
 
 PLATFORMS = ["tpu", "gpu"]
 
@@ -104,24 +113,6 @@ def test_rows_that_see_no_key_give_zeros_not_nan(platform: str) -> None:
     np.testing.assert_array_equal(out[:32], 0.0)
     want = np.asarray(run_reference(q, k, v, meta))
     np.testing.assert_allclose(out[32:], want[32:], atol=1e-5)
-
-
-PROPERTY_T, PROPERTY_BLOCK = 128, 16
-
-
-@st.composite
-def packings(draw) -> list[tuple[int, list[int]]]:
-    """Random groups that fit in PROPERTY_T tokens (the rest becomes padding)."""
-    groups, used = [], 0
-    for _ in range(draw(st.integers(1, 6))):
-        prefix_len = draw(st.integers(0, 24))
-        items = draw(st.lists(st.integers(1, 20), max_size=6))
-        size = prefix_len + sum(items)
-        if size == 0 or used + size > PROPERTY_T:
-            break
-        groups.append((prefix_len, items))
-        used += size
-    return groups or [(0, [1])]
 
 
 @settings(max_examples=20, deadline=None)
