@@ -3,6 +3,7 @@
 import functools
 import uuid
 from importlib import metadata
+from pathlib import Path
 
 import anyio
 import jax
@@ -203,9 +204,10 @@ async def metrics(service: Service, request: Request) -> Response:
 
 
 async def start_profile(service: Service, request: Request) -> Response:
-    """Start a JAX profiler trace into the given or configured directory; 409 if one runs."""
+    """Start a JAX profiler trace into the configured directory or a subdirectory of it named by
+    `output_dir`; 400 for a path leaving that root, 409 if a trace runs."""
     req = await service.decode(request, schemas.profile_decoder, empty=schemas.ProfileRequest())
-    directory = req.output_dir or service.settings.server.profile_dir
+    directory = profile_directory(service.settings.server.profile_dir, req.output_dir)
     if service.profiling is not None:
         raise ApiError(409, f"a profile is already running into {service.profiling}")
     try:
@@ -214,6 +216,21 @@ async def start_profile(service: Service, request: Request) -> Response:
         raise ApiError(409, f"profiler: {e}") from None
     service.profiling = directory
     return _json(schemas.ProfileResponse(status="started", output_dir=directory))
+
+
+def profile_directory(root: str, output_dir: str | None) -> str:
+    """`root`, or `output_dir` resolved under it; ApiError 400 when it would leave the root."""
+    base = Path(root).resolve()
+    if output_dir is None:
+        return str(base)
+    target = (base / output_dir).resolve()
+    if Path(output_dir).is_absolute() or not target.is_relative_to(base):
+        raise ApiError(
+            400,
+            "output_dir: must be a relative path inside the profile directory",
+            param="output_dir",
+        )
+    return str(target)
 
 
 async def stop_profile(service: Service, request: Request) -> Response:

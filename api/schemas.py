@@ -73,7 +73,7 @@ class RerankResponse(msgspec.Struct, kw_only=True):
 
 
 class ProfileRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    output_dir: str | None = None  # None: the configured profile directory
+    output_dir: str | None = None  # a subdirectory of the profile directory; None: itself
 
 
 class ProfileResponse(msgspec.Struct, kw_only=True):

@@ -4,6 +4,8 @@ thread behind the bridge) and on trio (engine in the server's loop): every endpo
 import json
 import logging
 import time
+import uuid
+from pathlib import Path
 
 import anyio
 import msgspec
@@ -634,9 +636,10 @@ def test_metrics(client):
     assert client.get("/metrics").headers["content-type"].startswith("text/plain; version=0.0.4")
 
 
-def test_profile_start_stop(client, tmp_path):
-    out = tmp_path / "trace"
-    r = client.post("/start_profile", json={"output_dir": str(out)})
+def test_profile_start_stop(client, tiny_path):
+    root = Path(settings_from_env(tiny_env(tiny_path)).server.profile_dir).resolve()
+    out = root / f"trace-{uuid.uuid4().hex}"
+    r = client.post("/start_profile", json={"output_dir": out.name})
     assert (r.status_code, r.json()) == (200, {"status": "started", "output_dir": str(out)})
     r = client.post("/start_profile")
     assert r.status_code == 409
@@ -650,6 +653,15 @@ def test_profile_start_stop(client, tmp_path):
     assert (r.status_code, r.json()) == (409, error("no profile is running", "conflict_error"))
     r = client.post("/start_profile", json={"dir": "x"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "dir"
+
+
+@pytest.mark.parametrize("output_dir", ["/etc", "../outside", "a/../../outside", "/tmp/x"])
+def test_profile_directory_stays_inside_the_root(client, output_dir):
+    r = client.post("/start_profile", json={"output_dir": output_dir})
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "output_dir"
+    assert "inside the profile directory" in r.json()["error"]["message"]
+    assert client.get("/get_server_info").json()["profiling"] is None
 
 
 def test_openapi_is_generated_from_the_schemas(client):
