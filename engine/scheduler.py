@@ -58,7 +58,6 @@ class SchedulerState:
         self.max_queued_tokens = max_queued_tokens
         self.linger = linger
         self.last_done_at = -math.inf  # when the device last answered requests
-        self.last_done_requests = 0  # how many it answered then
         self.cohort = 0  # requests expected queued before batching: waiting then + answered
         self.requests: dict[int, _Request] = {}
         self.queue: OrderedDict[int, deque[int]] = OrderedDict()  # request id -> item indices
@@ -242,7 +241,7 @@ class SchedulerState:
                 live[rid].logprobs[idx] = done.logprobs[r, : len(live[rid].msg.labels)].tolist()
                 live[rid].remaining -= 1
         finished = [self._finish(rid, now) for rid, req in live.items() if req.remaining == 0]
-        self.last_done_at, self.last_done_requests = now, len(finished)
+        self.last_done_at = now
         self.cohort = len(self.queue) + len(finished)
         return finished
 

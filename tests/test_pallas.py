@@ -192,17 +192,14 @@ def test_tuned_block_sizes() -> None:
         assert all(n & (n - 1) == 0 for n in (head_dim, sizes.block_q, sizes.block_k))
 
 
-@pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU")
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
-@pytest.mark.parametrize("scenario", ["shared_prefix", "one_token_items", "mixed_gqa8"])
-def test_compiled_for_gpu(scenario: str, dtype) -> None:
-    q, k, v, meta = scenario_inputs(scenario, dtype)
-    assert_matches_reference(q, k, v, meta, platform="gpu", interpret=False)
+def _on_device(platform: str):
+    missing = jax.default_backend() != platform
+    return pytest.param(platform, marks=pytest.mark.skipif(missing, reason=f"needs a {platform}"))
 
 
-@pytest.mark.skipif(jax.default_backend() != "tpu", reason="needs a TPU")
+@pytest.mark.parametrize("platform", [_on_device(p) for p in PLATFORMS])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("scenario", ["shared_prefix", "one_token_items", "mixed_gqa8"])
-def test_compiled_for_tpu(scenario: str, dtype) -> None:
+def test_compiled_on_device(platform: str, scenario: str, dtype) -> None:
     q, k, v, meta = scenario_inputs(scenario, dtype)
-    assert_matches_reference(q, k, v, meta, platform="tpu", interpret=False)
+    assert_matches_reference(q, k, v, meta, platform=platform, interpret=False)

@@ -150,7 +150,7 @@ def test_batch_wait_lets_the_queue_grow_while_the_device_is_busy():
     st.handle(tokenized(2, [[6] * 70]), 0.2)  # now a full budget waits: build ahead
     assert st.batch_wait(0.2) == 0.0
     st.handle(done_for(first), 0.3)
-    assert st.last_done_requests == 1 and st.last_done_at == 0.3
+    assert st.cohort == 3 and st.last_done_at == 0.3  # 2 waiting + 1 answered
 
 
 def test_batch_wait_lingers_for_the_cohort_it_just_answered():
