@@ -1,7 +1,7 @@
 """Builds the native hot paths in `_native/`; everything else is declared in pyproject.toml.
 
-The Cython modules are plain C. `_attention` is C++ (the CPU attention custom call) and compiles
-against the XLA FFI headers that jaxlib ships.
+The Cython modules are plain C. `_cpu` is C++ (the CPU attention and dense custom calls) and
+compiles against the XLA FFI headers that jaxlib ships.
 """
 
 import os
@@ -19,12 +19,17 @@ extensions = [
 ]
 extensions.append(
     Extension(
-        "_native._attention",
-        ["_native/_attention.pyx", "_native/attention.cc"],
+        "_native._cpu",
+        ["_native/_cpu.pyx", "_native/attention.cc", "_native/dense.cc"],
         include_dirs=["_native", os.path.join(os.path.dirname(jaxlib.__file__), "include")],
         language="c++",
         extra_compile_args=["-O3", "-std=c++17", "-fno-math-errno", "-Wno-psabi"],
-        depends=["_native/attention.h", "_native/attention_kernel.h"],
+        depends=[
+            "_native/attention.h",
+            "_native/attention_kernel.h",
+            "_native/cpu_pool.h",
+            "_native/dense.h",
+        ],
     )
 )
 

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "attention.h"
+#include "cpu_pool.h"
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -36,14 +37,6 @@ struct Problem {
   const int32_t* prefix_end;
   const int32_t* own_start;
 };
-
-std::atomic<int> g_threads{0};
-
-int thread_count() {
-  int n = g_threads.load();
-  if (n > 0) return n;
-  return std::max(1u, std::thread::hardware_concurrency());
-}
 
 // A growable array of 64-byte aligned 64-byte vectors (std::vector does not promise the
 // alignment of vector-extension types across compilers).
@@ -71,51 +64,7 @@ class Vectors {
   size_t size_ = 0, capacity_ = 0;
 };
 
-// XLA's intra-op thread pool for the call running on this thread (null outside a call).
-thread_local ffi::ThreadPool* t_pool = nullptr;
-
-// Work shared by the caller and the pool tasks. Tasks hold it by shared_ptr: one that starts
-// after all items are claimed touches nothing else, so the caller never waits for a task to
-// start, only for claimed items to finish.
-struct Shared {
-  std::atomic<int> next{0};
-  std::atomic<int> done{0};
-  int n = 0;
-  std::function<void(int)> fn;
-
-  void work() {
-    for (int i = next++; i < n; i = next++) {
-      fn(i);
-      done.fetch_add(1, std::memory_order_release);
-    }
-  }
-};
-
-// Runs fn(0..n) on the calling thread and up to thread_count() - 1 tasks of XLA's pool (or
-// plain threads when there is no pool).
-template <typename Fn>
-void parallel_for(int n, const Fn& fn) {
-  int helpers = std::min(thread_count(), n) - 1;
-  if (t_pool != nullptr) helpers = std::min<int64_t>(helpers, t_pool->num_threads());
-  if (helpers <= 0) {
-    for (int i = 0; i < n; ++i) fn(i);
-    return;
-  }
-  auto shared = std::make_shared<Shared>();
-  shared->n = n;
-  shared->fn = [&fn](int i) { fn(i); };
-  std::vector<std::thread> threads;
-  for (int h = 0; h < helpers; ++h) {
-    if (t_pool != nullptr) {
-      t_pool->Schedule([shared] { shared->work(); });
-    } else {
-      threads.emplace_back([shared] { shared->work(); });
-    }
-  }
-  shared->work();
-  while (shared->done.load(std::memory_order_acquire) < n) std::this_thread::yield();
-  for (auto& t : threads) t.join();
-}
+using native_cpu::parallel_for;
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define PACKED_ATTENTION_BF16 1
@@ -202,10 +151,7 @@ ffi::Error Attention(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                      ffi::Buffer<ffi::S32> prefix_start, ffi::Buffer<ffi::S32> prefix_end,
                      ffi::Buffer<ffi::S32> own_start, ffi::Result<ffi::AnyBuffer> out,
                      float scale, ffi::ThreadPool pool) {
-  t_pool = &pool;
-  struct Reset {
-    ~Reset() { t_pool = nullptr; }
-  } reset;
+  native_cpu::PoolScope scope(pool);
   auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
   if (qd.size() != 3) return ffi::Error::InvalidArgument(shape_error("q", q));
   if (kd.size() != 3 || kd[0] != qd[0] || kd[2] != qd[2] || qd[1] % kd[1] != 0)
@@ -254,7 +200,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PackedAttentionHandler, packed_attention::Attentio
 
 void* packed_attention_handler() { return reinterpret_cast<void*>(&PackedAttentionHandler); }
 
-void packed_attention_set_threads(int threads) { packed_attention::g_threads = threads; }
+void packed_attention_set_threads(int threads) { native_cpu::g_threads = threads; }
 
 int packed_attention_cpu_has(int isa) { return packed_attention::cpu_has(isa); }
 

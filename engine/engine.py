@@ -34,6 +34,9 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     dtype: str = "bfloat16"  # weight dtype: "bfloat16" or "float32"
     # "reference" | "xla" | "cpu" | "pallas"; None picks by backend (cpu on CPU, pallas on TPU/GPU)
     attention: str | None = None
+    # layer matmuls: "xla" | "cpu" (bf16 weights packed once for the native AVX512-BF16 kernel);
+    # None picks "cpu" for bf16 where that kernel runs
+    dense: str | None = None
     token_budget: int = 16384  # most real tokens in one packed batch
     block_size: int = 64  # attention block (tokens); token buckets are multiples of it
     # padded batch sizes in tokens, ascending multiples of block_size; None: powers of two from
@@ -325,6 +328,7 @@ async def open_engine(config: EngineConfig | None = None) -> AsyncIterator[Engin
             config.model,
             dtype=config.dtype,
             attention=config.attention,
+            dense=config.dense,
             token_budget=config.token_budget,
             progress=config.progress,
         )

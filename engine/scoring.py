@@ -12,7 +12,8 @@ import tokenizers
 from engine import inputs, packing
 from engine.loaders import Checkpoint, load_checkpoint
 from engine.models import FAMILIES, ModelConfig, PackedInputs, label_logprobs
-from kernels import select_attention
+from engine.models.decoder import pack_layers
+from kernels import select_attention, select_dense
 
 DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
 DEFAULT_TOKEN_BUDGET = 16384
@@ -23,6 +24,7 @@ def load_model(
     *,
     dtype: str = "bfloat16",
     attention: str | None = None,
+    dense: str | None = None,
     token_budget: int = DEFAULT_TOKEN_BUDGET,
     progress: bool = True,
 ) -> "ScoringModel":
@@ -30,13 +32,16 @@ def load_model(
 
     `dtype` is the weight dtype ("bfloat16" or "float32"; matmuls accumulate in f32 either way);
     `attention` forces an implementation by name ("reference", "xla", "cpu"), `None` picks by
-    backend (the fused native kernel on CPU when it supports the head dim);
-    `token_budget` bounds the tokens of one packed batch; `progress` shows a loading bar.
+    backend (the fused native kernel on CPU when it supports the head dim); `dense` forces the
+    layer matmul path ("xla", or "cpu": bf16 weights packed once for the native kernel), `None`
+    picks "cpu" for bf16 on a CPU that runs it; `token_budget` bounds the tokens of one packed
+    batch; `progress` shows a loading bar.
     """
     return ScoringModel(
         load_checkpoint(path, progress=progress),
         dtype=dtype,
         attention=attention,
+        dense=dense,
         token_budget=token_budget,
     )
 
@@ -65,6 +70,7 @@ class ScoringModel:
         *,
         dtype: str = "bfloat16",
         attention: str | None = None,
+        dense: str | None = None,
         token_budget: int = DEFAULT_TOKEN_BUDGET,
     ):
         if dtype not in DTYPES:
@@ -76,7 +82,10 @@ class ScoringModel:
         self.buckets = packing.default_buckets(
             max(token_budget, self.config.max_position_embeddings)
         )
+        self.dense = select_dense(dense, jax.default_backend(), dtype=DTYPES[dtype])
         self.params = place_params(checkpoint.params, DTYPES[dtype])
+        if self.dense == "cpu":
+            self.params = pack_layers(self.params)
         self.attention = select_attention(
             attention,
             jax.default_backend(),
@@ -114,6 +123,8 @@ class ScoringModel:
     def sequences(self, query: inputs.Query, items: inputs.Items, *, item_first: bool):
         """The validated token sequences `score` would run, one per item."""
         seqs = inputs.build_sequences(self.tokenizer, query, items, item_first=item_first)
+        if not isinstance(query, str):  # built: the query's ids are ints
+            inputs.check_query_ids(query, self.config.vocab_size)
         inputs.check_sequences(
             seqs, vocab_size=self.config.vocab_size, max_len=self.config.max_position_embeddings
         )

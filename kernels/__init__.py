@@ -1,6 +1,10 @@
-"""Attention kernels for packed prefix batches and the host-side schedule they consume."""
+"""Attention kernels for packed prefix batches, the host-side schedule they consume, and the
+choice of dense matmul path."""
 
 from collections.abc import Callable
+
+import jax.numpy as jnp
+import numpy as np
 
 from kernels import cpu, pallas
 from kernels.cpu import attention_cpu
@@ -38,6 +42,30 @@ def select_attention(
     return ATTENTION[name]
 
 
+DENSE = ("xla", "cpu")  # "cpu": bf16 layer matrices packed for the native kernel
+
+
+def select_dense(name: str | None, backend: str, *, dtype) -> str:
+    """The dense matmul path called `name`, or the default for `backend` when `name` is None.
+
+    The default is "cpu" (`kernels.cpu.dense_cpu`) for bfloat16 weights on a CPU backend where the
+    native kernel runs (it needs AVX512-BF16), "xla" otherwise. Raises ValueError for an unknown
+    name or "cpu" where it cannot run.
+    """
+    bf16 = np.dtype(dtype) == np.dtype(jnp.bfloat16)
+    if name is None:
+        name = "cpu" if backend == "cpu" and bf16 and cpu.DENSE_AVAILABLE else "xla"
+    if name not in DENSE:
+        raise ValueError(f"unknown dense {name!r}; known: {list(DENSE)}")
+    if name == "cpu" and not (backend == "cpu" and bf16 and cpu.DENSE_AVAILABLE):
+        raise ValueError(
+            "dense 'cpu' needs the CPU backend, bfloat16 weights, the native extension and an "
+            f"AVX512-BF16 CPU (backend {backend}, dtype {np.dtype(dtype)}, "
+            f"kernel available: {cpu.DENSE_AVAILABLE})"
+        )
+    return name
+
+
 def _default_name(backend: str, head_dim: int | None, dtype) -> str:
     if backend == "cpu":
         return "cpu" if head_dim is not None and cpu.supports(head_dim, dtype) else "xla"
@@ -46,6 +74,7 @@ def _default_name(backend: str, head_dim: int | None, dtype) -> str:
 
 __all__ = [
     "ATTENTION",
+    "DENSE",
     "AttentionMeta",
     "attention_cpu",
     "attention_pallas",
@@ -55,4 +84,5 @@ __all__ = [
     "build_block_schedule",
     "make_meta",
     "select_attention",
+    "select_dense",
 ]

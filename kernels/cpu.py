@@ -16,16 +16,16 @@ import numpy as np
 from kernels.metadata import AttentionMeta
 
 try:
-    from _native import _attention
+    from _native import _cpu
 except ImportError:  # a source checkout without the compiled extension
-    _attention = None
+    _cpu = None
 
 TARGET = "packed_attention"
 HEAD_DIMS = (64, 128)
 DTYPES = (np.dtype(jax.numpy.bfloat16), np.dtype(np.float32))
-AVAILABLE = _attention is not None
+AVAILABLE = _cpu is not None
 if AVAILABLE:
-    jax.ffi.register_ffi_target(TARGET, _attention.handler(), platform="cpu")
+    jax.ffi.register_ffi_target(TARGET, _cpu.attention_handler(), platform="cpu")
 
 
 def supports(head_dim: int, dtype) -> bool:
@@ -34,7 +34,8 @@ def supports(head_dim: int, dtype) -> bool:
 
 
 def set_threads(threads: int) -> None:
-    """Worker threads per attention call; 0 (the default) uses every online core."""
+    """Worker threads per native kernel call (attention and dense); 0 (the default) uses every
+    online core."""
     _native_module().set_threads(threads)
 
 
@@ -57,7 +58,7 @@ def isa() -> str:
 def _native_module():
     if not AVAILABLE:
         raise RuntimeError("the native CPU attention kernel was not built")
-    return _attention
+    return _cpu
 
 
 def attention_cpu(
@@ -82,3 +83,37 @@ def attention_cpu(
     return call(
         q, k, v, meta.prefix_start, meta.prefix_end, meta.own_start, scale=np.float32(scale)
     )
+
+
+DENSE_TARGET = "packed_dense"
+DENSE_AVAILABLE = AVAILABLE and _cpu.dense_supported()
+if DENSE_AVAILABLE:
+    jax.ffi.register_ffi_target(DENSE_TARGET, _cpu.dense_handler(), platform="cpu")
+
+
+def dense_supports(k: int, n: int) -> bool:
+    """Whether the native dense kernel takes a [K, N] weight (it needs AVX512-BF16)."""
+    return DENSE_AVAILABLE and k % 2 == 0 and n % 16 == 0
+
+
+def pack_dense(w) -> np.ndarray:
+    """Weights [..., K, N] packed for `dense_cpu` as bf16 [..., N/16, K/2, 32]: per 16-column
+    group and row pair (k, k+1), the columns' (w[k, n], w[k+1, n]) pairs."""
+    w = np.asarray(w).astype(jax.numpy.bfloat16)
+    *lead, k, n = w.shape
+    w = w.reshape(*lead, k // 2, 2, n // 16, 16)
+    w = np.moveaxis(w, (-4, -3, -2, -1), (-3, -1, -4, -2))  # [..., N/16, K/2, 16, 2]
+    return np.ascontiguousarray(w).reshape(*lead, n // 16, k // 2, 32)
+
+
+def dense_cpu(
+    x: jax.Array,  # [M, K], cast to bf16
+    w: jax.Array,  # bf16[L, N/16, K/2, 32] from `pack_dense`
+    layer: jax.Array,  # i32[]: which of the L matrices
+) -> jax.Array:  # f32[M, N]
+    """`x @ W[layer]` on the CPU: bf16 inputs, f32 products and accumulation."""
+    m, k = x.shape
+    if w.ndim != 4 or w.shape[2] * 2 != k or w.shape[3] != 32:
+        raise ValueError(f"dense_cpu: weights of shape {w.shape} do not take x of shape {x.shape}")
+    call = jax.ffi.ffi_call(DENSE_TARGET, jax.ShapeDtypeStruct((m, w.shape[1] * 16), np.float32))
+    return call(x.astype(jax.numpy.bfloat16), w, jax.numpy.asarray(layer, np.int32))

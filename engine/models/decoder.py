@@ -3,7 +3,8 @@ label head that runs on score rows only.
 
 Activations (the residual stream, norms, RoPE, softmax) stay in f32; matmul inputs are cast to
 the weights' dtype and accumulate in f32 (`preferred_element_type`), which on CPU is both the
-fast and the accurate path for bf16.
+fast and the accurate path for bf16. Layer matrices may come packed for the native CPU dense
+kernel (`PackedStack`, see `pack_layers`); `matmul` takes either form.
 """
 
 import math
@@ -14,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from engine.models.config import ModelConfig
+from kernels import cpu
 from kernels.metadata import AttentionMeta
 
 Params = dict
@@ -37,8 +39,52 @@ class PackedInputs(NamedTuple):
     label_ids: jax.Array  # i32[S, L]
 
 
-def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
+# the layer matrices, each [L, K, N] in a checkpoint's params["layers"]
+LAYER_MATRICES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+
+
+class PackedStack(NamedTuple):
+    """A stack of layer matrices [L, K, N] packed for `kernels.cpu.dense_cpu`."""
+
+    data: jax.Array  # bf16[L, N/16, K/2, 32]
+
+
+class PackedLayer(NamedTuple):
+    """One layer's matrix of a `PackedStack`: the whole stack and the layer index, so a scan
+    over layers never copies the matrix out of the stack."""
+
+    data: jax.Array  # bf16[L, N/16, K/2, 32]
+    layer: jax.Array  # i32[]
+
+    @property
+    def dtype(self):
+        return self.data.dtype
+
+
+def pack_layers(params: Params) -> Params:
+    """`params` with every bf16 layer matrix the native dense kernel takes as a `PackedStack`,
+    and the LM head packed as "packed_head" (a tied head keeps "embed" for the lookup)."""
+    layers = dict(params["layers"])
+    for name in LAYER_MATRICES:
+        w = layers.get(name)
+        if _packable(w):
+            layers[name] = PackedStack(jnp.asarray(cpu.pack_dense(w)))
+    params = {**params, "layers": layers}
+    head = params.get("lm_head", params["embed"]).T[None]  # [1, E, V]
+    if _packable(head):
+        params["packed_head"] = PackedStack(jnp.asarray(cpu.pack_dense(head)))
+        params.pop("lm_head", None)
+    return params
+
+
+def _packable(w: jax.Array | None) -> bool:  # w: [L, K, N]
+    return w is not None and w.dtype == jnp.bfloat16 and cpu.dense_supports(*w.shape[1:])
+
+
+def matmul(x: jax.Array, w: jax.Array | PackedLayer) -> jax.Array:
     """`x @ w` with inputs in the weight dtype and f32 accumulation."""
+    if isinstance(w, PackedLayer):
+        return cpu.dense_cpu(x, w.data, w.layer)
     return jnp.matmul(x.astype(w.dtype), w, preferred_element_type=jnp.float32)
 
 
@@ -95,12 +141,23 @@ def label_logprobs(
     x = params["embed"][inputs.tokens].astype(jnp.float32)  # [T, E]
     angles = inputs.positions.astype(jnp.float32)[:, None] * rope_frequencies(cfg)  # [T, D/2]
     cos, sin = jnp.cos(angles)[:, None, :], jnp.sin(angles)[:, None, :]
-    layer = lambda x, p: _layer(
-        x, p, cfg=cfg, family=family, attention=attention, meta=inputs.meta, cos=cos, sin=sin
-    )
-    x, _ = jax.lax.scan(layer, x, params["layers"])
+    stacks = {n: w for n, w in params["layers"].items() if isinstance(w, PackedStack)}
+    sliced = {n: w for n, w in params["layers"].items() if n not in stacks}
+
+    def layer(x, xs):
+        index, p = xs
+        p = p | {n: PackedLayer(s.data, index) for n, s in stacks.items()}
+        return _layer(
+            x, p, cfg=cfg, family=family, attention=attention, meta=inputs.meta, cos=cos, sin=sin
+        )
+
+    indices = jnp.arange(cfg.num_layers, dtype=jnp.int32)
+    x, _ = jax.lax.scan(layer, x, (indices, sliced))
     h = rms_norm(x[inputs.score_rows], params["final_norm"], cfg.rms_norm_eps)  # [S, E]
-    head = params.get("lm_head", params["embed"])  # [V, E]
-    logits = jnp.matmul(h.astype(head.dtype), head.T, preferred_element_type=jnp.float32)
+    if "packed_head" in params:
+        logits = matmul(h, PackedLayer(params["packed_head"].data, jnp.int32(0)))  # [S, V]
+    else:
+        head = params.get("lm_head", params["embed"])  # [V, E]
+        logits = jnp.matmul(h.astype(head.dtype), head.T, preferred_element_type=jnp.float32)
     logp = jax.nn.log_softmax(logits, axis=-1)  # [S, V]
     return jnp.take_along_axis(logp, inputs.label_ids, axis=1)

@@ -1,5 +1,6 @@
 # distutils: language = c++
-"""The CPU packed attention kernel (attention.cc) as an XLA FFI handler capsule, and its knobs."""
+"""The native CPU kernels as XLA FFI handler capsules, and their knobs: packed attention
+(attention.cc) and the pre-packed bf16 dense matmul (dense.cc)."""
 
 from cpython.pycapsule cimport PyCapsule_New
 
@@ -12,17 +13,32 @@ cdef extern from "attention.h":
     int packed_attention_isa()
 
 
-# Instruction-set builds of the kernel, by the index the C side uses.
+cdef extern from "dense.h":
+    void* packed_dense_handler()
+    int packed_dense_supported()
+
+
+# Instruction-set builds of the attention kernel, by the index the C side uses.
 ISAS = ("portable", "avx2", "avx512", "avx512bf16")
 
 
-def handler():
+def attention_handler():
     """The XLA FFI handler of the `packed_attention` custom call, as a PyCapsule."""
     return PyCapsule_New(packed_attention_handler(), NULL, NULL)
 
 
+def dense_handler():
+    """The XLA FFI handler of the `packed_dense` custom call, as a PyCapsule."""
+    return PyCapsule_New(packed_dense_handler(), NULL, NULL)
+
+
+def dense_supported():
+    """Whether this CPU runs the dense kernel (it needs AVX512-BF16)."""
+    return bool(packed_dense_supported())
+
+
 def set_threads(int threads):
-    """Worker threads per call; 0 means every online core."""
+    """Worker threads per kernel call (attention and dense); 0 means every online core."""
     if threads < 0:
         raise ValueError(f"threads must be >= 0, got {threads}")
     packed_attention_set_threads(threads)

@@ -1,0 +1,8 @@
+// C entry points of the CPU packed dense custom call, for the Cython wrapper.
+#pragma once
+
+// The XLA FFI handler (an XLA_FFI_Handler*), to register as a custom call target.
+void* packed_dense_handler();
+
+// Whether this CPU runs the kernel (it needs AVX512-BF16).
+int packed_dense_supported();

@@ -1,0 +1,132 @@
+"""The native pre-packed bf16 dense kernel against XLA's dot and float64, and the model using it."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from engine import load_model
+from engine.models.decoder import PackedStack
+from kernels import cpu, select_dense
+
+pytestmark = pytest.mark.skipif(not cpu.DENSE_AVAILABLE, reason="needs the AVX512-BF16 kernel")
+
+
+@jax.jit
+def native(x, w, layer):
+    return cpu.dense_cpu(x, w, layer)
+
+
+@jax.jit
+def xla(x, w):
+    return jnp.matmul(x.astype(jnp.bfloat16), w, preferred_element_type=jnp.float32)
+
+
+def bf16(rng, *shape) -> jax.Array:
+    return jnp.asarray(rng.standard_normal(shape), jnp.bfloat16)
+
+
+def exact(x, w) -> np.ndarray:
+    """x @ w in float64 from the bf16 values (products of bf16 are exact in f32)."""
+    return np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+
+
+# rows cover every register-tile height (1..8 and beyond); columns every panel width (1..3
+# groups of 16) and several panels; K from one pair up to a model's hidden size
+SHAPES = [
+    (1, 2, 16),
+    (3, 64, 32),
+    (7, 64, 48),
+    (8, 96, 64),
+    (9, 128, 80),
+    (23, 576, 192),
+    (100, 576, 576),
+    (257, 1536, 576),
+    (1031, 576, 1536),
+]
+
+
+@pytest.mark.parametrize(("m", "k", "n"), SHAPES)
+def test_equals_xla_and_float64(m, k, n):
+    rng = np.random.default_rng(m * k + n)
+    x, w = bf16(rng, m, k), bf16(rng, k, n)
+    out = native(x, jnp.asarray(cpu.pack_dense(w[None])), 0)
+    assert out.shape == (m, n) and out.dtype == jnp.float32
+    truth = exact(x, w)
+    np.testing.assert_allclose(out, truth, rtol=0, atol=2e-6 * np.abs(truth).max() + 1e-30)
+    np.testing.assert_allclose(out, xla(x, w), rtol=0, atol=2e-6 * np.abs(truth).max())
+
+
+def test_f32_inputs_are_rounded_to_bf16_first():
+    rng = np.random.default_rng(3)
+    x = jnp.asarray(rng.standard_normal((40, 64)), jnp.float32)
+    w = bf16(rng, 64, 32)
+    out = native(x, jnp.asarray(cpu.pack_dense(w[None])), 0)
+    np.testing.assert_allclose(out, exact(x.astype(jnp.bfloat16), w), atol=1e-4)
+
+
+def test_the_layer_index_picks_the_matrix():
+    rng = np.random.default_rng(4)
+    x, stack = bf16(rng, 33, 64), bf16(rng, 3, 64, 48)
+    packed = jnp.asarray(cpu.pack_dense(stack))
+    assert packed.shape == (3, 3, 32, 32)
+    for layer in range(3):
+        np.testing.assert_allclose(native(x, packed, layer), exact(x, stack[layer]), atol=1e-4)
+
+
+def test_packing_layout():
+    w = np.arange(4 * 32, dtype=np.float32).reshape(4, 32)  # small integers: exact in bf16
+    packed = cpu.pack_dense(w)
+    assert packed.shape == (2, 2, 32) and packed.dtype == jnp.bfloat16
+    for g, p, c, j in np.ndindex(2, 2, 16, 2):
+        assert packed[g, p, 2 * c + j] == w[2 * p + j, 16 * g + c]
+
+
+def test_thread_count_does_not_change_results():
+    rng = np.random.default_rng(5)
+    x, w = bf16(rng, 300, 128), jnp.asarray(cpu.pack_dense(bf16(rng, 1, 128, 96)))
+    every = native(x, w, 0)
+    try:
+        cpu.set_threads(1)
+        one = jax.jit(lambda x, w: cpu.dense_cpu(x, w, 0) + 0)(x, w)
+    finally:
+        cpu.set_threads(0)
+    np.testing.assert_array_equal(every, one)
+
+
+def test_bad_shapes_and_layers_are_refused():
+    rng = np.random.default_rng(6)
+    x, w = bf16(rng, 8, 64), jnp.asarray(cpu.pack_dense(bf16(rng, 2, 64, 32)))
+    with pytest.raises(ValueError, match="do not take x"):
+        cpu.dense_cpu(bf16(rng, 8, 66), w, 0)
+    with pytest.raises(Exception, match="layer 2 outside the stack of 2"):
+        native(x, w, 2).block_until_ready()
+    assert cpu.dense_supports(576, 1536)
+    assert not cpu.dense_supports(575, 1536) and not cpu.dense_supports(576, 1530)
+
+
+def test_select_dense():
+    assert select_dense(None, "cpu", dtype=jnp.bfloat16) == "cpu"
+    assert select_dense(None, "cpu", dtype=jnp.float32) == "xla"
+    assert select_dense(None, "gpu", dtype=jnp.bfloat16) == "xla"
+    assert select_dense("xla", "cpu", dtype=jnp.bfloat16) == "xla"
+    with pytest.raises(ValueError, match="unknown dense 'fast'"):
+        select_dense("fast", "cpu", dtype=jnp.bfloat16)
+    with pytest.raises(ValueError, match="bfloat16 weights"):
+        select_dense("cpu", "cpu", dtype=jnp.float32)
+
+
+@pytest.mark.parametrize("family", ["llama-untied", "qwen2", "qwen3"])
+def test_a_packed_model_scores_like_xla(tiny_checkpoints, family):
+    packed = load_model(tiny_checkpoints[family], dtype="bfloat16", progress=False)
+    plain = load_model(tiny_checkpoints[family], dtype="bfloat16", dense="xla", progress=False)
+    assert (packed.dense, plain.dense) == ("cpu", "xla")
+    layers = packed.params["layers"]
+    assert all(isinstance(layers[n], PackedStack) for n in ("wq", "wo", "w_gate", "w_down"))
+    assert isinstance(packed.params["packed_head"], PackedStack)
+    rng = np.random.default_rng(7)
+    query = [int(t) for t in rng.integers(0, 384, 30)]
+    items = [[int(t) for t in rng.integers(0, 384, n)] for n in (1, 9, 40, 70)]
+    np.testing.assert_allclose(
+        packed.score(query, items, [1, 2, 3]), plain.score(query, items, [1, 2, 3]), rtol=1e-5
+    )
