@@ -15,6 +15,7 @@ cdef extern from "attention.h":
 
 cdef extern from "dense.h":
     void* packed_dense_handler()
+    void* packed_gated_handler()
     int packed_dense_supported()
 
 
@@ -30,6 +31,11 @@ def attention_handler():
 def dense_handler():
     """The XLA FFI handler of the `packed_dense` custom call, as a PyCapsule."""
     return PyCapsule_New(packed_dense_handler(), NULL, NULL)
+
+
+def gated_handler():
+    """The XLA FFI handler of the `packed_gated` custom call (a SwiGLU MLP's gate and up)."""
+    return PyCapsule_New(packed_gated_handler(), NULL, NULL)
 
 
 def dense_supported():

@@ -8,6 +8,9 @@
 // index keeps a `lax.scan` over layers from copying each layer's weights out of the stack.
 //
 // Products are exact in f32 and accumulate in f32, as `preferred_element_type=float32` does.
+// The gated form computes a SwiGLU MLP's bf16(silu(a @ W_gate) * (a @ W_up)) in one pass, from
+// gate and up packed with their 16-column groups interleaved, so neither f32 product reaches
+// memory.
 
 #include <algorithm>
 #include <array>
@@ -27,14 +30,11 @@ namespace ffi = xla::ffi;
 namespace packed_dense {
 
 struct Problem {
-  int64_t m, n, k;
+  int64_t m, n, k;    // n: columns of the packed weights (gate and up together when gated)
   const uint16_t* a;  // [m, k]
   const uint16_t* w;  // [n / 16, k / 2, 32]
-  float* out;         // [m, n]
+  void* out;          // f32[m, n], or bf16[m, n / 2] when gated
 };
-
-constexpr int kRows = 8;    // rows of a register tile
-constexpr int kGroups = 3;  // 16-column groups of a register tile: 8 x 3 accumulators
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define PACKED_DENSE_NATIVE 1
@@ -43,41 +43,120 @@ constexpr int kGroups = 3;  // 16-column groups of a register tile: 8 x 3 accumu
 
 typedef int32_t __attribute__((may_alias)) Pair;  // two bf16 values read as one lane
 
-// out[R, 16 G] = a[R, k] @ the G column groups at w (each `stride` elements apart).
-template <int R, int G>
-void tile(const uint16_t* a, int64_t k, const uint16_t* w, int64_t stride, float* out,
-          int64_t n) {
+// Writes the f32 accumulators as they are: groups g of a row go to columns 16 g.
+struct StoreF32 {
+  static constexpr int kRows = 8, kGroups = 3;  // 24 accumulators
+  template <int G>
+  static void row(const __m512* acc, void* out, int64_t ld, int64_t row, int64_t group) {
+    float* o = static_cast<float*>(out) + row * ld + group * 16;
+    for (int g = 0; g < G; ++g) _mm512_storeu_ps(o + g * 16, acc[g]);
+  }
+};
+
+// e^x for x <= 88 (larger gives +inf), to ~2e-7 relative: 2^n by scalef times a degree-7
+// Taylor polynomial of 2^f on [-0.5, 0.5].
+inline __m512 exp_ps(__m512 x) {
+  const __m512 y = _mm512_max_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                 _mm512_set1_ps(-150.0f));
+  const __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_mul_ps(_mm512_sub_ps(y, n), _mm512_set1_ps(0.69314718055994531f));
+  __m512 p = _mm512_set1_ps(1.0f / 5040);
+  for (float c : {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f})
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
+  return _mm512_scalef_ps(p, n);
+}
+
+// Gated (SwiGLU) output: the weights interleave gate and up 16-column groups, so accumulator
+// pairs (2j, 2j+1) are gate and up of output group j; writes bf16(silu(gate) * up).
+struct StoreGated {
+  static constexpr int kRows = 6, kGroups = 4;  // 24 accumulators, two output groups
+  template <int G>
+  static void row(const __m512* acc, void* out, int64_t ld, int64_t row, int64_t group) {
+    uint16_t* o = static_cast<uint16_t*>(out) + row * (ld / 2) + group / 2 * 16;
+    for (int g = 0; g + 1 < G; g += 2) {
+      const __m512 gate = acc[g], up = acc[g + 1];
+      const __m512 one = _mm512_set1_ps(1.0f);
+      const __m512 silu = _mm512_div_ps(gate, _mm512_add_ps(one, exp_ps(_mm512_sub_ps(
+                                                                  _mm512_setzero_ps(), gate))));
+      const __m256bh h = _mm512_cvtneps_pbh(_mm512_mul_ps(silu, up));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + g / 2 * 16), (__m256i)h);
+    }
+  }
+};
+
+// Rows [row, row + R) of a by the G column groups starting at `group`, stored by `Store`.
+template <class Store, int R, int G>
+void tile(const Problem& p, int64_t row, int64_t group) {
   __m512 acc[R][G];
   for (int r = 0; r < R; ++r)
     for (int g = 0; g < G; ++g) acc[r][g] = _mm512_setzero_ps();
-  const int64_t pairs = k / 2;
-  const Pair* rows = reinterpret_cast<const Pair*>(a);
-  for (int64_t p = 0; p < pairs; ++p) {
+  const int64_t pairs = p.k / 2, stride = p.k * 16;
+  const Pair* rows = reinterpret_cast<const Pair*>(p.a + row * p.k);
+  const uint16_t* w = p.w + group * stride;
+  for (int64_t i = 0; i < pairs; ++i) {
     __m512bh b[G];
     for (int g = 0; g < G; ++g)
-      b[g] = (__m512bh)_mm512_loadu_si512(w + g * stride + p * 32);
+      b[g] = (__m512bh)_mm512_loadu_si512(w + g * stride + i * 32);
     for (int r = 0; r < R; ++r) {
-      __m512bh x = (__m512bh)_mm512_set1_epi32(rows[r * pairs + p]);
+      __m512bh x = (__m512bh)_mm512_set1_epi32(rows[r * pairs + i]);
       for (int g = 0; g < G; ++g) acc[r][g] = _mm512_dpbf16_ps(acc[r][g], x, b[g]);
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int g = 0; g < G; ++g) _mm512_storeu_ps(out + r * n + g * 16, acc[r][g]);
+  for (int r = 0; r < R; ++r) Store::template row<G>(acc[r], p.out, p.n, row + r, group);
 }
 
-using Tile = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, float*, int64_t);
+using Tile = void (*)(const Problem&, int64_t, int64_t);
 
-template <int G, int... R>
-constexpr auto row_tiles(std::integer_sequence<int, R...>) {
-  return std::array<Tile, sizeof...(R)>{&tile<R + 1, G>...};
-}
-
-// TILES[g - 1][r - 1] computes r rows by g groups.
-const std::array<std::array<Tile, kRows>, kGroups> TILES = {
-    row_tiles<1>(std::make_integer_sequence<int, kRows>{}),
-    row_tiles<2>(std::make_integer_sequence<int, kRows>{}),
-    row_tiles<3>(std::make_integer_sequence<int, kRows>{}),
+// Tiles<Store>::get(r, g) computes r rows by g groups, for every r and g up to the tile size.
+template <class Store>
+struct Tiles {
+  template <int G, int... R>
+  static constexpr std::array<Tile, sizeof...(R)> rows(std::integer_sequence<int, R...>) {
+    return {&tile<Store, R + 1, G>...};
+  }
+  template <int... G>
+  static constexpr auto table(std::integer_sequence<int, G...>) {
+    return std::array<std::array<Tile, Store::kRows>, sizeof...(G)>{
+        rows<G + 1>(std::make_integer_sequence<int, Store::kRows>{})...};
+  }
+  static Tile get(int r, int g) {
+    static const auto TABLE = table(std::make_integer_sequence<int, Store::kGroups>{});
+    return TABLE[g - 1][r - 1];
+  }
 };
+
+// Rows [r0, r1) by column panels [p0, p1): each panel of weights stays in L2 while the rows'
+// register tiles stream past it.
+template <class Store>
+void block(const Problem& p, int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
+  const int64_t groups = p.n / 16;
+  for (int64_t panel = p0; panel < p1; ++panel) {
+    const int64_t g0 = panel * Store::kGroups;
+    const int g = int(std::min<int64_t>(Store::kGroups, groups - g0));
+    for (int64_t r = r0; r < r1; r += Store::kRows) {
+      const int rows = int(std::min<int64_t>(Store::kRows, r1 - r));
+      Tiles<Store>::get(rows, g)(p, r, g0);
+    }
+  }
+}
+
+template <class Store>
+void run(const Problem& p) {
+  const int64_t groups = p.n / 16;
+  const int64_t panels = (groups + Store::kGroups - 1) / Store::kGroups;
+  // about 256 KiB of activations per block, beside one weight panel, within L2
+  const int64_t block_rows = std::clamp<int64_t>(
+      (128 * 1024 / p.k) / Store::kRows * Store::kRows, Store::kRows, 64 * Store::kRows);
+  const int64_t row_blocks = (p.m + block_rows - 1) / block_rows;
+  // small batches split the columns too, so every thread has work
+  const int64_t wanted = 4 * native_cpu::thread_count();
+  const int64_t splits = std::clamp<int64_t>((wanted + row_blocks - 1) / row_blocks, 1, panels);
+  native_cpu::parallel_for(int(row_blocks * splits), [&](int item) {
+    const int64_t rb = item / splits, s = item % splits;
+    const int64_t r0 = rb * block_rows, r1 = std::min(p.m, r0 + block_rows);
+    block<Store>(p, r0, r1, s * panels / splits, (s + 1) * panels / splits);
+  });
+}
 
 #pragma GCC pop_options
 #else
@@ -92,86 +171,71 @@ bool cpu_supported() {
 #endif
 }
 
-#if PACKED_DENSE_NATIVE
-// Rows [r0, r1) by column panels [p0, p1): each panel (kGroups groups) stays in L2 while the
-// rows' register tiles stream past it.
-void block(const Problem& p, int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
-  const int64_t groups = p.n / 16, stride = p.k * 16;
-  for (int64_t panel = p0; panel < p1; ++panel) {
-    const int64_t g0 = panel * kGroups;
-    const int g = int(std::min<int64_t>(kGroups, groups - g0));
-    for (int64_t r = r0; r < r1; r += kRows) {
-      const int rows = int(std::min<int64_t>(kRows, r1 - r));
-      TILES[g - 1][rows - 1](p.a + r * p.k, p.k, p.w + g0 * stride, stride,
-                             p.out + r * p.n + g0 * 16, p.n);
-    }
-  }
-}
-
-void run(const Problem& p) {
-  const int64_t groups = p.n / 16, panels = (groups + kGroups - 1) / kGroups;
-  // about 256 KiB of activations per block, beside one weight panel, within L2
-  const int64_t block_rows = std::clamp<int64_t>((128 * 1024 / p.k) / kRows * kRows, kRows, 512);
-  const int64_t row_blocks = (p.m + block_rows - 1) / block_rows;
-  // small batches split the columns too, so every thread has work
-  const int64_t wanted = 4 * native_cpu::thread_count();
-  const int64_t splits = std::clamp<int64_t>((wanted + row_blocks - 1) / row_blocks, 1, panels);
-  native_cpu::parallel_for(int(row_blocks * splits), [&](int item) {
-    const int64_t rb = item / splits, s = item % splits;
-    const int64_t r0 = rb * block_rows, r1 = std::min(p.m, r0 + block_rows);
-    block(p, r0, r1, s * panels / splits, (s + 1) * panels / splits);
-  });
-}
-#endif
-
 std::string dims(const ffi::AnyBuffer& buffer) {
   std::string text;
   for (int64_t d : buffer.dimensions()) text += (text.empty() ? "" : ", ") + std::to_string(d);
   return "[" + text + "]";
 }
 
-ffi::Error Dense(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::Buffer<ffi::S32> layer,
-                 ffi::Result<ffi::AnyBuffer> out, ffi::ThreadPool pool) {
-  if (!cpu_supported())
-    return ffi::Error::InvalidArgument("packed_dense: this CPU has no AVX512-BF16");
-  auto ad = a.dimensions(), wd = w.dimensions(), od = out->dimensions();
+// Checks the operands and returns the problem, or an error message.
+std::string check(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w,
+                  const ffi::Buffer<ffi::S32>& layer, const ffi::AnyBuffer& out, bool gated) {
+  if (!cpu_supported()) return "this CPU has no AVX512-BF16";
+  auto ad = a.dimensions(), wd = w.dimensions(), od = out.dimensions();
+  const auto out_type = gated ? ffi::DataType::BF16 : ffi::DataType::F32;
   if (a.element_type() != ffi::DataType::BF16 || w.element_type() != ffi::DataType::BF16 ||
-      out->element_type() != ffi::DataType::F32)
-    return ffi::Error::InvalidArgument("packed_dense: a and w must be bfloat16, out float32");
-  if (ad.size() != 2 || ad[1] % 2 != 0)
-    return ffi::Error::InvalidArgument("packed_dense: a has shape " + dims(a));
-  if (wd.size() != 4 || wd[2] * 2 != ad[1] || wd[3] != 32)
-    return ffi::Error::InvalidArgument("packed_dense: w has shape " + dims(w) + " for a of " +
-                                       dims(a));
-  if (od.size() != 2 || od[0] != ad[0] || od[1] != wd[1] * 16)
-    return ffi::Error::InvalidArgument("packed_dense: out has shape " + dims(*out));
-  if (layer.element_count() != 1)
-    return ffi::Error::InvalidArgument("packed_dense: layer must be a scalar");
+      out.element_type() != out_type)
+    return gated ? "a, w and out must be bfloat16" : "a and w must be bfloat16, out float32";
+  if (ad.size() != 2 || ad[1] % 2 != 0) return "a has shape " + dims(a);
+  if (wd.size() != 4 || wd[2] * 2 != ad[1] || wd[3] != 32 || (gated && wd[1] % 2 != 0))
+    return "w has shape " + dims(w) + " for a of " + dims(a);
+  const int64_t columns = gated ? wd[1] * 8 : wd[1] * 16;
+  if (od.size() != 2 || od[0] != ad[0] || od[1] != columns) return "out has shape " + dims(out);
+  if (layer.element_count() != 1) return "layer must be a scalar";
   const int32_t index = layer.typed_data()[0];
   if (index < 0 || index >= wd[0])
-    return ffi::Error::InvalidArgument("packed_dense: layer " + std::to_string(index) +
-                                       " outside the stack of " + std::to_string(wd[0]));
+    return "layer " + std::to_string(index) + " outside the stack of " + std::to_string(wd[0]);
+  return "";
+}
+
+template <bool kGated>
+ffi::Error Dense(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::Buffer<ffi::S32> layer,
+                 ffi::Result<ffi::AnyBuffer> out, ffi::ThreadPool pool) {
+  std::string error = check(a, w, layer, *out, kGated);
+  if (!error.empty()) return ffi::Error::InvalidArgument("packed_dense: " + error);
 #if PACKED_DENSE_NATIVE
   native_cpu::PoolScope scope(pool);
+  auto ad = a.dimensions(), wd = w.dimensions();
   const int64_t per_layer = wd[1] * wd[2] * wd[3];
-  Problem p{ad[0], od[1], ad[1], static_cast<const uint16_t*>(a.untyped_data()),
-            static_cast<const uint16_t*>(w.untyped_data()) + index * per_layer,
-            static_cast<float*>(out->untyped_data())};
-  run(p);
+  Problem p{ad[0], wd[1] * 16, ad[1], static_cast<const uint16_t*>(a.untyped_data()),
+            static_cast<const uint16_t*>(w.untyped_data()) + layer.typed_data()[0] * per_layer,
+            out->untyped_data()};
+  if (kGated) {
+    run<StoreGated>(p);
+  } else {
+    run<StoreF32>(p);
+  }
 #endif
   return ffi::Error::Success();
 }
 
 }  // namespace packed_dense
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(PackedDenseHandler, packed_dense::Dense,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ctx<ffi::ThreadPool>());
+#define PACKED_DENSE_BINDING                   \
+  ffi::Ffi::Bind()                             \
+      .Arg<ffi::AnyBuffer>()                   \
+      .Arg<ffi::AnyBuffer>()                   \
+      .Arg<ffi::Buffer<ffi::S32>>()            \
+      .Ret<ffi::AnyBuffer>()                   \
+      .Ctx<ffi::ThreadPool>()
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PackedDenseHandler, packed_dense::Dense<false>,
+                              PACKED_DENSE_BINDING);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PackedGatedHandler, packed_dense::Dense<true>,
+                              PACKED_DENSE_BINDING);
 
 void* packed_dense_handler() { return reinterpret_cast<void*>(&PackedDenseHandler); }
+
+void* packed_gated_handler() { return reinterpret_cast<void*>(&PackedGatedHandler); }
 
 int packed_dense_supported() { return packed_dense::cpu_supported(); }

@@ -4,5 +4,8 @@
 // The XLA FFI handler (an XLA_FFI_Handler*), to register as a custom call target.
 void* packed_dense_handler();
 
+// The handler of the gated (SwiGLU) form.
+void* packed_gated_handler();
+
 // Whether this CPU runs the kernel (it needs AVX512-BF16).
 int packed_dense_supported();

@@ -85,10 +85,11 @@ def attention_cpu(
     )
 
 
-DENSE_TARGET = "packed_dense"
+DENSE_TARGET, GATED_TARGET = "packed_dense", "packed_gated"
 DENSE_AVAILABLE = AVAILABLE and _cpu.dense_supported()
 if DENSE_AVAILABLE:
     jax.ffi.register_ffi_target(DENSE_TARGET, _cpu.dense_handler(), platform="cpu")
+    jax.ffi.register_ffi_target(GATED_TARGET, _cpu.gated_handler(), platform="cpu")
 
 
 def dense_supports(k: int, n: int) -> bool:
@@ -106,6 +107,14 @@ def pack_dense(w) -> np.ndarray:
     return np.ascontiguousarray(w).reshape(*lead, n // 16, k // 2, 32)
 
 
+def pack_gated(w_gate, w_up) -> np.ndarray:
+    """Gate and up weights [..., K, I] packed for `gated_cpu` as bf16 [..., 2I/16, K/2, 32]:
+    `pack_dense` of each, their 16-column groups interleaved (gate, up, gate, up, ...)."""
+    gate, up = pack_dense(w_gate), pack_dense(w_up)  # [..., I/16, K/2, 32]
+    both = np.stack([gate, up], axis=-3)  # [..., I/16, 2, K/2, 32]
+    return both.reshape(*gate.shape[:-3], 2 * gate.shape[-3], *gate.shape[-2:])
+
+
 def dense_cpu(
     x: jax.Array,  # [M, K], cast to bf16
     w: jax.Array,  # bf16[L, N/16, K/2, 32] from `pack_dense`
@@ -116,4 +125,19 @@ def dense_cpu(
     if w.ndim != 4 or w.shape[2] * 2 != k or w.shape[3] != 32:
         raise ValueError(f"dense_cpu: weights of shape {w.shape} do not take x of shape {x.shape}")
     call = jax.ffi.ffi_call(DENSE_TARGET, jax.ShapeDtypeStruct((m, w.shape[1] * 16), np.float32))
+    return call(x.astype(jax.numpy.bfloat16), w, jax.numpy.asarray(layer, np.int32))
+
+
+def gated_cpu(
+    x: jax.Array,  # [M, K], cast to bf16
+    w: jax.Array,  # bf16[L, 2I/16, K/2, 32] from `pack_gated`
+    layer: jax.Array,  # i32[]
+) -> jax.Array:  # bf16[M, I]
+    """`silu(x @ W_gate) * (x @ W_up)` of layer `layer`, rounded to bf16 once: the SwiGLU
+    input of the down projection, with f32 products, accumulation and activation."""
+    m, k = x.shape
+    if w.ndim != 4 or w.shape[1] % 2 or w.shape[2] * 2 != k or w.shape[3] != 32:
+        raise ValueError(f"gated_cpu: weights of shape {w.shape} do not take x of shape {x.shape}")
+    out = jax.ShapeDtypeStruct((m, w.shape[1] * 8), jax.numpy.bfloat16)
+    call = jax.ffi.ffi_call(GATED_TARGET, out)
     return call(x.astype(jax.numpy.bfloat16), w, jax.numpy.asarray(layer, np.int32))

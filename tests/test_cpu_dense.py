@@ -57,6 +57,22 @@ def test_equals_xla_and_float64(m, k, n):
     np.testing.assert_allclose(out, xla(x, w), rtol=0, atol=2e-6 * np.abs(truth).max())
 
 
+@pytest.mark.parametrize(
+    ("m", "k", "i"), [(1, 2, 16), (5, 64, 16), (7, 64, 48), (13, 128, 80), (300, 576, 1536)]
+)
+def test_gated_equals_silu_gate_times_up(m, k, i):
+    rng = np.random.default_rng(m + k + i)
+    x, gate, up = bf16(rng, m, k), bf16(rng, 2, k, i) * 0.3, bf16(rng, 2, k, i)
+    out = jax.jit(cpu.gated_cpu)(x, jnp.asarray(cpu.pack_gated(gate, up)), 1)
+    assert out.shape == (m, i) and out.dtype == jnp.bfloat16
+    g, u = exact(x, gate[1]), exact(x, up[1])
+    truth = g / (1 + np.exp(-g)) * u
+    # one bf16 rounding (half an ulp) of an f32 result (whose sums of K products carry an
+    # absolute error of a few f32 ulps of the largest values)
+    atol = 1e-5 * np.abs(truth).max()
+    np.testing.assert_allclose(np.asarray(out, np.float64), truth, rtol=2**-8, atol=atol)
+
+
 def test_f32_inputs_are_rounded_to_bf16_first():
     rng = np.random.default_rng(3)
     x = jnp.asarray(rng.standard_normal((40, 64)), jnp.float32)
@@ -101,6 +117,8 @@ def test_bad_shapes_and_layers_are_refused():
         cpu.dense_cpu(bf16(rng, 8, 66), w, 0)
     with pytest.raises(Exception, match="layer 2 outside the stack of 2"):
         native(x, w, 2).block_until_ready()
+    with pytest.raises(ValueError, match="do not take x"):
+        cpu.gated_cpu(x, w[:, :1], 0)
     assert cpu.dense_supports(576, 1536)
     assert not cpu.dense_supports(575, 1536) and not cpu.dense_supports(576, 1530)
 
@@ -122,7 +140,7 @@ def test_a_packed_model_scores_like_xla(tiny_checkpoints, family):
     plain = load_model(tiny_checkpoints[family], dtype="bfloat16", dense="xla", progress=False)
     assert (packed.dense, plain.dense) == ("cpu", "xla")
     layers = packed.params["layers"]
-    assert all(isinstance(layers[n], PackedStack) for n in ("wq", "wo", "w_gate", "w_down"))
+    assert all(isinstance(layers[n], PackedStack) for n in ("wq", "wo", "w_gate_up", "w_down"))
     assert isinstance(packed.params["packed_head"], PackedStack)
     rng = np.random.default_rng(7)
     query = [int(t) for t in rng.integers(0, 384, 30)]

@@ -62,9 +62,13 @@ class PackedLayer(NamedTuple):
 
 
 def pack_layers(params: Params) -> Params:
-    """`params` with every bf16 layer matrix the native dense kernel takes as a `PackedStack`,
-    and the LM head packed as "packed_head" (a tied head keeps "embed" for the lookup)."""
+    """`params` with every bf16 layer matrix the native dense kernels take as a `PackedStack`:
+    gate and up together as "w_gate_up" (`kernels.cpu.gated_cpu`), the others under their own
+    names, and the LM head as "packed_head" (a tied head keeps "embed" for the lookup)."""
     layers = dict(params["layers"])
+    if _packable(layers["w_gate"]) and _packable(layers["w_up"]):
+        gate_up = cpu.pack_gated(layers.pop("w_gate"), layers.pop("w_up"))
+        layers["w_gate_up"] = PackedStack(jnp.asarray(gate_up))
     for name in LAYER_MATRICES:
         w = layers.get(name)
         if _packable(w):
@@ -130,8 +134,15 @@ def _layer(x, p, *, cfg: ModelConfig, family: Family, attention, meta, cos, sin)
     o = attention(q.astype(dt), k.astype(dt), v.astype(dt), meta, scale=cfg.head_dim**-0.5)
     x = x + matmul(o.reshape(t, -1), p["wo"])
     h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
-    x = x + matmul(jax.nn.silu(matmul(h, p["w_gate"])) * matmul(h, p["w_up"]), p["w_down"])
+    x = x + matmul(swiglu(h, p), p["w_down"])
     return x, None
+
+
+def swiglu(h: jax.Array, p: Params) -> jax.Array:
+    """silu(h @ w_gate) * (h @ w_up): [T, I], bf16 from the packed kernel, else f32."""
+    if "w_gate_up" in p:
+        return cpu.gated_cpu(h, p["w_gate_up"].data, p["w_gate_up"].layer)
+    return jax.nn.silu(matmul(h, p["w_gate"])) * matmul(h, p["w_up"])
 
 
 def label_logprobs(
