@@ -20,14 +20,8 @@ constexpr int kKeyVecs = kKeyTile / kLanes;
 
 inline vf splat(float x) { return vf{} + x; }
 
-// 2^x for x <= 0 (scores minus their running max), exact 0 below -126.
-inline vf exp2_nonpositive(vf x) {
-  const vf magic = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
-  vf clamped = x < splat(-126.0f) ? splat(-126.0f) : x;
-  vf shifted = clamped + magic;
-  vf n = shifted - magic;
-  vf r = clamped - n;  // [-0.5, 0.5]
-  // Taylor series of 2^r = e^(r ln 2) to degree 6: relative error < 2e-7 on [-0.5, 0.5].
+// Taylor series of 2^r = e^(r ln 2) to degree 7: relative error < 2e-7 on [-0.5, 0.5].
+inline vf exp2_fraction(vf r) {
   vf p = splat(1.5252733804059840e-5f);
   p = p * r + splat(1.5403530393381608e-4f);
   p = p * r + splat(1.3333558146428443e-3f);
@@ -35,7 +29,26 @@ inline vf exp2_nonpositive(vf x) {
   p = p * r + splat(5.5504108664821580e-2f);
   p = p * r + splat(2.4022650695910071e-1f);
   p = p * r + splat(6.9314718055994531e-1f);
-  p = p * r + splat(1.0f);
+  return p * r + splat(1.0f);
+}
+
+#if defined(__AVX512F__)
+// 2^x for x <= 0 (scores minus their running max); 0 for -inf. Below -160 the result
+// underflows to exactly 0; between -160 and -126 it may be a denormal.
+inline vf exp2_nonpositive(vf x) {
+  const __m512 clamped = _mm512_max_ps((__m512)x, _mm512_set1_ps(-160.0f));
+  const __m512 n = _mm512_roundscale_ps(clamped, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const vf p = exp2_fraction((vf)_mm512_sub_ps(clamped, n));
+  return (vf)_mm512_scalef_ps((__m512)p, n);
+}
+#else
+// 2^x for x <= 0 (scores minus their running max), exact 0 below -126.
+inline vf exp2_nonpositive(vf x) {
+  const vf magic = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
+  vf clamped = x < splat(-126.0f) ? splat(-126.0f) : x;
+  vf shifted = clamped + magic;
+  vf n = shifted - magic;
+  vf p = exp2_fraction(clamped - n);  // of [-0.5, 0.5]
   vi bits;
   std::memcpy(&bits, &shifted, sizeof bits);
   vi magic_bits;
@@ -45,6 +58,7 @@ inline vf exp2_nonpositive(vf x) {
   std::memcpy(&scale, &scale_bits, sizeof scale);
   return x < splat(-126.0f) ? splat(0.0f) : p * scale;
 }
+#endif
 
 #if defined(__AVX512F__)
 inline float hmax(vf x) { return _mm512_reduce_max_ps((__m512)x); }
