@@ -140,7 +140,7 @@ def test_a_packed_model_scores_like_xla(tiny_checkpoints, family):
     plain = load_model(tiny_checkpoints[family], dtype="bfloat16", dense="xla", progress=False)
     assert (packed.dense, plain.dense) == ("cpu", "xla")
     layers = packed.params["layers"]
-    assert all(isinstance(layers[n], PackedStack) for n in ("wq", "wo", "w_gate_up", "w_down"))
+    assert all(isinstance(layers[n], PackedStack) for n in ("w_qkv", "wo", "w_gate_up", "w_down"))
     assert isinstance(packed.params["packed_head"], PackedStack)
     rng = np.random.default_rng(7)
     query = [int(t) for t in rng.integers(0, 384, 30)]

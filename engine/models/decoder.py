@@ -63,9 +63,16 @@ class PackedLayer(NamedTuple):
 
 def pack_layers(params: Params) -> Params:
     """`params` with every bf16 layer matrix the native dense kernels take as a `PackedStack`:
-    gate and up together as "w_gate_up" (`kernels.cpu.gated_cpu`), the others under their own
-    names, and the LM head as "packed_head" (a tied head keeps "embed" for the lookup)."""
+    q, k and v side by side as "w_qkv" (one call), gate and up together as "w_gate_up"
+    (`kernels.cpu.gated_cpu`), the others under their own names, and the LM head as
+    "packed_head" (a tied head keeps "embed" for the lookup)."""
     layers = dict(params["layers"])
+    qkv = [layers[n] for n in ("wq", "wk", "wv")]
+    if all(map(_packable, qkv)):
+        w_qkv = cpu.pack_dense(jnp.concatenate(qkv, axis=-1))
+        layers["w_qkv"] = PackedStack(jnp.asarray(w_qkv))
+        for name in ("wq", "wk", "wv"):
+            layers.pop(name)
     if _packable(layers["w_gate"]) and _packable(layers["w_up"]):
         gate_up = cpu.pack_gated(layers.pop("w_gate"), layers.pop("w_up"))
         layers["w_gate_up"] = PackedStack(jnp.asarray(gate_up))
@@ -90,6 +97,16 @@ def matmul(x: jax.Array, w: jax.Array | PackedLayer) -> jax.Array:
     if isinstance(w, PackedLayer):
         return cpu.dense_cpu(x, w.data, w.layer)
     return jnp.matmul(x.astype(w.dtype), w, preferred_element_type=jnp.float32)
+
+
+def project(h: jax.Array, p: Params, cfg: ModelConfig) -> tuple[jax.Array, ...]:
+    """The q f32[T, H*D], k and v f32[T, Hkv*D] projections of h, from "w_qkv" when packed."""
+    if "w_qkv" not in p:
+        return matmul(h, p["wq"]), matmul(h, p["wk"]), matmul(h, p["wv"])
+    qkv = matmul(h, p["w_qkv"])  # [T, (H + 2 Hkv) D]
+    q_end = cfg.num_heads * cfg.head_dim
+    k_end = q_end + cfg.num_kv_heads * cfg.head_dim
+    return qkv[:, :q_end], qkv[:, q_end:k_end], qkv[:, k_end:]
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:

@@ -3,15 +3,17 @@
 import functools
 
 from engine.models.config import ModelConfig, config_from_hf
-from engine.models.decoder import Family, matmul, split_heads
+from engine.models.decoder import Family, project, split_heads
 
 
 def project_qkv(h, p, cfg: ModelConfig):
     """q f32[T, H, D], k and v f32[T, Hkv, D] from the normed hidden state h f32[T, E]."""
-    q = split_heads(matmul(h, p["wq"]) + p["bq"], cfg.num_heads)
-    k = split_heads(matmul(h, p["wk"]) + p["bk"], cfg.num_kv_heads)
-    v = split_heads(matmul(h, p["wv"]) + p["bv"], cfg.num_kv_heads)
-    return q, k, v
+    q, k, v = project(h, p, cfg)
+    return (
+        split_heads(q + p["bq"], cfg.num_heads),
+        split_heads(k + p["bk"], cfg.num_kv_heads),
+        split_heads(v + p["bv"], cfg.num_kv_heads),
+    )
 
 
 FAMILY = Family(
