@@ -62,10 +62,15 @@ class ApiError(Exception):
 _AT = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
 _FIELD = re.compile(r"^Object (?:missing required|contains unknown) field `(?P<field>[^`]+)`")
 _PREFIX = re.compile(r"^(?P<field>[A-Za-z_][\w/]*)(?P<index>(?:\[\d+\])*): ")
+# an absolute POSIX or Windows path, `/a/b.py` or `C:\\a`, but not the `/b` of `a/b` or `1/2`
+_PATH = re.compile(r"(?<![\w.])(?:[A-Za-z]:)?[\\/][^\s'\"`:;,()<>]+")
+MAX_PUBLIC = 500
 
 
-def decode_error(error: msgspec.MsgspecError) -> ApiError:
+def decode_error(error: msgspec.MsgspecError | UnicodeDecodeError) -> ApiError:
     """400 for a body that is not JSON or does not fit the schema, naming the field."""
+    if isinstance(error, UnicodeDecodeError):  # msgspec's error for invalid UTF-8 in a string
+        return ApiError(400, "invalid JSON: the body is not valid UTF-8")
     message = str(error)
     if not isinstance(error, msgspec.ValidationError):
         return ApiError(400, f"invalid JSON: {message}")
@@ -92,7 +97,7 @@ def engine_error(
         return ApiError(status, message, param=param)
     if isinstance(error, EngineError):
         log.error("engine failure: %s", error)
-        return ApiError(500, f"engine failure: {error}")
+        return ApiError(500, f"engine failure: {public_message(str(error))}")
     return internal_error(error)
 
 
@@ -108,7 +113,14 @@ def _field_message(message: str, renames: dict[str, str]) -> tuple[str, str | No
 def internal_error(error: BaseException) -> ApiError:
     """A 500 for a failure that is ours, logged with its traceback."""
     log.error("internal error: %s: %s", type(error).__name__, error, exc_info=error)
-    return ApiError(500, f"internal error: {type(error).__name__}: {error}")
+    return ApiError(500, f"internal error: {type(error).__name__}: {public_message(str(error))}")
+
+
+def public_message(message: str) -> str:
+    """What a 500's body may show of an exception's text: its first line, file paths replaced.
+    The log keeps all of it; a client learns nothing of the server's files or tracebacks."""
+    first = message.strip().partition("\n")[0]
+    return _PATH.sub("<path>", first)[:MAX_PUBLIC]
 
 
 async def on_api_error(request: Request, error: ApiError) -> Response:

@@ -20,7 +20,7 @@ from api.metrics import CONTENT_TYPE
 from api.openapi import openapi
 from api.service import Service
 from api.settings import model_path
-from engine import Engine
+from engine import Engine, InputTooLarge
 from engine.messages import Timings
 
 TRUNCATION_MARGIN = 4  # tokens kept free when fitting: text joins can merge or split a token
@@ -40,6 +40,7 @@ def timing_headers(t: Timings) -> dict[str, str]:
 async def score(service: Service, request: Request) -> Response:
     """sglang `/v1/score`."""
     req = await service.decode(request, schemas.score_decoder)
+    _require_query(req.query)
     result = await service.call(
         request,
         lambda engine: engine.score(
@@ -63,10 +64,14 @@ async def score(service: Service, request: Request) -> Response:
 async def rerank(service: Service, request: Request) -> Response:
     """Cohere/Jina `/v1/rerank` (TEI's `texts` / `return_text` accepted)."""
     req = await service.decode(request, schemas.rerank_decoder)
+    _require_query(req.query)
     field, documents = _documents(req)
 
     async def run(engine: Engine):
         texts = documents
+        limit = engine.config.max_items_per_request
+        if len(documents) > limit:  # as the engine would, but before the slow truncation
+            raise InputTooLarge(f"items: {len(documents)} items exceed the limit of {limit}")
         if req.max_tokens_per_doc is not None or req.truncate:
             texts = await trio.to_thread.run_sync(truncate_documents, engine, req, documents)
         return await engine.rerank(req.query, texts, top_n=req.top_n, instruction=req.instruction)
@@ -90,6 +95,12 @@ async def rerank(service: Service, request: Request) -> Response:
         usage=schemas.RerankUsage(prompt_tokens=tokens, total_tokens=tokens),
     )
     return _json(body, headers=timing_headers(result.timings))
+
+
+def _require_query(query: str | list[int]) -> None:
+    # an empty query scores the items alone: a client's mistake, not a request for that
+    if len(query) == 0:
+        raise ApiError(400, "query: must not be empty", param="query")
 
 
 def _documents(req: schemas.RerankRequest) -> tuple[str, list[str]]:
@@ -223,8 +234,9 @@ def profile_directory(root: str, output_dir: str | None) -> str:
     base = Path(root).resolve()
     if output_dir is None:
         return str(base)
-    target = (base / output_dir).resolve()
-    if Path(output_dir).is_absolute() or not target.is_relative_to(base):
+    # a NUL names no file: resolve() would raise ValueError
+    target = None if "\0" in output_dir else (base / output_dir).resolve()
+    if target is None or Path(output_dir).is_absolute() or not target.is_relative_to(base):
         raise ApiError(
             400,
             "output_dir: must be a relative path inside the profile directory",

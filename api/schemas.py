@@ -11,12 +11,28 @@ import msgspec
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 
 
-class ScoreRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """sglang's `/v1/score` body: label-token probabilities for each item after the query."""
+def _documented(**json_schema) -> msgspec.Meta:
+    # the engine checks these and names the field; stating them in the schema only keeps its
+    # messages (msgspec's would replace them)
+    return msgspec.Meta(extra_json_schema=json_schema)
 
-    query: str | list[int]
-    items: str | list[str | list[int]]  # text items, or token-id lists; never a mix
-    label_token_ids: list[int]
+
+TokenId = Annotated[int, _documented(minimum=0)]
+TokenIds = Annotated[list[TokenId], _documented(minItems=1)]
+Text = Annotated[str, _documented(minLength=1)]
+Items = Text | Annotated[list[Text | TokenIds], _documented(minItems=1)]
+
+
+class ScoreRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """sglang's `/v1/score` body: label-token probabilities for each item after the query.
+
+    A text query takes text items, a token-id query token-id lists. Token ids are below the
+    model's vocabulary size and each query + item sequence fits its context (`/get_model_info`).
+    """
+
+    query: Text | TokenIds
+    items: Items  # text items, or token-id lists; never a mix
+    label_token_ids: TokenIds
     apply_softmax: bool = False  # softmax over the labels instead of full-vocabulary probs
     item_first: bool = False  # item + query instead of query + item
     model: str | None = None  # accepted for compatibility; the served model answers
@@ -40,11 +56,14 @@ class Document(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class RerankRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """Cohere/Jina rerank body; `texts`, `return_text` and `truncate` are TEI's spellings."""
+    """Cohere/Jina rerank body; `texts`, `return_text` and `truncate` are TEI's spellings.
 
-    query: str
-    documents: list[str | Document] | None = None
-    texts: list[str] | None = None
+    Give the documents as `documents` or as `texts`, not both.
+    """
+
+    query: Text
+    documents: Annotated[list[str | Document], _documented(minItems=1)] | None = None
+    texts: Annotated[list[str], _documented(minItems=1)] | None = None
     top_n: PositiveInt | None = None  # None: every document
     return_documents: bool | None = None
     return_text: bool | None = None

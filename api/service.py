@@ -74,7 +74,7 @@ class Service:
             return empty
         try:
             return decoder.decode(body)
-        except msgspec.MsgspecError as e:
+        except (msgspec.MsgspecError, UnicodeDecodeError) as e:
             raise decode_error(e) from None
 
     async def _body(self, request: Request) -> bytes:
@@ -147,4 +147,6 @@ async def until_disconnected(request: Request, call: Callable[[], Awaitable[T]])
 
 
 def _too_large(size: int, limit: int) -> ApiError:
-    return ApiError(413, f"request body of {size} bytes exceeds the limit of {limit} bytes")
+    # the rest of the body is never read, so the connection cannot carry another request
+    message = f"request body of {size} bytes exceeds the limit of {limit} bytes"
+    return ApiError(413, message, headers={"Connection": "close"})

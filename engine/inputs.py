@@ -61,6 +61,13 @@ def check_labels(label_token_ids: Sequence[int], vocab_size: int) -> list[int]:
     return list(label_token_ids)
 
 
+def check_query_ids(query: Sequence[int], vocab_size: int) -> None:
+    """ValueError naming `query` for an id outside the vocabulary (joined to the items, it would
+    be reported against every item)."""
+    if query and (min(query) < 0 or max(query) >= vocab_size):
+        raise ValueError(f"query: token id outside the vocabulary [0, {vocab_size})")
+
+
 def texts_to_join(query: str, items: Sequence[str], *, item_first: bool) -> list[str]:
     """The texts to tokenise whole, one per item."""
     for i, it in enumerate(items):

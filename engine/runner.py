@@ -7,6 +7,7 @@ the device works; a batch that fails reports its error and the runner keeps serv
 
 import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,19 +43,32 @@ def batch_shape(inputs: PackedInputs) -> tuple[int, int, int]:
 
 
 class RunnerState:
-    """The loaded model, the shapes compiled so far, and device counters."""
+    """The loaded model, the shapes compiled so far, and device counters.
+
+    `fault` is a test hook: when set, it is called with each batch before the batch runs (in
+    the worker thread), and an exception it raises fails that batch as a device error would.
+    """
 
     def __init__(self, model: ScoringModel, *, block_size: int):
         self.model = model
         self.block_size = block_size
         self.compiled: set[tuple[int, int, int]] = set()
         self.stats = RunnerStats()
+        self.fault: Callable[[Batch], None] | None = None
 
-    def warm_up(self, shapes: list[tuple[int, int, int]], *, progress: bool = True) -> None:
-        """Compile the program of every (T, S, L) shape, without running any."""
+    def warm_up(
+        self,
+        shapes: list[tuple[int, int, int]],
+        *,
+        progress: bool = True,
+        check: Callable[[], None] = lambda: None,
+    ) -> None:
+        """Compile the program of every (T, S, L) shape, without running any; `check` runs
+        before each program and may raise to stop (a shutdown while compiling)."""
         for shape in tqdm(
             shapes, desc="compiling", unit="program", disable=not (progress and shapes)
         ):
+            check()
             self.model.compile(empty_batch(*shape, self.block_size))
             self._count_compile(shape)
 
@@ -62,6 +76,8 @@ class RunnerState:
         """Run one batch to completion; any exception becomes the batch's error."""
         start = time.perf_counter()
         try:
+            if self.fault is not None:
+                self.fault(batch)
             logprobs = self._run(batch.inputs)
         except Exception as e:  # one bad batch must not stop the runner
             self.stats.failed += 1
@@ -91,7 +107,10 @@ async def run(
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Compile the grid, report started, then run batches as the scheduler hands them over."""
-    await trio.to_thread.run_sync(functools.partial(state.warm_up, warm_up, progress=progress))
+    check = trio.from_thread.check_cancelled  # a shutdown need not wait for the whole grid
+    await trio.to_thread.run_sync(
+        functools.partial(state.warm_up, warm_up, progress=progress, check=check)
+    )
     task_status.started()
     async for batch in batches:
         await done.send(await trio.to_thread.run_sync(state.execute, batch))

@@ -83,6 +83,7 @@ class TokenizerState:
                 )
             if inputs.is_text_request(r.query, items):
                 return inputs.texts_to_join(r.query, items, item_first=r.item_first)
+            inputs.check_query_ids(r.query, self.vocab_size)
             return inputs.join_ids(r.query, items, item_first=r.item_first)
         except ValueError as e:
             return _rejected(r.id, e)

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from engine import load_model
 from engine.loaders import CheckpointError, default_model_path
 
 CORPUS = [
@@ -89,6 +90,18 @@ def write_tiny_checkpoint(root: Path, name: str) -> Path:
 def tiny_checkpoints(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tiny")
     return {name: write_tiny_checkpoint(root, name) for name in FAMILY_CONFIGS}
+
+
+@pytest.fixture(scope="session")
+def tiny_path(tiny_checkpoints) -> str:
+    """The tiny Llama checkpoint most service tests run on."""
+    return str(tiny_checkpoints["llama-untied"])
+
+
+@pytest.fixture(scope="session")
+def reference(tiny_path):
+    """The f32 offline model on `tiny_path`: the one-by-one scores served answers must equal."""
+    return load_model(tiny_path, dtype="float32")
 
 
 def smollm2_path() -> Path | None:

@@ -2,21 +2,13 @@
 worker, engine in a trio thread) and `hypercorn -k trio api.app:app` (engine in the server's
 loop). One server per worker class, shared by this module's tests."""
 
-import json
-import os
-import socket
-import subprocess
-import sys
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
 import anyio
 import httpx2
 import numpy as np
 import pytest
 
-from engine import load_model
 from tests.test_api_support import (
     DOCS,
     NO,
@@ -24,77 +16,23 @@ from tests.test_api_support import (
     assert_rerank,
     assert_scores,
     expected_scores,
-    ids,
+    hypercorn_server,
     rerank_cases,
     rerank_references,
     score_cases,
     tiny_env,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
 WORKERS = ["asyncio", "trio"]
 BURST = 256
 
 
-@dataclass
-class Server:
-    worker: str
-    url: str
-    log: Path
-    saw_503: bool  # /health answered 503 before it answered 200
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(url: str, process: subprocess.Popen, log: Path, timeout: float) -> bool:
-    """Poll /health until 200; whether a 503 came first. Fails if the process dies."""
-    saw_503, deadline = False, time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"hypercorn exited with {process.returncode}:\n{log.read_text()}")
-        try:
-            status = httpx2.get(f"{url}/health", timeout=2).status_code
-        except httpx2.TransportError:
-            status = None  # not listening yet
-        if status == 200:
-            return saw_503
-        saw_503 |= status == 503
-        time.sleep(0.05)
-    pytest.fail(f"/health not 200 after {timeout} s:\n{log.read_text()}")
-
-
 @pytest.fixture(scope="module", params=WORKERS)
 def server(request, tiny_checkpoints, tmp_path_factory):
-    worker, port = request.param, free_port()
-    log = tmp_path_factory.mktemp("hypercorn") / f"{worker}.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SCORING_")}
-    env |= tiny_env(tiny_checkpoints["llama-untied"], SCORING_PRECOMPILE="1", SCORING_PROGRESS="1")
-    env |= {"JAX_PLATFORMS": "cpu"}
-    command = [sys.executable, "-m", "hypercorn", "api.app:app"]
-    command += ["--bind", f"127.0.0.1:{port}", "--backlog", "1024"]
-    if worker == "trio":
-        command += ["-k", "trio"]
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        yield Server(worker, url, log, wait_healthy(url, process, log, 120))
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_checkpoints):
-    return load_model(str(tiny_checkpoints["llama-untied"]), dtype="float32")
+    log = tmp_path_factory.mktemp("hypercorn") / f"{request.param}.log"
+    env = tiny_env(tiny_checkpoints["llama-untied"], SCORING_PRECOMPILE="1", SCORING_PROGRESS="1")
+    with hypercorn_server(request.param, env, log) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
@@ -148,29 +86,6 @@ def test_errors(server):
         assert r.status_code == 400 and r.json()["error"]["param"] == "top_n"
         assert client.get("/nowhere").status_code == 404
         assert client.get("/metrics").text.count("scoring_http_requests_total{") >= 4
-
-
-def stats(client: httpx2.Client) -> dict:
-    return client.get("/get_server_info").json()["stats"]
-
-
-def test_a_client_that_leaves_has_its_work_dropped(server):
-    rng = np.random.default_rng(5)
-    body = {"query": ids(rng, 20), "items": [ids(rng, 100) for _ in range(4000)]}
-    body["label_token_ids"] = [YES, NO]
-    needed = 4000 * 120 // 512  # batches the whole request would take
-    with httpx2.Client(base_url=server.url) as client:
-        before = stats(client)["batches"]
-        with pytest.raises(httpx2.ReadTimeout):
-            client.post("/v1/score", content=json.dumps(body), timeout=0.5)
-        deadline = time.monotonic() + 10
-        while (s := stats(client))["in_flight"] or s["queue_depth"]:
-            assert time.monotonic() < deadline, s
-            time.sleep(0.02)
-        time.sleep(0.2)
-        assert stats(client)["batches"] - before < needed // 2
-        metrics = client.get("/metrics").text
-        assert 'scoring_http_requests_total{route="/v1/score",status="499"} 1.0' in metrics
 
 
 def burst_bodies() -> list[dict]:

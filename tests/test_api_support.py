@@ -1,15 +1,30 @@
 """Shared by the HTTP tests (no tests here): the tiny model's settings, request cases, their
-reference answers, and a raw ASGI caller for what TestClient cannot do (disconnects, bursts)."""
+reference answers, a raw ASGI caller for what TestClient cannot do (disconnects, bursts), and
+a real hypercorn server in a subprocess."""
 
 import json
+import os
+import socket
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 
 import anyio
+import httpx2
 import numpy as np
+import pytest
 import trio
+from starlette.testclient import TestClient
 
+from bench.soak import serving_pid
 from engine import EngineConfig, open_engine
 from engine.engine import RerankResult
+
+ROOT = Path(__file__).resolve().parents[1]
 
 YES, NO = 264, 265  # " yes" and " no" in the tiny tokenizer
 
@@ -201,3 +216,86 @@ async def asgi_post(app, path: str, body: dict | bytes, *, disconnect=None, head
     start = sent[0]
     body = b"".join(m.get("body", b"") for m in sent[1:])
     return start["status"], {k.decode(): v.decode() for k, v in start["headers"]}, body
+
+
+def serving(app, backend: str):
+    """A TestClient running `app` (lifespan included) once its engine is ready."""
+    with TestClient(app, backend=backend) as client:
+        assert wait_until(lambda: client.get("/health").status_code == 200, 60)
+        yield client
+
+
+@dataclass
+class Server:
+    worker: str
+    url: str
+    log: Path
+    saw_503: bool  # /health answered 503 before it answered 200
+    pid: int  # the hypercorn process (its worker is a child of it)
+    process: subprocess.Popen
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, process: subprocess.Popen, log: Path, timeout: float) -> bool:
+    """Poll /health until 200; whether a 503 came first. Fails if the process dies."""
+    saw_503, deadline = False, time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"hypercorn exited with {process.returncode}:\n{log.read_text()}")
+        try:
+            status = httpx2.get(f"{url}/health", timeout=2).status_code
+        except httpx2.TransportError:
+            status = None  # not listening yet
+        if status == 200:
+            return saw_503
+        saw_503 |= status == 503
+        time.sleep(0.05)
+    pytest.fail(f"/health not 200 after {timeout} s:\n{log.read_text()}")
+
+
+def launch(worker: str, env: dict[str, str], log: Path, *args: str):
+    """Start `hypercorn api.app:app [args]` with `worker` on a free port of 127.0.0.1, configured
+    by `env` (instead of this process's `SCORING_*` variables): (process, URL), not yet ready."""
+    port = free_port()
+    full = {k: v for k, v in os.environ.items() if not k.startswith("SCORING_")}
+    full |= env | {"JAX_PLATFORMS": "cpu"}
+    command = [sys.executable, "-m", "hypercorn", "api.app:app"]
+    command += ["--bind", f"127.0.0.1:{port}", "--backlog", "1024", "-k", worker, *args]
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            command, cwd=ROOT, env=full, stdout=out, stderr=subprocess.STDOUT
+        )
+    return process, f"http://127.0.0.1:{port}"
+
+
+def stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+@contextmanager
+def hypercorn_server(worker: str, env: dict[str, str], log: Path, *args: str) -> Iterator[Server]:
+    """A `launch`ed server, healthy before it is yielded; stopped on exit."""
+    process, url = launch(worker, env, log, *args)
+    try:
+        yield Server(worker, url, log, wait_healthy(url, process, log, 120), process.pid, process)
+    finally:
+        stop(process)
+
+
+def worker_rss_kib(server: Server) -> int:
+    """VmRSS of the hypercorn worker process (the child that serves), in KiB."""
+    pid = serving_pid(server.pid)  # not multiprocessing's resource tracker, also a child
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no VmRSS for process {pid}")

@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 import trio
 
-from engine import load_model
 from engine.engine import (
     EngineClosed,
     EngineConfig,
@@ -13,16 +12,6 @@ from engine.engine import (
     open_engine,
 )
 from engine.inputs import InputTooLarge
-
-
-@pytest.fixture(scope="module")
-def tiny_path(tiny_checkpoints):
-    return str(tiny_checkpoints["llama-untied"])
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_path):
-    return load_model(tiny_path, dtype="float32")
 
 
 def config(path, **overrides) -> EngineConfig:

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import trio
 
-from engine import load_model, templates
+from engine import templates
 from engine.engine import EngineOverloaded, EngineStats, RerankHit, RerankResult, ScoreResult
 from engine.messages import Timings
 from engine.repl import (
@@ -321,16 +321,6 @@ def test_history_path_is_none_without_a_usable_home(monkeypatch, tmp_path):
 ANSI = re.compile(r"\x1b(\[[0-9;?]*[A-Za-z]|[=>])")
 QUERY = "Is the river near the house?"
 ITEMS = [" the river is green", " quick paper", " stone house light"]
-
-
-@pytest.fixture(scope="module")
-def tiny_path(tiny_checkpoints) -> str:
-    return str(tiny_checkpoints["llama-untied"])
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_path):
-    return load_model(tiny_path, dtype="float32")
 
 
 def repl_args(path: str) -> list[str]:

@@ -1,0 +1,331 @@
+"""Faults over real HTTP: a device step that fails, clients that leave, a full queue, SIGTERM
+under load and while compiling.
+
+The first three run hypercorn's `serve()` in a thread of this process (asyncio and trio workers),
+so a test can reach the engine and set its runner's `fault` hook; the shutdown tests run
+`hypercorn api.app:app` as a subprocess and signal it."""
+
+import functools
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import anyio
+import httpx2
+import hypercorn.asyncio
+import hypercorn.trio
+import numpy as np
+import pytest
+from hypercorn.config import Config
+
+from api.app import create_app
+from api.settings import settings_from_env
+from bench.w3 import parse_metrics
+from engine import Engine
+from tests.test_api_support import (
+    NO,
+    YES,
+    assert_scores,
+    expected_scores,
+    free_port,
+    hypercorn_server,
+    launch,
+    score_cases,
+    stop,
+    tiny_env,
+    wait_until,
+)
+
+WORKERS = ["asyncio", "trio"]
+LIMIT = 8  # SCORING_MAX_QUEUED_REQUESTS of the in-process servers
+MARK = 256  # request i's query starts with token MARK + i; every other token id is below MARK
+GRACE = 20  # --graceful-timeout of the SIGTERM test, seconds
+LEFT_499 = 'scoring_http_requests_total{route="/v1/score",status="499"}'
+
+
+@dataclass
+class InProcess:
+    url: str
+    engine: Engine
+
+
+def healthy(url: str) -> bool:
+    try:
+        return httpx2.get(f"{url}/health", timeout=2).status_code == 200
+    except httpx2.TransportError:
+        return False
+
+
+@contextmanager
+def serve_in_thread(app, worker: str) -> Iterator[str]:
+    """`app` under hypercorn's `serve()` with `worker`, in a thread, on a free port of
+    127.0.0.1: its URL once healthy. Shut down gracefully on exit."""
+    config = Config()
+    config.bind = [f"127.0.0.1:{free_port()}"]
+    config.backlog = 1024
+    stopping = threading.Event()
+
+    async def shutdown_trigger() -> None:
+        while not stopping.is_set():
+            await anyio.sleep(0.05)
+
+    serve = hypercorn.trio.serve if worker == "trio" else hypercorn.asyncio.serve
+    main = functools.partial(serve, app, config, shutdown_trigger=shutdown_trigger)
+    thread = threading.Thread(target=anyio.run, args=(main,), kwargs={"backend": worker})
+    thread.start()
+    try:
+        url = f"http://{config.bind[0]}"
+        assert wait_until(lambda: healthy(url), 60)
+        yield url
+    finally:
+        stopping.set()
+        thread.join(30)
+        assert not thread.is_alive()
+
+
+@pytest.fixture(scope="module", params=WORKERS)
+def server(request, tiny_path) -> Iterator[InProcess]:
+    env = tiny_env(tiny_path, SCORING_MAX_QUEUED_REQUESTS=str(LIMIT), SCORING_RETRY_AFTER_S="3")
+    app = create_app(settings_from_env(env))
+    with serve_in_thread(app, request.param) as url:
+        yield InProcess(url, app.state.service.host.engine)
+
+
+def below_mark(rng, n: int) -> list[int]:
+    return [int(t) for t in rng.integers(0, MARK, n)]
+
+
+def marked(rng, i: int, items: int = 6, length: int = 30) -> dict:
+    """A request whose query starts with its own marker token, MARK + i."""
+    return {
+        "query": [MARK + i, *below_mark(rng, 10)],
+        "items": [below_mark(rng, length) for _ in range(items)],
+        "label_token_ids": [YES, NO],
+    }
+
+
+async def post_all(url: str, bodies: list[dict]) -> list[httpx2.Response]:
+    """Every body posted to /v1/score at once, each on its own connection."""
+    answers: list = [None] * len(bodies)
+    limits = httpx2.Limits(max_connections=len(bodies))
+    async with httpx2.AsyncClient(base_url=url, limits=limits, timeout=60) as client:
+
+        async def one(i: int) -> None:
+            answers[i] = await client.post("/v1/score", json=bodies[i])
+
+        with anyio.fail_after(120):
+            async with anyio.create_task_group() as tasks:
+                for i in range(len(bodies)):
+                    tasks.start_soon(one, i)
+    return answers
+
+
+def stats(url: str) -> dict:
+    return httpx2.get(f"{url}/get_server_info", timeout=10).json()["stats"]
+
+
+def idle(url: str) -> bool:
+    s = stats(url)
+    return s["in_flight"] == 0 and s["queue_depth"] == 0
+
+
+def error(message: str, type: str) -> dict:
+    return {"error": {"message": message, "type": type, "param": None}}
+
+
+# -- a failing device step -------------------------------------------------------------------
+
+
+def test_a_failing_device_step_fails_only_its_batch(server, reference):
+    rng = np.random.default_rng(11)
+    bodies = [marked(rng, i) for i in range(LIMIT)]  # ~190 tokens each: 2-3 to a batch
+    poison, failed, batches = MARK + 3, set(), []
+
+    def fault(batch) -> None:
+        marks = {int(t) for t in np.unique(batch.inputs.tokens) if t >= MARK}
+        batches.append(marks)
+        if poison in marks:
+            failed.update(marks)
+            raise RuntimeError("injected device fault")
+
+    before = server.engine.stats().failed_batches
+    server.engine.runner.fault = fault
+    try:
+        answers = anyio.run(post_all, server.url, bodies)
+    finally:
+        server.engine.runner.fault = None
+    assert poison in failed and len(failed) < LIMIT  # some requests ran in other batches
+    for i, (answer, body) in enumerate(zip(answers, bodies, strict=True)):
+        if MARK + i in failed:
+            assert (answer.status_code, answer.json()) == (
+                500,
+                error(
+                    "engine failure: device step failed: RuntimeError: injected device fault",
+                    "internal_error",
+                ),
+            )
+        else:
+            assert answer.status_code == 200, answer.text
+            assert_scores(answer.json()["scores"], expected_scores(reference, body))
+    failures = sum(poison in marks for marks in batches)
+    assert server.engine.stats().failed_batches - before == failures >= 1
+    assert wait_until(lambda: idle(server.url))
+    again = httpx2.post(f"{server.url}/v1/score", json=bodies[3], timeout=60)
+    assert again.status_code == 200  # the server keeps serving, the same request included
+    assert_scores(again.json()["scores"], expected_scores(reference, bodies[3]))
+
+
+# -- clients that leave ----------------------------------------------------------------------
+
+
+def left(url: str) -> float:
+    return parse_metrics(httpx2.get(f"{url}/metrics").text).get(LEFT_499, 0.0)
+
+
+@pytest.mark.parametrize("leaving", [1, 4])
+def test_clients_that_leave_have_their_work_dropped(server, reference, leaving):
+    rng = np.random.default_rng(5)
+    heavy = [marked(rng, i, items=4000, length=100) for i in range(leaving)]
+    staying = score_cases()[:2]
+    needed = leaving * 4000 * 110 // 512  # batches the leaving requests would take
+    batches, left_before = stats(server.url)["batches"], left(server.url)
+
+    async def main() -> list[httpx2.Response]:
+        answers: list = [None] * len(staying)
+        async with httpx2.AsyncClient(base_url=server.url, timeout=60) as client:
+
+            async def leave(body: dict) -> None:
+                with pytest.raises(httpx2.ReadTimeout):
+                    await client.post("/v1/score", content=json.dumps(body), timeout=0.5)
+
+            async def stay(i: int) -> None:
+                answers[i] = await client.post("/v1/score", json=staying[i])
+
+            async with anyio.create_task_group() as tasks:
+                for body in heavy:
+                    tasks.start_soon(leave, body)
+                await anyio.sleep(0.1)  # queued behind the leaving ones
+                for i in range(len(staying)):
+                    tasks.start_soon(stay, i)
+        return answers
+
+    answers = anyio.run(main)
+    for answer, body in zip(answers, staying, strict=True):
+        assert answer.status_code == 200, answer.text
+        assert_scores(answer.json()["scores"], expected_scores(reference, body))
+    assert wait_until(lambda: idle(server.url), 10), stats(server.url)
+    time.sleep(0.2)
+    assert stats(server.url)["batches"] - batches < needed // 2
+    assert left(server.url) - left_before == leaving
+
+
+# -- a full queue ----------------------------------------------------------------------------
+
+
+def test_a_full_queue_is_503_with_retry_after_then_recovers(server, reference):
+    rng = np.random.default_rng(3)
+    distinct = [marked(rng, i, items=64, length=100) for i in range(4)]
+    expected = [expected_scores(reference, body) for body in distinct]
+    flood = anyio.run(post_all, server.url, [distinct[i % 4] for i in range(48)])
+    statuses = [answer.status_code for answer in flood]
+    assert set(statuses) == {200, 503} and statuses.count(200) >= LIMIT, statuses
+    for i, answer in enumerate(flood):
+        if answer.status_code == 503:
+            assert answer.headers["retry-after"] == "3"
+            assert answer.json() == error(
+                f"{LIMIT} requests in flight (limit {LIMIT})", "service_unavailable"
+            )
+        else:
+            assert_scores(answer.json()["scores"], expected[i % 4])
+    assert wait_until(lambda: idle(server.url))
+    after = anyio.run(post_all, server.url, [distinct[i % 4] for i in range(LIMIT)])
+    for i, answer in enumerate(after):
+        assert answer.status_code == 200, answer.text
+        assert_scores(answer.json()["scores"], expected[i % 4])
+
+
+# -- SIGTERM ---------------------------------------------------------------------------------
+
+
+async def accepted(url: str, answers: list) -> int:
+    """Requests the server holds or has answered."""
+    held = (await anyio.to_thread.run_sync(stats, url))["in_flight"]
+    return held + sum(answer is not None for answer in answers)
+
+
+async def sigterm_under_load(server, bodies: list[dict]) -> dict:
+    """Post every body at once, SIGTERM the server once all are accepted and before they are
+    answered, then try a new connection; the answers and when things happened."""
+    answers: list = [None] * len(bodies)
+    answered_at: list = [None] * len(bodies)
+    limits = httpx2.Limits(max_connections=len(bodies))
+    async with httpx2.AsyncClient(base_url=server.url, limits=limits, timeout=60) as client:
+
+        async def one(i: int) -> None:
+            answers[i] = await client.post("/v1/score", json=bodies[i])
+            answered_at[i] = time.monotonic()
+
+        async with anyio.create_task_group() as tasks:
+            for i in range(len(bodies)):
+                tasks.start_soon(one, i)
+            with anyio.fail_after(30):
+                while await accepted(server.url, answers) < len(bodies):
+                    await anyio.sleep(0.01)
+            signalled_at = time.monotonic()
+            os.kill(server.pid, signal.SIGTERM)
+            await anyio.sleep(1)  # the worker has stopped accepting
+            async with httpx2.AsyncClient(base_url=server.url, timeout=GRACE + 5) as late:
+                with pytest.raises(httpx2.TransportError):
+                    await late.post("/v1/score", json=bodies[0])
+    code = await anyio.to_thread.run_sync(server.process.wait, GRACE + 5)
+    exited_at = time.monotonic()
+    return {
+        "answers": answers,
+        "answered_after_signal": sum(t > signalled_at for t in answered_at),
+        "last_answer_s": max(answered_at) - signalled_at,
+        "exit": code,
+        "exit_s": exited_at - signalled_at,
+    }
+
+
+@pytest.mark.parametrize("worker", WORKERS)
+def test_sigterm_drains_the_requests_in_flight_and_exits_0(worker, tiny_path, reference, tmp_path):
+    rng = np.random.default_rng(17)
+    distinct = [marked(rng, i, items=100, length=60) for i in range(4)]
+    expected = [expected_scores(reference, body) for body in distinct]
+    bodies = [distinct[i % 4] for i in range(16)]
+    log = tmp_path / "hypercorn.log"
+    args = ("--graceful-timeout", str(GRACE))
+    with hypercorn_server(worker, tiny_env(tiny_path), log, *args) as server:
+        result = anyio.run(sigterm_under_load, server, bodies)
+    assert result["answered_after_signal"] > 0  # the signal came with requests in flight
+    for i, answer in enumerate(result["answers"]):
+        assert answer.status_code == 200, answer.text
+        assert_scores(answer.json()["scores"], expected[i % 4])
+    # exits once the work is done, not when the grace period runs out
+    assert result["exit"] == 0 and result["exit_s"] < min(GRACE, result["last_answer_s"] + 3)
+    assert "engine shutting down" in log.read_text()
+
+
+@pytest.mark.parametrize("worker", WORKERS)
+def test_sigterm_while_compiling_exits_at_once(worker, tiny_path, tmp_path):
+    # a budget of 4096 tokens makes a grid of 36 programs: about 30 s to compile here
+    env = tiny_env(
+        tiny_path, SCORING_PRECOMPILE="1", SCORING_PROGRESS="1", SCORING_TOKEN_BUDGET="4096"
+    )
+    log = tmp_path / "hypercorn.log"
+    process, _ = launch(worker, env, log)
+    try:
+        assert wait_until(lambda: "compiling:" in log.read_text(errors="replace"), 60)
+        signalled_at = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+        assert time.monotonic() - signalled_at < 5
+    finally:
+        stop(process)
+    assert "compiling: 100%" not in log.read_text(errors="replace")

@@ -1,0 +1,97 @@
+"""Schemathesis over `/openapi.json`: every operation fuzzed in process against the ASGI app on
+the tiny model, with bodies that fit the schema and bodies that do not. No answer is a 5xx, and
+every answer is one the document describes (status, content type, body schema).
+
+`FUZZ_EXAMPLES=500 python -m pytest tests/test_fuzz_api.py` fuzzes longer (40 per operation).
+"""
+
+import os
+import re
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
+from schemathesis.config import SchemathesisConfig
+from schemathesis.python import asgi
+from schemathesis.specs.openapi.checks import positive_data_acceptance
+from starlette.testclient import TestClient
+
+from api.app import create_app
+from api.openapi import openapi
+from api.routes import _version
+from api.settings import settings_from_env
+from tests.test_api_support import tiny_env, wait_until
+
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "40"))
+DOCUMENT = openapi("llm-scoring-engine", _version())
+CONFIG = SchemathesisConfig.from_dict({"output": {"sanitization": {"enabled": False}}})
+schema = schemathesis.openapi.from_dict(DOCUMENT, config=CONFIG)
+
+# What a schema-valid body may still be refused for: rules the document states in words, as
+# they depend on the model (vocabulary, context), join fields (text or ids, documents or texts)
+# or are finer than JSON Schema's types (2.0 is an integer there)
+BEYOND_SCHEMA = re.compile(
+    r"outside the vocabulary|exceed|^query/items: must be all text|"
+    r"^documents: required|^texts: give `documents` or `texts`|^output_dir: must be|"
+    r"^Expected `int[^`]*`, got `float`"
+)
+
+
+@pytest.fixture(scope="module")
+def app(tiny_checkpoints, tmp_path_factory):
+    """The service on the tiny model, its engine ready; its lifespan ends with the module."""
+    profiles = tmp_path_factory.mktemp("profiles")
+    env = tiny_env(tiny_checkpoints["llama-untied"], SCORING_PROFILE_DIR=str(profiles))
+    app = create_app(settings_from_env(env))
+    with asgi.get_client(app) as client:
+        assert wait_until(lambda: client.get("/health").status_code == 200, 60)
+        yield app
+        client.post("/stop_profile")  # the profiler is process-wide: leave none running
+    asgi.shutdown_lifespans()
+
+
+def test_the_fuzzed_document_is_the_served_one(app):
+    with asgi.get_client(app) as client:
+        assert client.get("/openapi.json").json() == DOCUMENT
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("GET", "/health", None),
+        ("GET", "/get_model_info", None),
+        ("POST", "/v1/score", {"query": "q", "items": ["a"], "label_token_ids": [1]}),
+        ("POST", "/v1/rerank", {"query": "q", "documents": ["a"]}),
+    ],
+)
+def test_answers_before_the_engine_is_ready_are_documented(tiny_checkpoints, method, path, body):
+    app = create_app(settings_from_env(tiny_env(tiny_checkpoints["llama-untied"])))
+    response = TestClient(app).request(method, path, json=body)  # no lifespan: no engine
+    assert response.status_code == 503
+    schema[path][method].validate_response(response)
+
+
+def accepted_unless_beyond_schema(ctx, response, case) -> None:
+    """A body that fits the schema is answered, or refused only for a rule the schema cannot
+    state (a 400 or 413 naming it)."""
+    if case.meta is None or not case.meta.generation.mode.is_positive:
+        return
+    if response.status_code in (400, 413):
+        message = response.json()["error"]["message"]
+        assert BEYOND_SCHEMA.search(message), f"schema-valid body refused: {message}"
+
+
+@schema.parametrize()
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+def test_every_operation_answers_as_documented(app, case):
+    response = case.call_and_validate(
+        app=app,
+        excluded_checks=[positive_data_acceptance],
+        additional_checks=[accepted_unless_beyond_schema],
+    )
+    assert response.status_code < 500, response.text
