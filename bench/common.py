@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.flops import Cost
+from engine import EngineConfig
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -31,7 +32,12 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--json", default=None, help="report file (default: bench/results/...)")
     p.add_argument("--quick", action="store_true", help="the smallest run: for tests")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--token-budget", type=int, default=8192, help="engine token budget")
+    p.add_argument(
+        "--token-budget",
+        type=int,
+        default=EngineConfig().token_budget,
+        help="engine token budget (default: the engine's)",
+    )
     p.add_argument(
         "--gemm", type=int, nargs="+", default=[1024, 2048, 4096], help="GEMM sizes of the peak"
     )
