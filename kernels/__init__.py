@@ -52,12 +52,12 @@ def select_dense(name: str | None, backend: str, *, dtype) -> str:
     native kernel runs (it needs AVX512-BF16), "xla" otherwise. Raises ValueError for an unknown
     name or "cpu" where it cannot run.
     """
-    bf16 = np.dtype(dtype) == np.dtype(jnp.bfloat16)
+    runs = backend == "cpu" and np.dtype(dtype) == jnp.bfloat16 and cpu.DENSE_AVAILABLE
     if name is None:
-        name = "cpu" if backend == "cpu" and bf16 and cpu.DENSE_AVAILABLE else "xla"
+        name = "cpu" if runs else "xla"
     if name not in DENSE:
         raise ValueError(f"unknown dense {name!r}; known: {list(DENSE)}")
-    if name == "cpu" and not (backend == "cpu" and bf16 and cpu.DENSE_AVAILABLE):
+    if name == "cpu" and not runs:
         raise ValueError(
             "dense 'cpu' needs the CPU backend, bfloat16 weights, the native extension and an "
             f"AVX512-BF16 CPU (backend {backend}, dtype {np.dtype(dtype)}, "
