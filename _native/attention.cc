@@ -66,7 +66,10 @@ class Vectors {
 
 using native_cpu::parallel_for;
 
+// `#pragma GCC target` does not define the __AVX512F__-style macros, so each build says what it
+// may use: PACKED_ATTENTION_AVX512 (512-bit intrinsics) and PACKED_ATTENTION_BF16 (BF16 dots).
 #if defined(__x86_64__) && defined(__GNUC__)
+#define PACKED_ATTENTION_AVX512 1
 #define PACKED_ATTENTION_BF16 1
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,avx512bf16,fma")
@@ -82,6 +85,8 @@ namespace avx512 {
 #include "attention_kernel.h"
 }  // namespace avx512
 #pragma GCC pop_options
+#undef PACKED_ATTENTION_AVX512
+#define PACKED_ATTENTION_AVX512 0
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 namespace avx2 {
@@ -89,6 +94,7 @@ namespace avx2 {
 }  // namespace avx2
 #pragma GCC pop_options
 #else
+#define PACKED_ATTENTION_AVX512 0
 #define PACKED_ATTENTION_BF16 0
 #endif
 namespace portable {

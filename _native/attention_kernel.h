@@ -3,8 +3,9 @@
 // attention.cc includes this file inside a namespace per target (AVX-512, AVX2+FMA, baseline)
 // and dispatches at run time, so one build runs everywhere and uses the widest vectors there.
 // It expects the standard headers (<type_traits> included) and <immintrin.h> to be included already, `Problem`,
-// `Vectors` and `parallel_for` declared in the enclosing scope, and PACKED_ATTENTION_BF16
-// defined: 1 compiles the AVX512-BF16 dot-product path for bf16 inputs.
+// `Vectors` and `parallel_for` declared in the enclosing scope, and PACKED_ATTENTION_AVX512 and
+// PACKED_ATTENTION_BF16 defined: 1 compiles the 512-bit intrinsics (horizontal reductions,
+// exp2) and the AVX512-BF16 dot-product path for bf16 inputs.
 //
 // Layout: q [T, H, D], k and v [T, Hkv, D] row-major (bf16 or f32), out like q. Work items are
 // (query tile of `tile_tokens` tokens, kv head); a work item's rows are its tokens times the G
@@ -32,7 +33,7 @@ inline vf exp2_fraction(vf r) {
   return p * r + splat(1.0f);
 }
 
-#if defined(__AVX512F__)
+#if PACKED_ATTENTION_AVX512
 // 2^x for x <= 0 (scores minus their running max); 0 for -inf. Below -160 the result
 // underflows to exactly 0; between -160 and -126 it may be a denormal.
 inline vf exp2_nonpositive(vf x) {
@@ -60,7 +61,7 @@ inline vf exp2_nonpositive(vf x) {
 }
 #endif
 
-#if defined(__AVX512F__)
+#if PACKED_ATTENTION_AVX512
 inline float hmax(vf x) { return _mm512_reduce_max_ps((__m512)x); }
 inline float hsum(vf x) { return _mm512_reduce_add_ps((__m512)x); }
 #else
