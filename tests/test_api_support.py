@@ -20,7 +20,7 @@ import pytest
 import trio
 from starlette.testclient import TestClient
 
-from bench.soak import serving_pid
+from bench.soak import process_sample, serving_pid
 from engine import EngineConfig, open_engine
 from engine.engine import RerankResult
 
@@ -294,8 +294,5 @@ def hypercorn_server(worker: str, env: dict[str, str], log: Path, *args: str) ->
 
 def worker_rss_kib(server: Server) -> int:
     """VmRSS of the hypercorn worker process (the child that serves), in KiB."""
-    pid = serving_pid(server.pid)  # not multiprocessing's resource tracker, also a child
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError(f"no VmRSS for process {pid}")
+    # the worker, not multiprocessing's resource tracker (also a child)
+    return round(process_sample(serving_pid(server.pid))["rss_mib"] * 1024)
