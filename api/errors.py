@@ -1,7 +1,8 @@
 """Errors as `{"error": {"message", "type", "param"}}`: the exception type, its mappings, handlers.
 
-Routes raise `ApiError`; decode and engine failures are turned into one by `decode_error` and
-`engine_error`, which take `param` from the field path in the message. A user's mistake is
+Routes raise `ApiError`; decode and engine failures are turned into one by `decode_error` (which
+takes `param` from the field path in msgspec's message) and `engine_error` (which takes it from
+the engine's `InvalidInput.field`). A user's mistake is
 never a 500; anything unexpected is, with a log line, and the server keeps serving.
 """
 
@@ -14,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from api.schemas import ErrorDetail, ErrorResponse, encode
-from engine import EngineClosed, EngineError, EngineOverloaded, InputTooLarge
+from engine import EngineClosed, EngineError, EngineOverloaded, InputTooLarge, InvalidInput
 
 log = logging.getLogger("api")
 
@@ -61,7 +62,6 @@ class ApiError(Exception):
 
 _AT = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
 _FIELD = re.compile(r"^Object (?:missing required|contains unknown) field `(?P<field>[^`]+)`")
-_PREFIX = re.compile(r"^(?P<field>[A-Za-z_][\w/]*)(?P<index>(?:\[\d+\])*): ")
 # an absolute POSIX or Windows path, `/a/b.py` or `C:\\a`, but not the `/b` of `a/b` or `1/2`
 _PATH = re.compile(r"(?<![\w.])(?:[A-Za-z]:)?[\\/][^\s'\"`:;,()<>]+")
 MAX_PUBLIC = 500
@@ -87,27 +87,18 @@ def engine_error(
 ) -> ApiError:
     """The answer to an exception from `Engine.score` / `Engine.rerank`.
 
-    `renames` maps the engine's field names to the request's (rerank's `items` are `documents`).
+    `renames` maps the engine's field names to the request's (TEI's `texts` for `documents`).
     """
     if isinstance(error, EngineOverloaded | EngineClosed):
         return ApiError(503, str(error), headers={"Retry-After": str(retry_after_s)})
-    if isinstance(error, ValueError):
+    if isinstance(error, InvalidInput):
         status = 413 if isinstance(error, InputTooLarge) else 400
-        message, param = _field_message(str(error), renames or {})
-        return ApiError(status, message, param=param)
+        error = error.renamed(renames or {})
+        return ApiError(status, str(error), param=error.field)
     if isinstance(error, EngineError):
         log.error("engine failure: %s", error)
         return ApiError(500, f"engine failure: {public_message(str(error))}")
     return internal_error(error)
-
-
-def _field_message(message: str, renames: dict[str, str]) -> tuple[str, str | None]:
-    match = _PREFIX.match(message)
-    if match is None:
-        return message, None
-    field = renames.get(match["field"], match["field"])
-    param = field + match["index"]
-    return f"{param}: {message[match.end() :]}", param
 
 
 def internal_error(error: BaseException) -> ApiError:

@@ -9,8 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from engine.engine import EngineStats
-from engine.messages import Timings
+from engine import EngineStats, Timings
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 STAGES = ("tokenize", "queue", "batch_build", "device", "total")

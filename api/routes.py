@@ -9,7 +9,6 @@ import anyio
 import jax
 import msgspec
 import sniffio
-import trio
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -20,10 +19,7 @@ from api.metrics import CONTENT_TYPE
 from api.openapi import openapi
 from api.service import Service
 from api.settings import model_path
-from engine import Engine, InputTooLarge
-from engine.messages import Timings
-
-TRUNCATION_MARGIN = 4  # tokens kept free when fitting: text joins can merge or split a token
+from engine import Timings
 
 
 def _json(body, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -67,16 +63,18 @@ async def rerank(service: Service, request: Request) -> Response:
     _require_query(req.query)
     field, documents = _documents(req)
 
-    async def run(engine: Engine):
-        texts = documents
-        limit = engine.config.max_items_per_request
-        if len(documents) > limit:  # as the engine would, but before the slow truncation
-            raise InputTooLarge(f"items: {len(documents)} items exceed the limit of {limit}")
-        if req.max_tokens_per_doc is not None or req.truncate:
-            texts = await trio.to_thread.run_sync(truncate_documents, engine, req, documents)
-        return await engine.rerank(req.query, texts, top_n=req.top_n, instruction=req.instruction)
-
-    result = await service.call(request, run, renames={"items": field, "documents": field})
+    result = await service.call(
+        request,
+        lambda engine: engine.rerank(
+            req.query,
+            documents,
+            top_n=req.top_n,
+            instruction=req.instruction,
+            max_tokens_per_doc=req.max_tokens_per_doc,
+            truncate=req.truncate,
+        ),
+        renames={"documents": field},
+    )
     service.metrics.observe(request.url.path, result.timings, len(documents))
     echo = bool(req.return_documents or req.return_text)
     hits = [
@@ -114,32 +112,6 @@ def _documents(req: schemas.RerankRequest) -> tuple[str, list[str]]:
     return "documents", [d if isinstance(d, str) else d.text for d in req.documents]
 
 
-def truncate_documents(engine: Engine, req: schemas.RerankRequest, documents: list[str]):
-    """Documents cut to `max_tokens_per_doc` tokens and, with `truncate`, to what fits the
-    context after the rerank prompt (less a small margin). The originals are what is echoed."""
-    tokenizer = engine.model.tokenizer
-    limit = req.max_tokens_per_doc or engine.max_sequence_tokens
-    if req.truncate:
-        template = engine.template
-        prompt = tokenizer.encode(template.query_text(req.query, req.instruction)).ids
-        suffix = tokenizer.encode(template.document_text(""), add_special_tokens=False).ids
-        room = engine.max_sequence_tokens - len(prompt) - len(suffix) - TRUNCATION_MARGIN
-        limit = max(0, min(limit, room))
-    encodings = tokenizer.encode_batch(documents, add_special_tokens=False)
-    return [_cut(doc, enc.offsets, limit) for doc, enc in zip(documents, encodings, strict=True)]
-
-
-def _cut(text: str, offsets: list[tuple[int, int]], limit: int) -> str:
-    """The longest prefix of `text` made of its first `limit` tokens, in whole characters."""
-    if len(offsets) <= limit:
-        return text
-    if limit == 0:
-        return ""
-    start, end = offsets[limit - 1]
-    # a character split over several byte-level tokens: keep it only if all of them fit
-    return text[: start if offsets[limit][0] < end else end]
-
-
 async def health(service: Service, request: Request) -> Response:
     """200 once the engine has loaded and compiled; 503 before (or if it failed)."""
     host = service.host
@@ -163,7 +135,7 @@ async def models(service: Service, request: Request) -> Response:
 
 async def model_info(service: Service, request: Request) -> Response:
     engine = service.engine()
-    cfg = engine.model.config
+    cfg = engine.model_config
     path = model_path(engine.config.model)
     return _json(
         {
@@ -172,19 +144,14 @@ async def model_info(service: Service, request: Request) -> Response:
             "is_generation": False,
             "model_name": service.model_name,
             "family": cfg.family,
-            "dtype": engine.model.dtype,
+            "dtype": engine.program.dtype,
             "vocab_size": cfg.vocab_size,
             "context_length": cfg.max_position_embeddings,
             "max_sequence_tokens": engine.max_sequence_tokens,
-            "kv_bytes_per_token": kv_bytes_per_token(engine),
+            "kv_bytes_per_token": engine.program.kv_bytes_per_token,
             "rerank_template": engine.template.name,
         }
     )
-
-
-def kv_bytes_per_token(engine: Engine) -> int:
-    dtype_bytes = 2 if engine.model.dtype == "bfloat16" else 4
-    return engine.model.config.kv_bytes_per_token(dtype_bytes)
 
 
 async def server_info(service: Service, request: Request) -> Response:
@@ -202,7 +169,7 @@ async def server_info(service: Service, request: Request) -> Response:
             "engine_config": settings.engine,
             "server_config": server,
             "buckets": engine.buckets._asdict() if engine else None,
-            "kv_bytes_per_token": kv_bytes_per_token(engine) if engine else None,
+            "kv_bytes_per_token": engine.program.kv_bytes_per_token if engine else None,
             "max_sequence_tokens": engine.max_sequence_tokens if engine else None,
             "stats": engine.stats() if engine else None,
             "profiling": service.profiling,

@@ -17,8 +17,7 @@ from api.bridge import EngineHost, EngineNotReady
 from api.errors import CLIENT_CLOSED, ApiError, decode_error, engine_error
 from api.metrics import Metrics
 from api.settings import Settings
-from engine import Engine
-from engine.engine import EngineStats
+from engine import Engine, EngineStats
 
 T = TypeVar("T")
 

@@ -14,8 +14,7 @@ from pathlib import Path
 import msgspec
 import msgspec.inspect as mi
 
-from engine.engine import EngineConfig
-from engine.loaders import CheckpointError, default_model_path
+from engine import CheckpointError, EngineConfig, default_model_path
 
 PREFIX = "SCORING_"
 log = logging.getLogger("api")

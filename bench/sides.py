@@ -17,6 +17,7 @@ from tqdm import tqdm, trange
 from bench.baseline import hf_label_logprobs, load_transformers
 from bench.flops import Cost, plan_flops
 from engine import EngineConfig, open_engine, packing
+from engine.messages import ScoreRequest
 
 
 def engine_config(args, path) -> EngineConfig:
@@ -32,8 +33,8 @@ def engine_config(args, path) -> EngineConfig:
 def run_engine(config: EngineConfig, build: Callable, repeats: int) -> dict:
     """One `Engine.score` request: warm-up, then `repeats` timed passes.
 
-    `build(model)` makes the request `(query, items, labels)` from the loaded `ScoringModel`
-    (its tokenizer); the result holds it under "request" for the baseline.
+    `build(engine)` makes the request `(query, items, labels)` from the started engine (its
+    tokenizer); the result holds it under "request" for the baseline.
     """
     return trio.run(_run_engine, config, build, repeats)
 
@@ -42,7 +43,7 @@ async def _run_engine(config, build, repeats) -> dict:
     start = time.perf_counter()
     async with open_engine(config) as engine:
         startup_s = time.perf_counter() - start
-        query, items, labels = build(engine.model)
+        query, items, labels = build(engine)
         warm = await engine.score(query, items, labels)  # warm-up: first run of this request
         before = engine.stats()
         times = []
@@ -51,9 +52,9 @@ async def _run_engine(config, build, repeats) -> dict:
             await engine.score(query, items, labels)
             times.append(time.perf_counter() - t0)
         after = engine.stats()
-        seqs = engine.model.sequences(query, items, item_first=False)
+        seqs = engine_sequences(engine, query, items, labels)
         plan = packing.plan(seqs, token_budget=config.token_budget, buckets=engine.buckets)
-        cost = Cost.of(engine.model.config)
+        cost = Cost.of(engine.model_config)
         per_pass = lambda name: (getattr(after, name) - getattr(before, name)) / repeats
         return {
             "startup_s": startup_s,
@@ -69,9 +70,16 @@ async def _run_engine(config, build, repeats) -> dict:
             "batches": per_pass("batches"),
             "device_busy_s": per_pass("device_busy_s"),
             "cost": cost,
-            "config": engine.model.config,
+            "config": engine.model_config,
             "request": (query, items, labels),
         }
+
+
+def engine_sequences(engine, query, items, labels) -> list[list[int]]:
+    """The token sequences the engine's tokenizer makes of a score request."""
+    request = ScoreRequest(id=0, query=query, items=items, label_token_ids=labels, arrived=0.0)
+    (tokenized,) = engine.tokenization.process([request])
+    return tokenized.sequences
 
 
 def run_padded_baseline(

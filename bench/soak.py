@@ -132,8 +132,8 @@ async def _expected(engine, request: Request) -> list:
 async def references(config: EngineConfig, count: int, seed: int):
     """(requests, expected answers, model config) from an in-process engine of `config`."""
     async with open_engine(config) as engine:
-        model = engine.model
-        requests = request_pool(model.tokenizer, model.config.vocab_size, count, seed)
+        model_config = engine.model_config
+        requests = request_pool(engine.tokenizer, model_config.vocab_size, count, seed)
         expected: list = [None] * count
 
         async def one(i: int) -> None:
@@ -142,7 +142,7 @@ async def references(config: EngineConfig, count: int, seed: int):
         async with trio.open_nursery() as nursery:
             for i in range(count):
                 nursery.start_soon(one, i)
-    return requests, expected, model.config
+    return requests, expected, model_config
 
 
 def _log_gap(got, want) -> float:

@@ -2,22 +2,29 @@
 
 from engine.engine import (
     Engine,
-    EngineClosed,
     EngineConfig,
-    EngineError,
-    EngineOverloaded,
     EngineStats,
+    RerankHit,
     RerankResult,
     ScoreResult,
     open_engine,
 )
-from engine.inputs import InputTooLarge
-from engine.loaders import Checkpoint, CheckpointError, load_checkpoint
+from engine.errors import (
+    EngineClosed,
+    EngineError,
+    EngineOverloaded,
+    InputTooLarge,
+    InvalidInput,
+)
+from engine.loaders import Checkpoint, CheckpointError, default_model_path, load_checkpoint
+from engine.messages import Timings
+from engine.program import DeviceProgram
 from engine.scoring import ScoringModel, load_model
 
 __all__ = [
     "Checkpoint",
     "CheckpointError",
+    "DeviceProgram",
     "Engine",
     "EngineClosed",
     "EngineConfig",
@@ -25,9 +32,13 @@ __all__ = [
     "EngineOverloaded",
     "EngineStats",
     "InputTooLarge",
+    "InvalidInput",
+    "RerankHit",
     "RerankResult",
     "ScoreResult",
     "ScoringModel",
+    "Timings",
+    "default_model_path",
     "load_checkpoint",
     "load_model",
     "open_engine",

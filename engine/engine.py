@@ -16,11 +16,32 @@ from pathlib import Path
 import jax
 import msgspec
 import numpy as np
+import tokenizers
 import trio
 
-from engine import inputs, packing, runner, scheduler, templates, tokenizer_actor
+from engine import inputs, runner, scheduler, templates, tokenizer_actor, truncation
+from engine.buckets import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_LABEL_WIDTHS,
+    DEFAULT_ROW_DIVISORS,
+    DEFAULT_TOKEN_BUDGET,
+    Buckets,
+    make_buckets,
+)
+from engine.errors import (
+    EngineClosed,
+    EngineError,
+    EngineOverloaded,
+    InputTooLarge,
+    InvalidInput,
+    RejectKind,
+    rejection_error,
+)
+from engine.loaders import load_checkpoint
 from engine.messages import Cancel, Rejected, Scored, ScoreRequest, Timings
-from engine.scoring import ScoringModel, load_model, scores_from_logprobs
+from engine.models import ModelConfig
+from engine.program import DeviceProgram
+from engine.scoring import scores_from_logprobs
 
 
 def default_compile_cache_dir() -> str:
@@ -37,14 +58,14 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # layer matmuls: "xla" | "cpu" (bf16 weights packed once for the native AVX512-BF16 kernel);
     # None picks "cpu" for bf16 where that kernel runs
     dense: str | None = None
-    token_budget: int = 16384  # most real tokens in one packed batch
-    block_size: int = 64  # attention block (tokens); token buckets are multiples of it
+    token_budget: int = DEFAULT_TOKEN_BUDGET  # most real tokens in one packed batch
+    block_size: int = DEFAULT_BLOCK_SIZE  # attention block (tokens); buckets are multiples of it
     # padded batch sizes in tokens, ascending multiples of block_size; None: powers of two from
     # 2 * block_size to 1024, then four per octave, up to the model's context (buckets <=
     # token_budget are compiled at start)
     token_buckets: tuple[int, ...] | None = None
-    row_divisors: tuple[int, ...] = (32, 8, 2)  # score-row buckets of a T-token batch: T // d
-    label_widths: tuple[int, ...] = (4, 32, 256)  # padded label counts; the last is the limit
+    row_divisors: tuple[int, ...] = DEFAULT_ROW_DIVISORS  # score-row buckets of T tokens: T // d
+    label_widths: tuple[int, ...] = DEFAULT_LABEL_WIDTHS  # padded label counts; last: the limit
     # after answering requests, how long an idle device waits for as many to queue again (the
     # same clients coming back) before batching what is there
     batch_linger_ms: float = 50.0
@@ -56,17 +77,19 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     precompile: bool = True  # compile the bucket grid at start, before serving
     progress: bool = True  # progress bars while loading and compiling
 
-
-class EngineError(RuntimeError):
-    """The engine could not score a valid request (a device step failed)."""
-
-
-class EngineOverloaded(EngineError):
-    """Too much queued work: retry later."""
-
-
-class EngineClosed(EngineError):
-    """The engine shut down before the request finished."""
+    def buckets(self, context: int) -> Buckets:
+        """The padding grid for a model of `context` positions; InvalidInput (a ValueError)
+        naming the field that is inconsistent."""
+        if not 0 <= self.batch_linger_ms <= 10_000:
+            raise InvalidInput("batch_linger_ms", "must be between 0 and 10000")
+        return make_buckets(
+            context,
+            token_budget=self.token_budget,
+            block_size=self.block_size,
+            token_buckets=self.token_buckets,
+            row_divisors=self.row_divisors,
+            label_widths=self.label_widths,
+        )
 
 
 class ScoreResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -100,15 +123,6 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
     cache_misses: int
 
 
-_ERRORS = {
-    "invalid": ValueError,
-    "too_large": inputs.InputTooLarge,
-    "overloaded": EngineOverloaded,
-    "failed": EngineError,
-    "closed": EngineClosed,
-}
-
-
 @dataclass
 class _Waiter:
     done: trio.Event = field(default_factory=trio.Event)
@@ -116,23 +130,32 @@ class _Waiter:
 
 
 class Engine:
-    """Scores and reranks through the actors; create it with `open_engine`."""
+    """Scores and reranks through the actors; create it with `open_engine`.
 
-    def __init__(self, config: EngineConfig, model: ScoringModel):
+    `tokenizer` is the model's Hugging Face tokenizer, `program` the device program (its
+    `config` the architecture, its `dtype` the weight dtype), `template` the rerank prompt.
+    """
+
+    def __init__(
+        self, config: EngineConfig, tokenizer: tokenizers.Tokenizer, program: DeviceProgram
+    ):
         self.config = config
-        self.model = model
-        self.buckets = engine_buckets(config, model.config.max_position_embeddings)
-        self.template = templates.template_for(model.config.family, model.tokenizer)
+        self.tokenizer = tokenizer
+        self.program = program
+        context = program.config.max_position_embeddings
+        self.buckets = config.buckets(context)
+        self.max_sequence_tokens = self.buckets.max_sequence(context)
+        self.template = templates.template_for(program.config.family, tokenizer)
         try:
-            self._rerank_labels = list(templates.label_ids(self.template, model.tokenizer))
+            self._rerank_labels = list(templates.label_ids(self.template, tokenizer))
         except ValueError as e:  # the model cannot rerank; score still works
             self._rerank_labels = str(e)
-        self.tokenizer = tokenizer_actor.TokenizerState(
-            model.tokenizer,
-            vocab_size=model.config.vocab_size,
-            max_len=min(model.config.max_position_embeddings, self.buckets.tokens[-1]),
+        self.tokenization = tokenizer_actor.TokenizerState(
+            tokenizer,
+            vocab_size=program.config.vocab_size,
+            max_len=self.max_sequence_tokens,
             max_items=config.max_items_per_request,
-            max_labels=self.buckets.label_widths[-1],
+            max_labels=self.buckets.max_labels,
             cache_size=config.tokenizer_cache_size,
         )
         self.scheduler = scheduler.SchedulerState(
@@ -141,23 +164,35 @@ class Engine:
             max_queued_tokens=config.max_queued_tokens,
             linger=config.batch_linger_ms / 1000,
         )
-        self.runner = runner.RunnerState(model, block_size=config.block_size)
+        self.runner = runner.RunnerState(program, block_size=config.block_size)
         self._ids = itertools.count()
         self._waiters: dict[int, _Waiter] = {}
+        self._sent = 0  # messages handed to the tokenizer; each reaches the scheduler once
+        self._changed = trio.Event()  # set when the scheduler has handled messages
         self._closed = False
+
+    @property
+    def model_config(self) -> ModelConfig:
+        """The architecture of the loaded model."""
+        return self.program.config
 
     async def _start(self, nursery: trio.Nursery) -> None:
         to_tokenizer, tokenizer_inbox = trio.open_memory_channel(math.inf)
         to_scheduler, scheduler_inbox = trio.open_memory_channel(math.inf)
         to_runner, runner_inbox = trio.open_memory_channel(0)
         to_engine, engine_inbox = trio.open_memory_channel(math.inf)
-        self._to_tokenizer, self._to_scheduler = to_tokenizer, to_scheduler.clone()
+        self._to_tokenizer = to_tokenizer
         grid = self.buckets.grid(self.config.token_budget) if self.config.precompile else []
         run_runner = functools.partial(runner.run, progress=self.config.progress)
         await nursery.start(run_runner, self.runner, runner_inbox, to_scheduler.clone(), grid)
-        await nursery.start(tokenizer_actor.run, self.tokenizer, tokenizer_inbox, to_scheduler)
-        await nursery.start(scheduler.run, self.scheduler, scheduler_inbox, to_runner, to_engine)
+        await nursery.start(tokenizer_actor.run, self.tokenization, tokenizer_inbox, to_scheduler)
+        run_scheduler = functools.partial(scheduler.run, on_change=self._on_change)
+        await nursery.start(run_scheduler, self.scheduler, scheduler_inbox, to_runner, to_engine)
         nursery.start_soon(self._deliver, engine_inbox)
+
+    def _on_change(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
 
     async def _deliver(self, inbox: trio.MemoryReceiveChannel) -> None:
         async for outcome in inbox:
@@ -169,7 +204,9 @@ class Engine:
     def _close(self) -> None:
         self._closed = True
         for request_id, waiter in self._waiters.items():
-            waiter.outcome = Rejected(id=request_id, kind="closed", message="engine shut down")
+            waiter.outcome = Rejected(
+                id=request_id, kind=RejectKind.CLOSED, message="engine shut down"
+            )
             waiter.done.set()
         self._waiters.clear()
 
@@ -184,8 +221,9 @@ class Engine:
     ) -> ScoreResult:
         """Score items against a query with `ScoringModel.score` semantics.
 
-        Raises ValueError (InputTooLarge for size limits) for bad input, EngineOverloaded when
-        the queue is full, EngineError when the device step fails, EngineClosed on shutdown.
+        Raises InvalidInput (a ValueError; InputTooLarge for size limits) naming the field for
+        bad input, EngineOverloaded when the queue is full, EngineError when the device step
+        fails, EngineClosed on shutdown.
         """
         start = trio.current_time()
         scored = await self._submit(query, items, label_token_ids, item_first)
@@ -201,22 +239,45 @@ class Engine:
         *,
         top_n: int | None = None,
         instruction: str | None = None,
+        max_tokens_per_doc: int | None = None,
+        truncate: bool = False,
     ) -> RerankResult:
         """Documents by relevance to `query`: P(yes) / (P(yes) + P(no)) under the model's
-        rerank template, best first, the first `top_n` of them (all when None)."""
-        _check_rerank(query, documents, top_n)
+        rerank template, best first, the first `top_n` of them (all when None).
+
+        `max_tokens_per_doc` cuts each document to that many tokens; `truncate` cuts each so
+        that its prompt fits the longest sequence accepted. Errors name `documents[i]`.
+        """
+        _check_rerank(query, documents, top_n, max_tokens_per_doc)
         if isinstance(self._rerank_labels, str):
             raise EngineError(f"rerank is unavailable for this model: {self._rerank_labels}")
-        yes_no = self._rerank_labels
+        limit = self.config.max_items_per_request
+        if len(documents) > limit:  # before the truncation, which takes time per document
+            raise InputTooLarge("documents", f"{len(documents)} items exceed the limit of {limit}")
+        if max_tokens_per_doc is not None or truncate:
+            documents = await trio.to_thread.run_sync(
+                self._truncated, query, documents, instruction, max_tokens_per_doc, truncate
+            )
         items = [self.template.document_text(d) for d in documents]
-        result = await self.score(
-            self.template.query_text(query, instruction), items, yes_no, apply_softmax=True
-        )
+        prompt = self.template.query_text(query, instruction)
+        try:
+            result = await self.score(prompt, items, self._rerank_labels, apply_softmax=True)
+        except InvalidInput as e:
+            raise e.renamed({"items": "documents"}) from None
         hits = [RerankHit(index=i, relevance_score=s[0]) for i, s in enumerate(result.scores)]
         hits.sort(key=lambda h: -h.relevance_score)
         return RerankResult(
             results=hits[:top_n], prompt_tokens=result.prompt_tokens, timings=result.timings
         )
+
+    def _truncated(self, query, documents, instruction, max_tokens_per_doc, truncate):
+        limit = max_tokens_per_doc or self.max_sequence_tokens
+        if truncate:
+            room = truncation.room_for_document(
+                self.tokenizer, self.template, query, instruction, self.max_sequence_tokens
+            )
+            limit = min(limit, room)
+        return truncation.cut_documents(self.tokenizer, documents, limit)
 
     async def _submit(self, query, items, label_token_ids, item_first: bool) -> Scored:
         if self._closed:
@@ -227,7 +288,7 @@ class Engine:
             )
         request_id = next(self._ids)
         waiter = self._waiters[request_id] = _Waiter()
-        self._to_tokenizer.send_nowait(
+        self._send(
             ScoreRequest(
                 id=request_id,
                 query=query,
@@ -241,25 +302,31 @@ class Engine:
             await waiter.done.wait()
         except BaseException:  # cancelled: drop whatever is left of the work
             if self._waiters.pop(request_id, None) is not None:
-                self._to_scheduler.send_nowait(Cancel(id=request_id))
+                self._send(Cancel(id=request_id))
             raise
-        if isinstance(waiter.outcome, Rejected):
-            raise _ERRORS[waiter.outcome.kind](waiter.outcome.message)
-        return waiter.outcome
+        outcome = waiter.outcome
+        if isinstance(outcome, Rejected):
+            raise rejection_error(outcome.kind, outcome.message, outcome.field)
+        return outcome
 
-    @property
-    def max_sequence_tokens(self) -> int:
-        """The longest query + item sequence accepted (the context, or the largest bucket)."""
-        return self.tokenizer.max_len
+    def _send(self, message: ScoreRequest | Cancel) -> None:
+        self._to_tokenizer.send_nowait(message)
+        self._sent += 1
 
     def idle(self) -> bool:
         """True when no request is in flight and nothing is queued, planned or running."""
-        s = self.scheduler
-        return not (self._waiters or s.requests or s.queue or s.cancelled or s.in_flight)
+        handed_over = self._sent == self.scheduler.received
+        return not self._waiters and handed_over and self.scheduler.idle()
+
+    async def wait_idle(self) -> None:
+        """Return once `idle()` holds: every request answered and its work gone (cancelled
+        requests included)."""
+        while not self.idle():
+            await self._changed.wait()
 
     def stats(self) -> EngineStats:
         """Counters for metrics, read at the moment of the call."""
-        s, r, c = self.scheduler.stats, self.runner.stats, self.tokenizer.cache
+        s, r, c = self.scheduler.stats, self.runner.stats, self.tokenization.cache
         return EngineStats(
             in_flight=len(self._waiters),
             queue_depth=self.scheduler.queue_depth(),
@@ -275,36 +342,17 @@ class Engine:
         )
 
 
-def engine_buckets(config: EngineConfig, context: int) -> packing.Buckets:
-    """The padding grid the config asks for; ValueError naming the field that is inconsistent."""
-    b = config.block_size
-    tokens = (
-        config.token_buckets or packing.default_buckets(max(config.token_budget, context), b).tokens
-    )
-    if list(tokens) != sorted(set(tokens)) or any(t <= 0 or t % b for t in tokens):
-        raise ValueError(f"token_buckets: must be ascending multiples of block_size {b}")
-    if tokens[-1] < config.token_budget:
-        raise ValueError(f"token_buckets: the largest ({tokens[-1]}) is below token_budget")
-    for name in ("row_divisors", "label_widths"):
-        values = getattr(config, name)
-        if not values or any(v < 1 for v in values):
-            raise ValueError(f"{name}: must be positive integers")
-    if not 0 <= config.batch_linger_ms <= 10_000:
-        raise ValueError("batch_linger_ms: must be between 0 and 10000")
-    return packing.Buckets(
-        b, tuple(tokens), tuple(config.row_divisors), tuple(sorted(config.label_widths))
-    )
-
-
-def _check_rerank(query, documents, top_n) -> None:
+def _check_rerank(query, documents, top_n, max_tokens_per_doc) -> None:
     if not isinstance(query, str):
-        raise ValueError("query: must be a string")
+        raise InvalidInput("query", "must be a string")
     if isinstance(documents, str) or not documents:
-        raise ValueError("documents: must be a non-empty list of strings")
+        raise InvalidInput("documents", "must be a non-empty list of strings")
     if not all(isinstance(d, str) for d in documents):
-        raise ValueError("documents: must be a non-empty list of strings")
-    if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1):
-        raise ValueError("top_n: must be a positive integer")
+        raise InvalidInput("documents", "must be a non-empty list of strings")
+    for name, value in (("top_n", top_n), ("max_tokens_per_doc", max_tokens_per_doc)):
+        bad = isinstance(value, bool) or not isinstance(value, int) or value < 1
+        if value is not None and bad:
+            raise InvalidInput(name, "must be a positive integer")
 
 
 def _enable_compile_cache(directory: str | None) -> None:
@@ -323,17 +371,20 @@ async def open_engine(config: EngineConfig | None = None) -> AsyncIterator[Engin
     """
     config = config or EngineConfig()
     _enable_compile_cache(config.compile_cache_dir)
-    model = await trio.to_thread.run_sync(
-        lambda: load_model(
-            config.model,
+    checkpoint = await trio.to_thread.run_sync(
+        functools.partial(load_checkpoint, config.model, progress=config.progress)
+    )
+    program = await trio.to_thread.run_sync(
+        functools.partial(
+            DeviceProgram,
+            checkpoint,
             dtype=config.dtype,
             attention=config.attention,
             dense=config.dense,
-            token_budget=config.token_budget,
-            progress=config.progress,
         )
     )
-    engine = Engine(config, model)
+    engine = Engine(config, checkpoint.tokenizer, program)
+    del checkpoint  # the host copy of the weights: the program holds them on the device
     async with trio.open_nursery() as nursery:
         await engine._start(nursery)
         try:

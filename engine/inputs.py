@@ -3,19 +3,17 @@
 Text query with text items are joined as text (`query + item`, or `item + query` with
 `item_first`) and tokenised whole with the tokenizer's default special tokens; a token-id query
 with token-id items is concatenated as ids; any other mix is an error. Every problem raises
-`ValueError` naming the field.
+`InvalidInput` (a ValueError) naming the field.
 """
 
 from collections.abc import Sequence
 
 import tokenizers
 
+from engine.errors import InputTooLarge, InvalidInput
+
 Query = str | Sequence[int]
 Items = str | Sequence[str] | Sequence[Sequence[int]]
-
-
-class InputTooLarge(ValueError):
-    """Valid input over a size limit: too many items, or a sequence longer than the context."""
 
 
 def _is_ids(x) -> bool:
@@ -31,11 +29,11 @@ def normalize_items(items: Items, max_items: int | None = None) -> list:
     if isinstance(items, str):
         items = [items]
     if not isinstance(items, Sequence) or len(items) == 0:
-        raise ValueError(
-            "items: must be a non-empty string, list of strings or list of token-id lists"
+        raise InvalidInput(
+            "items", "must be a non-empty string, list of strings or list of token-id lists"
         )
     if max_items is not None and len(items) > max_items:
-        raise InputTooLarge(f"items: {len(items)} items exceed the limit of {max_items}")
+        raise InputTooLarge("items", f"{len(items)} items exceed the limit of {max_items}")
     return list(items)
 
 
@@ -45,19 +43,20 @@ def is_text_request(query: Query, items: list) -> bool:
         return True
     if _is_ids(query) and all(_is_ids(it) for it in items):
         return False
-    raise ValueError(
-        "query/items: must be all text (str query, list of str items) or all token ids "
-        "(list[int] query, list of list[int] items)"
+    raise InvalidInput(
+        "query/items",
+        "must be all text (str query, list of str items) or all token ids "
+        "(list[int] query, list of list[int] items)",
     )
 
 
 def check_labels(label_token_ids: Sequence[int], vocab_size: int) -> list[int]:
     """The label ids as a list; ValueError unless non-empty and inside the vocabulary."""
     if isinstance(label_token_ids, str) or not _is_ids(label_token_ids) or not label_token_ids:
-        raise ValueError("label_token_ids: must be a non-empty list of token ids")
+        raise InvalidInput("label_token_ids", "must be a non-empty list of token ids")
     bad = [t for t in label_token_ids if not 0 <= t < vocab_size]
     if bad:
-        raise ValueError(f"label_token_ids: {bad} outside the vocabulary [0, {vocab_size})")
+        raise InvalidInput("label_token_ids", f"{bad} outside the vocabulary [0, {vocab_size})")
     return list(label_token_ids)
 
 
@@ -65,14 +64,14 @@ def check_query_ids(query: Sequence[int], vocab_size: int) -> None:
     """ValueError naming `query` for an id outside the vocabulary (joined to the items, it would
     be reported against every item)."""
     if query and (min(query) < 0 or max(query) >= vocab_size):
-        raise ValueError(f"query: token id outside the vocabulary [0, {vocab_size})")
+        raise InvalidInput("query", f"token id outside the vocabulary [0, {vocab_size})")
 
 
 def texts_to_join(query: str, items: Sequence[str], *, item_first: bool) -> list[str]:
     """The texts to tokenise whole, one per item."""
     for i, it in enumerate(items):
         if not it:
-            raise ValueError(f"items[{i}]: empty item")
+            raise InvalidInput(f"items[{i}]", "empty item")
     return [it + query if item_first else query + it for it in items]
 
 
@@ -80,7 +79,7 @@ def join_ids(query: Sequence[int], items: Sequence[Sequence[int]], *, item_first
     """The id sequences, one per item."""
     for i, it in enumerate(items):
         if not it:
-            raise ValueError(f"items[{i}]: empty item")
+            raise InvalidInput(f"items[{i}]", "empty item")
     return [list(it) + list(query) if item_first else list(query) + list(it) for it in items]
 
 
@@ -88,13 +87,14 @@ def check_sequences(seqs: Sequence[Sequence[int]], *, vocab_size: int, max_len: 
     """ValueError for an id outside the vocabulary or a sequence longer than the context."""
     for i, seq in enumerate(seqs):
         if not seq:
-            raise ValueError(f"items[{i}]: tokenised to an empty sequence")
+            raise InvalidInput(f"items[{i}]", "tokenised to an empty sequence")
         if len(seq) > max_len:
             raise InputTooLarge(
-                f"items[{i}]: sequence of {len(seq)} tokens exceeds the model context of {max_len}"
+                f"items[{i}]",
+                f"sequence of {len(seq)} tokens exceeds the model context of {max_len}",
             )
         if min(seq) < 0 or max(seq) >= vocab_size:
-            raise ValueError(f"items[{i}]: token id outside the vocabulary [0, {vocab_size})")
+            raise InvalidInput(f"items[{i}]", f"token id outside the vocabulary [0, {vocab_size})")
 
 
 def build_sequences(

@@ -1,12 +1,16 @@
 """Every message that crosses a channel between the engine's actors, defined once.
 
-Engine ──ScoreRequest──> tokenizer ──Tokenized | Rejected──> scheduler <──Cancel── Engine
+Engine ──ScoreRequest | Cancel──> tokenizer ──Tokenized | Rejected | Cancel──> scheduler
 scheduler ──Batch──> device runner ──BatchDone──> scheduler ──Scored | Rejected──> Engine
+
+A `Cancel` travels the same way as its request, so it always arrives after it.
 """
 
-from typing import Any
-
 import msgspec
+import numpy as np
+
+from engine.errors import RejectKind
+from engine.models import PackedInputs
 
 
 class Timings(msgspec.Struct, frozen=True, kw_only=True):
@@ -23,9 +27,9 @@ class ScoreRequest(msgspec.Struct, frozen=True, kw_only=True):
     """A caller's score call, as received (validated by the tokenizer actor)."""
 
     id: int
-    query: Any  # str | list[int]
-    items: Any  # str | list[str] | list[list[int]]
-    label_token_ids: Any  # list[int]
+    query: str | list[int]
+    items: str | list[str] | list[list[int]]
+    label_token_ids: list[int]
     item_first: bool = False
     arrived: float
 
@@ -44,8 +48,9 @@ class Rejected(msgspec.Struct, frozen=True, kw_only=True):
     """A request that ends in an error; `kind` picks the exception the caller sees."""
 
     id: int
-    kind: str  # "invalid" | "overloaded" | "failed" | "closed"
+    kind: RejectKind
     message: str
+    field: str | None = None  # the offending input field, for INVALID and TOO_LARGE
 
 
 class Cancel(msgspec.Struct, frozen=True, kw_only=True):
@@ -58,7 +63,7 @@ class Batch(msgspec.Struct, frozen=True, kw_only=True):
     """One packed prefix batch: device inputs plus the (request id, item index) behind each row."""
 
     id: int
-    inputs: Any  # engine.models.PackedInputs of numpy arrays
+    inputs: PackedInputs  # of numpy arrays
     rows: list[tuple[int, int]]
     real_tokens: int
     build_s: float
@@ -68,7 +73,7 @@ class BatchDone(msgspec.Struct, frozen=True, kw_only=True):
     """Label log-probs f32[S, L] for a batch's rows, or the error that stopped it."""
 
     id: int
-    logprobs: Any = None  # np.ndarray | None
+    logprobs: np.ndarray | None = None  # f32[S, L]
     error: str | None = None
     device_s: float = 0.0
 

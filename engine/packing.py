@@ -5,14 +5,15 @@ Layout of one batch: for each chunk, the shared prefix once, then each member's 
 at the end. Positions restart at 0 for every sequence, so RoPE sees what one-by-one scoring sees.
 """
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 import numpy as np
 
 import _native
 from _native import pick_bucket
-from engine.models.decoder import PackedInputs
+from engine.buckets import Buckets
+from engine.models import PackedInputs
 from kernels import make_meta
 
 Tokens = Sequence[int]
@@ -23,76 +24,6 @@ class Chunk(NamedTuple):
 
     prefix_len: int
     members: tuple[int, ...]
-
-
-class Buckets(NamedTuple):
-    """Padding grids. A batch's shape is (T tokens, S score rows, L labels per row).
-
-    T comes from `tokens` (multiples of `block_size`); S from `rows_for(T)`, tied to T so that the
-    compiled program grid stays small; L from `label_widths`. The block-schedule width is fixed
-    per T (`T // block_size`), so it is not a grid dimension.
-    """
-
-    block_size: int
-    tokens: tuple[int, ...]
-    row_divisors: tuple[int, ...] = (32, 8, 2)
-    label_widths: tuple[int, ...] = (4, 32, 256)
-
-    def rows_for(self, tokens: int) -> tuple[int, ...]:
-        """Score-row buckets of token bucket `tokens`, ascending."""
-        return tuple(sorted({max(1, tokens // d) for d in self.row_divisors}))
-
-    @property
-    def max_rows(self) -> int:
-        """The most score rows any batch can have."""
-        return self.rows_for(self.tokens[-1])[-1]
-
-    def grid(self, max_tokens: int) -> list[tuple[int, int, int]]:
-        """The (T, S, L) shapes to precompile: T <= `max_tokens`, L the smallest label width."""
-        return [
-            (t, s, self.label_widths[0])
-            for t in self.tokens
-            if t <= max_tokens
-            for s in self.rows_for(t)
-        ]
-
-    def shape(self, real_tokens: int, rows: int, labels: int) -> tuple[int, int, int]:
-        """The (T, S, L) of a batch of `real_tokens` tokens, `rows` sequences and `labels` labels.
-
-        T is the smallest token bucket that holds the tokens and whose largest row bucket holds
-        the rows; S the smallest of its row buckets that holds them. ValueError when nothing does.
-        """
-        width = self._label_width(labels)
-        smallest = pick_bucket(self.tokens, real_tokens)
-        for t in self.tokens[self.tokens.index(smallest) :]:
-            row_buckets = self.rows_for(t)
-            if row_buckets[-1] >= rows:
-                return t, pick_bucket(row_buckets, rows), width
-        raise ValueError(f"score rows {rows} exceeds the largest bucket {self.max_rows}")
-
-    def _label_width(self, labels: int) -> int:
-        if labels > self.label_widths[-1]:
-            raise ValueError(
-                f"{labels} labels per sequence exceed the largest label width "
-                f"{self.label_widths[-1]}"
-            )
-        return pick_bucket(self.label_widths, labels)
-
-
-def default_buckets(max_tokens: int, block_size: int = 64) -> Buckets:
-    """Token buckets from `2 * block_size` up to covering `max_tokens`.
-
-    Powers of two up to 1024 tokens, then four per octave (P, 5P/4, 3P/2, 7P/4), so a large batch
-    pads by at most a fifth and usually by far less; small batches are cheap either way. Each
-    bucket is a multiple of `block_size`.
-    """
-    tokens = [block_size * 2]
-    while tokens[-1] < max_tokens:
-        last = tokens[-1]
-        octave = 1 << (last.bit_length() - 1)  # the power of two at or below `last`
-        step = octave // 4 if octave >= 1024 else octave
-        tokens.append(-(-(last + step) // block_size) * block_size)
-    return Buckets(block_size, tuple(tokens))
 
 
 def group_by_prefix(seqs: Sequence[Tokens]) -> list[Chunk]:
@@ -139,6 +70,28 @@ def plan_batches(
 # that makes small buckets dearer per token: on a 2-core CPU a 1024-token batch ran ~1.25x the
 # per-token time of an 8192-token one). Used only to choose between ways of splitting.
 BATCH_OVERHEAD_TOKENS = 256
+
+
+class PackedBatch(NamedTuple):
+    """One batch ready for the device, and what its rows stand for."""
+
+    inputs: PackedInputs  # numpy arrays, bucketed
+    order: list[int]  # the sequence index behind each real score row
+    real_tokens: int  # tokens laid out before padding
+
+
+def batches(
+    seqs: Sequence[Tokens],
+    labels: Sequence[Sequence[int]],
+    *,
+    token_budget: int,
+    buckets: Buckets,
+) -> Iterator[PackedBatch]:
+    """The packed batches that score every sequence once: planned when first asked, each
+    packed as it is taken, so a caller can dispatch one batch while the next is built."""
+    for chunks in plan(seqs, token_budget=token_budget, buckets=buckets):
+        inputs, order = pack(seqs, labels, chunks, buckets)
+        yield PackedBatch(inputs, order, real_tokens(chunks, seqs))
 
 
 def plan(seqs: Sequence[Tokens], *, token_budget: int, buckets: Buckets) -> list[list[Chunk]]:
@@ -221,3 +174,13 @@ def _label_ids(labels: Sequence[Sequence[int]], rows: int, width: int) -> np.nda
     for r, lab in enumerate(labels):
         label_ids[r, : len(lab)] = lab
     return label_ids
+
+
+def empty_batch(tokens: int, rows: int, labels: int, block_size: int) -> PackedInputs:
+    """An all-padding batch of shape (T, S, L), for compiling that program ahead of traffic."""
+    pad = np.arange(tokens, dtype=np.int32)  # every token attends only to itself
+    meta = make_meta(pad, pad, pad, block_size=block_size, width_buckets=(tokens // block_size,))
+    zeros = np.zeros(tokens, np.int32)
+    return PackedInputs(
+        zeros, zeros, meta, np.zeros(rows, np.int32), np.zeros((rows, labels), np.int32)
+    )

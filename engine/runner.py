@@ -1,4 +1,4 @@
-"""Device-runner actor: owns the model and its compiled programs, runs one batch at a time.
+"""Device-runner actor: owns the device program, runs one batch at a time.
 
 At start it compiles the bucket grid (progress bar; JAX's persistent cache makes a restart fast)
 and only then reports started. Batches run in a worker thread so the trio loop stays live while
@@ -16,8 +16,7 @@ from tqdm import tqdm
 
 from engine.messages import Batch, BatchDone
 from engine.models import PackedInputs
-from engine.scoring import ScoringModel
-from kernels import make_meta
+from engine.program import DeviceProgram
 
 
 @dataclass
@@ -28,33 +27,18 @@ class RunnerStats:
     busy_s: float = 0.0
 
 
-def empty_batch(tokens: int, rows: int, labels: int, block_size: int) -> PackedInputs:
-    """An all-padding batch of shape (T, S, L), for compiling that program ahead of traffic."""
-    pad = np.arange(tokens, dtype=np.int32)  # every token attends only to itself
-    meta = make_meta(pad, pad, pad, block_size=block_size, width_buckets=(tokens // block_size,))
-    zeros = np.zeros(tokens, np.int32)
-    return PackedInputs(
-        zeros, zeros, meta, np.zeros(rows, np.int32), np.zeros((rows, labels), np.int32)
-    )
-
-
 def batch_shape(inputs: PackedInputs) -> tuple[int, int, int]:
     return (int(inputs.tokens.shape[0]), *map(int, inputs.label_ids.shape))
 
 
 class RunnerState:
-    """The loaded model, the shapes compiled so far, and device counters.
+    """The device program, the shapes compiled so far, and device counters."""
 
-    `fault` is a test hook: when set, it is called with each batch before the batch runs (in
-    the worker thread), and an exception it raises fails that batch as a device error would.
-    """
-
-    def __init__(self, model: ScoringModel, *, block_size: int):
-        self.model = model
+    def __init__(self, program: DeviceProgram, *, block_size: int):
+        self.program = program
         self.block_size = block_size
         self.compiled: set[tuple[int, int, int]] = set()
         self.stats = RunnerStats()
-        self.fault: Callable[[Batch], None] | None = None
 
     def warm_up(
         self,
@@ -69,15 +53,13 @@ class RunnerState:
             shapes, desc="compiling", unit="program", disable=not (progress and shapes)
         ):
             check()
-            self.model.compile(empty_batch(*shape, self.block_size))
+            self.program.compile(shape, self.block_size)
             self._count_compile(shape)
 
     def execute(self, batch: Batch) -> BatchDone:
         """Run one batch to completion; any exception becomes the batch's error."""
         start = time.perf_counter()
         try:
-            if self.fault is not None:
-                self.fault(batch)
             logprobs = self._run(batch.inputs)
         except Exception as e:  # one bad batch must not stop the runner
             self.stats.failed += 1
@@ -89,7 +71,7 @@ class RunnerState:
 
     def _run(self, inputs: PackedInputs) -> np.ndarray:
         self._count_compile(batch_shape(inputs))
-        return np.asarray(self.model.run_batch(inputs))  # f32[S, L]
+        return np.asarray(self.program.run(inputs))  # f32[S, L]
 
     def _count_compile(self, shape: tuple[int, int, int]) -> None:
         if shape not in self.compiled:

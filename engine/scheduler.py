@@ -12,12 +12,15 @@ itself). Requests are served in arrival order; one of many items may span severa
 import math
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import trio
 
 from engine import packing
+from engine.buckets import Buckets
 from engine.channels import drain
+from engine.errors import RejectKind
 from engine.messages import Batch, BatchDone, Cancel, Rejected, Scored, Timings, Tokenized
 
 WINDOW_ITEMS = 4096  # queued items considered for one batch: bounds host work per batch
@@ -47,7 +50,7 @@ class SchedulerState:
 
     def __init__(
         self,
-        buckets: packing.Buckets,
+        buckets: Buckets,
         *,
         token_budget: int,
         max_queued_tokens: int,
@@ -62,77 +65,60 @@ class SchedulerState:
         self.requests: dict[int, _Request] = {}
         self.queue: OrderedDict[int, deque[int]] = OrderedDict()  # request id -> item indices
         self.queued_tokens = 0
-        self.cancelled: set[int] = set()  # cancelled before the tokenizer handed them over
-        self.highest_seen = -1  # the tokenizer hands requests over in id order
         self.in_flight: dict[int, list[tuple[int, int]]] = {}
         self.next_batch_id = 0
+        self.received = 0  # messages from the tokenizer: one per message the engine sent it
         self.stats = SchedulerStats()
-        # batches planned from the head of the queue, valid until the queue changes
-        self._plans: deque[list[packing.Chunk]] = deque()
-        self._planned: tuple[list, list, list] = ([], [], [])
+        # batches of the window at the head of the queue, valid until the queue changes
+        self._window: list[tuple[int, int]] = []  # (request id, item index) per sequence
+        self._window_sequences: list[list[int]] = []
+        self._batches: Iterator[packing.PackedBatch] | None = None
 
     def handle(self, msg, now: float) -> list[Scored | Rejected]:
         """Apply one inbound message; returns the caller-bound messages it produced."""
+        if isinstance(msg, Tokenized | Rejected | Cancel):
+            self.received += 1
         if isinstance(msg, Tokenized):
             return self._admit(msg, now)
         if isinstance(msg, Rejected):
-            return self._forward_rejection(msg)
+            return [msg]
         if isinstance(msg, Cancel):
-            self._cancel(msg.id)
+            if msg.id in self.requests:  # else finished or rejected already
+                self._drop(msg.id)
             return []
         if isinstance(msg, BatchDone):
             return self._complete(msg, now)
         raise TypeError(f"scheduler got an unexpected {type(msg).__name__}")
 
-    def _arrived(self, request_id: int) -> bool:
-        """Whether the caller still wants it; clears a cancellation that was waiting for it."""
-        self.highest_seen = max(self.highest_seen, request_id)
-        if request_id in self.cancelled:
-            self.cancelled.discard(request_id)
-            return False
-        return True
-
-    def _forward_rejection(self, msg: Rejected) -> list[Rejected]:
-        return [msg] if self._arrived(msg.id) else []
-
     def _admit(self, msg: Tokenized, now: float) -> list[Rejected]:
-        if not self._arrived(msg.id):
-            return []
         tokens = sum(map(len, msg.sequences))
         if tokens > self.max_queued_tokens:
             return [
                 Rejected(
                     id=msg.id,
-                    kind="too_large",
-                    message=f"items: {tokens} tokens exceed the queue limit of "
-                    f"{self.max_queued_tokens}",
+                    kind=RejectKind.TOO_LARGE,
+                    message=f"{tokens} tokens exceed the queue limit of {self.max_queued_tokens}",
+                    field="items",
                 )
             ]
         if self.queued_tokens + tokens > self.max_queued_tokens:
             return [
                 Rejected(
                     id=msg.id,
-                    kind="overloaded",
+                    kind=RejectKind.OVERLOADED,
                     message=f"queue full: {self.queued_tokens} tokens waiting "
                     f"(limit {self.max_queued_tokens})",
                 )
             ]
         n = len(msg.sequences)
-        self._plans.clear()
+        self._batches = None
         self.requests[msg.id] = _Request(msg, now, [None] * n, n)
         self.queue[msg.id] = deque(range(n))
         self.queued_tokens += tokens
         return []
 
-    def _cancel(self, request_id: int) -> None:
-        if request_id in self.requests:
-            self._drop(request_id)
-        elif request_id > self.highest_seen:
-            self.cancelled.add(request_id)
-        # else: finished or rejected already; nothing is left of it
-
     def _drop(self, request_id: int) -> None:
-        self._plans.clear()
+        self._batches = None
         req = self.requests.pop(request_id)
         for idx in self.queue.pop(request_id, ()):
             self.queued_tokens -= len(req.msg.sequences[idx])
@@ -153,33 +139,42 @@ class SchedulerState:
     def next_batch(self, now: float) -> Batch | None:
         """The next packed batch from the head of the queue, or None when nothing waits.
 
-        The window at the head is grouped and planned once; later batches take the next plan
-        until the queue changes other than by batching (an arrival, a cancellation, a failure),
-        so a request of thousands of items is not regrouped for every batch.
+        The window at the head is grouped and planned once (`packing.batches`); later batches
+        take the next of its batches until the queue changes other than by batching (an arrival,
+        a cancellation, a failure), so a request of thousands of items is not regrouped for
+        every batch.
         """
-        if not self._plans:
-            self._plan_window()
-        if not self._plans:
-            return None
         start = time.perf_counter()
-        window, seqs, labels = self._planned
-        plan = self._plans.popleft()
-        inputs, order = packing.pack(seqs, labels, plan, self.buckets)
-        rows = [window[i] for i in order]
-        real = packing.real_tokens(plan, seqs)
-        self._dequeue(rows, seqs, order, now)
-        self._count(inputs, real, sum(len(seqs[i]) for i in order))
-        return self._emit(inputs, rows, real, time.perf_counter() - start)
+        batch = self._next_packed()
+        if batch is None:
+            return None
+        seqs = self._window_sequences
+        rows = [self._window[i] for i in batch.order]
+        self._dequeue(rows, seqs, batch.order, now)
+        self._count(batch.inputs, batch.real_tokens, sum(len(seqs[i]) for i in batch.order))
+        return self._emit(batch.inputs, rows, batch.real_tokens, time.perf_counter() - start)
+
+    def _next_packed(self) -> packing.PackedBatch | None:
+        """The next batch of the planned window; a window used up is replaced by the next one
+        (a queue longer than `WINDOW_ITEMS` items)."""
+        for _ in range(2):
+            if self._batches is None:
+                if not self.queue:
+                    return None
+                self._plan_window()
+            batch = next(self._batches, None)
+            if batch is not None:
+                return batch
+            self._batches = None
+        return None
 
     def _plan_window(self) -> None:
-        window = self._window()
-        seqs = [self.requests[rid].msg.sequences[idx] for rid, idx in window]
-        labels = [self.requests[rid].msg.labels for rid, _ in window]
-        self._planned = (window, seqs, labels)
-        if window:
-            self._plans.extend(
-                packing.plan(seqs, token_budget=self.token_budget, buckets=self.buckets)
-            )
+        self._window = window = self._head()
+        self._window_sequences = [self.requests[r].msg.sequences[i] for r, i in window]
+        labels = [self.requests[r].msg.labels for r, _ in window]
+        self._batches = packing.batches(
+            self._window_sequences, labels, token_budget=self.token_budget, buckets=self.buckets
+        )
 
     def fail_waiting(self, error: Exception) -> list[Rejected]:
         """Fail every request at the head of the queue: the batch they formed could not be built.
@@ -187,10 +182,10 @@ class SchedulerState:
         Only reached through a bug (inputs are validated before they queue); failing them keeps
         the scheduler serving instead of retrying the same batch forever.
         """
-        ids = {rid for rid, _ in self._window()}
+        ids = {rid for rid, _ in self._head()}
         return self._fail(ids, f"batch build failed: {type(error).__name__}: {error}")
 
-    def _window(self) -> list[tuple[int, int]]:
+    def _head(self) -> list[tuple[int, int]]:
         window = []
         for rid, items in self.queue.items():
             window.extend((rid, idx) for idx in items)
@@ -249,7 +244,7 @@ class SchedulerState:
         out = []
         for rid in sorted(request_ids & self.requests.keys()):
             self._drop(rid)
-            out.append(Rejected(id=rid, kind="failed", message=error))
+            out.append(Rejected(id=rid, kind=RejectKind.FAILED, message=error))
         return out
 
     def _finish(self, rid: int, now: float) -> Scored:
@@ -267,6 +262,10 @@ class SchedulerState:
         """Requests waiting for (more of) their items to be batched."""
         return len(self.queue)
 
+    def idle(self) -> bool:
+        """True when no request is tracked: nothing queued, planned or running."""
+        return not (self.requests or self.queue or self.in_flight) and self.queued_tokens == 0
+
 
 async def run(
     state: SchedulerState,
@@ -274,9 +273,11 @@ async def run(
     batches: trio.MemorySendChannel,
     results: trio.MemorySendChannel,
     *,
+    on_change: Callable[[], None] = lambda: None,
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Apply inbound messages as they come while a second task feeds the runner.
+    """Apply inbound messages as they come while a second task feeds the runner; `on_change`
+    is called after each burst of them is applied.
 
     `results` must be unbounded (callers are woken without backpressure on the scheduler).
     """
@@ -309,3 +310,4 @@ async def run(
                 for out in state.handle(msg, now):
                     results.send_nowait(out)
             work.set()
+            on_change()

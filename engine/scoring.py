@@ -1,22 +1,24 @@
-"""The offline scoring API: `load_model(...)` and `ScoringModel.score(...)`."""
+"""The offline scoring API: `load_model(...)` and `ScoringModel.score(...)`.
 
-import functools
+It drives the engine's own pieces synchronously: the tokenizer actor's validation and
+tokenisation, the packing generator the scheduler uses, and the device program the runner owns.
+"""
+
 from collections.abc import Sequence
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import tokenizers
 
 from engine import inputs, packing
+from engine.buckets import DEFAULT_TOKEN_BUDGET, make_buckets
+from engine.errors import rejection_error
 from engine.loaders import Checkpoint, load_checkpoint
-from engine.models import FAMILIES, ModelConfig, PackedInputs, label_logprobs
-from engine.models.decoder import pack_layers
-from kernels import select_attention, select_dense
-
-DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
-DEFAULT_TOKEN_BUDGET = 16384
+from engine.messages import Rejected, ScoreRequest, Tokenized
+from engine.models import ModelConfig
+from engine.program import DeviceProgram
+from engine.tokenizer_actor import TokenizerState
 
 
 def load_model(
@@ -46,21 +48,6 @@ def load_model(
     )
 
 
-F32_PARAMS = frozenset(
-    {"attn_norm", "mlp_norm", "final_norm", "q_norm", "k_norm", "bq", "bk", "bv"}
-)
-
-
-def place_params(params: dict, dtype) -> dict:
-    """Device copies of host params: matrices in `dtype`, norms and biases kept in f32."""
-    return {
-        name: place_params(a, dtype)
-        if isinstance(a, dict)
-        else jnp.asarray(a, jnp.float32 if name in F32_PARAMS else dtype)
-        for name, a in params.items()
-    }
-
-
 class ScoringModel:
     """A loaded model that scores query/item pairs by the log-probs of label tokens."""
 
@@ -73,33 +60,23 @@ class ScoringModel:
         dense: str | None = None,
         token_budget: int = DEFAULT_TOKEN_BUDGET,
     ):
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype: {dtype!r} is not one of {sorted(DTYPES)}")
+        self.program = DeviceProgram(checkpoint, dtype=dtype, attention=attention, dense=dense)
         self.config: ModelConfig = checkpoint.config
         self.tokenizer: tokenizers.Tokenizer = checkpoint.tokenizer
-        self.dtype = dtype
         self.token_budget = token_budget
-        self.buckets = packing.default_buckets(
-            max(token_budget, self.config.max_position_embeddings)
+        self.buckets = make_buckets(self.config.max_position_embeddings, token_budget=token_budget)
+        self._tokenizer_state = TokenizerState(
+            checkpoint.tokenizer,
+            vocab_size=self.config.vocab_size,
+            max_len=self.buckets.max_sequence(self.config.max_position_embeddings),
+            max_items=None,
+            max_labels=self.buckets.max_labels,
+            cache_size=0,
         )
-        self.dense = select_dense(dense, jax.default_backend(), dtype=DTYPES[dtype])
-        self.params = place_params(checkpoint.params, DTYPES[dtype])
-        if self.dense == "cpu":
-            self.params = pack_layers(self.params)
-        self.attention = select_attention(
-            attention,
-            jax.default_backend(),
-            head_dim=self.config.head_dim,
-            dtype=DTYPES[dtype],
-        )
-        self._forward = jax.jit(
-            functools.partial(
-                label_logprobs,
-                cfg=self.config,
-                family=FAMILIES[self.config.family],
-                attention=self.attention,
-            )
-        )
+
+    @property
+    def dtype(self) -> str:
+        return self.program.dtype
 
     def score(
         self,
@@ -115,28 +92,39 @@ class ScoringModel:
         Semantics of sglang's `/v1/score`: each score is `exp(logprob)` under the full
         vocabulary, or with `apply_softmax` the softmax over the label log-probs only.
         """
-        labels = inputs.check_labels(label_token_ids, self.config.vocab_size)
-        seqs = self.sequences(query, items, item_first=item_first)
-        logprobs = self.label_logprobs(seqs, [labels] * len(seqs))  # f32[N, L]
+        request = self.tokenize(query, items, label_token_ids, item_first=item_first)
+        seqs = request.sequences
+        logprobs = self.label_logprobs(seqs, [request.labels] * len(seqs))  # f32[N, L]
         return scores_from_logprobs(logprobs, apply_softmax=apply_softmax).tolist()
 
-    def sequences(self, query: inputs.Query, items: inputs.Items, *, item_first: bool):
-        """The validated token sequences `score` would run, one per item."""
-        seqs = inputs.build_sequences(self.tokenizer, query, items, item_first=item_first)
-        if not isinstance(query, str):  # built: the query's ids are ints
-            inputs.check_query_ids(query, self.config.vocab_size)
-        inputs.check_sequences(
-            seqs, vocab_size=self.config.vocab_size, max_len=self.config.max_position_embeddings
+    def tokenize(
+        self,
+        query: inputs.Query,
+        items: inputs.Items,
+        label_token_ids: Sequence[int],
+        *,
+        item_first: bool = False,
+    ) -> Tokenized:
+        """The validated token sequences `score` would run, one per item, exactly as the engine's
+        tokenizer builds them; InvalidInput (a ValueError) naming the field otherwise."""
+        request = ScoreRequest(
+            id=0,
+            query=query,
+            items=items,
+            label_token_ids=label_token_ids,
+            item_first=item_first,
+            arrived=0.0,
         )
-        return seqs
+        (out,) = self._tokenizer_state.process([request])
+        if isinstance(out, Rejected):
+            raise rejection_error(out.kind, out.message, out.field)
+        return out
 
-    def compile(self, batch: PackedInputs) -> None:
-        """Compile the program for `batch`'s shapes without running it; later calls reuse it."""
-        self._forward.lower(self.params, batch).compile()
-
-    def run_batch(self, batch: PackedInputs) -> jax.Array:
-        """Dispatch one packed batch; its label log-probs f32[S, L] are computed asynchronously."""
-        return self._forward(self.params, batch)
+    def sequences(
+        self, query: inputs.Query, items: inputs.Items, *, item_first: bool = False
+    ) -> list[list[int]]:
+        """The validated token sequences `score` would run, one per item (labels aside)."""
+        return self.tokenize(query, items, [0], item_first=item_first).sequences
 
     def label_logprobs(
         self, seqs: Sequence[Sequence[int]], labels: Sequence[Sequence[int]]
@@ -148,9 +136,10 @@ class ScoringModel:
         width = max(len(lab) for lab in labels)
         out = np.zeros((len(seqs), width), np.float32)
         pending = None
-        for plan in packing.plan(seqs, token_budget=self.token_budget, buckets=self.buckets):
-            batch, order = packing.pack(seqs, labels, plan, self.buckets)
-            running = (self.run_batch(batch), order)
+        for batch in packing.batches(
+            seqs, labels, token_budget=self.token_budget, buckets=self.buckets
+        ):
+            running = (self.program.run(batch.inputs), batch.order)
             if pending is not None:
                 _collect(out, *pending)
             pending = running

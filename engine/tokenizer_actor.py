@@ -2,6 +2,7 @@
 
 Everything pending is encoded in one `encode_batch` call in a worker thread, so the loop stays
 live; token ids are cached by text (bounded LRU). A bad request fails alone with a `Rejected`.
+A `Cancel` is passed on in its place among the requests, so it always follows its request.
 """
 
 import time
@@ -12,7 +13,8 @@ import trio
 
 from engine import inputs
 from engine.channels import drain
-from engine.messages import Rejected, ScoreRequest, Tokenized
+from engine.errors import InputTooLarge, InvalidInput, rejection_kind
+from engine.messages import Cancel, Rejected, ScoreRequest, Tokenized
 
 MAX_DRAIN = 256  # requests tokenised together at most; bounds one worker-thread call
 
@@ -50,7 +52,7 @@ class TokenizerState:
         *,
         vocab_size: int,
         max_len: int,
-        max_items: int,
+        max_items: int | None,
         max_labels: int,
         cache_size: int,
     ):
@@ -61,10 +63,10 @@ class TokenizerState:
         self.max_labels = max_labels
         self.cache = TokenCache(cache_size)
 
-    def process(self, requests: list[ScoreRequest]) -> list[Tokenized | Rejected]:
-        """One message per request, in order; all new texts encoded in one batch call."""
+    def process(self, requests: list[ScoreRequest | Cancel]) -> list[Tokenized | Rejected | Cancel]:
+        """One message per message, in order; all new texts encoded in one batch call."""
         start = time.perf_counter()
-        staged = [self._stage(r) for r in requests]
+        staged = [r if isinstance(r, Cancel) else self._stage(r) for r in requests]
         texts = dict.fromkeys(  # unique, in request order
             t for s in staged if isinstance(s, list) for t in s if isinstance(t, str)
         )
@@ -78,14 +80,14 @@ class TokenizerState:
             items = inputs.normalize_items(r.items, self.max_items)
             labels = inputs.check_labels(r.label_token_ids, self.vocab_size)
             if len(labels) > self.max_labels:
-                raise inputs.InputTooLarge(
-                    f"label_token_ids: {len(labels)} labels exceed the limit of {self.max_labels}"
+                raise InputTooLarge(
+                    "label_token_ids", f"{len(labels)} labels exceed the limit of {self.max_labels}"
                 )
             if inputs.is_text_request(r.query, items):
                 return inputs.texts_to_join(r.query, items, item_first=r.item_first)
             inputs.check_query_ids(r.query, self.vocab_size)
             return inputs.join_ids(r.query, items, item_first=r.item_first)
-        except ValueError as e:
+        except InvalidInput as e:
             return _rejected(r.id, e)
 
     def _encode(self, texts) -> dict[str, list[int]]:
@@ -97,13 +99,13 @@ class TokenizerState:
             self.cache.put(text, enc.ids)
         return found
 
-    def _finish(self, r: ScoreRequest, staged, encoded, elapsed: float) -> Tokenized | Rejected:
-        if isinstance(staged, Rejected):
+    def _finish(self, r, staged, encoded, elapsed: float) -> Tokenized | Rejected | Cancel:
+        if isinstance(staged, Rejected | Cancel):
             return staged
         seqs = [encoded[s] if isinstance(s, str) else s for s in staged]
         try:
             inputs.check_sequences(seqs, vocab_size=self.vocab_size, max_len=self.max_len)
-        except ValueError as e:
+        except InvalidInput as e:
             return _rejected(r.id, e)
         return Tokenized(
             id=r.id,
@@ -114,9 +116,9 @@ class TokenizerState:
         )
 
 
-def _rejected(request_id: int, error: ValueError) -> Rejected:
-    kind = "too_large" if isinstance(error, inputs.InputTooLarge) else "invalid"
-    return Rejected(id=request_id, kind=kind, message=str(error))
+def _rejected(request_id: int, error: InvalidInput) -> Rejected:
+    kind = rejection_kind(error)
+    return Rejected(id=request_id, kind=kind, message=error.detail, field=error.field)
 
 
 async def run(
@@ -126,7 +128,8 @@ async def run(
     *,
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Tokenise requests as they come, batching whatever queued up meanwhile.
+    """Tokenise requests as they come, batching whatever queued up meanwhile; pass cancellations
+    on in order.
 
     `send` must be unbounded: a drained batch is handed over whole, without a checkpoint between
     messages, so the scheduler sees every request of a burst before it forms the next batch.

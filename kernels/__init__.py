@@ -8,6 +8,7 @@ import numpy as np
 
 from kernels import cpu, pallas
 from kernels.cpu import attention_cpu
+from kernels.dense import STRATEGIES, Dense
 from kernels.metadata import AttentionMeta
 from kernels.pallas import attention_pallas, attention_pallas_auto
 from kernels.reference import attention_reference
@@ -42,11 +43,11 @@ def select_attention(
     return ATTENTION[name]
 
 
-DENSE = ("xla", "cpu")  # "cpu": bf16 layer matrices packed for the native kernel
+DENSE = tuple(STRATEGIES)  # "cpu": bf16 layer matrices packed for the native kernel
 
 
-def select_dense(name: str | None, backend: str, *, dtype) -> str:
-    """The dense matmul path called `name`, or the default for `backend` when `name` is None.
+def select_dense(name: str | None, backend: str, *, dtype) -> Dense:
+    """The dense matmul strategy called `name`, or the default for `backend` when `name` is None.
 
     The default is "cpu" (`kernels.cpu.dense_cpu`) for bfloat16 weights on a CPU backend where the
     native kernel runs (it needs AVX512-BF16), "xla" otherwise. Raises ValueError for an unknown
@@ -63,7 +64,7 @@ def select_dense(name: str | None, backend: str, *, dtype) -> str:
             f"AVX512-BF16 CPU (backend {backend}, dtype {np.dtype(dtype)}, "
             f"kernel available: {cpu.DENSE_AVAILABLE})"
         )
-    return name
+    return STRATEGIES[name]
 
 
 def _default_name(backend: str, head_dim: int | None, dtype) -> str:
@@ -76,6 +77,7 @@ __all__ = [
     "ATTENTION",
     "DENSE",
     "AttentionMeta",
+    "Dense",
     "attention_cpu",
     "attention_pallas",
     "attention_pallas_auto",

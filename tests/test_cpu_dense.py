@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from engine import load_model
-from engine.models.decoder import PackedStack
 from kernels import cpu, select_dense
+from kernels.dense import Packed
 
 pytestmark = pytest.mark.skipif(not cpu.DENSE_AVAILABLE, reason="needs the AVX512-BF16 kernel")
 
@@ -124,10 +124,10 @@ def test_bad_shapes_and_layers_are_refused():
 
 
 def test_select_dense():
-    assert select_dense(None, "cpu", dtype=jnp.bfloat16) == "cpu"
-    assert select_dense(None, "cpu", dtype=jnp.float32) == "xla"
-    assert select_dense(None, "gpu", dtype=jnp.bfloat16) == "xla"
-    assert select_dense("xla", "cpu", dtype=jnp.bfloat16) == "xla"
+    assert select_dense(None, "cpu", dtype=jnp.bfloat16).name == "cpu"
+    assert select_dense(None, "cpu", dtype=jnp.float32).name == "xla"
+    assert select_dense(None, "gpu", dtype=jnp.bfloat16).name == "xla"
+    assert select_dense("xla", "cpu", dtype=jnp.bfloat16).name == "xla"
     with pytest.raises(ValueError, match="unknown dense 'fast'"):
         select_dense("fast", "cpu", dtype=jnp.bfloat16)
     with pytest.raises(ValueError, match="bfloat16 weights"):
@@ -138,10 +138,10 @@ def test_select_dense():
 def test_a_packed_model_scores_like_xla(tiny_checkpoints, family):
     packed = load_model(tiny_checkpoints[family], dtype="bfloat16", progress=False)
     plain = load_model(tiny_checkpoints[family], dtype="bfloat16", dense="xla", progress=False)
-    assert (packed.dense, plain.dense) == ("cpu", "xla")
-    layers = packed.params["layers"]
-    assert all(isinstance(layers[n], PackedStack) for n in ("w_qkv", "wo", "w_gate_up", "w_down"))
-    assert isinstance(packed.params["packed_head"], PackedStack)
+    assert (packed.program.dense.name, plain.program.dense.name) == ("cpu", "xla")
+    matrices = packed.program.params["matrices"]
+    assert all(isinstance(matrices[n], Packed) for n in ("qkv", "o", "gate_up", "down"))
+    assert isinstance(packed.program.params["head"], Packed)
     rng = np.random.default_rng(7)
     query = [int(t) for t in rng.integers(0, 384, 30)]
     items = [[int(t) for t in rng.integers(0, 384, n)] for n in (1, 9, 40, 70)]

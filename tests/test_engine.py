@@ -4,14 +4,16 @@ import numpy as np
 import pytest
 import trio
 
-from engine.engine import (
+from engine import (
     EngineClosed,
     EngineConfig,
     EngineError,
     EngineOverloaded,
+    InputTooLarge,
+    InvalidInput,
     open_engine,
 )
-from engine.inputs import InputTooLarge
+from tests.conftest import inject_faults
 
 
 def config(path, **overrides) -> EngineConfig:
@@ -84,8 +86,8 @@ def test_concurrent_calls_equal_sequential_scoring(tiny_path, reference):
 
 
 def _tables_empty(engine):
-    assert engine.idle()
-    assert engine.scheduler.queued_tokens == 0 and not engine.scheduler._plans
+    assert engine.idle() and engine.scheduler.idle()
+    assert engine.scheduler.queued_tokens == 0 and engine.stats().in_flight == 0
 
 
 def test_cancelling_half_leaves_the_rest_correct_and_nothing_behind(tiny_path, reference):
@@ -94,20 +96,21 @@ def test_cancelling_half_leaves_the_rest_correct_and_nothing_behind(tiny_path, r
 
     async def main():
         async with open_engine(config(tiny_path)) as engine:
+            first = trio.Event()
 
             async def one(i, q, it, lab, sm, f, scope):
                 with scope:
                     results[i] = await engine.score(q, it, lab, apply_softmax=sm, item_first=f)
+                    first.set()
 
             scopes = [trio.CancelScope() for _ in calls]
             async with trio.open_nursery() as nursery:
                 for i, call in enumerate(calls):
                     nursery.start_soon(one, i, *call, scopes[i])
-                while not results:  # some done, some in a batch, most queued
-                    await trio.sleep(0.005)
+                await first.wait()  # some done, some in a batch, most queued
                 for scope in scopes[::2]:
                     scope.cancel()
-            await trio.sleep(0.5)  # batches already handed to the runner come back
+            await engine.wait_idle()  # batches already handed to the runner come back
             _tables_empty(engine)
 
     run(main)
@@ -171,19 +174,17 @@ def test_token_bound_rejects_with_overload(tiny_path):
     assert sum(o.startswith("queue full:") for o in outcomes) >= 5
 
 
-def test_a_failing_batch_fails_only_its_requests(tiny_path, monkeypatch):
+def test_a_failing_batch_fails_only_its_requests(tiny_path):
     async def main():
         async with open_engine(config(tiny_path)) as engine:
-            real = engine.model.run_batch
             calls = []
 
-            def flaky(batch):
+            def flaky(inputs):
                 calls.append(1)
                 if len(calls) == 1:
                     raise RuntimeError("injected device fault")
-                return real(batch)
 
-            monkeypatch.setattr(engine.model, "run_batch", flaky)
+            inject_faults(engine, flaky)
             with pytest.raises(EngineError, match="device step failed: RuntimeError: injected"):
                 await engine.score([1, 2], [[3]], [4])
             ok = await engine.score([1, 2], [[3], [5]], [4])
@@ -235,6 +236,7 @@ def test_shutdown_with_work_in_flight_ends_every_caller(tiny_path):
         with trio.fail_after(120):
             async with trio.open_nursery() as callers:
                 async with open_engine(config(tiny_path)) as engine:
+                    first = trio.Event()
 
                     async def one(i):
                         try:
@@ -242,11 +244,11 @@ def test_shutdown_with_work_in_flight_ends_every_caller(tiny_path):
                             outcomes.append("ok")
                         except EngineClosed:
                             outcomes.append("closed")
+                        first.set()
 
                     for i in range(40):
                         callers.start_soon(one, i)
-                    while not outcomes:  # leave with most of the work still queued
-                        await trio.sleep(0.01)
+                    await first.wait()  # leave with most of the work still queued
                 closed_at = trio.current_time()
             assert trio.current_time() - closed_at < 1  # callers woke at once
             with pytest.raises(EngineClosed):
@@ -282,22 +284,23 @@ def test_rerank_orders_by_yes_probability(tiny_path, reference):
 
 
 def test_bucket_settings_are_checked_and_used():
-    from engine.engine import engine_buckets
-
-    b = engine_buckets(EngineConfig(token_budget=256, block_size=32), 1000)
+    b = EngineConfig(token_budget=256, block_size=32).buckets(1000)
     assert b.tokens == (64, 128, 256, 512, 1024) and b.block_size == 32
     custom = EngineConfig(token_budget=256, token_buckets=(128, 256, 384), label_widths=(8, 2))
-    assert engine_buckets(custom, 4096).tokens == (128, 256, 384)
-    assert engine_buckets(custom, 4096).label_widths == (2, 8)
+    assert custom.buckets(4096).tokens == (128, 256, 384)
+    assert custom.buckets(4096).label_widths == (2, 8)
+    assert custom.buckets(4096).max_sequence(4096) == 384
     bad = [
         ({"token_buckets": (128, 100)}, "token_buckets: must be ascending multiples of block_size"),
         ({"token_buckets": (128,)}, r"token_buckets: the largest \(128\) is below token_budget"),
         ({"row_divisors": ()}, "row_divisors: must be positive"),
         ({"label_widths": (0,)}, "label_widths: must be positive"),
+        ({"batch_linger_ms": -1.0}, "batch_linger_ms: must be between 0 and 10000"),
     ]
     for fields, message in bad:
-        with pytest.raises(ValueError, match=message):
-            engine_buckets(EngineConfig(token_budget=256, **fields), 1000)
+        with pytest.raises(InvalidInput, match=message) as caught:
+            EngineConfig(token_budget=256, **fields).buckets(1000)
+        assert caught.value.field == next(iter(fields))
 
 
 def test_sequences_beyond_the_largest_bucket_are_too_large(tiny_path):

@@ -8,9 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import load_model, packing
+from engine.buckets import Buckets, default_buckets
 from engine.packing import Chunk
 
-BUCKETS = packing.Buckets(block_size=4, tokens=(8, 16, 32), row_divisors=(4,), label_widths=(2, 4))
+BUCKETS = Buckets(block_size=4, tokens=(8, 16, 32), row_divisors=(4,), label_widths=(2, 4))
 
 
 def test_groups_share_the_longest_prefixes():
@@ -87,16 +88,14 @@ def test_too_long_for_every_bucket_is_an_error():
         packing.pack([list(range(40))], [[0]], [Chunk(0, (0,))], BUCKETS)
 
 
-SHAPES = packing.Buckets(
-    block_size=4, tokens=(8, 16, 32, 64), row_divisors=(8, 2), label_widths=(2, 4)
-)
+SHAPES = Buckets(block_size=4, tokens=(8, 16, 32, 64), row_divisors=(8, 2), label_widths=(2, 4))
 
 
 def test_rows_are_tied_to_tokens():
     assert SHAPES.rows_for(8) == (1, 4)
     assert SHAPES.rows_for(64) == (8, 32)
     assert SHAPES.max_rows == 32
-    assert packing.default_buckets(8192).rows_for(1024) == (32, 128, 512)
+    assert default_buckets(8192).rows_for(1024) == (32, 128, 512)
 
 
 @pytest.mark.parametrize(
@@ -127,14 +126,14 @@ def test_shapes_beyond_the_largest_bucket_are_errors():
 def test_grid_lists_the_programs_to_precompile():
     assert SHAPES.grid(16) == [(8, 1, 2), (8, 4, 2), (16, 2, 2), (16, 8, 2)]
     for max_tokens in (8192, 32768, 40960):
-        grid = packing.default_buckets(max_tokens).grid(max_tokens)
+        grid = default_buckets(max_tokens).grid(max_tokens)
         assert len(grid) <= 3 * (4 + 4 * 6)  # 3 row buckets; <= 1024, then 4 per octave
         assert len(set(grid)) == len(grid)
         assert all(t % 64 == 0 and t <= max(max_tokens, 128) for t, _, _ in grid)
 
 
 def test_default_buckets_pad_large_batches_by_at_most_a_fifth():
-    tokens = packing.default_buckets(40960).tokens
+    tokens = default_buckets(40960).tokens
     assert tokens[:5] == (128, 256, 512, 1024, 1280)
     assert tokens[-1] == 40960 and 8192 in tokens and 12288 in tokens
     for small, large in itertools.pairwise(tokens):
@@ -147,7 +146,7 @@ def test_plan_splits_a_badly_padded_last_batch():
     # would pad to 10,240 (6%): 6,144 + 3,584 (the prefix twice) cost less even with the
     # second batch's overhead; 8,192 + 1,792 would not.
     seqs = [[1] * 40 + [2 + i] * 160 for i in range(60)]
-    buckets = packing.default_buckets(16384)
+    buckets = default_buckets(16384)
     batches = packing.plan(seqs, token_budget=16384, buckets=buckets)
     padded = [buckets.shape(packing.real_tokens(b, seqs), 1, 1)[0] for b in batches]
     assert padded == [6144, 3584]

@@ -4,8 +4,10 @@ import numpy as np
 import pytest
 
 from engine import load_model, packing
+from engine.buckets import default_buckets
 from engine.messages import Batch
-from engine.runner import RunnerState, batch_shape, empty_batch
+from engine.packing import empty_batch
+from engine.runner import RunnerState, batch_shape
 
 
 @pytest.fixture(scope="module")
@@ -20,11 +22,11 @@ def test_empty_batch_has_the_shape_asked_for():
 
 
 def test_warm_up_compiles_each_shape_once(model):
-    runner = RunnerState(model, block_size=64)
+    runner = RunnerState(model.program, block_size=64)
     runner.warm_up([(128, 4, 4), (128, 16, 4)], progress=False)
     assert runner.stats.compiles == 2
     seqs, labels = [[1, 2, 3]], [[5, 6]]
-    buckets = packing.default_buckets(512)
+    buckets = default_buckets(512)
     inputs, _ = packing.pack(seqs, labels, packing.group_by_prefix(seqs), buckets)
     assert batch_shape(inputs) == (128, 4, 4)
     done = runner.execute(Batch(id=7, inputs=inputs, rows=[(0, 0)], real_tokens=3, build_s=0.0))
@@ -35,8 +37,8 @@ def test_warm_up_compiles_each_shape_once(model):
 
 
 def test_a_raising_step_becomes_the_batch_error(model, monkeypatch):
-    runner = RunnerState(model, block_size=64)
-    monkeypatch.setattr(model, "run_batch", lambda inputs: 1 / 0)
+    runner = RunnerState(model.program, block_size=64)
+    monkeypatch.setattr(model.program, "run", lambda inputs: 1 / 0)
     done = runner.execute(
         Batch(id=1, inputs=empty_batch(128, 4, 4, 64), rows=[], real_tokens=0, build_s=0.0)
     )

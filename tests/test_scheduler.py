@@ -4,10 +4,12 @@ import numpy as np
 import pytest
 
 from engine import packing
+from engine.buckets import Buckets
+from engine.errors import RejectKind
 from engine.messages import BatchDone, Cancel, Rejected, Scored, Tokenized
 from engine.scheduler import SchedulerState
 
-BUCKETS = packing.Buckets(block_size=8, tokens=(16, 32, 64, 128))
+BUCKETS = Buckets(block_size=8, tokens=(16, 32, 64, 128))
 
 
 def tokenized(i, seqs, labels=(1,)):
@@ -56,24 +58,27 @@ def test_overload_rejects_past_the_token_bound():
     st = state(max_tokens=10)
     assert st.handle(tokenized(0, [[1] * 8]), 0.0) == []
     (rejected,) = st.handle(tokenized(1, [[1] * 3]), 0.0)
-    assert rejected.kind == "overloaded" and "8 tokens waiting (limit 10)" in rejected.message
+    assert (
+        rejected.kind is RejectKind.OVERLOADED and "8 tokens waiting (limit 10)" in rejected.message
+    )
     assert 1 not in st.requests
 
 
-def test_cancel_before_arrival_drops_the_request_when_it_comes():
+def test_cancel_of_a_queued_request_drops_it():
     st = state()
-    st.handle(Cancel(id=3), 0.0)
-    assert st.cancelled == {3}
-    assert st.handle(tokenized(3, [[1, 2]]), 0.0) == []
-    assert not st.cancelled and not st.requests and st.next_batch(0.0) is None
+    st.handle(tokenized(3, [[1, 2]]), 0.0)
+    assert st.handle(Cancel(id=3), 0.0) == []
+    assert not st.requests and st.queued_tokens == 0 and st.next_batch(0.0) is None
+    assert st.idle() and st.received == 2
 
 
 def test_cancel_of_a_finished_request_leaves_nothing_behind():
     st = state()
-    st.handle(Rejected(id=5, kind="invalid", message="bad"), 0.0)
+    rejected = Rejected(id=5, kind=RejectKind.INVALID, message="bad", field="items")
+    assert st.handle(rejected, 0.0) == [rejected]
     st.handle(Cancel(id=5), 0.0)
     st.handle(Cancel(id=2), 0.0)  # finished long ago
-    assert not st.cancelled
+    assert st.idle() and st.received == 3
 
 
 def test_cancel_in_flight_discards_its_rows():
@@ -94,7 +99,8 @@ def test_a_failed_batch_fails_its_requests_only():
     first = st.next_batch(0.0)
     assert [rid for rid, _ in first.rows] == [0]
     out = st.handle(BatchDone(id=first.id, error="RuntimeError: boom"), 0.0)
-    assert out == [Rejected(id=0, kind="failed", message="device step failed: RuntimeError: boom")]
+    failed = "device step failed: RuntimeError: boom"
+    assert out == [Rejected(id=0, kind=RejectKind.FAILED, message=failed)]
     assert set(st.requests) == {1}
 
 
@@ -102,7 +108,10 @@ def test_fail_waiting_empties_the_head_of_the_queue():
     st = state()
     st.handle(tokenized(0, [[1]]), 0.0)
     out = st.fail_waiting(ValueError("oops"))
-    assert out[0].kind == "failed" and "batch build failed: ValueError: oops" in out[0].message
+    assert (
+        out[0].kind is RejectKind.FAILED
+        and "batch build failed: ValueError: oops" in out[0].message
+    )
     assert not st.requests and not st.queue and st.queued_tokens == 0
 
 
@@ -130,8 +139,8 @@ def test_one_plan_serves_many_batches_until_the_queue_changes(monkeypatch):
 
 def test_a_request_bigger_than_the_whole_queue_is_too_large():
     (rejected,) = state(max_tokens=10).handle(tokenized(0, [[1] * 11]), 0.0)
-    assert rejected.kind == "too_large"
-    assert rejected.message == "items: 11 tokens exceed the queue limit of 10"
+    assert (rejected.kind, rejected.field) == (RejectKind.TOO_LARGE, "items")
+    assert rejected.message == "11 tokens exceed the queue limit of 10"
 
 
 def test_batch_wait_builds_at_once_for_a_lone_request():

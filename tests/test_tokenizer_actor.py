@@ -5,7 +5,8 @@ import math
 import pytest
 import trio
 
-from engine.messages import Rejected, ScoreRequest, Tokenized
+from engine.errors import RejectKind
+from engine.messages import Cancel, Rejected, ScoreRequest, Tokenized
 from engine.tokenizer_actor import TokenCache, TokenizerState, run
 from tests.conftest import train_tokenizer
 
@@ -62,19 +63,20 @@ def test_bad_requests_fail_alone_with_their_kind(tok):
             req(6, "q", ["x"], labels=[1, 2, 3, 4]),
         ]
     )
-    kinds = [(m.id, m.kind) if isinstance(m, Rejected) else (m.id, "ok") for m in out]
+    kinds = [(m.id, m.kind, m.field) if isinstance(m, Rejected) else (m.id, "ok") for m in out]
+    invalid, too_large = RejectKind.INVALID, RejectKind.TOO_LARGE
     assert kinds == [
-        (0, "invalid"),
+        (0, invalid, "query/items"),
         (1, "ok"),
-        (2, "too_large"),
-        (3, "too_large"),
-        (4, "invalid"),
-        (5, "invalid"),
-        (6, "too_large"),
+        (2, too_large, "items"),
+        (3, too_large, "items[0]"),
+        (4, invalid, "label_token_ids"),
+        (5, invalid, "items[0]"),
+        (6, too_large, "label_token_ids"),
     ]
-    assert out[6].message == "label_token_ids: 4 labels exceed the limit of 3"
-    assert "items[0]: sequence of 70 tokens exceeds the model context of 64" in out[3].message
-    assert "items: 5 items exceed the limit of 4" in out[2].message
+    assert out[6].message == "4 labels exceed the limit of 3"
+    assert out[3].message == "sequence of 70 tokens exceeds the model context of 64"
+    assert out[2].message == "5 items exceed the limit of 4"
 
 
 def test_cache_counts_hits_and_stays_bounded(tok):
@@ -109,3 +111,13 @@ def test_run_loop_forwards_one_message_per_request(tok):
         assert [isinstance(m, Rejected) for m in got] == [i % 4 == 0 for i in range(10)]
 
     trio.run(main)
+
+
+def test_a_cancel_follows_its_request(tok):
+    out = state(tok).process([req(0, "q", ["a"]), Cancel(id=0), req(1, "q", ["b"]), Cancel(id=7)])
+    assert [(type(m), m.id) for m in out] == [
+        (Tokenized, 0),
+        (Cancel, 0),
+        (Tokenized, 1),
+        (Cancel, 7),
+    ]

@@ -2,8 +2,16 @@
 
 from engine.models import llama, qwen2, qwen3
 from engine.models.config import ModelConfig, RopeScaling
-from engine.models.decoder import Family, PackedInputs, label_logprobs
+from engine.models.decoder import Dense, Family, PackedInputs, label_logprobs
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (llama.FAMILY, qwen2.FAMILY, qwen3.FAMILY)}
 
-__all__ = ["FAMILIES", "Family", "ModelConfig", "PackedInputs", "RopeScaling", "label_logprobs"]
+__all__ = [
+    "FAMILIES",
+    "Dense",
+    "Family",
+    "ModelConfig",
+    "PackedInputs",
+    "RopeScaling",
+    "label_logprobs",
+]

@@ -3,26 +3,25 @@ label head that runs on score rows only.
 
 Activations (the residual stream, norms, RoPE, softmax) stay in f32; matmul inputs are cast to
 the weights' dtype and accumulate in f32 (`preferred_element_type`), which on CPU is both the
-fast and the accurate path for bf16. Layer matrices may come packed for the native CPU dense
-kernel (`PackedStack`, see `pack_layers`); `matmul` takes either form.
+fast and the accurate path for bf16. How matrices are stored and multiplied is the `Dense`
+strategy the forward is given, as attention is: one code path for every strategy.
 """
 
 import math
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
 
 from engine.models.config import ModelConfig
-from kernels import cpu
-from kernels.metadata import AttentionMeta
 
 Params = dict
 
 
 class Family(NamedTuple):
-    """What differs between model families: config parsing and the q/k/v projection."""
+    """What differs between model families: config parsing and the q/k/v projection (from the
+    fused projection f32[T, (H + 2 Hkv) D] and the layer's vectors to q, k, v per head)."""
 
     name: str
     config_from_hf: Callable[[dict], ModelConfig]
@@ -34,76 +33,24 @@ class PackedInputs(NamedTuple):
 
     tokens: jax.Array  # i32[T]
     positions: jax.Array  # i32[T]
-    meta: AttentionMeta
+    meta: Any  # kernels.AttentionMeta: built by the packer, read only by attention
     score_rows: jax.Array  # i32[S]
     label_ids: jax.Array  # i32[S, L]
 
 
-# the layer matrices, each [L, K, N] in a checkpoint's params["layers"]
-LAYER_MATRICES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+class Dense(Protocol):
+    """The dense matmul strategy the forward is given (`kernels.dense`): how each prepared
+    weight multiplies. `layer` picks one matrix of a stack prepared over layers."""
+
+    def matmul(self, x: jax.Array, w, layer: jax.Array) -> jax.Array: ...  # f32[M, N]
+
+    def gated(self, x: jax.Array, w, layer: jax.Array) -> jax.Array: ...  # silu(x@g)*(x@u)
+
+    def head(self, h: jax.Array, w) -> jax.Array: ...  # f32[S, V]
 
 
-class PackedStack(NamedTuple):
-    """A stack of layer matrices [L, K, N] packed for `kernels.cpu.dense_cpu`."""
-
-    data: jax.Array  # bf16[L, N/16, K/2, 32]
-
-
-class PackedLayer(NamedTuple):
-    """One layer's matrix of a `PackedStack`: the whole stack and the layer index, so a scan
-    over layers never copies the matrix out of the stack."""
-
-    data: jax.Array  # bf16[L, N/16, K/2, 32]
-    layer: jax.Array  # i32[]
-
-    @property
-    def dtype(self):
-        return self.data.dtype
-
-
-def pack_layers(params: Params) -> Params:
-    """`params` with every bf16 layer matrix the native dense kernels take as a `PackedStack`:
-    q, k and v side by side as "w_qkv" (one call), gate and up together as "w_gate_up"
-    (`kernels.cpu.gated_cpu`), the others under their own names, and the LM head as
-    "packed_head" (a tied head keeps "embed" for the lookup)."""
-    layers = dict(params["layers"])
-    qkv = [layers[n] for n in ("wq", "wk", "wv")]
-    if all(map(_packable, qkv)):
-        w_qkv = cpu.pack_dense(jnp.concatenate(qkv, axis=-1))
-        layers["w_qkv"] = PackedStack(jnp.asarray(w_qkv))
-        for name in ("wq", "wk", "wv"):
-            layers.pop(name)
-    if _packable(layers["w_gate"]) and _packable(layers["w_up"]):
-        gate_up = cpu.pack_gated(layers.pop("w_gate"), layers.pop("w_up"))
-        layers["w_gate_up"] = PackedStack(jnp.asarray(gate_up))
-    for name in LAYER_MATRICES:
-        w = layers.get(name)
-        if _packable(w):
-            layers[name] = PackedStack(jnp.asarray(cpu.pack_dense(w)))
-    params = {**params, "layers": layers}
-    head = params.get("lm_head", params["embed"]).T[None]  # [1, E, V]
-    if _packable(head):
-        params["packed_head"] = PackedStack(jnp.asarray(cpu.pack_dense(head)))
-        params.pop("lm_head", None)
-    return params
-
-
-def _packable(w: jax.Array | None) -> bool:  # w: [L, K, N]
-    return w is not None and w.dtype == jnp.bfloat16 and cpu.dense_supports(*w.shape[1:])
-
-
-def matmul(x: jax.Array, w: jax.Array | PackedLayer) -> jax.Array:
-    """`x @ w` with inputs in the weight dtype and f32 accumulation."""
-    if isinstance(w, PackedLayer):
-        return cpu.dense_cpu(x, w.data, w.layer)
-    return jnp.matmul(x.astype(w.dtype), w, preferred_element_type=jnp.float32)
-
-
-def project(h: jax.Array, p: Params, cfg: ModelConfig) -> tuple[jax.Array, ...]:
-    """The q f32[T, H*D], k and v f32[T, Hkv*D] projections of h, from "w_qkv" when packed."""
-    if "w_qkv" not in p:
-        return matmul(h, p["wq"]), matmul(h, p["wk"]), matmul(h, p["wv"])
-    qkv = matmul(h, p["w_qkv"])  # [T, (H + 2 Hkv) D]
+def project(qkv: jax.Array, cfg: ModelConfig) -> tuple[jax.Array, ...]:
+    """Split the fused projection f32[T, (H + 2 Hkv) D] into q f32[T, H*D], k and v."""
     q_end = cfg.num_heads * cfg.head_dim
     k_end = q_end + cfg.num_kv_heads * cfg.head_dim
     return qkv[:, :q_end], qkv[:, q_end:k_end], qkv[:, k_end:]
@@ -143,49 +90,64 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
-def _layer(x, p, *, cfg: ModelConfig, family: Family, attention, meta, cos, sin):
-    t = x.shape[0]
-    q, k, v = family.project_qkv(rms_norm(x, p["attn_norm"], cfg.rms_norm_eps), p, cfg)
-    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    dt = p["wo"].dtype
-    o = attention(q.astype(dt), k.astype(dt), v.astype(dt), meta, scale=cfg.head_dim**-0.5)
-    x = x + matmul(o.reshape(t, -1), p["wo"])
+class Step(NamedTuple):
+    """What one layer reads besides the residual stream: the batch, RoPE, the strategies and
+    the weights (`vectors` sliced to this layer by the scan, `matrices` whole stacks)."""
+
+    cfg: ModelConfig
+    family: Family
+    attention: Callable
+    dense: Dense
+    meta: Any  # the attention metadata (kernels.AttentionMeta), passed through unread
+    cos: jax.Array  # f32[T, 1, D/2]
+    sin: jax.Array  # f32[T, 1, D/2]
+    dtype: Any  # the weights' dtype: attention inputs are cast to it
+    matrices: Params  # "qkv", "o", "gate_up", "down": prepared stacks over layers
+
+
+def _layer(x: jax.Array, xs: tuple[jax.Array, Params], s: Step):
+    index, p = xs  # the layer index i32[] and its norms and biases
+    t, cfg, m = x.shape[0], s.cfg, s.matrices
+    h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
+    q, k, v = s.family.project_qkv(s.dense.matmul(h, m["qkv"], index), p, cfg)
+    q, k = apply_rope(q, s.cos, s.sin), apply_rope(k, s.cos, s.sin)
+    dt = s.dtype
+    o = s.attention(q.astype(dt), k.astype(dt), v.astype(dt), s.meta, scale=cfg.head_dim**-0.5)
+    x = x + s.dense.matmul(o.reshape(t, -1), m["o"], index)
     h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
-    x = x + matmul(swiglu(h, p), p["w_down"])
+    x = x + s.dense.matmul(s.dense.gated(h, m["gate_up"], index), m["down"], index)
     return x, None
 
 
-def swiglu(h: jax.Array, p: Params) -> jax.Array:
-    """silu(h @ w_gate) * (h @ w_up): [T, I], bf16 from the packed kernel, else f32."""
-    if "w_gate_up" in p:
-        return cpu.gated_cpu(h, p["w_gate_up"].data, p["w_gate_up"].layer)
-    return jax.nn.silu(matmul(h, p["w_gate"])) * matmul(h, p["w_up"])
-
-
 def label_logprobs(
-    params: Params, inputs: PackedInputs, *, cfg: ModelConfig, family: Family, attention
+    params: Params,
+    inputs: PackedInputs,
+    *,
+    cfg: ModelConfig,
+    family: Family,
+    attention: Callable,
+    dense: Dense,
 ) -> jax.Array:
-    """Full-vocabulary log-probs f32[S, L] of `label_ids` at each score row."""
+    """Full-vocabulary log-probs f32[S, L] of `label_ids` at each score row.
+
+    `params` is laid out as `engine.program.place_params` makes it: "embed", "final_norm",
+    "head" and "matrices" prepared by `dense`, "layers" the per-layer vectors.
+    """
     x = params["embed"][inputs.tokens].astype(jnp.float32)  # [T, E]
     angles = inputs.positions.astype(jnp.float32)[:, None] * rope_frequencies(cfg)  # [T, D/2]
-    cos, sin = jnp.cos(angles)[:, None, :], jnp.sin(angles)[:, None, :]
-    stacks = {n: w for n, w in params["layers"].items() if isinstance(w, PackedStack)}
-    sliced = {n: w for n, w in params["layers"].items() if n not in stacks}
-
-    def layer(x, xs):
-        index, p = xs
-        p = p | {n: PackedLayer(s.data, index) for n, s in stacks.items()}
-        return _layer(
-            x, p, cfg=cfg, family=family, attention=attention, meta=inputs.meta, cos=cos, sin=sin
-        )
-
+    step = Step(
+        cfg,
+        family,
+        attention,
+        dense,
+        inputs.meta,
+        jnp.cos(angles)[:, None, :],
+        jnp.sin(angles)[:, None, :],
+        params["embed"].dtype,
+        params["matrices"],
+    )
     indices = jnp.arange(cfg.num_layers, dtype=jnp.int32)
-    x, _ = jax.lax.scan(layer, x, (indices, sliced))
+    x, _ = jax.lax.scan(lambda x, xs: _layer(x, xs, step), x, (indices, params["layers"]))
     h = rms_norm(x[inputs.score_rows], params["final_norm"], cfg.rms_norm_eps)  # [S, E]
-    if "packed_head" in params:
-        logits = matmul(h, PackedLayer(params["packed_head"].data, jnp.int32(0)))  # [S, V]
-    else:
-        head = params.get("lm_head", params["embed"])  # [V, E]
-        logits = jnp.matmul(h.astype(head.dtype), head.T, preferred_element_type=jnp.float32)
-    logp = jax.nn.log_softmax(logits, axis=-1)  # [S, V]
+    logp = jax.nn.log_softmax(dense.head(h, params["head"]), axis=-1)  # [S, V]
     return jnp.take_along_axis(logp, inputs.label_ids, axis=1)

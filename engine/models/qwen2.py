@@ -6,9 +6,9 @@ from engine.models.config import ModelConfig, config_from_hf
 from engine.models.decoder import Family, project, split_heads
 
 
-def project_qkv(h, p, cfg: ModelConfig):
-    """q f32[T, H, D], k and v f32[T, Hkv, D] from the normed hidden state h f32[T, E]."""
-    q, k, v = project(h, p, cfg)
+def project_qkv(qkv, p, cfg: ModelConfig):
+    """q f32[T, H, D], k and v f32[T, Hkv, D] from the fused projection f32[T, (H + 2 Hkv) D]."""
+    q, k, v = project(qkv, cfg)
     return (
         split_heads(q + p["bq"], cfg.num_heads),
         split_heads(k + p["bk"], cfg.num_kv_heads),

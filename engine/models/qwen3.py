@@ -7,9 +7,9 @@ from engine.models.config import ModelConfig, config_from_hf
 from engine.models.decoder import Family, rms_norm
 
 
-def project_qkv(h, p, cfg: ModelConfig):
-    """q f32[T, H, D], k and v f32[T, Hkv, D] from the normed hidden state h f32[T, E]."""
-    q, k, v = llama.project_qkv(h, p, cfg)
+def project_qkv(qkv, p, cfg: ModelConfig):
+    """q f32[T, H, D], k and v f32[T, Hkv, D] from the fused projection f32[T, (H + 2 Hkv) D]."""
+    q, k, v = llama.project_qkv(qkv, p, cfg)
     return rms_norm(q, p["q_norm"], cfg.rms_norm_eps), rms_norm(k, p["k_norm"], cfg.rms_norm_eps), v
 
 

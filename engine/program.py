@@ -1,0 +1,86 @@
+"""The device program: a model's weights on the device and the jitted forward of one packed
+batch. The device runner owns one; the offline scorer drives one the same way."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from engine.errors import InvalidInput
+from engine.loaders import Checkpoint
+from engine.models import FAMILIES, Dense, ModelConfig, PackedInputs, label_logprobs
+from engine.packing import empty_batch
+from kernels import select_attention, select_dense
+
+DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
+VECTORS = ("attn_norm", "mlp_norm", "q_norm", "k_norm", "bq", "bk", "bv")  # kept in f32
+
+
+def place_params(params: dict, dtype, dense) -> dict:
+    """Device weights from host params (the layout of `engine.models.config`): the embedding in
+    `dtype`; norms and biases in f32; q/k/v fused into one matrix and gate/up into one gated
+    pair, these and the other matrices and the LM head prepared by the `dense` strategy."""
+    layers = params["layers"]
+    qkv = np.concatenate([layers["wq"], layers["wk"], layers["wv"]], axis=-1)  # [L, E, (H+2Hkv)D]
+    return {
+        "embed": jnp.asarray(params["embed"], dtype),
+        "final_norm": jnp.asarray(params["final_norm"], jnp.float32),
+        "head": dense.prepare_head(params.get("lm_head", params["embed"]), dtype),
+        "layers": {n: jnp.asarray(layers[n], jnp.float32) for n in VECTORS if n in layers},
+        "matrices": {
+            "qkv": dense.prepare(qkv, dtype),
+            "o": dense.prepare(layers["wo"], dtype),
+            "gate_up": dense.prepare_gated(layers["w_gate"], layers["w_up"], dtype),
+            "down": dense.prepare(layers["w_down"], dtype),
+        },
+    }
+
+
+class DeviceProgram:
+    """Weights on the device and the compiled forward: `run` one packed batch to label log-probs.
+
+    `dtype` is the weight dtype ("bfloat16" or "float32"); `attention` and `dense` name the
+    implementations (None: the backend's default; see `kernels.select_attention` and
+    `kernels.select_dense`).
+    """
+
+    def __init__(
+        self,
+        checkpoint: Checkpoint,
+        *,
+        dtype: str = "bfloat16",
+        attention: str | None = None,
+        dense: str | None = None,
+    ):
+        if dtype not in DTYPES:
+            raise InvalidInput("dtype", f"{dtype!r} is not one of {sorted(DTYPES)}")
+        self.config: ModelConfig = checkpoint.config
+        self.dtype = dtype
+        backend = jax.default_backend()
+        self.dense: Dense = select_dense(dense, backend, dtype=DTYPES[dtype])
+        self.attention = select_attention(
+            attention, backend, head_dim=self.config.head_dim, dtype=DTYPES[dtype]
+        )
+        self.params = place_params(checkpoint.params, DTYPES[dtype], self.dense)
+        forward = functools.partial(
+            label_logprobs,
+            cfg=self.config,
+            family=FAMILIES[self.config.family],
+            attention=self.attention,
+            dense=self.dense,
+        )
+        self._forward = jax.jit(forward)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV-cache bytes one token costs in this program's dtype."""
+        return self.config.kv_bytes_per_token(np.dtype(DTYPES[self.dtype]).itemsize)
+
+    def compile(self, shape: tuple[int, int, int], block_size: int) -> None:
+        """Compile the program of batch shape (T, S, L) without running it."""
+        self._forward.lower(self.params, empty_batch(*shape, block_size)).compile()
+
+    def run(self, batch: PackedInputs) -> jax.Array:
+        """Dispatch one packed batch; its label log-probs f32[S, L] are computed asynchronously."""
+        return self._forward(self.params, batch)

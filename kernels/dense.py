@@ -1,0 +1,120 @@
+"""Dense matmul strategies: how the decoder's weight matrices are stored and multiplied.
+
+A strategy is passed to the forward exactly as attention is. It prepares each host matrix once at
+load (a stack `[L, K, N]` over layers, the gated pair of the MLP, the LM head) and multiplies by
+the prepared form; the forward never looks inside. Two exist:
+
+- `XLA`: the matrices in the weight dtype, `jnp.matmul` with f32 accumulation; any backend.
+- `CPU`: bf16 matrices packed once for the native AVX512-BF16 kernel (`kernels.cpu`); a matrix
+  the kernel cannot take (odd K, N not a multiple of 16) stays in the XLA form.
+"""
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kernels import cpu
+
+
+class Dense(NamedTuple):
+    """One way to store and multiply weight matrices (see the module docstring).
+
+    prepare(w [L, K, N], dtype) -> W;  matmul(x [M, K], W, layer i32[]) -> f32[M, N]
+    prepare_gated(gate [L, K, I], up [L, K, I], dtype) -> G;
+        gated(x [M, K], G, layer) -> silu(x @ gate) * (x @ up) [M, I]
+    prepare_head(w [V, E], dtype) -> H;  head(h [S, E], H) -> f32[S, V] = h @ w.T
+    """
+
+    name: str
+    prepare: Callable
+    matmul: Callable
+    prepare_gated: Callable
+    gated: Callable
+    prepare_head: Callable
+    head: Callable
+
+
+def _xla_prepare(w, dtype) -> jax.Array:
+    return jnp.asarray(w, dtype)
+
+
+def _xla_matmul(x: jax.Array, w: jax.Array, layer: jax.Array) -> jax.Array:
+    w = w[layer]  # [K, N]
+    return jnp.matmul(x.astype(w.dtype), w, preferred_element_type=jnp.float32)
+
+
+def _xla_prepare_gated(gate, up, dtype) -> jax.Array:
+    return jnp.asarray(np.concatenate([gate, up], axis=-1), dtype)  # [L, K, 2I]
+
+
+def _xla_gated(x: jax.Array, w: jax.Array, layer: jax.Array) -> jax.Array:
+    y = _xla_matmul(x, w, layer)  # f32[M, 2I]
+    half = y.shape[1] // 2
+    return jax.nn.silu(y[:, :half]) * y[:, half:]
+
+
+def _xla_head(h: jax.Array, w: jax.Array) -> jax.Array:
+    # w stays [V, E]: the product with its transpose keeps XLA's own operand layout (a
+    # transposed copy rounds differently for a few score rows)
+    return jnp.matmul(h.astype(w.dtype), w.T, preferred_element_type=jnp.float32)
+
+
+XLA = Dense(
+    "xla", _xla_prepare, _xla_matmul, _xla_prepare_gated, _xla_gated, _xla_prepare, _xla_head
+)
+
+
+class Packed(NamedTuple):
+    """A stack of matrices packed for `kernels.cpu.dense_cpu` / `gated_cpu`."""
+
+    data: jax.Array  # bf16[L, N/16, K/2, 32]
+
+
+def _packable(k: int, n: int, dtype) -> bool:
+    return np.dtype(dtype) == jnp.bfloat16 and cpu.dense_supports(k, n)
+
+
+def _cpu_prepare(w, dtype) -> Packed | jax.Array:
+    if not _packable(*w.shape[-2:], dtype):
+        return _xla_prepare(w, dtype)
+    return Packed(jnp.asarray(cpu.pack_dense(w)))
+
+
+def _cpu_matmul(x: jax.Array, w: Packed | jax.Array, layer: jax.Array) -> jax.Array:
+    if isinstance(w, Packed):
+        return cpu.dense_cpu(x, w.data, layer)
+    return _xla_matmul(x, w, layer)
+
+
+def _cpu_prepare_gated(gate, up, dtype) -> Packed | jax.Array:
+    if not _packable(*gate.shape[-2:], dtype):
+        return _xla_prepare_gated(gate, up, dtype)
+    return Packed(jnp.asarray(cpu.pack_gated(gate, up)))
+
+
+def _cpu_gated(x: jax.Array, w: Packed | jax.Array, layer: jax.Array) -> jax.Array:
+    if isinstance(w, Packed):
+        return cpu.gated_cpu(x, w.data, layer)
+    return _xla_gated(x, w, layer)
+
+
+def _cpu_prepare_head(w, dtype) -> Packed | jax.Array:
+    if not _packable(*w.shape[::-1], dtype):
+        return _xla_prepare(w, dtype)
+    return Packed(jnp.asarray(cpu.pack_dense(np.asarray(w).T[None])))  # [1, E, V] packed
+
+
+def _cpu_head(h: jax.Array, w: Packed | jax.Array) -> jax.Array:
+    if isinstance(w, Packed):
+        return cpu.dense_cpu(h, w.data, jnp.int32(0))
+    return _xla_head(h, w)
+
+
+CPU = Dense(
+    "cpu", _cpu_prepare, _cpu_matmul, _cpu_prepare_gated, _cpu_gated, _cpu_prepare_head, _cpu_head
+)
+
+STRATEGIES = {d.name: d for d in (XLA, CPU)}
