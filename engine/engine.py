@@ -11,9 +11,7 @@ import math
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import jax
 import msgspec
 import numpy as np
 import tokenizers
@@ -40,12 +38,8 @@ from engine.errors import (
 from engine.loaders import load_checkpoint
 from engine.messages import Cancel, Rejected, Scored, ScoreRequest, Timings
 from engine.models import ModelConfig
-from engine.program import DeviceProgram
+from engine.program import DeviceProgram, default_compile_cache_dir, enable_compile_cache
 from engine.scoring import scores_from_logprobs
-
-
-def default_compile_cache_dir() -> str:
-    return str(Path.home() / ".cache" / "llm-scoring-engine" / "jax")
 
 
 class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -355,14 +349,6 @@ def _check_rerank(query, documents, top_n, max_tokens_per_doc) -> None:
             raise InvalidInput(name, "must be a positive integer")
 
 
-def _enable_compile_cache(directory: str | None) -> None:
-    if directory is not None:
-        Path(directory).mkdir(parents=True, exist_ok=True)
-        jax.config.update("jax_compilation_cache_dir", directory)
-        # every grid program, not only slow ones: a restart should compile nothing
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-
-
 @asynccontextmanager
 async def open_engine(config: EngineConfig | None = None) -> AsyncIterator[Engine]:
     """Load the model, compile the bucket grid, run the actors; shut everything down on exit.
@@ -370,7 +356,7 @@ async def open_engine(config: EngineConfig | None = None) -> AsyncIterator[Engin
     On exit every caller still waiting gets `EngineClosed` and no task or thread survives.
     """
     config = config or EngineConfig()
-    _enable_compile_cache(config.compile_cache_dir)
+    enable_compile_cache(config.compile_cache_dir)
     checkpoint = await trio.to_thread.run_sync(
         functools.partial(load_checkpoint, config.model, progress=config.progress)
     )

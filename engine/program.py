@@ -2,6 +2,7 @@
 batch. The device runner owns one; the offline scorer drives one the same way."""
 
 import functools
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +16,20 @@ from kernels import select_attention, select_dense
 
 DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
 VECTORS = ("attn_norm", "mlp_norm", "q_norm", "k_norm", "bq", "bk", "bv")  # kept in f32
+
+
+def default_compile_cache_dir() -> str:
+    return str(Path.home() / ".cache" / "llm-scoring-engine" / "jax")
+
+
+def enable_compile_cache(directory: str | None) -> None:
+    """Keep compiled programs in `directory` (JAX's persistent cache) so that a restart compiles
+    nothing; None leaves the cache as it is."""
+    if directory is not None:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        jax.config.update("jax_compilation_cache_dir", directory)
+        # every program, not only slow ones
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
 
 def place_params(params: dict, dtype, dense) -> dict:

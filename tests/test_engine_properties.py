@@ -15,7 +15,7 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import EngineConfig, InputTooLarge, load_model, open_engine
+from engine import EngineConfig, InputTooLarge, InvalidInput, load_model, open_engine
 from tests.conftest import TINY
 from tests.test_api_support import assert_scores, tables_empty
 
@@ -95,9 +95,9 @@ def run_in_engine(property_fn, path):
     async def main():
         async with open_engine(config) as engine:
             await trio.to_thread.run_sync(property_fn, engine, reference)
-            with trio.fail_after(10):
-                while not tables_empty(engine):
-                    await trio.sleep(0.01)
+            with trio.fail_after(60):
+                await engine.wait_idle()
+            assert tables_empty(engine)
 
     trio.run(main)
 
@@ -153,43 +153,43 @@ def _replace_item(r: Request, i: int, item) -> Request:
 
 
 def no_items(draw, r):
-    return r._replace(items=[]), ValueError, r"^items: must be a non-empty"
+    return r._replace(items=[]), InvalidInput, r"^items: must be a non-empty"
 
 
 def empty_item(draw, r):
     i = _item_index(draw, r)
-    return _replace_item(r, i, r.items[i][:0]), ValueError, rf"^items\[{i}\]: empty item"
+    return _replace_item(r, i, r.items[i][:0]), InvalidInput, rf"^items\[{i}\]: empty item"
 
 
 def item_id_outside_vocab(draw, r):
     i = _item_index(draw, r)
     bad = _replace_item(r, i, _put(draw, r.items[i], draw(BAD_ID)))
-    return bad, ValueError, rf"^items\[{i}\]: token id outside the vocabulary \[0, {VOCAB}\)"
+    return bad, InvalidInput, rf"^items\[{i}\]: token id outside the vocabulary \[0, {VOCAB}\)"
 
 
 def query_id_outside_vocab(draw, r):
     bad = r._replace(query=_put(draw, r.query, draw(BAD_ID)))
-    return bad, ValueError, rf"^query: token id outside the vocabulary \[0, {VOCAB}\)"
+    return bad, InvalidInput, rf"^query: token id outside the vocabulary \[0, {VOCAB}\)"
 
 
 def label_outside_vocab(draw, r):
     bad = r._replace(labels=_put(draw, r.labels, draw(BAD_ID)))
-    return bad, ValueError, r"^label_token_ids: \[-?\d+\] outside the vocabulary"
+    return bad, InvalidInput, r"^label_token_ids: \[-?\d+\] outside the vocabulary"
 
 
 def no_labels(draw, r):
-    return r._replace(labels=[]), ValueError, r"^label_token_ids: must be a non-empty list"
+    return r._replace(labels=[]), InvalidInput, r"^label_token_ids: must be a non-empty list"
 
 
 def not_an_id(draw, r):
     i = _item_index(draw, r)
     bad = _replace_item(r, i, _put(draw, r.items[i], draw(NOT_AN_ID)))
-    return bad, ValueError, r"^query/items: must be all text .* or all token ids"
+    return bad, InvalidInput, r"^query/items: must be all text .* or all token ids"
 
 
 def text_and_ids(draw, r):
     bad = r._replace(query=draw(st.text(max_size=8)))
-    return bad, ValueError, r"^query/items: must be all text .* or all token ids"
+    return bad, InvalidInput, r"^query/items: must be all text .* or all token ids"
 
 
 def too_many_items(draw, r):
@@ -242,6 +242,7 @@ def _invalid_raise_naming_the_field(engine, reference, bad, good):
     for (r, kind, pattern), got in zip(bad, failed, strict=True):
         assert isinstance(got, outcome.Error), r
         assert type(got.error) is kind and re.search(pattern, str(got.error)), (r, got.error)
+        assert str(got.error).startswith(f"{got.error.field}: "), got.error  # the field, typed
     assert_scores(scored.unwrap().scores, good.reference(reference))
 
 
