@@ -100,11 +100,15 @@ def git_commit() -> str | None:
 
 
 def environment(args, path: Path, cfg) -> dict:
-    """Facts every report carries: model, shape, dtype, machine, commit."""
+    """Facts every report carries: model, shape, dtype, machine, commit.
+
+    The model is named by its file or directory name: a committed report must not record a path
+    of the machine that ran it.
+    """
     import jax
 
     return {
-        "model": str(path),
+        "model": path.resolve().name,
         "shape": args.shape,
         "dtype": args.dtype,
         "family": cfg.family,
