@@ -105,45 +105,48 @@ cdef class RadixTree:
     def match(self, seq):
         """Length of the longest prefix of `seq` that is a prefix of some inserted sequence."""
         toks = _as_i32(seq)
-        return self._match(toks, toks.shape[0])
+        cdef Py_ssize_t stored
+        _walk(self.root, toks, toks.shape[0], False, &stored)
+        return stored
 
     cdef Py_ssize_t _insert(self, object toks, Py_ssize_t n) except -1:
         """Insert `toks[:n]` (an int32 array with at least n tokens)."""
-        cdef const int[::1] view = toks
-        cdef const int* t = &view[0] if n else NULL
-        cdef _Node node = self.root, child
-        cdef Py_ssize_t i = 0, k
-        while i < n:
-            child = node.children.get(t[i])
-            if child is None:
-                child = _new_leaf(toks, i, n)
-                node.children[t[i]] = child
-                node = child
-                break
-            k = _common(child.edge, t + i, min(child.length, n - i))
-            if k < child.length:
-                child = _split(node, child, k)
-            node = child
-            i += k
-        node.ends.append(self.size)
+        cdef Py_ssize_t stored
+        _walk(self.root, toks, n, True, &stored).ends.append(self.size)
         self.size += 1
-        return i
+        return stored
 
-    cdef Py_ssize_t _match(self, object toks, Py_ssize_t n) except -1:
-        cdef const int[::1] view = toks
-        cdef const int* t = &view[0] if n else NULL
-        cdef _Node node = self.root, child
-        cdef Py_ssize_t i = 0, k
-        while i < n:
-            child = node.children.get(t[i])
-            if child is None:
-                return i
-            k = _common(child.edge, t + i, min(child.length, n - i))
-            if k < child.length:
-                return i + k
-            node = child
-            i += k
-        return n
+
+cdef _Node _walk(_Node node, object toks, Py_ssize_t n, bint grow, Py_ssize_t* stored):
+    """Follow `toks[:n]` (an int32 array) down from `node`; `stored[0]` gets how many of its
+    leading tokens the tree already holds.
+
+    Without `grow`, stops where the tree diverges from `toks`. With it, adds what is missing
+    (splitting the edge where they diverge inside one) and returns the node ending `toks[:n]`.
+    """
+    cdef const int[::1] view = toks
+    cdef const int* t = &view[0] if n else NULL
+    cdef _Node child
+    cdef Py_ssize_t i = 0, k
+    while i < n:
+        child = node.children.get(t[i])
+        if child is None:
+            stored[0] = i
+            if not grow:
+                return node
+            child = _new_leaf(toks, i, n)
+            node.children[t[i]] = child
+            return child
+        k = _common(child.edge, t + i, min(child.length, n - i))
+        if k < child.length:
+            if not grow:
+                stored[0] = i + k
+                return node
+            child = _split(node, child, k)
+        node = child
+        i += k
+    stored[0] = n
+    return node
 
 
 def group_by_prefix(seqs):

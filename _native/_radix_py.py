@@ -40,36 +40,38 @@ class RadixTree:
     def insert(self, seq: Sequence[int]) -> int:
         """Add `seq` with the next id; returns how many of its leading tokens were already stored
         (what `match(seq)` returned just before)."""
-        toks = _as_list(seq)
-        node, i, n = self._root, 0, len(toks)
-        while i < n:
-            child = node.children.get(toks[i])
-            if child is None:
-                leaf = _Node(toks[i:], n)
-                node.children[toks[i]] = leaf
-                node = leaf
-                break
-            k = _common(child.edge, toks, i, min(len(child.edge), n - i))
-            if k < len(child.edge):
-                child = _split(node, child, k)
-            node, i = child, i + k
+        node, stored = _walk(self._root, _as_list(seq), grow=True)
         node.ends.append(self._size)
         self._size += 1
-        return i
+        return stored
 
     def match(self, seq: Sequence[int]) -> int:
         """Length of the longest prefix of `seq` that is a prefix of some inserted sequence."""
-        toks = _as_list(seq)
-        node, i, n = self._root, 0, len(toks)
-        while i < n:
-            child = node.children.get(toks[i])
-            if child is None:
-                return i
-            k = _common(child.edge, toks, i, min(len(child.edge), n - i))
-            if k < len(child.edge):
-                return i + k
-            node, i = child, i + k
-        return n
+        return _walk(self._root, _as_list(seq), grow=False)[1]
+
+
+def _walk(node: _Node, toks: list[int], grow: bool) -> tuple[_Node, int]:
+    """Follow `toks` down from `node`: (the node reached, how many leading tokens the tree holds).
+
+    Without `grow`, stops where the tree diverges from `toks`. With it, adds what is missing
+    (splitting the edge where they diverge inside one) and reaches the node ending `toks`.
+    """
+    i, n = 0, len(toks)
+    while i < n:
+        child = node.children.get(toks[i])
+        if child is None:
+            if not grow:
+                return node, i
+            leaf = _Node(toks[i:], n)
+            node.children[toks[i]] = leaf
+            return leaf, i
+        k = _common(child.edge, toks, i, min(len(child.edge), n - i))
+        if k < len(child.edge):
+            if not grow:
+                return node, i + k
+            child = _split(node, child, k)
+        node, i = child, i + k
+    return node, n
 
 
 def group_by_prefix(seqs: Sequence[Sequence[int]]) -> list[tuple[int, tuple[int, ...]]]:

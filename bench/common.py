@@ -100,11 +100,15 @@ def git_commit() -> str | None:
 
 
 def environment(args, path: Path, cfg) -> dict:
-    """Facts every report carries: model, shape, dtype, machine, commit."""
+    """Facts every report carries: model, shape, dtype, machine, commit.
+
+    The model is named by its file or directory name: a committed report must not record a path
+    of the machine that ran it.
+    """
     import jax
 
     return {
-        "model": str(path),
+        "model": path.resolve().name,
         "shape": args.shape,
         "dtype": args.dtype,
         "family": cfg.family,
@@ -115,6 +119,35 @@ def environment(args, path: Path, cfg) -> dict:
         "seed": args.seed,
         "argv": sys.argv[1:],
     }
+
+
+def report_head(args, path: Path, cfg, peaks: dict, workload: str, description: str, **facts):
+    """The opening of a workload report: what ran, where, then `facts` and the measured peaks."""
+    return {
+        "workload": workload,
+        "description": description,
+        **environment(args, path, cfg),
+        **facts,
+        "peak_gflops": peaks,
+    }
+
+
+def versus(engine: dict, baseline: dict) -> dict:
+    """The headline of a report: engine and baseline items/s and their ratio."""
+    return {
+        "engine_items_per_s": engine["items_per_s"],
+        "baseline_items_per_s": baseline["items_per_s"],
+        "ratio": engine["items_per_s"] / baseline["items_per_s"],
+    }
+
+
+def publish(report: dict, args, tag: str, chart: Callable, summary: str) -> Path:
+    """Write the JSON report and its chart, and print the one summary line; returns the JSON."""
+    json_path, png = output_paths(args, report["workload"], tag)
+    write_report(report, json_path)
+    chart(report, png)
+    print(f"{report['workload']} {tag} {report['dtype']}: {summary} -> {json_path}")
+    return json_path
 
 
 def write_report(report: dict, json_path: Path) -> None:
@@ -180,6 +213,18 @@ def summary_numbers(flops: float, seconds: float, tokens: int, peaks: dict, dtyp
 
 def fmt_mfu(side: dict, dtype: str) -> str:
     return f"MFU {side['mfu']:.1%} of {dtype} peak"
+
+
+def fmt_side(side: dict, dtype: str, digits: int = 2) -> str:
+    """`N items/s (T tok/s, MFU ...)`: one side's rates in a summary line."""
+    return (
+        f"{side['items_per_s']:.{digits}f} items/s ({side['tokens_per_s']:.0f} tok/s, "
+        f"{fmt_mfu(side, dtype)})"
+    )
+
+
+def fmt_peaks(peaks: dict) -> str:
+    return f"peaks bf16 {peaks['bfloat16']:.0f} / f32 {peaks['float32']:.0f} GFLOP/s"
 
 
 def parse_args(parser, argv, quick: dict):

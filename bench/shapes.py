@@ -8,6 +8,7 @@ all lie far below the model's vocabulary size, and the LM head still spans the f
 
 import os
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -58,16 +59,23 @@ def write_checkpoint(path: Path, name: str, seed: int) -> None:
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     model.save_pretrained(path, safe_serialization=True)
-    train_tokenizer(seed, TOKENIZER_VOCAB).save(str(path / "tokenizer.json"))
+    train_tokenizer(bench_corpus(seed), TOKENIZER_VOCAB).save(str(path / "tokenizer.json"))
 
 
-def train_tokenizer(seed: int, vocab_size: int):
-    """A byte-level BPE trained on the bench's word list, with `SUFFIX`'s " yes"/" no"."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
+def bench_corpus(seed: int) -> list[str]:
+    """The bench's English-like sentences ending in `SUFFIX`, its word list and " yes"/" no"."""
     rng = np.random.default_rng(seed)
     corpus = [sentence(rng, int(rng.integers(6, 16))) + SUFFIX for _ in range(2000)]
-    corpus += [" ".join(WORDS), " yes no yes no", "Answer yes or no:"]
+    return corpus + [" ".join(WORDS), " yes no yes no", "Answer yes or no:"]
+
+
+def train_tokenizer(corpus: Iterable[str], vocab_size: int):
+    """A byte-level BPE of `vocab_size` tokens (`<|endoftext|>` among them) trained on `corpus`.
+
+    The one trainer of the bench's shape checkpoints and the tests' tiny ones.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

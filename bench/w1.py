@@ -9,6 +9,8 @@ on the same token ids, sorted by length and left-padded into batches with correc
 Prints one summary line; writes the JSON report and a bar chart beside it.
 """
 
+from functools import partial
+
 import numpy as np
 
 from bench import common, sides
@@ -22,43 +24,68 @@ QUICK = dict(docs=8, doc_tokens=(20, 40), batch_sizes=[1, 4], repeats=1, gemm=[5
 
 
 def main(argv=None) -> dict:
+    args = parse(argv)
+    path, peaks = common.model_path(args), measure_peaks(args.gemm)
+    eng = sides.run_engine(sides.engine_config(args, path), partial(build, args), args.repeats)
+    _, items, labels = eng["request"]
+    seqs = eng["seqs"]
+    hf = sides.load_baseline(path, args.dtype)
+    progress = not args.no_progress
+    base = sides.run_padded_baseline(hf, seqs, labels, args.batch_sizes, args.repeats, progress)
+    del hf
+    n = len(items)
+    engine = common.engine_numbers(eng, n, peaks, args.dtype)
+    baseline = baseline_side(base, n, eng["cost"], seqs, peaks, args.dtype)
+    diff = np.abs(eng["logprobs"] - base[baseline["batch_size"]]["logprobs"])
+    description = (
+        f"1 query (~{args.query_tokens} tokens) + {n} documents "
+        f"({args.doc_tokens[0]}-{args.doc_tokens[1]} tokens) + '{SUFFIX.strip()}', one request"
+    )
+    tokens = sum(map(len, seqs))
+    report = {
+        **common.report_head(
+            args, path, eng["config"], peaks, "w1", description, items=n, workload_tokens=tokens
+        ),
+        **common.versus(engine, baseline),
+        "engine": engine,
+        "baseline": baseline,
+        "max_abs_logprob_diff_vs_baseline": float(diff.max()),
+    }
+    common.publish(report, args, common.model_tag(args, path), chart, summary(report))
+    return report
+
+
+def parse(argv):
     p = common.parser(__doc__.split("\n\n")[0])
     p.add_argument("--docs", type=int, default=64)
     p.add_argument("--query-tokens", type=int, default=25)
     p.add_argument("--doc-tokens", type=int, nargs=2, default=(130, 230))
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 16, 32])
     p.add_argument("--repeats", type=int, default=3)
-    args = common.parse_args(p, argv, QUICK)
-    progress = not args.no_progress
-    path = common.model_path(args)
-    peaks = measure_peaks(args.gemm)
+    return common.parse_args(p, argv, QUICK)
 
-    def build(model):
-        query, docs = rerank_pairs(
-            model.tokenizer,
-            seed=args.seed,
-            docs=args.docs,
-            query_tokens=args.query_tokens,
-            doc_tokens=tuple(args.doc_tokens),
-        )
-        return query, [d + SUFFIX for d in docs], label_ids(model.tokenizer)
 
-    eng = sides.run_engine(sides.engine_config(args, path), build, args.repeats)
-    _, items, labels = eng["request"]
-    seqs = eng["seqs"]
-    hf = sides.load_baseline(path, args.dtype)
-    base = sides.run_padded_baseline(hf, seqs, labels, args.batch_sizes, args.repeats, progress)
-    del hf
+def build(args, model):
+    """The request `(query, documents + SUFFIX, labels)` in the model's tokenizer."""
+    query, docs = rerank_pairs(
+        model.tokenizer,
+        seed=args.seed,
+        docs=args.docs,
+        query_tokens=args.query_tokens,
+        doc_tokens=tuple(args.doc_tokens),
+    )
+    return query, [d + SUFFIX for d in docs], label_ids(model.tokenizer)
+
+
+def baseline_side(base: dict, n: int, cost: Cost, seqs, peaks: dict, dtype: str) -> dict:
+    """The transformers side: its best batch size, and every batch size's rate."""
     bs = sides.best_batch(base)
-    cost: Cost = eng["cost"]
-    n, tokens = len(items), sum(map(len, seqs))
-    engine = common.engine_numbers(eng, n, peaks, args.dtype)
-    baseline_flops = cost.sequences(seqs)  # every pair whole: nothing shared
-    baseline = {
+    flops = cost.sequences(seqs)  # every pair whole: nothing shared
+    return {
         "batch_size": bs,
         "items_per_s": n / base[bs]["best_s"],
-        **common.summary_numbers(baseline_flops, base[bs]["best_s"], tokens, peaks, args.dtype),
-        "flops": baseline_flops,
+        **common.summary_numbers(flops, base[bs]["best_s"], sum(map(len, seqs)), peaks, dtype),
+        "flops": flops,
         "per_batch_size": {
             b: {
                 "items_per_s": n / r["best_s"],
@@ -68,37 +95,16 @@ def main(argv=None) -> dict:
             for b, r in base.items()
         },
     }
-    diff = np.abs(eng["logprobs"] - base[bs]["logprobs"])
-    report = {
-        "workload": "w1",
-        "description": (
-            f"1 query (~{args.query_tokens} tokens) + {n} documents "
-            f"({args.doc_tokens[0]}-{args.doc_tokens[1]} tokens) + '{SUFFIX.strip()}', "
-            "one request"
-        ),
-        **common.environment(args, path, eng["config"]),
-        "items": n,
-        "workload_tokens": tokens,
-        "peak_gflops": peaks,
-        "engine_items_per_s": engine["items_per_s"],
-        "baseline_items_per_s": baseline["items_per_s"],
-        "ratio": engine["items_per_s"] / baseline["items_per_s"],
-        "engine": engine,
-        "baseline": baseline,
-        "max_abs_logprob_diff_vs_baseline": float(diff.max()),
-    }
-    json_path, png = common.output_paths(args, "w1", common.model_tag(args, path))
-    common.write_report(report, json_path)
-    chart(report, png)
-    print(
-        f"w1 {common.model_tag(args, path)} {args.dtype}: engine {engine['items_per_s']:.2f} "
-        f"items/s ({engine['tokens_per_s']:.0f} tok/s, {common.fmt_mfu(engine, args.dtype)}), "
-        f"transformers bs={bs} {baseline['items_per_s']:.2f} items/s "
-        f"({baseline['tokens_per_s']:.0f} tok/s, {common.fmt_mfu(baseline, args.dtype)}), "
-        f"ratio {report['ratio']:.2f}x; peaks bf16 {peaks['bfloat16']:.0f} / f32 "
-        f"{peaks['float32']:.0f} GFLOP/s; max |dlogprob| {diff.max():.3g} -> {json_path}"
+
+
+def summary(report: dict) -> str:
+    engine, baseline, dtype = report["engine"], report["baseline"], report["dtype"]
+    return (
+        f"engine {common.fmt_side(engine, dtype)}, transformers bs={baseline['batch_size']} "
+        f"{common.fmt_side(baseline, dtype)}, ratio {report['ratio']:.2f}x; "
+        f"{common.fmt_peaks(report['peak_gflops'])}; "
+        f"max |dlogprob| {report['max_abs_logprob_diff_vs_baseline']:.3g}"
     )
-    return report
 
 
 def chart(report: dict, png) -> None:

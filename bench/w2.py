@@ -13,6 +13,8 @@ Baselines (torch CPU, same weights and dtype, `logits_to_keep=1`):
 Prints one summary line; writes the JSON report and a bar chart beside it.
 """
 
+from functools import partial
+
 import numpy as np
 
 from bench import common, sides
@@ -52,6 +54,42 @@ def make_request(tokenizer, args):
 
 
 def main(argv=None) -> dict:
+    args = parse(argv)
+    path, peaks = common.model_path(args), measure_peaks(args.gemm)
+    eng = sides.run_engine(sides.engine_config(args, path), partial(build, args), args.repeats)
+    prompt, items, labels = eng["request"]
+    n, plen, cost = len(items), len(prompt), eng["cost"]
+    sample = [prompt + it for it in items[: args.naive_sample]]
+    prefix, naive = run_baselines(args, path, prompt, items, labels, sample)
+    engine = common.engine_numbers(eng, n, peaks, args.dtype)
+    baseline = prefix_side(prefix, cost, plen, n, args.item_tokens, peaks, args.dtype)
+    extrapolated = naive_side(naive, cost, sample, n, plen + args.item_tokens, peaks, args.dtype)
+    ref = prefix[baseline["batch_size"]]["logprobs"]
+    check = score_check(
+        eng["logprobs"], ref, naive[extrapolated["batch_size"]]["logprobs"], args.dtype
+    )
+    description = (
+        f"{plen}-token prompt ({args.shared_tokens} shared + {plen - args.shared_tokens} "
+        f"varied) + {n} items of {args.item_tokens} tokens, one request"
+    )
+    tokens = sum(map(len, eng["seqs"]))
+    report = {
+        **common.report_head(
+            args, path, eng["config"], peaks, "w2", description, items=n, workload_tokens=tokens
+        ),
+        **common.versus(engine, baseline),
+        "naive_items_per_s": extrapolated["items_per_s"],
+        "ratio_vs_naive": engine["items_per_s"] / extrapolated["items_per_s"],
+        "engine": engine,
+        "baseline": baseline,
+        "naive_baseline": extrapolated,
+        "score_check": check,
+    }
+    common.publish(report, args, common.model_tag(args, path), chart, summary(report))
+    return report
+
+
+def parse(argv):
     p = common.parser(__doc__.split("\n\n")[0])
     p.add_argument("--prompt-tokens", type=int, default=2000)
     p.add_argument("--shared-tokens", type=int, default=100, help="of the prompt, fixed text")
@@ -61,105 +99,86 @@ def main(argv=None) -> dict:
     p.add_argument("--naive-sample", type=int, default=8, help="items timed by the naive baseline")
     p.add_argument("--naive-batch-sizes", type=int, nargs="+", default=[1, 8])
     p.add_argument("--repeats", type=int, default=2)
-    args = common.parse_args(p, argv, QUICK)
+    return common.parse_args(p, argv, QUICK)
+
+
+def build(args, model):
+    """The request `(prompt ids, item ids, labels)` in the model's tokenizer."""
+    prompt, items = make_request(model.tokenizer, args)
+    return prompt, items, label_ids(model.tokenizer)
+
+
+def run_baselines(args, path, prompt, items, labels, sample) -> tuple[dict, dict]:
+    """(prefix reuse per batch size, naive per batch size on `sample`), one model load."""
     progress = not args.no_progress
-    path = common.model_path(args)
-    peaks = measure_peaks(args.gemm)
-
-    def build(model):
-        prompt, items = make_request(model.tokenizer, args)
-        return prompt, items, label_ids(model.tokenizer)
-
-    eng = sides.run_engine(sides.engine_config(args, path), build, args.repeats)
-    prompt, items, labels = eng["request"]
-    n, plen = len(items), len(prompt)
     hf = sides.load_baseline(path, args.dtype)
     prefix = sides.run_prefix_baseline(
         hf, prompt, items, labels, args.batch_sizes, args.repeats, progress
     )
-    sample = [prompt + it for it in items[: args.naive_sample]]
     naive_bs = sorted({min(b, len(sample)) for b in args.naive_batch_sizes})
-    naive = sides.run_naive_sample(hf, sample, labels, naive_bs, progress)
-    del hf
+    return prefix, sides.run_naive_sample(hf, sample, labels, naive_bs, progress)
 
-    cost: Cost = eng["cost"]
-    workload_tokens = sum(map(len, eng["seqs"]))
-    engine = common.engine_numbers(eng, n, peaks, args.dtype)
+
+def prefix_side(prefix: dict, cost: Cost, plen: int, n: int, item_tokens: int, peaks, dtype):
+    """The prefix-reuse baseline: its best batch size, and every batch size's rate."""
     bs = sides.best_batch(prefix)
-    prefix_tokens = plen + n * args.item_tokens
-    prefix_flops = cost.chunk(plen, [args.item_tokens] * n, rows=n + 1)  # + the prompt's row
-    baseline = {
+    flops = cost.chunk(plen, [item_tokens] * n, rows=n + 1)  # + the prompt's row
+    tokens = plen + n * item_tokens
+    return {
         "kind": "prefix reuse (prompt KV cache expanded to the batch)",
         "batch_size": bs,
         "items_per_s": n / prefix[bs]["best_s"],
-        **common.summary_numbers(
-            prefix_flops, prefix[bs]["best_s"], prefix_tokens, peaks, args.dtype
-        ),
-        "flops": prefix_flops,
+        **common.summary_numbers(flops, prefix[bs]["best_s"], tokens, peaks, dtype),
+        "flops": flops,
         "per_batch_size": {
             b: {"items_per_s": n / r["best_s"], "times_s": r["times_s"]} for b, r in prefix.items()
         },
     }
-    nbs = min(naive, key=lambda b: naive[b]["s_per_item"])
-    per_item = naive[nbs]["s_per_item"]
-    naive_side = {
-        "kind": f"naive (each item its own {plen + args.item_tokens}-token sequence)",
+
+
+def naive_side(naive: dict, cost: Cost, sample, n: int, seq_tokens: int, peaks, dtype):
+    """The naive baseline, extrapolated from `sample` to all `n` items."""
+    bs = min(naive, key=lambda b: naive[b]["s_per_item"])
+    per_item = naive[bs]["s_per_item"]
+    tokens = sum(map(len, sample))
+    return {
+        "kind": f"naive (each item its own {seq_tokens}-token sequence)",
         "extrapolated_from_items": len(sample),
-        "batch_size": nbs,
+        "batch_size": bs,
         "items_per_s": 1 / per_item,
-        **common.summary_numbers(
-            cost.sequences(sample), naive[nbs]["best_s"], sum(map(len, sample)), peaks, args.dtype
-        ),
+        **common.summary_numbers(cost.sequences(sample), naive[bs]["best_s"], tokens, peaks, dtype),
         "estimated_seconds_for_all_items": per_item * n,
         "per_batch_size": {b: {"items_per_s": 1 / r["s_per_item"]} for b, r in naive.items()},
     }
-    ref = prefix[bs]["logprobs"]
-    check = {
-        "tolerance": TOLERANCE[args.dtype],
-        "items_compared": n,
-        "max_abs_logprob_diff_engine_vs_prefix": float(np.abs(eng["logprobs"] - ref).max()),
-        "max_abs_logprob_diff_naive_vs_prefix": float(
-            np.abs(naive[nbs]["logprobs"] - ref[: len(sample)]).max()
-        ),
+
+
+def score_check(engine, ref, naive, dtype: str) -> dict:
+    """The engine's log-probs (f64[N, L]) and the naive ones (of the first items) against the
+    prefix-reuse baseline's, `ref`."""
+    engine_diff = float(np.abs(engine - ref).max())
+    return {
+        "tolerance": TOLERANCE[dtype],
+        "items_compared": len(ref),
+        "max_abs_logprob_diff_engine_vs_prefix": engine_diff,
+        "max_abs_logprob_diff_naive_vs_prefix": float(np.abs(naive - ref[: len(naive)]).max()),
+        "ok": engine_diff <= TOLERANCE[dtype],
     }
-    check["ok"] = check["max_abs_logprob_diff_engine_vs_prefix"] <= check["tolerance"]
-    report = {
-        "workload": "w2",
-        "description": (
-            f"{plen}-token prompt ({args.shared_tokens} shared + {plen - args.shared_tokens} "
-            f"varied) + {n} items of {args.item_tokens} tokens, one request"
-        ),
-        **common.environment(args, path, eng["config"]),
-        "items": n,
-        "workload_tokens": workload_tokens,
-        "peak_gflops": peaks,
-        "engine_items_per_s": engine["items_per_s"],
-        "baseline_items_per_s": baseline["items_per_s"],
-        "ratio": engine["items_per_s"] / baseline["items_per_s"],
-        "naive_items_per_s": naive_side["items_per_s"],
-        "ratio_vs_naive": engine["items_per_s"] / naive_side["items_per_s"],
-        "engine": engine,
-        "baseline": baseline,
-        "naive_baseline": naive_side,
-        "score_check": check,
-    }
-    tag = common.model_tag(args, path)
-    json_path, png = common.output_paths(args, "w2", tag)
-    common.write_report(report, json_path)
-    chart(report, png)
-    print(
-        f"w2 {tag} {args.dtype}: engine {engine['items_per_s']:.2f} items/s "
-        f"({engine['tokens_per_s']:.0f} tok/s, {common.fmt_mfu(engine, args.dtype)}); "
-        f"transformers prefix-reuse bs={bs} {baseline['items_per_s']:.2f} items/s "
-        f"({baseline['tokens_per_s']:.0f} tok/s, {common.fmt_mfu(baseline, args.dtype)}), "
-        f"ratio {report['ratio']:.2f}x; naive bs={nbs} {naive_side['items_per_s']:.3f} items/s "
-        f"(extrapolated from {len(sample)} items; {naive_side['tokens_per_s']:.0f} tok/s, "
-        f"{common.fmt_mfu(naive_side, args.dtype)}), ratio {report['ratio_vs_naive']:.1f}x; "
+
+
+def summary(report: dict) -> str:
+    engine, baseline, naive = report["engine"], report["baseline"], report["naive_baseline"]
+    check, dtype = report["score_check"], report["dtype"]
+    return (
+        f"engine {common.fmt_side(engine, dtype)}; transformers prefix-reuse "
+        f"bs={baseline['batch_size']} {common.fmt_side(baseline, dtype)}, "
+        f"ratio {report['ratio']:.2f}x; naive bs={naive['batch_size']} "
+        f"{naive['items_per_s']:.3f} items/s (extrapolated from "
+        f"{naive['extrapolated_from_items']} items; {naive['tokens_per_s']:.0f} tok/s, "
+        f"{common.fmt_mfu(naive, dtype)}), ratio {report['ratio_vs_naive']:.1f}x; "
         f"max |dlogprob| engine vs prefix {check['max_abs_logprob_diff_engine_vs_prefix']:.3g} "
-        f"({'ok' if check['ok'] else 'OVER'} tol {check['tolerance']}); peaks bf16 "
-        f"{peaks['bfloat16']:.0f} / f32 {peaks['float32']:.0f} GFLOP/s -> {json_path}"
+        f"({'ok' if check['ok'] else 'OVER'} tol {check['tolerance']}); "
+        f"{common.fmt_peaks(report['peak_gflops'])}"
     )
-    return report
 
 
 def chart(report: dict, png) -> None:

@@ -302,6 +302,42 @@ def run_baseline(path, dtype, seqs_per_body, labels, max_requests, max_seconds, 
 
 
 def main(argv=None) -> dict:
+    args = parse(argv)
+    path, peaks = common.model_path(args), measure_peaks(args.gemm)
+    cfg, labels, bodies, seqs = workload(args, path)
+    cost = Cost.of(cfg)
+    flops = [shared_prefix_flops(cost, s)[0] for s in seqs]
+    startup_s, levels = run_levels(args, path, bodies, flops, peaks)
+    offline = trio.run(run_offline, sides.engine_config(args, path), bodies)
+    for level in levels:
+        level["vs_offline"] = level["items_per_s"] / offline["items_per_s"]
+    progress = not args.no_progress
+    base = run_baseline(
+        path, args.dtype, seqs, labels, args.baseline_requests, args.baseline_seconds, progress
+    )
+    baseline = baseline_side(base, cost, seqs, peaks, args.dtype)
+    best = max(levels, key=lambda lv: lv["items_per_s"])
+    description = (
+        f"{args.pool} distinct /v1/score bodies (15-40-token query, 1-8 items of 10-40 "
+        f"tokens), closed loop over HTTP, concurrency {args.concurrency}"
+    )
+    head = common.report_head(
+        args, path, cfg, peaks, "w3", description, worker=args.worker, server_startup_s=startup_s
+    )
+    report = {
+        **head,
+        "device_busy_source": "delta of scoring_device_busy_seconds_total (/metrics) / wall",
+        "offline": offline,
+        **common.versus(best, baseline),
+        "engine_best_concurrency": best["concurrency"],
+        "levels": levels,
+        "baseline": baseline,
+    }
+    common.publish(report, args, common.model_tag(args, path), chart, summary(report))
+    return report
+
+
+def parse(argv):
     p = common.parser(__doc__.split("\n\n")[0])
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64, 256])
     p.add_argument("--duration", type=float, default=20.0, help="seconds per level, at most")
@@ -311,88 +347,62 @@ def main(argv=None) -> dict:
     p.add_argument("--baseline-requests", type=int, default=96)
     p.add_argument("--baseline-seconds", type=float, default=60.0)
     p.add_argument("--startup-timeout", type=float, default=900.0)
-    args = common.parse_args(p, argv, QUICK)
-    progress = not args.no_progress
-    path = common.model_path(args)
-    peaks = measure_peaks(args.gemm)
-    checkpoint = load_checkpoint(path, progress=progress)
+    return common.parse_args(p, argv, QUICK)
+
+
+def workload(args, path):
+    """(model config, label ids, request bodies, each body's token sequences)."""
+    checkpoint = load_checkpoint(path, progress=not args.no_progress)
     cfg, tokenizer = checkpoint.config, checkpoint.tokenizer
     del checkpoint  # only the tokenizer and config are needed here
     labels = label_ids(tokenizer)
     bodies = request_pool(tokenizer, labels, args.pool, args.seed)
-    payloads = [json.dumps(b).encode() for b in bodies]
     seqs = [build_sequences(tokenizer, b["query"], b["items"], item_first=False) for b in bodies]
-    cost = Cost.of(cfg)
-    flops = [shared_prefix_flops(cost, s)[0] for s in seqs]
+    return cfg, labels, bodies, seqs
 
+
+def run_levels(args, path, bodies, flops, peaks) -> tuple[float, list[dict]]:
+    """(server startup seconds, one report per concurrency level) from a server of our own."""
+    payloads = [json.dumps(b).encode() for b in bodies]
     levels = []
     with Server(path, args) as server:
         startup_s = server.wait_ready(args.startup_timeout)
         anyio.run(load_level, server.url, payloads, 4, 60.0, 16)  # warm-up, excluded
-        for c in tqdm(args.concurrency, desc="concurrency levels", disable=not progress):
-            before, cpu0, srv0 = (
-                server.metrics(),
-                time.process_time(),
-                cpu_seconds(server.process.pid),
-            )
-            results, wall, issued = anyio.run(
-                load_level, server.url, payloads, c, args.duration, args.max_requests
-            )
-            after = server.metrics()
-            client_cpu = time.process_time() - cpu0
-            server_cpu = cpu_seconds(server.process.pid) - srv0
-            level = level_report(
-                results,
-                wall,
-                issued,
-                before,
-                after,
-                client_cpu,
-                server_cpu,
-                bodies,
-                flops,
-                peaks,
-                args.dtype,
-            )
+        for c in tqdm(args.concurrency, desc="concurrency levels", disable=args.no_progress):
+            measured = measure_level(server, payloads, c, args)
+            level = level_report(*measured, bodies, flops, peaks, args.dtype)
             levels.append({"concurrency": c, **level})
+    return startup_s, levels
 
-    offline = trio.run(run_offline, sides.engine_config(args, path), bodies)
-    for level in levels:
-        level["vs_offline"] = level["items_per_s"] / offline["items_per_s"]
-    base = run_baseline(
-        path, args.dtype, seqs, labels, args.baseline_requests, args.baseline_seconds, progress
+
+def measure_level(server: Server, payloads: list[bytes], concurrency: int, args) -> tuple:
+    """One level's load: (results, wall, issued, metrics before, after, client and server CPU
+    seconds), as `level_report` takes them."""
+    before, cpu0 = server.metrics(), time.process_time()
+    srv0 = cpu_seconds(server.process.pid)
+    results, wall, issued = anyio.run(
+        load_level, server.url, payloads, concurrency, args.duration, args.max_requests
     )
-    base_flops = sum(cost.sequences(s) for s in seqs[: base["requests"]])
-    baseline = {
+    after = server.metrics()
+    client_cpu = time.process_time() - cpu0
+    server_cpu = cpu_seconds(server.process.pid) - srv0
+    return results, wall, issued, before, after, client_cpu, server_cpu
+
+
+def baseline_side(base: dict, cost: Cost, seqs, peaks: dict, dtype: str) -> dict:
+    """The transformers side from `run_baseline`'s measurement."""
+    flops = sum(cost.sequences(s) for s in seqs[: base["requests"]])
+    return {
         "kind": "transformers, one request at a time, its items one left-padded batch",
         "items_per_s": base["items"] / base["wall_s"],
-        **common.summary_numbers(base_flops, base["wall_s"], base["tokens"], peaks, args.dtype),
+        **common.summary_numbers(flops, base["wall_s"], base["tokens"], peaks, dtype),
         **base,
     }
+
+
+def summary(report: dict) -> str:
+    levels, baseline, dtype = report["levels"], report["baseline"], report["dtype"]
     best = max(levels, key=lambda lv: lv["items_per_s"])
-    tag = common.model_tag(args, path)
-    report = {
-        "workload": "w3",
-        "description": (
-            f"{args.pool} distinct /v1/score bodies (15-40-token query, 1-8 items of 10-40 "
-            f"tokens), closed loop over HTTP, concurrency {args.concurrency}"
-        ),
-        **common.environment(args, path, cfg),
-        "worker": args.worker,
-        "server_startup_s": startup_s,
-        "peak_gflops": peaks,
-        "device_busy_source": "delta of scoring_device_busy_seconds_total (/metrics) / wall",
-        "offline": offline,
-        "engine_items_per_s": best["items_per_s"],
-        "engine_best_concurrency": best["concurrency"],
-        "baseline_items_per_s": baseline["items_per_s"],
-        "ratio": best["items_per_s"] / baseline["items_per_s"],
-        "levels": levels,
-        "baseline": baseline,
-    }
-    json_path, png = common.output_paths(args, "w3", tag)
-    common.write_report(report, json_path)
-    chart(report, png)
     line = ", ".join(
         f"c={lv['concurrency']}: {lv['items_per_s']:.1f} items/s P50/P95/P99 "
         f"{lv['p50_ms']:.0f}/{lv['p95_ms']:.0f}/{lv['p99_ms']:.0f} ms busy "
@@ -400,14 +410,12 @@ def main(argv=None) -> dict:
         f"{lv['vs_offline']:.0%} of offline"
         for lv in levels
     )
-    print(
-        f"w3 {tag} {args.dtype}: {line}; best {best['items_per_s']:.1f} items/s "
-        f"({best['tokens_per_s']:.0f} tok/s, {common.fmt_mfu(best, args.dtype)}) vs transformers "
-        f"{baseline['items_per_s']:.1f} items/s ({common.fmt_mfu(baseline, args.dtype)}), "
-        f"ratio {report['ratio']:.2f}x; offline engine {offline['items_per_s']:.1f} items/s "
-        f"-> {json_path}"
+    return (
+        f"{line}; best {common.fmt_side(best, dtype, 1)} vs transformers "
+        f"{baseline['items_per_s']:.1f} items/s ({common.fmt_mfu(baseline, dtype)}), "
+        f"ratio {report['ratio']:.2f}x; offline engine {report['offline']['items_per_s']:.1f} "
+        "items/s"
     )
-    return report
 
 
 def chart(report: dict, png) -> None:

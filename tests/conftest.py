@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.shapes import train_tokenizer
 from engine import load_model
 from engine.loaders import CheckpointError, default_model_path
 
@@ -51,20 +52,9 @@ FAMILY_CONFIGS = {
 }
 
 
-def train_tokenizer(vocab_size: int):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=["<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(CORPUS, trainer)
-    return tok
+def tiny_tokenizer():
+    """The tiny checkpoints' tokenizer: a 300-token byte-level BPE trained on `CORPUS`."""
+    return train_tokenizer(CORPUS, 300)
 
 
 def write_tiny_checkpoint(root: Path, name: str) -> Path:
@@ -82,7 +72,7 @@ def write_tiny_checkpoint(root: Path, name: str) -> Path:
                 p.add_(0.3 * torch.randn_like(p))
     path = root / name
     model.save_pretrained(path, safe_serialization=True)
-    train_tokenizer(300).save(str(path / "tokenizer.json"))
+    tiny_tokenizer().save(str(path / "tokenizer.json"))
     return path
 
 

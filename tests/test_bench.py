@@ -3,12 +3,13 @@ with positive throughput figures and a PNG chart. Timings are measured, never as
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from bench import __main__ as entry
-from bench import w1, w2, w3
+from bench import common, w1, w2, w3
 from bench.flops import Cost, common_prefix, shared_prefix_flops
 from engine.models import ModelConfig
 
@@ -33,7 +34,21 @@ def run(main, tiny, tmp_path, name: str, *extra: str) -> dict:
     assert out.with_suffix(".png").stat().st_size > 1000
     positive(report, "engine_items_per_s", "baseline_items_per_s", "ratio")
     assert report["peak_gflops"]["bfloat16"] > 0 and report["peak_gflops"]["float32"] > 0
+    assert report["model"] == "llama-untied"  # the checkpoint's name, not where it lies
+    recorded = {k: v for k, v in report.items() if k != "argv"}  # argv: the command as typed
+    assert not [s for s in strings(recorded) if s.startswith("/") or str(tmp_path) in s]
     return report
+
+
+def strings(value) -> list[str]:
+    """Every string in a JSON value, keys aside."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, list):
+        return [s for v in value for s in strings(v)]
+    return []
 
 
 def test_w1_rerank_batch(tiny, tmp_path, capsys):
@@ -77,6 +92,25 @@ def test_w3_serving(tiny, tmp_path):
     offline = report["offline"]
     assert offline["requests"] == 16  # the --quick pool, every body once per pass
     positive(offline, "items", "items_per_s", "wall_s")
+
+
+def test_reports_name_the_model_never_its_path(tmp_path):
+    args = common.parser("x").parse_args([])
+    gguf = tmp_path / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    env = common.environment(args, gguf, CFG)
+    assert env["model"] == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert common.report_tag(env) == "SmolLM2-135M-Instruct.Q4_1"
+    assert common.environment(args, tmp_path / "qwen3-0.6b-seed0", CFG)["model"] == (
+        "qwen3-0.6b-seed0"
+    )
+
+
+def test_committed_reports_name_their_model():
+    reports = sorted((Path(common.__file__).parent / "figures").glob("*.json"))
+    assert reports
+    for path in reports:
+        model = json.loads(path.read_text())["model"]
+        assert model and "/" not in model, (path.name, model)
 
 
 def test_entry_point_dispatches_and_lists_workloads(capsys):

@@ -3,7 +3,7 @@
 import pytest
 
 from engine import templates
-from tests.conftest import train_tokenizer
+from tests.conftest import tiny_tokenizer
 
 QWEN3_PROMPT = (
     "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query "
@@ -31,7 +31,7 @@ def test_instruction_replaces_the_default():
 def test_template_choice_by_family_and_vocabulary():
     from tokenizers import AddedToken
 
-    tok = train_tokenizer(300)
+    tok = tiny_tokenizer()
     assert templates.template_for("qwen3", tok) is templates.QWEN3_RERANKER
     assert templates.template_for("llama", tok) is templates.PLAIN
     tok.add_special_tokens([AddedToken("<|im_start|>", special=True)])
@@ -39,7 +39,7 @@ def test_template_choice_by_family_and_vocabulary():
 
 
 def test_labels_must_be_single_tokens():
-    tok = train_tokenizer(300)
+    tok = tiny_tokenizer()
     yes, no = templates.label_ids(templates.PLAIN, tok)
     assert tok.decode([yes]) == " yes" and tok.decode([no]) == " no"
     bad = templates.PLAIN._replace(yes=" affirmative indeed")

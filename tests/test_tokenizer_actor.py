@@ -8,12 +8,12 @@ import trio
 from engine.errors import RejectKind
 from engine.messages import Cancel, Rejected, ScoreRequest, Tokenized
 from engine.tokenizer_actor import TokenCache, TokenizerState, run
-from tests.conftest import train_tokenizer
+from tests.conftest import tiny_tokenizer
 
 
 @pytest.fixture(scope="module")
 def tok():
-    return train_tokenizer(300)
+    return tiny_tokenizer()
 
 
 def state(tok, **kw):

@@ -40,12 +40,6 @@ _QK_NORM_TENSORS = {
     "attn_q_norm.weight": ("q_norm", False),
     "attn_k_norm.weight": ("k_norm", False),
 }
-# Top-level GGUF tensor -> our parameter; all kept in the HF orientation ([V, E] for matrices).
-_GLOBAL_TENSORS = {
-    "token_embd.weight": "embed",
-    "output_norm.weight": "final_norm",
-    "output.weight": "lm_head",
-}
 
 
 def load_gguf(path: str | os.PathLike, *, progress: bool = True) -> Checkpoint:
