@@ -167,8 +167,13 @@ def test_piped_script(tiny_path, reference, tmp_path):
 
 # Make the pty the controlling terminal (so Ctrl-C sends SIGINT), then become the program. Done
 # in the child rather than with preexec_fn, which forks the multithreaded (JAX) test process.
+# SIGINT is made deliverable first, as at a person's terminal: a test run started in the
+# background of a non-interactive shell (`pytest ... &`) ignores it, exec keeps it ignored, and
+# Python then installs no KeyboardInterrupt handler, so the program would never see Ctrl-C.
 ADOPT_TERMINAL = (
-    "import fcntl, os, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
+    "import fcntl, os, signal, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
+    "signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT]); "
     "os.execv(sys.argv[1], sys.argv[1:])"
 )
 
@@ -190,7 +195,7 @@ class Terminal:
         os.close(child)
         self.seen = ""  # output not yet consumed by `expect`
 
-    def expect(self, pattern: str, timeout: float = 60) -> re.Match:
+    def expect(self, pattern: str, timeout: float = 120) -> re.Match:
         """The first match of `pattern` in the output not yet consumed; consumes up to its end."""
         deadline = time.monotonic() + timeout
         while not (match := re.search(pattern, self.seen)):
@@ -256,7 +261,7 @@ def test_terminal_session(tiny_path, reference, tmp_path):
         soft = term.expect(r"(?s)\n(  # .*?)\n2 items, \d+ prompt tokens").group(1)
         term.expect(r"score> ")
         os.write(term.fd, b"\x03")  # Ctrl-C: a clean exit, history saved, no traceback
-        assert term.proc.wait(timeout=30) == 130
+        assert term.proc.wait(timeout=120) == 130
         assert "Traceback" not in term.rest()
     finally:
         term.close()
@@ -279,7 +284,7 @@ def test_a_missing_model_is_an_error_not_a_traceback(tmp_path):
         text=True,
         env=repl_env(tmp_path),
         cwd=ROOT,
-        timeout=120,
+        timeout=300,
     )
     assert done.returncode == 1
     assert done.stderr.splitlines()[-1].startswith("error: ")
