@@ -1,0 +1,7 @@
+"""`python -m engine.repl`: see `engine.repl.cli`."""
+
+import sys
+
+from engine.repl.cli import main
+
+sys.exit(main())

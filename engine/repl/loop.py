@@ -1,0 +1,71 @@
+"""The REPL's trio loop: read a line, turn it into an action, run that against the engine,
+print the result; user and engine errors are printed and the loop goes on."""
+
+import shutil
+from collections.abc import Callable
+
+import trio
+
+from engine.engine import Engine, EngineError
+from engine.repl.format import format_footer, format_rerank, format_scores, format_stats
+from engine.repl.session import Action, Quit, Rerank, Say, Score, Session, ShowStats
+
+
+async def perform(engine: Engine, action: Action, columns: int) -> str:
+    """Run one action against the engine; the text to print."""
+    match action:
+        case Say(text):
+            return text
+        case ShowStats():
+            return format_stats(engine.stats())
+        case Score():
+            return await _score(engine, action, columns)
+        case Rerank():
+            return await _rerank(engine, action, columns)
+    raise TypeError(f"not an action: {action!r}")
+
+
+async def _score(engine: Engine, action: Score, columns: int) -> str:
+    r = await engine.score(
+        action.query,
+        action.items,
+        action.label_ids,
+        apply_softmax=action.apply_softmax,
+        item_first=action.item_first,
+    )
+    foot = format_footer(len(r.scores), "items", r.prompt_tokens, r.timings.total)
+    return f"{format_scores(action, r.scores, columns)}\n{foot}"
+
+
+async def _rerank(engine: Engine, action: Rerank, columns: int) -> str:
+    r = await engine.rerank(
+        action.query, action.documents, top_n=action.top_n, instruction=action.instruction
+    )
+    foot = format_footer(len(action.documents), "documents", r.prompt_tokens, r.timings.total)
+    return f"{format_rerank(action.documents, r.results, columns)}\n{foot}"
+
+
+async def serve(
+    engine: Engine,
+    session: Session,
+    read_line: Callable[[str], str | None],
+    write: Callable[[str], None],
+    error: Callable[[str], None],
+) -> None:
+    """Read lines until `:quit` or end of input (None), printing each result or `error: ...`.
+
+    `read_line(prompt)` blocks, so it runs in a worker thread; end of input first scores
+    whatever items are still pending.
+    """
+    while True:
+        line = await trio.to_thread.run_sync(read_line, session.prompt(), abandon_on_cancel=True)
+        try:
+            action = session.handle("" if line is None else line)
+            if isinstance(action, Quit):
+                return
+            if action is not None:
+                write(await perform(engine, action, shutil.get_terminal_size((100, 24)).columns))
+        except (ValueError, EngineError) as e:
+            error(f"error: {e}")
+        if line is None:
+            return
