@@ -24,11 +24,10 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_default_labels_are_yes_and_no_where_those_are_single_tokens():
     def engine_with(vocab):
         encode = lambda text: SimpleNamespace(ids=vocab.get(text, [1, 2]))
-        model = SimpleNamespace(
+        return SimpleNamespace(
             tokenizer=SimpleNamespace(encode=lambda text, add_special_tokens: encode(text)),
-            config=SimpleNamespace(vocab_size=100),
+            model_config=SimpleNamespace(vocab_size=100),
         )
-        return SimpleNamespace(model=model)
 
     assert make_session(engine_with(VOCAB)).labels == [("' yes'", 6), ("' no'", 8)]
     assert make_session(engine_with({" yes": [6]})).labels == []

@@ -14,35 +14,23 @@ import contextlib
 import sys
 import time
 
-import tokenizers
 import trio
 
 from engine.engine import Engine, EngineConfig, open_engine
-from engine.models import ModelConfig
+from engine.program import DTYPES
 from engine.repl.loop import serve
 from engine.repl.session import Session
 from engine.repl.terminal import enable_history, interactive, read_pipe, read_tty, say, warn
-from engine.scoring import DTYPES
 
 DEFAULT_LABELS = (" yes", " no")
 
 
-# The only reads of the engine's model internals: each is one line to change when the engine
-# exposes its tokenizer and model config directly.
-def _tokenizer(engine: Engine) -> tokenizers.Tokenizer:
-    return engine.model.tokenizer
-
-
-def _model_config(engine: Engine) -> ModelConfig:
-    return engine.model.config
-
-
 def make_session(engine: Engine) -> Session:
     """A session for this engine's tokenizer, labelled " yes" / " no" where those are tokens."""
-    tokenizer = _tokenizer(engine)
+    tokenizer = engine.tokenizer
     session = Session(
         lambda text: tokenizer.encode(text, add_special_tokens=False).ids,
-        _model_config(engine).vocab_size,
+        engine.model_config.vocab_size,
     )
     with contextlib.suppress(ValueError):  # not single tokens here: the user picks labels
         session.set_labels(DEFAULT_LABELS)
@@ -54,7 +42,7 @@ def _describe(engine: Engine, started: float) -> str:
     s = engine.stats()
     compiled = f"{s.compiles} programs compiled" if cfg.precompile else "compiling on demand"
     return (
-        f"ready: {cfg.model or 'default model'} ({_model_config(engine).family}, {cfg.dtype}, "
+        f"ready: {cfg.model or 'default model'} ({engine.model_config.family}, {cfg.dtype}, "
         f"{compiled}, {time.perf_counter() - started:.1f}s); :help lists the commands"
     )
 
