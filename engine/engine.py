@@ -30,7 +30,6 @@ from engine.errors import (
     EngineClosed,
     EngineError,
     EngineOverloaded,
-    InputTooLarge,
     InvalidInput,
     RejectKind,
     rejection_error,
@@ -115,6 +114,9 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
     device_busy_s: float
     cache_hits: int
     cache_misses: int
+
+
+DOCUMENTS = {"items": "documents"}  # rerank's name for the items of its score call
 
 
 @dataclass
@@ -245,9 +247,10 @@ class Engine:
         _check_rerank(query, documents, top_n, max_tokens_per_doc)
         if isinstance(self._rerank_labels, str):
             raise EngineError(f"rerank is unavailable for this model: {self._rerank_labels}")
-        limit = self.config.max_items_per_request
-        if len(documents) > limit:  # before the truncation, which takes time per document
-            raise InputTooLarge("documents", f"{len(documents)} items exceed the limit of {limit}")
+        try:  # the tokenizer's own item limit, checked before the truncation (slow per item)
+            inputs.normalize_items(documents, self.config.max_items_per_request)
+        except InvalidInput as e:
+            raise e.renamed(DOCUMENTS) from None
         if max_tokens_per_doc is not None or truncate:
             documents = await trio.to_thread.run_sync(
                 self._truncated, query, documents, instruction, max_tokens_per_doc, truncate
@@ -257,7 +260,7 @@ class Engine:
         try:
             result = await self.score(prompt, items, self._rerank_labels, apply_softmax=True)
         except InvalidInput as e:
-            raise e.renamed({"items": "documents"}) from None
+            raise e.renamed(DOCUMENTS) from None
         hits = [RerankHit(index=i, relevance_score=s[0]) for i, s in enumerate(result.scores)]
         hits.sort(key=lambda h: -h.relevance_score)
         return RerankResult(

@@ -283,6 +283,38 @@ def test_rerank_orders_by_yes_probability(tiny_path, reference):
     )
 
 
+def test_rerank_truncates_in_the_engine_and_names_documents(tiny_path, reference):
+    long_doc = "stone house light " * 200  # far over the tiny model's 512-token context
+    docs = ["the river is green", long_doc]
+
+    async def main():
+        async with open_engine(config(tiny_path, max_items_per_request=2)) as engine:
+            with pytest.raises(InputTooLarge, match=r"^documents\[1\]: sequence of") as big:
+                await engine.rerank("where?", docs)
+            with pytest.raises(InputTooLarge, match=r"^documents: 3 items exceed the limit of 2"):
+                await engine.rerank("where?", docs + ["x"], truncate=True)
+            with pytest.raises(InvalidInput, match=r"^max_tokens_per_doc: must be a positive"):
+                await engine.rerank("where?", docs, max_tokens_per_doc=0)
+            cut = await engine.rerank("where?", docs, max_tokens_per_doc=5)
+            fit = await engine.rerank("where?", docs, truncate=True)
+            return engine, big.value.field, cut, fit
+
+    engine, field, cut, fit = run(main)
+    assert field == "documents[1]"
+    t, tok = engine.template, engine.tokenizer
+    yes_no = [tok.encode(x, add_special_tokens=False).ids[0] for x in (t.yes, t.no)]
+    short = [tok.decode(tok.encode(d, add_special_tokens=False).ids[:5]) for d in docs]
+    want = reference.score(
+        t.query_text("where?", None),
+        [t.document_text(d) for d in short],
+        yes_no,
+        apply_softmax=True,
+    )
+    got = {h.index: h.relevance_score for h in cut.results}
+    np.testing.assert_allclose([got[0], got[1]], [w[0] for w in want], rtol=1e-4)
+    assert fit.prompt_tokens <= 2 * engine.max_sequence_tokens and len(fit.results) == 2
+
+
 def test_bucket_settings_are_checked_and_used():
     b = EngineConfig(token_budget=256, block_size=32).buckets(1000)
     assert b.tokens == (64, 128, 256, 512, 1024) and b.block_size == 32
