@@ -1,8 +1,10 @@
 """The HTTP service in process, through Starlette's TestClient on asyncio (engine in a trio
 thread behind the bridge) and on trio (engine in the server's loop): every endpoint, every error."""
 
+import itertools
 import json
 import logging
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -23,12 +25,14 @@ from tests.test_api_support import (
     asgi_post,
     assert_rerank,
     assert_scores,
+    device_faults,
     expected_scores,
     ids,
     rerank_cases,
     rerank_references,
     score_cases,
     serving,
+    settled,
     tables_empty,
     tiny_env,
     wait_until,
@@ -48,8 +52,12 @@ def client(request, tiny_path):
     yield from serving(create_app(settings_from_env(tiny_env(tiny_path))), request.param)
 
 
+def host_of(client):
+    return client.app.state.service.host
+
+
 def engine_of(client):
-    return client.app.state.service.host.engine
+    return host_of(client).engine
 
 
 def error(message: str, type: str, param: str | None = None) -> dict:
@@ -132,7 +140,7 @@ def test_health_is_503_until_the_engine_is_ready(tiny_path, backend):
 def test_a_model_that_fails_to_load_leaves_health_503(tmp_path, backend):
     app = create_app(settings_from_env(tiny_env(tmp_path / "missing")))
     with TestClient(app, backend=backend) as client:
-        assert wait_until(lambda: client.get("/health").json()["status"] == "failed", 30)
+        assert wait_until(lambda: client.get("/health").json()["status"] == "failed")
         reason = (
             f"CheckpointError: {tmp_path / 'missing'}: "
             "not a Hugging Face model directory or an existing .gguf file"
@@ -364,7 +372,13 @@ def heavy(rng, items: int, length: int) -> dict:
 def test_disconnect_drops_the_engine_work(client):
     engine = engine_of(client)
     body = heavy(np.random.default_rng(4), 2000, 48)  # ~200 batches of 512 tokens
-    before = engine.stats().batches
+    begun, released = threading.Event(), threading.Event()
+    batches = itertools.count(1)
+
+    def hold_the_second_batch(inputs) -> None:
+        if next(batches) == 2:  # tokenised, batching has begun
+            begun.set()
+            released.wait(120)  # the device waits while the client leaves
 
     async def leave_early():
         gone = anyio.Event()
@@ -373,17 +387,19 @@ def test_disconnect_drops_the_engine_work(client):
             tasks.start_soon(
                 lambda: _append(answer, asgi_post(client.app, "/v1/score", body, disconnect=gone))
             )
-            with anyio.fail_after(30):
-                while engine.stats().batches < before + 2:  # tokenised, batching has begun
-                    await anyio.sleep(0.002)
+            assert await anyio.to_thread.run_sync(begun.wait, 120)
             gone.set()
         return answer[0], engine.stats().batches
 
-    (status, _, payload), at_disconnect = client.portal.call(leave_early)
+    with device_faults(engine, hold_the_second_batch):
+        try:
+            (status, _, payload), at_disconnect = client.portal.call(leave_early)
+        finally:
+            released.set()
+        client.portal.call(settled, host_of(client))
     assert status == 499
     assert json.loads(payload) == error("client closed the request", "client_closed_request")
-    assert wait_until(lambda: tables_empty(engine), 10)
-    time.sleep(0.2)
+    assert tables_empty(engine)
     assert engine.stats().batches <= at_disconnect + 3  # the rest was dropped, not run
     metrics = client.get("/metrics").text
     assert 'scoring_http_requests_total{route="/v1/score",status="499"} 1.0' in metrics
@@ -394,17 +410,11 @@ async def _append(out: list, coroutine) -> None:
 
 
 def test_engine_failure_is_500_and_the_server_keeps_serving(client, reference, caplog):
-    model = engine_of(client).model
-
-    def broken(batch):
+    def on_fire(inputs) -> None:
         raise RuntimeError("device on fire")
 
-    model.run_batch = broken
-    try:
-        with caplog.at_level(logging.ERROR, logger="api"):
-            r = client.post("/v1/score", json=score_cases()[0])
-    finally:
-        del model.run_batch
+    with device_faults(engine_of(client), on_fire), caplog.at_level(logging.ERROR, logger="api"):
+        r = client.post("/v1/score", json=score_cases()[0])
     assert r.status_code == 500
     assert r.json() == error(
         "engine failure: device step failed: RuntimeError: device on fire", "internal_error"
