@@ -1,8 +1,16 @@
-"""The OpenAPI 3.1 document, generated from the msgspec schemas of `api.schemas`."""
+"""The OpenAPI 3.1 document, generated from the route table (`api.routes.ENDPOINTS`): each
+`Endpoint` names its handler and its request, answer and error bodies, msgspec Structs of
+`api.schemas` whose JSON Schemas become the document's components."""
+
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import NamedTuple
 
 import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
 
 from api import schemas
+from api.service import Service
 
 REF = "#/components/schemas/{name}"
 # JSON Schema counts 2.0 as an integer; the decoders do not, so the document says so
@@ -20,85 +28,48 @@ ONE_OF = {
     ],
 }
 
-
-def _ref(cls) -> dict:
-    return {"$ref": REF.format(name=cls.__name__)}
-
-
-def _json(cls) -> dict:
-    return {"content": {"application/json": {"schema": _ref(cls)}}}
-
-
 # the bodies of answers that have no Struct
 ANY_JSON = {"content": {"application/json": {"schema": {"type": "object"}}}}
 PLAIN_TEXT = {"content": {"text/plain": {"schema": {"type": "string"}}}}
 
-
-def _answer(body, description: str, *errors: int) -> dict:
-    """`body`: a Struct of `api.schemas`, or one of the contents above."""
-    content = body if isinstance(body, dict) else _json(body)
-    answers = {"200": {"description": description, **content}}
-    error = {"description": "error", **_json(schemas.ErrorResponse)}
-    return answers | {str(status): error for status in errors}
+Body = type[msgspec.Struct] | dict  # a Struct of `api.schemas`, or one of the contents above
+Handler = Callable[[Service, Request], Awaitable[Response]]
 
 
-def _post(summary: str, request, response, *errors: int) -> dict:
-    return {
-        "post": {
-            "summary": summary,
-            "requestBody": {"required": request is not schemas.ProfileRequest, **_json(request)},
-            "responses": _answer(response, summary, *errors),
-        }
-    }
+class Answer(NamedTuple):
+    """A documented answer whose body is not an `ErrorResponse`, besides the 200."""
+
+    status: int
+    description: str
+    body: Body
 
 
-def _get(summary: str, response, *errors: int) -> dict:
-    return {"get": {"summary": summary, "responses": _answer(response, summary, *errors)}}
+class Endpoint(NamedTuple):
+    """One operation of the API: the route that serves it and what the document says of it."""
+
+    path: str
+    method: str  # "GET" or "POST"
+    handler: Handler
+    summary: str
+    response: Body  # the 200's body
+    request: type[msgspec.Struct] | None = None  # the JSON body it reads, if any
+    body_required: bool = True
+    errors: tuple[int, ...] = ()  # statuses answered with an `ErrorResponse`
+    answers: tuple[Answer, ...] = ()
+    open_access: bool = False  # served without the API key
 
 
-def _health() -> dict:
-    """Open without a key; while the engine is not ready the 503 carries the same body."""
-    health = _get("Ready (200) or loading (503)", schemas.HealthResponse)
-    responses = health["get"]["responses"]
-    responses["503"] = {"description": "loading or failed", **_json(schemas.HealthResponse)}
-    health["get"]["security"] = []
-    return health
-
-
-def openapi(title: str, version: str) -> dict:
-    """The whole document; request and response bodies refer to generated components."""
-    _, components = msgspec.json.schema_components(
-        schemas.REQUESTS + schemas.RESPONSES, ref_template=REF
-    )
+def openapi(title: str, version: str, endpoints: Sequence[Endpoint]) -> dict:
+    """The whole document, in JSON's types; request and response bodies refer to generated
+    components."""
+    _, components = msgspec.json.schema_components(_structs(endpoints), ref_template=REF)
     for name, branches in ONE_OF.items():
-        components[name] = components[name] | {"oneOf": branches}
-    scoring_errors = (400, 401, 413, 499, 500, 503)
-    profile = (schemas.ProfileRequest, schemas.ProfileResponse)
-    rerank = _post(
-        "Rerank documents by relevance",
-        schemas.RerankRequest,
-        schemas.RerankResponse,
-        *scoring_errors,
-    )
-    paths = {
-        "/v1/score": _post(
-            "Label-token probabilities per item (sglang)",
-            schemas.ScoreRequest,
-            schemas.ScoreResponse,
-            *scoring_errors,
-        ),
-        "/v1/rerank": rerank,
-        "/rerank": rerank,
-        "/health": _health(),
-        "/v1/models": _get("The served model", schemas.ModelList, 401),
-        "/get_model_info": _get("Model facts", ANY_JSON, 401, 503),
-        "/get_server_info": _get("Configuration, buckets and engine counters", ANY_JSON, 401),
-        "/metrics": _get("Prometheus metrics (text format)", PLAIN_TEXT, 401),
-        "/start_profile": _post("Start a JAX profiler trace", *profile, 400, 401, 409, 413),
-        "/stop_profile": _post("Stop the trace", *profile, 400, 401, 409, 413),
-        "/openapi.json": _get("This document", ANY_JSON, 401),
-    }
-    return {
+        if name in components:
+            components[name] = components[name] | {"oneOf": branches}
+    paths: dict[str, dict] = {}
+    for e in endpoints:
+        paths.setdefault(e.path, {})[e.method.lower()] = _operation(e)
+    document = {
         "openapi": "3.1.0",
         "info": {"title": title, "version": version, "description": DESCRIPTION},
         "paths": paths,
@@ -108,3 +79,38 @@ def openapi(title: str, version: str) -> dict:
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
     }
+    # through JSON: the default of a tuple field is a tuple here, a list in the served document
+    return msgspec.json.decode(msgspec.json.encode(document))
+
+
+def _structs(endpoints: Iterable[Endpoint]) -> tuple[type, ...]:
+    """Every Struct a body of `endpoints` refers to, once, in order of first mention."""
+    found: dict[type, None] = {}
+    for e in endpoints:
+        bodies = [e.request, e.response, *(a.body for a in e.answers)]
+        bodies += [schemas.ErrorResponse] if e.errors else []
+        found |= {body: None for body in bodies if isinstance(body, type)}
+    return tuple(found)
+
+
+def _operation(e: Endpoint) -> dict:
+    operation: dict = {"summary": e.summary}
+    if e.request is not None:
+        operation["requestBody"] = {"required": e.body_required, **_content(e.request)}
+    error = {"description": "error", **_content(schemas.ErrorResponse)}
+    responses = {"200": {"description": e.summary, **_content(e.response)}}
+    responses |= {str(status): error for status in e.errors}
+    responses |= {
+        str(a.status): {"description": a.description, **_content(a.body)} for a in e.answers
+    }
+    operation["responses"] = responses
+    if e.open_access:
+        operation["security"] = []
+    return operation
+
+
+def _content(body: Body) -> dict:
+    if isinstance(body, dict):
+        return body
+    ref = {"$ref": REF.format(name=body.__name__)}
+    return {"content": {"application/json": {"schema": ref}}}

@@ -1,4 +1,5 @@
-"""The HTTP endpoints and the route table. Each endpoint is `async fn(service, request)`."""
+"""The HTTP endpoints, each `async fn(service, request)`, and the table of them (`ENDPOINTS`)
+from which both the Starlette routes (`ROUTES`) and the OpenAPI document are built."""
 
 import functools
 import uuid
@@ -16,10 +17,10 @@ from starlette.routing import Route
 from api import schemas
 from api.errors import ApiError, internal_error
 from api.metrics import CONTENT_TYPE
-from api.openapi import openapi
+from api.openapi import ANY_JSON, PLAIN_TEXT, Answer, Endpoint, openapi
 from api.service import Service
 from api.settings import model_path
-from engine import Timings
+from engine import Engine, Timings
 
 
 def _json(body, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -124,57 +125,65 @@ async def health(service: Service, request: Request) -> Response:
 
 
 async def models(service: Service, request: Request) -> Response:
+    """The served model as an OpenAI model list; its facts are null while the engine loads."""
     engine = service.host.engine if service.host else None
+    facts = _model_facts(engine) if engine else {}
     card = schemas.ModelCard(
         id=service.model_name,
         created=int(service.started),
         max_model_len=engine.max_sequence_tokens if engine else None,
+        **facts,
     )
     return _json(schemas.ModelList(data=[card]))
 
 
-async def model_info(service: Service, request: Request) -> Response:
-    engine = service.engine()
+def _model_facts(engine: Engine) -> dict:
+    """What the served model is: the fields `ModelCard` and `ModelInfo` share."""
     cfg = engine.model_config
+    return {
+        "family": cfg.family,
+        "dtype": engine.program.dtype,
+        "vocab_size": cfg.vocab_size,
+        "context_length": cfg.max_position_embeddings,
+        "kv_bytes_per_token": engine.program.kv_bytes_per_token,
+    }
+
+
+async def model_info(service: Service, request: Request) -> Response:
+    """sglang's model facts; 503 while the engine loads."""
+    engine = service.engine()
     path = model_path(engine.config.model)
-    return _json(
-        {
-            "model_path": path,
-            "tokenizer_path": path,
-            "is_generation": False,
-            "model_name": service.model_name,
-            "family": cfg.family,
-            "dtype": engine.program.dtype,
-            "vocab_size": cfg.vocab_size,
-            "context_length": cfg.max_position_embeddings,
-            "max_sequence_tokens": engine.max_sequence_tokens,
-            "kv_bytes_per_token": engine.program.kv_bytes_per_token,
-            "rerank_template": engine.template.name,
-        }
+    info = schemas.ModelInfo(
+        model_path=path,
+        tokenizer_path=path,
+        is_generation=False,
+        model_name=service.model_name,
+        max_sequence_tokens=engine.max_sequence_tokens,
+        rerank_template=engine.template.name,
+        **_model_facts(engine),
     )
+    return _json(info)
 
 
 async def server_info(service: Service, request: Request) -> Response:
     """Configuration (no secrets), buckets, KV bytes per token and engine counters."""
     settings = service.settings
     engine = service.host.engine if service.host else None
-    server = msgspec.structs.replace(settings.server, api_key=None)
-    return _json(
-        {
-            "version": _version(),
-            "model": service.model_name,
-            "status": service.host.status if service.host else "loading",
-            "async_library": sniffio.current_async_library(),
-            "auth": settings.server.api_key is not None,
-            "engine_config": settings.engine,
-            "server_config": server,
-            "buckets": engine.buckets._asdict() if engine else None,
-            "kv_bytes_per_token": engine.program.kv_bytes_per_token if engine else None,
-            "max_sequence_tokens": engine.max_sequence_tokens if engine else None,
-            "stats": engine.stats() if engine else None,
-            "profiling": service.profiling,
-        }
+    info = schemas.ServerInfo(
+        version=_version(),
+        model=service.model_name,
+        status=service.host.status if service.host else "loading",
+        async_library=sniffio.current_async_library(),
+        auth=settings.server.api_key is not None,
+        engine_config=settings.engine,
+        server_config=msgspec.structs.replace(settings.server, api_key=None),
+        buckets=schemas.BucketGrid(**engine.buckets._asdict()) if engine else None,
+        kv_bytes_per_token=engine.program.kv_bytes_per_token if engine else None,
+        max_sequence_tokens=engine.max_sequence_tokens if engine else None,
+        stats=engine.stats() if engine else None,
+        profiling=service.profiling,
     )
+    return _json(info)
 
 
 async def metrics(service: Service, request: Request) -> Response:
@@ -223,7 +232,17 @@ async def stop_profile(service: Service, request: Request) -> Response:
 
 
 async def openapi_json(service: Service, request: Request) -> Response:
-    return _json(openapi("llm-scoring-engine", _version()))
+    return Response(_document_json(), media_type="application/json")
+
+
+def document() -> dict:
+    """The OpenAPI document of `ENDPOINTS`."""
+    return openapi("llm-scoring-engine", _version(), ENDPOINTS)
+
+
+@functools.cache
+def _document_json() -> bytes:
+    return schemas.encode(document())
 
 
 def _version() -> str:
@@ -233,35 +252,93 @@ def _version() -> str:
         return "0+unknown"
 
 
-def endpoint(fn, *, open_access: bool = False):
-    """A Starlette endpoint around `fn(service, request)`: authorisation first, and an
-    unexpected exception logged and answered as a 500."""
+def route(e: Endpoint) -> Route:
+    """The Starlette route of `e`: authorisation first (unless open), and an unexpected
+    exception logged and answered as a 500."""
 
-    @functools.wraps(fn)
+    @functools.wraps(e.handler)
     async def handle(request: Request) -> Response:
         service: Service = request.app.state.service
-        if not open_access:
+        if not e.open_access:
             service.authorize(request)
         try:
-            return await fn(service, request)
+            return await e.handler(service, request)
         except ApiError:
             raise
-        except Exception as e:
-            raise internal_error(e) from e
+        except Exception as error:
+            raise internal_error(error) from error
 
-    return handle
+    return Route(e.path, handle, methods=[e.method])
 
 
-ROUTES = [
-    Route("/health", endpoint(health, open_access=True), methods=["GET"]),
-    Route("/v1/score", endpoint(score), methods=["POST"]),
-    Route("/v1/rerank", endpoint(rerank), methods=["POST"]),
-    Route("/rerank", endpoint(rerank), methods=["POST"]),
-    Route("/v1/models", endpoint(models), methods=["GET"]),
-    Route("/get_model_info", endpoint(model_info), methods=["GET"]),
-    Route("/get_server_info", endpoint(server_info), methods=["GET"]),
-    Route("/metrics", endpoint(metrics), methods=["GET"]),
-    Route("/start_profile", endpoint(start_profile), methods=["POST"]),
-    Route("/stop_profile", endpoint(stop_profile), methods=["POST"]),
-    Route("/openapi.json", endpoint(openapi_json), methods=["GET"]),
-]
+SCORING_ERRORS = (400, 401, 413, 499, 500, 503)
+PROFILE_ERRORS = (400, 401, 409, 413)
+
+
+def _rerank_at(path: str) -> Endpoint:
+    summary = "Rerank documents by relevance"
+    request, response = schemas.RerankRequest, schemas.RerankResponse
+    return Endpoint(path, "POST", rerank, summary, response, request, errors=SCORING_ERRORS)
+
+
+# the route table and the OpenAPI document are both built from this
+ENDPOINTS = (
+    Endpoint(
+        "/health",
+        "GET",
+        health,
+        "Ready (200) or loading (503)",
+        schemas.HealthResponse,
+        answers=(Answer(503, "loading or failed", schemas.HealthResponse),),
+        open_access=True,
+    ),
+    Endpoint(
+        "/v1/score",
+        "POST",
+        score,
+        "Label-token probabilities per item (sglang)",
+        schemas.ScoreResponse,
+        schemas.ScoreRequest,
+        errors=SCORING_ERRORS,
+    ),
+    _rerank_at("/v1/rerank"),
+    _rerank_at("/rerank"),
+    Endpoint("/v1/models", "GET", models, "The served model", schemas.ModelList, errors=(401,)),
+    Endpoint(
+        "/get_model_info", "GET", model_info, "Model facts", schemas.ModelInfo, errors=(401, 503)
+    ),
+    Endpoint(
+        "/get_server_info",
+        "GET",
+        server_info,
+        "Configuration, buckets and engine counters",
+        schemas.ServerInfo,
+        errors=(401,),
+    ),
+    Endpoint(
+        "/metrics", "GET", metrics, "Prometheus metrics (text format)", PLAIN_TEXT, errors=(401,)
+    ),
+    Endpoint(
+        "/start_profile",
+        "POST",
+        start_profile,
+        "Start a JAX profiler trace",
+        schemas.ProfileResponse,
+        schemas.ProfileRequest,
+        body_required=False,
+        errors=PROFILE_ERRORS,
+    ),
+    Endpoint(
+        "/stop_profile",
+        "POST",
+        stop_profile,
+        "Stop the trace",
+        schemas.ProfileResponse,
+        schemas.ProfileRequest,
+        body_required=False,
+        errors=PROFILE_ERRORS,
+    ),
+    Endpoint("/openapi.json", "GET", openapi_json, "This document", ANY_JSON, errors=(401,)),
+)
+
+ROUTES = [route(e) for e in ENDPOINTS]

@@ -8,6 +8,9 @@ from typing import Annotated
 
 import msgspec
 
+from api.settings import ServerConfig
+from engine import EngineConfig, EngineStats
+
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 
 
@@ -116,9 +119,16 @@ class HealthResponse(msgspec.Struct, kw_only=True):
 
 
 class ModelCard(msgspec.Struct, kw_only=True):
+    """An OpenAI model card, with what the served model is (null while the engine loads)."""
+
     id: str
-    created: int
-    max_model_len: int | None
+    created: int  # when the server started, Unix seconds
+    max_model_len: int | None  # the longest query + item sequence accepted, in tokens
+    family: str | None = None  # "llama", "qwen2", "qwen3"
+    dtype: str | None = None  # the weights' dtype: "bfloat16" or "float32"
+    vocab_size: int | None = None
+    context_length: int | None = None  # the model's own context (positions)
+    kv_bytes_per_token: int | None = None  # K and V of every layer, in the weights' dtype
     object: str = "model"
     owned_by: str = "llm-scoring-engine"
 
@@ -128,17 +138,50 @@ class ModelList(msgspec.Struct, kw_only=True):
     object: str = "list"
 
 
+class ModelInfo(msgspec.Struct, kw_only=True):
+    """sglang's `/get_model_info`, with the facts of `ModelCard` and the rerank template."""
+
+    model_path: str | None  # the checkpoint: a .gguf file or a Hugging Face directory
+    tokenizer_path: str | None
+    is_generation: bool  # always false: the server scores, it never generates
+    model_name: str
+    family: str
+    dtype: str
+    vocab_size: int
+    context_length: int
+    max_sequence_tokens: int
+    kv_bytes_per_token: int
+    rerank_template: str  # the prompt template of /v1/rerank
+
+
+class BucketGrid(msgspec.Struct, kw_only=True):
+    """The padding grid of packed batches (see `engine.buckets.Buckets`)."""
+
+    block_size: int
+    tokens: list[int]  # token buckets
+    row_divisors: list[int]  # score-row buckets of a T-token batch: T // d
+    label_widths: list[int]  # padded label counts; the last is the limit
+
+
+class ServerInfo(msgspec.Struct, kw_only=True):
+    """`/get_server_info`: the configuration (never the API key), the padding grid and the
+    engine's counters; the engine's parts are null while it loads."""
+
+    version: str
+    model: str
+    status: str  # "ready" | "loading" | "failed"
+    async_library: str  # the server's: "asyncio" or "trio"
+    auth: bool  # whether requests need the API key
+    engine_config: EngineConfig
+    server_config: ServerConfig  # its api_key is always null
+    buckets: BucketGrid | None
+    kv_bytes_per_token: int | None
+    max_sequence_tokens: int | None
+    stats: EngineStats | None
+    profiling: str | None  # the trace directory while a profile runs
+
+
 score_decoder = msgspec.json.Decoder(ScoreRequest)
 rerank_decoder = msgspec.json.Decoder(RerankRequest)
 profile_decoder = msgspec.json.Decoder(ProfileRequest)
 encode = msgspec.json.Encoder().encode
-
-REQUESTS = (ScoreRequest, RerankRequest, ProfileRequest)
-RESPONSES = (
-    ScoreResponse,
-    RerankResponse,
-    ProfileResponse,
-    ErrorResponse,
-    HealthResponse,
-    ModelList,
-)

@@ -1,8 +1,10 @@
 """The HTTP service in process, through Starlette's TestClient on asyncio (engine in a trio
 thread behind the bridge) and on trio (engine in the server's loop): every endpoint, every error."""
 
+import itertools
 import json
 import logging
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -14,7 +16,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
+from api import schemas
 from api.app import create_app
+from api.routes import ROUTES
 from api.settings import Settings, settings_from_env
 from tests.test_api_support import (
     DOCS,
@@ -23,12 +27,14 @@ from tests.test_api_support import (
     asgi_post,
     assert_rerank,
     assert_scores,
+    device_faults,
     expected_scores,
     ids,
     rerank_cases,
     rerank_references,
     score_cases,
     serving,
+    settled,
     tables_empty,
     tiny_env,
     wait_until,
@@ -48,8 +54,12 @@ def client(request, tiny_path):
     yield from serving(create_app(settings_from_env(tiny_env(tiny_path))), request.param)
 
 
+def host_of(client):
+    return client.app.state.service.host
+
+
 def engine_of(client):
-    return client.app.state.service.host.engine
+    return host_of(client).engine
 
 
 def error(message: str, type: str, param: str | None = None) -> dict:
@@ -123,8 +133,14 @@ def test_health_is_503_until_the_engine_is_ready(tiny_path, backend):
     r = client.post("/v1/score", json=score_cases()[0])
     assert r.status_code == 503 and r.headers["retry-after"] == "1"
     assert r.json() == error("the engine is loading", "service_unavailable")
+    (card,) = client.get("/v1/models").json()["data"]  # no key needed, the facts unknown yet
+    assert card["id"] == "llama-untied" and card["max_model_len"] is None
+    assert all(card[fact] is None for fact in MODEL_FACTS)
+    info = client.get("/get_server_info").json()
+    assert info["status"] == "loading" and info["engine_config"]["model"] == str(tiny_path)
+    assert info["buckets"] is info["stats"] is info["max_sequence_tokens"] is None
     with client:
-        assert wait_until(lambda: client.get("/health").status_code == 200, 60)
+        assert wait_until(lambda: client.get("/health").status_code == 200)
         assert client.get("/health").json() == {"status": "ok", "message": None}
 
 
@@ -132,7 +148,7 @@ def test_health_is_503_until_the_engine_is_ready(tiny_path, backend):
 def test_a_model_that_fails_to_load_leaves_health_503(tmp_path, backend):
     app = create_app(settings_from_env(tiny_env(tmp_path / "missing")))
     with TestClient(app, backend=backend) as client:
-        assert wait_until(lambda: client.get("/health").json()["status"] == "failed", 30)
+        assert wait_until(lambda: client.get("/health").json()["status"] == "failed")
         reason = (
             f"CheckpointError: {tmp_path / 'missing'}: "
             "not a Hugging Face model directory or an existing .gguf file"
@@ -364,7 +380,13 @@ def heavy(rng, items: int, length: int) -> dict:
 def test_disconnect_drops_the_engine_work(client):
     engine = engine_of(client)
     body = heavy(np.random.default_rng(4), 2000, 48)  # ~200 batches of 512 tokens
-    before = engine.stats().batches
+    begun, released = threading.Event(), threading.Event()
+    batches = itertools.count(1)
+
+    def hold_the_second_batch(inputs) -> None:
+        if next(batches) == 2:  # tokenised, batching has begun
+            begun.set()
+            released.wait(120)  # the device waits while the client leaves
 
     async def leave_early():
         gone = anyio.Event()
@@ -373,17 +395,19 @@ def test_disconnect_drops_the_engine_work(client):
             tasks.start_soon(
                 lambda: _append(answer, asgi_post(client.app, "/v1/score", body, disconnect=gone))
             )
-            with anyio.fail_after(30):
-                while engine.stats().batches < before + 2:  # tokenised, batching has begun
-                    await anyio.sleep(0.002)
+            assert await anyio.to_thread.run_sync(begun.wait, 120)
             gone.set()
         return answer[0], engine.stats().batches
 
-    (status, _, payload), at_disconnect = client.portal.call(leave_early)
+    with device_faults(engine, hold_the_second_batch):
+        try:
+            (status, _, payload), at_disconnect = client.portal.call(leave_early)
+        finally:
+            released.set()
+        client.portal.call(settled, host_of(client))
     assert status == 499
     assert json.loads(payload) == error("client closed the request", "client_closed_request")
-    assert wait_until(lambda: tables_empty(engine), 10)
-    time.sleep(0.2)
+    assert tables_empty(engine)
     assert engine.stats().batches <= at_disconnect + 3  # the rest was dropped, not run
     metrics = client.get("/metrics").text
     assert 'scoring_http_requests_total{route="/v1/score",status="499"} 1.0' in metrics
@@ -394,17 +418,11 @@ async def _append(out: list, coroutine) -> None:
 
 
 def test_engine_failure_is_500_and_the_server_keeps_serving(client, reference, caplog):
-    model = engine_of(client).model
-
-    def broken(batch):
+    def on_fire(inputs) -> None:
         raise RuntimeError("device on fire")
 
-    model.run_batch = broken
-    try:
-        with caplog.at_level(logging.ERROR, logger="api"):
-            r = client.post("/v1/score", json=score_cases()[0])
-    finally:
-        del model.run_batch
+    with device_faults(engine_of(client), on_fire), caplog.at_level(logging.ERROR, logger="api"):
+        r = client.post("/v1/score", json=score_cases()[0])
     assert r.status_code == 500
     assert r.json() == error(
         "engine failure: device step failed: RuntimeError: device on fire", "internal_error"
@@ -433,18 +451,34 @@ def test_a_bug_in_the_service_is_500_with_a_log_line(client, caplog, monkeypatch
 # -- info, metrics, profile, openapi ---------------------------------------------------------
 
 
+MODEL_FACTS = ("family", "dtype", "vocab_size", "context_length", "kv_bytes_per_token")
+
+
 def test_models(client):
     r = client.get("/v1/models")
     assert r.status_code == 200
-    (card,) = r.json()["data"]
     assert r.json()["object"] == "list"
-    assert card["id"] == "llama-untied" and card["object"] == "model"
-    assert card["max_model_len"] == 512 and card["owned_by"] == "llm-scoring-engine"
-    assert abs(card["created"] - time.time()) < 3600
+    (card,) = r.json()["data"]
+    assert abs(card.pop("created") - time.time()) < 3600
+    assert card == {
+        "id": "llama-untied",
+        "object": "model",
+        "owned_by": "llm-scoring-engine",
+        "max_model_len": 512,
+        "family": "llama",
+        "dtype": "float32",
+        "vocab_size": 384,
+        "context_length": 512,
+        "kv_bytes_per_token": 2 * 2 * 2 * 16 * 4,  # K and V, layers, kv heads, head dim, f32
+    }
+    info = client.get("/get_model_info").json()
+    assert {fact: card[fact] for fact in MODEL_FACTS} == {fact: info[fact] for fact in MODEL_FACTS}
 
 
 def test_model_info(client, tiny_path):
-    assert client.get("/get_model_info").json() == {
+    r = client.get("/get_model_info")
+    assert msgspec.json.decode(r.content, type=schemas.ModelInfo)  # the documented schema
+    assert r.json() == {
         "model_path": str(tiny_path),
         "tokenizer_path": str(tiny_path),
         "is_generation": False,
@@ -460,7 +494,23 @@ def test_model_info(client, tiny_path):
 
 
 def test_server_info(client, tiny_path):
-    info = client.get("/get_server_info").json()
+    r = client.get("/get_server_info")
+    assert msgspec.json.decode(r.content, type=schemas.ServerInfo)  # the documented schema
+    info = r.json()
+    assert list(info) == [
+        "version",
+        "model",
+        "status",
+        "async_library",
+        "auth",
+        "engine_config",
+        "server_config",
+        "buckets",
+        "kv_bytes_per_token",
+        "max_sequence_tokens",
+        "stats",
+        "profiling",
+    ]
     assert info["status"] == "ready" and info["model"] == "llama-untied"
     assert info["async_library"] == client.async_backend["backend"]
     assert info["auth"] is False and info["profiling"] is None
@@ -527,9 +577,11 @@ def test_profile_start_stop(client, tiny_path):
     assert r.status_code == 400 and r.json()["error"]["param"] == "dir"
 
 
-def test_openapi_is_generated_from_the_schemas(client):
+def test_openapi_is_generated_from_the_route_table(client):
     doc = client.get("/openapi.json").json()
     assert doc["openapi"] == "3.1.0"
+    served = {(r.path, m.lower()) for r in ROUTES for m in r.methods if m != "HEAD"}
+    assert {(path, m) for path, ops in doc["paths"].items() for m in ops} == served
     assert set(doc["paths"]) == {
         "/v1/score",
         "/v1/rerank",
@@ -543,11 +595,11 @@ def test_openapi_is_generated_from_the_schemas(client):
         "/stop_profile",
         "/openapi.json",
     }
-    schemas = doc["components"]["schemas"]
-    score = schemas["ScoreRequest"]
+    components = doc["components"]["schemas"]
+    score = components["ScoreRequest"]
     assert score["required"] == ["query", "items", "label_token_ids"]
     assert score["additionalProperties"] is False
-    assert set(schemas["RerankRequest"]["properties"]) >= {
+    assert set(components["RerankRequest"]["properties"]) >= {
         "documents",
         "texts",
         "return_text",
@@ -555,6 +607,22 @@ def test_openapi_is_generated_from_the_schemas(client):
     }
     body = doc["paths"]["/v1/score"]["post"]["requestBody"]["content"]["application/json"]
     assert body["schema"] == {"$ref": "#/components/schemas/ScoreRequest"}
-    assert doc["paths"]["/v1/score"]["post"]["responses"]["413"]["content"]["application/json"][
-        "schema"
-    ] == {"$ref": "#/components/schemas/ErrorResponse"}
+
+    def answer(path: str, status: str, method: str = "get") -> dict:
+        return doc["paths"][path][method]["responses"][status]["content"]["application/json"]
+
+    assert answer("/v1/score", "413", "post")["schema"] == ref("ErrorResponse")
+    assert answer("/get_model_info", "200")["schema"] == ref("ModelInfo")
+    assert answer("/get_server_info", "200")["schema"] == ref("ServerInfo")
+    assert answer("/health", "503")["schema"] == ref("HealthResponse")
+    assert doc["paths"]["/health"]["get"]["security"] == []
+    assert set(components["ModelCard"]["properties"]) >= {"id", "created", *MODEL_FACTS}
+    info = components["ServerInfo"]["properties"]
+    assert info["engine_config"] == ref("EngineConfig") and "EngineStats" in components
+    profile = doc["paths"]["/start_profile"]["post"]
+    assert profile["requestBody"]["required"] is False
+    assert set(profile["responses"]) == {"200", "400", "401", "409", "413"}
+
+
+def ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}

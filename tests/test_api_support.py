@@ -2,6 +2,7 @@
 reference answers, a raw ASGI caller for what TestClient cannot do (disconnects, bursts), and
 a real hypercorn server in a subprocess."""
 
+import contextlib
 import json
 import os
 import socket
@@ -9,7 +10,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,8 +21,8 @@ import trio
 from starlette.testclient import TestClient
 
 from bench.soak import process_sample, serving_pid
-from engine import EngineConfig, open_engine
-from engine.engine import RerankResult
+from engine import Engine, EngineConfig, RerankResult, open_engine
+from tests.conftest import inject_faults
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -134,7 +134,7 @@ def rerank_references(path) -> list[RerankResult]:
 
     async def main():
         async with open_engine(config) as engine:
-            tok = engine.model.tokenizer
+            tok = engine.tokenizer
             results = []
             for _, _, (q, docs, top_n, instruction, n) in rerank_cases():
                 if n is not None:
@@ -170,13 +170,35 @@ def tables_empty(engine) -> bool:
     return engine.idle() and engine.scheduler.queued_tokens == 0
 
 
-def wait_until(condition, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
+def wait_until(condition, timeout: float = 120.0) -> bool:
+    """Whether `condition()` holds within `timeout` seconds: a bounded wait on something only
+    an observer can see (a server's answers, a log line, a process). Polls back off to 0.1 s so
+    that a loaded machine spends its time on the server, not on asking."""
+    deadline, pause = time.monotonic() + timeout, 0.005
     while not condition():
         if time.monotonic() > deadline:
             return False
-        time.sleep(0.01)
+        time.sleep(pause)
+        pause = min(2 * pause, 0.1)
     return True
+
+
+async def settled(host, timeout: float = 120.0) -> None:
+    """Return once the engine of `host` (an `api.bridge.EngineHost`) is idle: every request
+    answered and its work gone (`Engine.wait_idle`). Runs in the loop of the host's server."""
+    with anyio.fail_after(timeout):
+        await host.call(Engine.wait_idle)
+
+
+@contextlib.contextmanager
+def device_faults(engine, fault) -> Iterator[None]:
+    """`fault(inputs)` runs before each batch of `engine` reaches the device, and may raise to
+    fail that batch (`tests.conftest.inject_faults`); the engine's own program is back on exit."""
+    faulty = inject_faults(engine, fault)
+    try:
+        yield
+    finally:
+        engine.runner.program = faulty.program
 
 
 async def asgi_post(app, path: str, body: dict | bytes, *, disconnect=None, headers=()):
@@ -221,7 +243,7 @@ async def asgi_post(app, path: str, body: dict | bytes, *, disconnect=None, head
 def serving(app, backend: str):
     """A TestClient running `app` (lifespan included) once its engine is ready."""
     with TestClient(app, backend=backend) as client:
-        assert wait_until(lambda: client.get("/health").status_code == 200, 60)
+        assert wait_until(lambda: client.get("/health").status_code == 200)
         yield client
 
 
@@ -242,20 +264,19 @@ def free_port() -> int:
 
 
 def wait_healthy(url: str, process: subprocess.Popen, log: Path, timeout: float) -> bool:
-    """Poll /health until 200; whether a 503 came first. Fails if the process dies."""
-    saw_503, deadline = False, time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    """Wait until /health answers 200; whether a 503 came first. Fails if the process dies."""
+    seen: set[int | None] = set()
+
+    def healthy() -> bool:
         if process.poll() is not None:
             pytest.fail(f"hypercorn exited with {process.returncode}:\n{log.read_text()}")
-        try:
-            status = httpx2.get(f"{url}/health", timeout=2).status_code
-        except httpx2.TransportError:
-            status = None  # not listening yet
-        if status == 200:
-            return saw_503
-        saw_503 |= status == 503
-        time.sleep(0.05)
-    pytest.fail(f"/health not 200 after {timeout} s:\n{log.read_text()}")
+        with contextlib.suppress(httpx2.TransportError):  # not listening yet
+            seen.add(httpx2.get(f"{url}/health", timeout=2).status_code)
+        return 200 in seen
+
+    if not wait_until(healthy, timeout):
+        pytest.fail(f"/health not 200 after {timeout} s:\n{log.read_text()}")
+    return 503 in seen
 
 
 def launch(worker: str, env: dict[str, str], log: Path, *args: str):
@@ -282,7 +303,7 @@ def stop(process: subprocess.Popen) -> None:
         process.wait()
 
 
-@contextmanager
+@contextlib.contextmanager
 def hypercorn_server(worker: str, env: dict[str, str], log: Path, *args: str) -> Iterator[Server]:
     """A `launch`ed server, healthy before it is yielded; stopped on exit."""
     process, url = launch(worker, env, log, *args)

@@ -2,18 +2,19 @@
 under load and while compiling.
 
 The first three run hypercorn's `serve()` in a thread of this process (asyncio and trio workers),
-so a test can reach the engine and set its runner's `fault` hook; the shutdown tests run
-`hypercorn api.app:app` as a subprocess and signal it."""
+so a test can reach the engine: wrap its device program in a faulty one, and wait in the server's
+loop for the engine to be idle. The shutdown tests run `hypercorn api.app:app` as a subprocess
+and signal it."""
 
 import functools
 import json
 import os
 import signal
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import anyio
 import httpx2
@@ -21,21 +22,26 @@ import hypercorn.asyncio
 import hypercorn.trio
 import numpy as np
 import pytest
+from anyio.from_thread import BlockingPortal
 from hypercorn.config import Config
 
 from api.app import create_app
+from api.bridge import EngineHost
 from api.settings import settings_from_env
+from bench.soak import serving_pid
 from bench.w3 import parse_metrics
 from engine import Engine
 from tests.test_api_support import (
     NO,
     YES,
     assert_scores,
+    device_faults,
     expected_scores,
     free_port,
     hypercorn_server,
     launch,
     score_cases,
+    settled,
     stop,
     tiny_env,
     wait_until,
@@ -52,6 +58,12 @@ LEFT_499 = 'scoring_http_requests_total{route="/v1/score",status="499"}'
 class InProcess:
     url: str
     engine: Engine
+    host: EngineHost  # the app's: call it in the server's loop, through `portal`
+    portal: BlockingPortal
+
+    def settle(self) -> None:
+        """Return once the engine is idle: every request answered and its work gone."""
+        self.portal.call(settled, self.host)
 
 
 def healthy(url: str) -> bool:
@@ -62,38 +74,35 @@ def healthy(url: str) -> bool:
 
 
 @contextmanager
-def serve_in_thread(app, worker: str) -> Iterator[str]:
+def serve_in_thread(app, worker: str) -> Iterator[tuple[str, BlockingPortal]]:
     """`app` under hypercorn's `serve()` with `worker`, in a thread, on a free port of
-    127.0.0.1: its URL once healthy. Shut down gracefully on exit."""
+    127.0.0.1: its URL once healthy, and a portal into the server's loop. Shut down gracefully
+    on exit."""
     config = Config()
     config.bind = [f"127.0.0.1:{free_port()}"]
     config.backlog = 1024
-    stopping = threading.Event()
-
-    async def shutdown_trigger() -> None:
-        while not stopping.is_set():
-            await anyio.sleep(0.05)
-
     serve = hypercorn.trio.serve if worker == "trio" else hypercorn.asyncio.serve
-    main = functools.partial(serve, app, config, shutdown_trigger=shutdown_trigger)
-    thread = threading.Thread(target=anyio.run, args=(main,), kwargs={"backend": worker})
-    thread.start()
-    try:
-        url = f"http://{config.bind[0]}"
-        assert wait_until(lambda: healthy(url), 60)
-        yield url
-    finally:
-        stopping.set()
-        thread.join(30)
-        assert not thread.is_alive()
+    with anyio.from_thread.start_blocking_portal(worker) as portal:
+        stop = portal.call(anyio.Event)
+        served = portal.start_task_soon(
+            functools.partial(serve, app, config, shutdown_trigger=stop.wait)
+        )
+        try:
+            url = f"http://{config.bind[0]}"
+            assert wait_until(lambda: healthy(url))
+            yield url, portal
+        finally:
+            portal.call(stop.set)
+            served.result(timeout=60)
 
 
 @pytest.fixture(scope="module", params=WORKERS)
 def server(request, tiny_path) -> Iterator[InProcess]:
     env = tiny_env(tiny_path, SCORING_MAX_QUEUED_REQUESTS=str(LIMIT), SCORING_RETRY_AFTER_S="3")
     app = create_app(settings_from_env(env))
-    with serve_in_thread(app, request.param) as url:
-        yield InProcess(url, app.state.service.host.engine)
+    with serve_in_thread(app, request.param) as (url, portal):
+        host = app.state.service.host
+        yield InProcess(url, host.engine, host, portal)
 
 
 def below_mark(rng, n: int) -> list[int]:
@@ -129,11 +138,6 @@ def stats(url: str) -> dict:
     return httpx2.get(f"{url}/get_server_info", timeout=10).json()["stats"]
 
 
-def idle(url: str) -> bool:
-    s = stats(url)
-    return s["in_flight"] == 0 and s["queue_depth"] == 0
-
-
 def error(message: str, type: str) -> dict:
     return {"error": {"message": message, "type": type, "param": None}}
 
@@ -146,19 +150,16 @@ def test_a_failing_device_step_fails_only_its_batch(server, reference):
     bodies = [marked(rng, i) for i in range(LIMIT)]  # ~190 tokens each: 2-3 to a batch
     poison, failed, batches = MARK + 3, set(), []
 
-    def fault(batch) -> None:
-        marks = {int(t) for t in np.unique(batch.inputs.tokens) if t >= MARK}
+    def fault(inputs) -> None:
+        marks = {int(t) for t in np.unique(inputs.tokens) if t >= MARK}
         batches.append(marks)
         if poison in marks:
             failed.update(marks)
             raise RuntimeError("injected device fault")
 
     before = server.engine.stats().failed_batches
-    server.engine.runner.fault = fault
-    try:
+    with device_faults(server.engine, fault):
         answers = anyio.run(post_all, server.url, bodies)
-    finally:
-        server.engine.runner.fault = None
     assert poison in failed and len(failed) < LIMIT  # some requests ran in other batches
     for i, (answer, body) in enumerate(zip(answers, bodies, strict=True)):
         if MARK + i in failed:
@@ -174,7 +175,7 @@ def test_a_failing_device_step_fails_only_its_batch(server, reference):
             assert_scores(answer.json()["scores"], expected_scores(reference, body))
     failures = sum(poison in marks for marks in batches)
     assert server.engine.stats().failed_batches - before == failures >= 1
-    assert wait_until(lambda: idle(server.url))
+    server.settle()
     again = httpx2.post(f"{server.url}/v1/score", json=bodies[3], timeout=60)
     assert again.status_code == 200  # the server keeps serving, the same request included
     assert_scores(again.json()["scores"], expected_scores(reference, bodies[3]))
@@ -187,6 +188,13 @@ def left(url: str) -> float:
     return parse_metrics(httpx2.get(f"{url}/metrics").text).get(LEFT_499, 0.0)
 
 
+async def until(condition, timeout: float = 120.0) -> None:
+    """Return once `condition()` holds: a bounded wait on what the server shows."""
+    with anyio.fail_after(timeout):
+        while not condition():
+            await anyio.sleep(0.01)
+
+
 @pytest.mark.parametrize("leaving", [1, 4])
 def test_clients_that_leave_have_their_work_dropped(server, reference, leaving):
     rng = np.random.default_rng(5)
@@ -195,33 +203,43 @@ def test_clients_that_leave_have_their_work_dropped(server, reference, leaving):
     needed = leaving * 4000 * 110 // 512  # batches the leaving requests would take
     batches, left_before = stats(server.url)["batches"], left(server.url)
 
+    def held() -> int:  # requests the engine holds
+        return server.engine.stats().in_flight
+
     async def main() -> list[httpx2.Response]:
         answers: list = [None] * len(staying)
+        goodbyes = [anyio.CancelScope() for _ in heavy]
         async with httpx2.AsyncClient(base_url=server.url, timeout=60) as client:
 
-            async def leave(body: dict) -> None:
-                with pytest.raises(httpx2.ReadTimeout):
-                    await client.post("/v1/score", content=json.dumps(body), timeout=0.5)
+            async def leave(body: dict, goodbye: anyio.CancelScope) -> None:
+                with goodbye:  # cancelled: the client closes its connection
+                    await client.post("/v1/score", content=json.dumps(body))
+                assert goodbye.cancelled_caught
 
             async def stay(i: int) -> None:
                 answers[i] = await client.post("/v1/score", json=staying[i])
 
+            def queued() -> int:  # requests the engine holds or has answered
+                return held() + sum(answer is not None for answer in answers)
+
             async with anyio.create_task_group() as tasks:
-                for body in heavy:
-                    tasks.start_soon(leave, body)
-                await anyio.sleep(0.1)  # queued behind the leaving ones
+                for body, goodbye in zip(heavy, goodbyes, strict=True):
+                    tasks.start_soon(leave, body, goodbye)
+                await until(lambda: queued() == leaving)
                 for i in range(len(staying)):
                     tasks.start_soon(stay, i)
+                await until(lambda: queued() == leaving + len(staying))  # behind the leaving
+                for goodbye in goodbyes:
+                    goodbye.cancel()
         return answers
 
     answers = anyio.run(main)
     for answer, body in zip(answers, staying, strict=True):
         assert answer.status_code == 200, answer.text
         assert_scores(answer.json()["scores"], expected_scores(reference, body))
-    assert wait_until(lambda: idle(server.url), 10), stats(server.url)
-    time.sleep(0.2)
+    assert wait_until(lambda: left(server.url) - left_before == leaving)  # each answered 499
+    server.settle()
     assert stats(server.url)["batches"] - batches < needed // 2
-    assert left(server.url) - left_before == leaving
 
 
 # -- a full queue ----------------------------------------------------------------------------
@@ -242,7 +260,7 @@ def test_a_full_queue_is_503_with_retry_after_then_recovers(server, reference):
             )
         else:
             assert_scores(answer.json()["scores"], expected[i % 4])
-    assert wait_until(lambda: idle(server.url))
+    server.settle()
     after = anyio.run(post_all, server.url, [distinct[i % 4] for i in range(LIMIT)])
     for i, answer in enumerate(after):
         assert answer.status_code == 200, answer.text
@@ -256,6 +274,24 @@ async def accepted(url: str, answers: list) -> int:
     """Requests the server holds or has answered."""
     held = (await anyio.to_thread.run_sync(stats, url))["in_flight"]
     return held + sum(answer is not None for answer in answers)
+
+
+def listening(pid: int, port: int) -> bool:
+    """Whether process `pid` holds a socket listening on TCP `port` (Linux: /proc). Hypercorn's
+    main process keeps its own copy of the socket: only the worker's tells that it accepts."""
+    listeners = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        _, local, _, state, *_, inode = line.split()[:10]
+        if local.endswith(f":{port:04X}") and state == "0A":  # 0A: LISTEN
+            listeners.add(f"socket:[{inode}]")
+    return any(_link(fd) in listeners for fd in Path(f"/proc/{pid}/fd").iterdir())
+
+
+def _link(fd: Path) -> str | None:
+    try:
+        return os.readlink(fd)
+    except FileNotFoundError:  # closed meanwhile
+        return None
 
 
 async def sigterm_under_load(server, bodies: list[dict]) -> dict:
@@ -273,12 +309,14 @@ async def sigterm_under_load(server, bodies: list[dict]) -> dict:
         async with anyio.create_task_group() as tasks:
             for i in range(len(bodies)):
                 tasks.start_soon(one, i)
-            with anyio.fail_after(30):
+            with anyio.fail_after(120):
                 while await accepted(server.url, answers) < len(bodies):
                     await anyio.sleep(0.01)
+            worker, port = serving_pid(server.pid), int(server.url.rpartition(":")[2])
+            assert listening(worker, port)
             signalled_at = time.monotonic()
             os.kill(server.pid, signal.SIGTERM)
-            await anyio.sleep(1)  # the worker has stopped accepting
+            await until(lambda: not listening(worker, port))  # the worker stopped accepting
             async with httpx2.AsyncClient(base_url=server.url, timeout=GRACE + 5) as late:
                 with pytest.raises(httpx2.TransportError):
                     await late.post("/v1/score", json=bodies[0])
@@ -321,7 +359,7 @@ def test_sigterm_while_compiling_exits_at_once(worker, tiny_path, tmp_path):
     log = tmp_path / "hypercorn.log"
     process, _ = launch(worker, env, log)
     try:
-        assert wait_until(lambda: "compiling:" in log.read_text(errors="replace"), 60)
+        assert wait_until(lambda: "compiling:" in log.read_text(errors="replace"))
         signalled_at = time.monotonic()
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0

@@ -18,6 +18,7 @@ from api.app import create_app
 from api.routes import ROUTES
 from api.settings import settings_from_env
 from engine import EngineConfig, load_model
+from tests.conftest import FaultyProgram
 from tests.test_api_support import (
     YES,
     asgi_post,
@@ -171,19 +172,29 @@ def raising(error: BaseException):
     return fail
 
 
-# (object of the engine, attribute, replacement): where each failure is planted
+def failing(name: str, error: BaseException):
+    """A failure to plant: the engine's `name` raises `error`."""
+    return lambda engine, monkeypatch: monkeypatch.setattr(engine, name, raising(error))
+
+
+def device_fault(engine, monkeypatch) -> None:
+    """The device program of `engine` raises before each batch."""
+    program = FaultyProgram(engine.runner.program, raising(OSError(2, "gone", REPO)))
+    monkeypatch.setattr(engine.runner, "program", program)
+
+
+# how each failure is planted in the engine (undone by monkeypatch)
 FAILURES = {
-    "engine call": (lambda e: e, "score", raising(RuntimeError(leaky_text()))),
-    "engine call, own class": (lambda e: e, "score", raising(LeakyError(leaky_text()))),
-    "device step": (lambda e: e.model, "run_batch", raising(OSError(2, "gone", REPO))),
-    "handler": (lambda e: e, "stats", raising(KeyError(SITE_PACKAGES))),
+    "engine call": failing("score", RuntimeError(leaky_text())),
+    "engine call, own class": failing("score", LeakyError(leaky_text())),
+    "device step": device_fault,
+    "handler": failing("stats", KeyError(SITE_PACKAGES)),
 }
 
 
 @pytest.mark.parametrize("failure", FAILURES)
 def test_500_bodies_show_no_traceback_paths_or_modules(secured, monkeypatch, caplog, failure):
-    target, name, replacement = FAILURES[failure]
-    monkeypatch.setattr(target(secured.app.state.service.host.engine), name, replacement)
+    FAILURES[failure](secured.app.state.service.host.engine, monkeypatch)
     with caplog.at_level(logging.ERROR, logger="api"):
         if failure == "handler":
             r = secured.get("/get_server_info", headers=AUTH)
