@@ -38,8 +38,7 @@ from bench import common
 from bench.parity import label_ids
 from bench.w3 import Server
 from bench.workloads import text_of_tokens
-from engine import EngineConfig, open_engine
-from engine.loaders import default_model_path
+from engine import EngineConfig, default_model_path, open_engine
 
 QUICK = dict(clients=16, seconds=3.0, warmup=1.0, pool=16)
 # |log score - log reference| allowed. In bf16 a batch's composition alone moves log-probs by up
@@ -273,10 +272,22 @@ async def sample_peak(pid: int, peak: list[float]) -> None:
         await anyio.sleep(0.5)
 
 
+async def until_idle(url: str, timeout: float = 120.0) -> None:
+    """Wait until the server holds no request (nothing in flight or queued): what is sampled
+    then is what the server keeps, not the work of the clients that just stopped."""
+    async with httpx2.AsyncClient(base_url=url) as http:
+        with anyio.fail_after(timeout):
+            while True:
+                stats = (await http.get("/get_server_info")).json()["stats"]
+                if stats["in_flight"] == 0 and stats["queue_depth"] == 0:
+                    return
+                await anyio.sleep(0.05)
+
+
 async def soak(url: str, pid: int | None, requests, expected, args) -> dict:
     """Warm-up, sample, measured run (peak RSS sampled), sample; the phases' reports."""
     warmup = await closed_loop(url, requests, expected, args, args.warmup)
-    await anyio.sleep(1)  # the server closes its side of the clients' connections
+    await until_idle(url)
     before = process_sample(pid) if pid else None
     peak = [before["rss_mib"] if before else 0.0]
     async with anyio.create_task_group() as tasks:
@@ -284,7 +295,7 @@ async def soak(url: str, pid: int | None, requests, expected, args) -> dict:
             tasks.start_soon(sample_peak, pid, peak)
         run = await closed_loop(url, requests, expected, args, args.seconds)
         tasks.cancel_scope.cancel()
-    await anyio.sleep(1)
+    await until_idle(url)
     after = process_sample(pid) if pid else None
     async with httpx2.AsyncClient(base_url=url) as http:
         stats = (await http.get("/get_server_info")).json()["stats"]
