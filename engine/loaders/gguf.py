@@ -9,11 +9,11 @@ import sys
 from dataclasses import dataclass
 
 import numpy as np
-from gguf import GGUFReader, ReaderTensor
 from gguf.quants import dequantize
 from tqdm import tqdm
 
 from engine.loaders.checkpoint import Checkpoint, CheckpointError
+from engine.loaders.gguf_file import GGUFFile, GGUFTensor, read_gguf
 from engine.loaders.gguf_tokenizer import metadata_value, tokenizer_from_gguf
 from engine.models.config import ModelConfig, RopeScaling
 
@@ -49,7 +49,7 @@ def load_gguf(path: str | os.PathLike, *, progress: bool = True) -> Checkpoint:
     Raises `CheckpointError` naming the file for anything unsupported or missing.
     """
     source = os.fspath(path)
-    reader = _open(source)
+    reader = read_gguf(source)
     tensors = {tensor.name: tensor for tensor in reader.tensors}
     config = _config(reader, tensors, source)
     params = _params(tensors, config, source, progress)
@@ -57,17 +57,10 @@ def load_gguf(path: str | os.PathLike, *, progress: bool = True) -> Checkpoint:
     return Checkpoint(config=config, params=params, tokenizer=tokenizer, source=source)
 
 
-def _open(source: str) -> GGUFReader:
-    try:
-        return GGUFReader(source)
-    except (OSError, ValueError) as error:
-        raise CheckpointError(f"{source}: cannot read as GGUF: {error}") from error
-
-
 # --- config --------------------------------------------------------------------------------------
 
 
-def _config(reader: GGUFReader, tensors: dict[str, ReaderTensor], source: str) -> ModelConfig:
+def _config(reader: GGUFFile, tensors: dict[str, GGUFTensor], source: str) -> ModelConfig:
     arch = metadata_value(reader, "general.architecture", source)
     if arch not in _DEFAULT_ROPE_THETA:
         raise CheckpointError(
@@ -107,7 +100,7 @@ def _config(reader: GGUFReader, tensors: dict[str, ReaderTensor], source: str) -
     )
 
 
-def _head_dim(reader: GGUFReader, arch: str, hidden: int, num_heads: int, source: str) -> int:
+def _head_dim(reader: GGUFFile, arch: str, hidden: int, num_heads: int, source: str) -> int:
     """`attention.key_length` when given, else hidden / heads; partial rotary is unsupported."""
     head_dim = int(metadata_value(reader, f"{arch}.attention.key_length", source, 0))
     if not head_dim:
@@ -122,14 +115,14 @@ def _head_dim(reader: GGUFReader, arch: str, hidden: int, num_heads: int, source
     return head_dim
 
 
-def _vocab_size(tensors: dict[str, ReaderTensor], source: str) -> int:
+def _vocab_size(tensors: dict[str, GGUFTensor], source: str) -> int:
     """Rows of the embedding table (ggml shape is [E, V])."""
     embed = _require(tensors, "token_embd.weight", source)
     return int(embed.shape[-1])
 
 
 def _rope_scaling(
-    reader: GGUFReader, tensors: dict[str, ReaderTensor], arch: str, source: str
+    reader: GGUFFile, tensors: dict[str, GGUFTensor], arch: str, source: str
 ) -> RopeScaling | None:
     if "rope_freqs.weight" in tensors:
         # llama.cpp writes Llama-3.1-style scaling as precomputed per-frequency divisors, which
@@ -212,7 +205,7 @@ def _slots(config: ModelConfig) -> dict[str, _Slot]:
 
 
 def _params(
-    tensors: dict[str, ReaderTensor], config: ModelConfig, source: str, progress: bool = True
+    tensors: dict[str, GGUFTensor], config: ModelConfig, source: str, progress: bool = True
 ) -> dict[str, np.ndarray | dict[str, np.ndarray]]:
     slots = _slots(config)
     for name in slots:
@@ -254,16 +247,16 @@ def _allocate_layers(config: ModelConfig, slots: dict[str, _Slot]) -> dict[str, 
     }
 
 
-def _require(tensors: dict[str, ReaderTensor], name: str, source: str) -> ReaderTensor:
+def _require(tensors: dict[str, GGUFTensor], name: str, source: str) -> GGUFTensor:
     tensor = tensors.get(name)
     if tensor is None:
         raise CheckpointError(f"{source}: missing tensor {name!r}")
     return tensor
 
 
-def _dequantized(tensor: ReaderTensor, shape: tuple[int, ...], source: str) -> np.ndarray:
+def _dequantized(tensor: GGUFTensor, shape: tuple[int, ...], source: str) -> np.ndarray:
     """The tensor as float32 in HF orientation: ggml lists dims innermost first, so reversed."""
-    hf_shape = tuple(int(dim) for dim in reversed(tensor.shape.tolist()))
+    hf_shape = tensor.shape[::-1]
     if hf_shape != shape:
         raise CheckpointError(
             f"{source}: tensor {tensor.name!r} has shape {list(hf_shape)}, expected {list(shape)}"
@@ -277,7 +270,7 @@ def _dequantized(tensor: ReaderTensor, shape: tuple[int, ...], source: str) -> n
     return np.asarray(values, dtype=np.float32).reshape(shape)
 
 
-def _owned(weight: np.ndarray, tensor: ReaderTensor) -> np.ndarray:
+def _owned(weight: np.ndarray, tensor: GGUFTensor) -> np.ndarray:
     """An array independent of the memory-mapped file (F32 tensors dequantise to a view of it)."""
     if np.may_share_memory(weight, tensor.data):
         return np.array(weight, dtype=np.float32)
