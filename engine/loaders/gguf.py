@@ -1,7 +1,8 @@
 """Loading llama.cpp GGUF files (llama, qwen2, qwen3) into a `Checkpoint`.
 
-Tensors are dequantised one at a time to float32 with `gguf.quants.dequantize` and written straight
-into preallocated, layer-stacked arrays, so peak memory is the float32 model plus one tensor.
+The container is parsed by `engine.loaders.gguf_file`. Tensors are dequantised one at a time to
+float32 with `gguf.quants.dequantize` and written straight into preallocated, layer-stacked
+arrays, so peak memory is the float32 model plus one tensor.
 """
 
 import os

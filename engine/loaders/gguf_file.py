@@ -204,21 +204,28 @@ class _Parser:
         return tensors
 
     def _tensor_data(self, name: str, shape: tuple[int, ...], kind: GGMLQuantizationType):
-        dims = shape[::-1]  # numpy order, outermost first
-        code = _ELEMENT_TYPES.get(kind)
-        if code is not None:
-            dtype, count = np.dtype(code).newbyteorder(self.order), math.prod(dims)
-        else:
-            block, size = GGML_QUANT_SIZES[kind]
-            if dims and dims[-1] % block:
-                raise ValueError(
-                    f"tensor {name!r}: rows of {dims[-1]} are not whole {kind.name} blocks"
-                )
-            dims = (*dims[:-1], dims[-1] // block * size) if dims else dims
-            dtype, count = np.dtype(np.uint8), math.prod(dims)
+        dims, dtype = _layout(name, shape, kind, self.order)
+        count = math.prod(dims)
         if self.pos + count * dtype.itemsize > len(self.buffer):
             raise ValueError(f"tensor {name!r}: data runs past the end of the file")
         return np.frombuffer(self.buffer, dtype, count, self.pos).reshape(dims)
+
+
+def _layout(
+    name: str, shape: tuple[int, ...], kind: GGMLQuantizationType, order: str
+) -> tuple[tuple[int, ...], np.dtype]:
+    """The numpy shape and dtype of a tensor's data, as `GGUFReader` gives them: elements, or
+    uint8 rows of blocks."""
+    dims = shape[::-1]  # numpy order, outermost first
+    code = _ELEMENT_TYPES.get(kind)
+    if code is not None:
+        return dims, np.dtype(code).newbyteorder(order)
+    block, size = GGML_QUANT_SIZES[kind]
+    if not dims:
+        return dims, np.dtype(np.uint8)
+    if dims[-1] % block:
+        raise ValueError(f"tensor {name!r}: rows of {dims[-1]} are not whole {kind.name} blocks")
+    return (*dims[:-1], dims[-1] // block * size), np.dtype(np.uint8)
 
 
 def _alignment(metadata: dict[str, Any], types: dict[str, GGUFValueType]) -> int:
