@@ -13,6 +13,7 @@ from engine.loaders import Checkpoint
 from engine.models import FAMILIES, Dense, ModelConfig, PackedInputs, label_logprobs
 from engine.packing import empty_batch
 from kernels import select_attention, select_dense
+from kernels.host import to_device
 
 DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
 VECTORS = ("attn_norm", "mlp_norm", "q_norm", "k_norm", "bq", "bk", "bv")  # kept in f32
@@ -35,14 +36,16 @@ def enable_compile_cache(directory: str | None) -> None:
 def place_params(params: dict, dtype, dense) -> dict:
     """Device weights from host params (the layout of `engine.models.config`): the embedding in
     `dtype`; norms and biases in f32; q/k/v fused into one matrix and gate/up into one gated
-    pair, these and the other matrices and the LM head prepared by the `dense` strategy."""
+    pair, these and the other matrices and the LM head prepared by the `dense` strategy. A tied
+    head is prepared from the embedding already on the device, converted once."""
     layers = params["layers"]
     qkv = np.concatenate([layers["wq"], layers["wk"], layers["wv"]], axis=-1)  # [L, E, (H+2Hkv)D]
+    embed = to_device(params["embed"], dtype)
     return {
-        "embed": jnp.asarray(params["embed"], dtype),
-        "final_norm": jnp.asarray(params["final_norm"], jnp.float32),
-        "head": dense.prepare_head(params.get("lm_head", params["embed"]), dtype),
-        "layers": {n: jnp.asarray(layers[n], jnp.float32) for n in VECTORS if n in layers},
+        "embed": embed,
+        "final_norm": to_device(params["final_norm"], jnp.float32),
+        "head": dense.prepare_head(params.get("lm_head", embed), dtype),
+        "layers": {n: to_device(layers[n], jnp.float32) for n in VECTORS if n in layers},
         "matrices": {
             "qkv": dense.prepare(qkv, dtype),
             "o": dense.prepare(layers["wo"], dtype),

