@@ -143,7 +143,7 @@ def test_forced_in_the_model(tiny_checkpoints) -> None:
     seqs = [[1, 2, 3, 4, 5], [1, 2, 3, 9], [7] * 70]
     pallas = load_model(tiny_checkpoints["qwen3"], dtype="float32", attention="pallas")
     xla = load_model(tiny_checkpoints["qwen3"], dtype="float32", attention="xla")
-    assert pallas.attention is attention_pallas_auto
+    assert pallas.program.attention is attention_pallas_auto
     np.testing.assert_allclose(
         pallas.label_logprobs(seqs, [[1, 2]] * 3), xla.label_logprobs(seqs, [[1, 2]] * 3), atol=1e-5
     )
