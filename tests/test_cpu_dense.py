@@ -90,14 +90,6 @@ def test_the_layer_index_picks_the_matrix():
         np.testing.assert_allclose(native(x, packed, layer), exact(x, stack[layer]), atol=1e-4)
 
 
-def test_packing_layout():
-    w = np.arange(4 * 32, dtype=np.float32).reshape(4, 32)  # small integers: exact in bf16
-    packed = cpu.pack_dense(w)
-    assert packed.shape == (2, 2, 32) and packed.dtype == jnp.bfloat16
-    for g, p, c, j in np.ndindex(2, 2, 16, 2):
-        assert packed[g, p, 2 * c + j] == w[2 * p + j, 16 * g + c]
-
-
 def test_thread_count_does_not_change_results():
     rng = np.random.default_rng(5)
     x, w = bf16(rng, 300, 128), jnp.asarray(cpu.pack_dense(bf16(rng, 1, 128, 96)))
