@@ -146,12 +146,11 @@ class Engine:
             self._rerank_labels = list(templates.label_ids(self.template, tokenizer))
         except ValueError as e:  # the model cannot rerank; score still works
             self._rerank_labels = str(e)
-        self.tokenization = tokenizer_actor.TokenizerState(
+        self.tokenization = tokenizer_actor.TokenizerState.for_model(
             tokenizer,
-            vocab_size=program.config.vocab_size,
-            max_len=self.max_sequence_tokens,
+            program.config,
+            self.buckets,
             max_items=config.max_items_per_request,
-            max_labels=self.buckets.max_labels,
             cache_size=config.tokenizer_cache_size,
         )
         self.scheduler = scheduler.SchedulerState(

@@ -65,13 +65,8 @@ class ScoringModel:
         self.tokenizer: tokenizers.Tokenizer = checkpoint.tokenizer
         self.token_budget = token_budget
         self.buckets = make_buckets(self.config.max_position_embeddings, token_budget=token_budget)
-        self._tokenizer_state = TokenizerState(
-            checkpoint.tokenizer,
-            vocab_size=self.config.vocab_size,
-            max_len=self.buckets.max_sequence(self.config.max_position_embeddings),
-            max_items=None,
-            max_labels=self.buckets.max_labels,
-            cache_size=0,
+        self._tokenizer_state = TokenizerState.for_model(
+            checkpoint.tokenizer, self.config, self.buckets, max_items=None, cache_size=0
         )
 
     @property

@@ -12,9 +12,11 @@ import tokenizers
 import trio
 
 from engine import inputs
+from engine.buckets import Buckets
 from engine.channels import drain
 from engine.errors import InputTooLarge, InvalidInput, rejection_kind
 from engine.messages import Cancel, Rejected, ScoreRequest, Tokenized
+from engine.models import ModelConfig
 
 MAX_DRAIN = 256  # requests tokenised together at most; bounds one worker-thread call
 
@@ -62,6 +64,27 @@ class TokenizerState:
         self.max_items = max_items
         self.max_labels = max_labels
         self.cache = TokenCache(cache_size)
+
+    @classmethod
+    def for_model(
+        cls,
+        tokenizer: tokenizers.Tokenizer,
+        config: ModelConfig,
+        buckets: Buckets,
+        *,
+        max_items: int | None,
+        cache_size: int,
+    ) -> "TokenizerState":
+        """The state for a model of `config` batched on `buckets`: the longest sequence and the
+        label count those allow (`Buckets.max_sequence`, `Buckets.max_labels`)."""
+        return cls(
+            tokenizer,
+            vocab_size=config.vocab_size,
+            max_len=buckets.max_sequence(config.max_position_embeddings),
+            max_items=max_items,
+            max_labels=buckets.max_labels,
+            cache_size=cache_size,
+        )
 
     def process(self, requests: list[ScoreRequest | Cancel]) -> list[Tokenized | Rejected | Cancel]:
         """One message per message, in order; all new texts encoded in one batch call."""
