@@ -1,6 +1,7 @@
 // Packed two-span attention for the CPU as an XLA FFI custom call (see attention_kernel.h).
 //
-// Token t attends to keys [prefix_start[t], prefix_end[t]) and [own_start[t], t]. The handler
+// Token t attends to keys [prefix_start[t], prefix_end[t]) and [own_start[t], C + t] of a key
+// space whose first C keys are read from KV pool pages through a page table. The handler
 // checks shapes and dtypes, then runs the widest instruction-set build of the kernel this CPU
 // supports on `threads` worker threads (all online cores by default).
 
@@ -31,11 +32,16 @@ namespace ffi = xla::ffi;
 namespace packed_attention {
 
 struct Problem {
-  int tokens, heads, kv_heads, head_dim;
+  int tokens, heads, kv_heads, head_dim;  // tokens: the batch's queries (T)
   float scale;
-  const int32_t* prefix_start;
+  const int32_t* prefix_start;  // spans in the key space: the context region, then the batch
   const int32_t* prefix_end;
   const int32_t* own_start;
+  int keys, context;  // C + T and C: query t is key C + t
+  int page_size;
+  const int32_t* pages;  // i32[C / page_size]: the context region's pages
+  const void* pool_k;  // this layer's pages [P, page, Hkv, D]
+  const void* pool_v;
 };
 
 // A growable array of 64-byte aligned 64-byte vectors (std::vector does not promise the
@@ -153,10 +159,29 @@ std::string shape_error(const char* what, const ffi::AnyBuffer& buffer) {
   return std::string("packed_attention: ") + what + " has shape [" + dims + "]";
 }
 
-ffi::Error Attention(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                     ffi::Buffer<ffi::S32> prefix_start, ffi::Buffer<ffi::S32> prefix_end,
-                     ffi::Buffer<ffi::S32> own_start, ffi::Result<ffi::AnyBuffer> out,
-                     float scale, ffi::ThreadPool pool) {
+// The pool [L, P, page, Hkv, D] and page table fit the batch's K/V; `context` is set to C.
+std::string check_pages(const ffi::AnyBuffer& k, const ffi::AnyBuffer& pool_k,
+                        const ffi::AnyBuffer& pool_v, const ffi::Buffer<ffi::S32>& layer,
+                        const ffi::Buffer<ffi::S32>& pages) {
+  auto kd = k.dimensions(), pd = pool_k.dimensions(), vd = pool_v.dimensions();
+  if (pd.size() != 5 || pd[3] != kd[1] || pd[4] != kd[2] ||
+      !std::equal(pd.begin(), pd.end(), vd.begin(), vd.end()) ||
+      pool_k.element_type() != k.element_type() || pool_v.element_type() != k.element_type())
+    return shape_error("the KV pool", pool_k);
+  if (layer.element_count() != 1) return "packed_attention: layer must be a scalar";
+  int l = layer.typed_data()[0];
+  if (l < 0 || l >= pd[0]) return "packed_attention: layer out of range";
+  const int32_t* table = pages.typed_data();
+  for (size_t i = 0; i < pages.element_count(); ++i)
+    if (table[i] < 0 || table[i] >= pd[1]) return "packed_attention: page out of range";
+  return "";
+}
+
+ffi::Error Attention(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer pool_k,
+                     ffi::AnyBuffer pool_v, ffi::Buffer<ffi::S32> layer,
+                     ffi::Buffer<ffi::S32> pages, ffi::Buffer<ffi::S32> prefix_start,
+                     ffi::Buffer<ffi::S32> prefix_end, ffi::Buffer<ffi::S32> own_start,
+                     ffi::Result<ffi::AnyBuffer> out, float scale, ffi::ThreadPool pool) {
   native_cpu::PoolScope scope(pool);
   auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
   if (qd.size() != 3) return ffi::Error::InvalidArgument(shape_error("q", q));
@@ -170,8 +195,27 @@ ffi::Error Attention(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
   auto dtype = q.element_type();
   if (k.element_type() != dtype || v.element_type() != dtype || out->element_type() != dtype)
     return ffi::Error::InvalidArgument("packed_attention: q, k, v and out must share a dtype");
-  Problem p{int(qd[0]),          int(qd[1]),          int(kd[1]),         int(qd[2]), scale,
-            prefix_start.typed_data(), prefix_end.typed_data(), own_start.typed_data()};
+  std::string bad = check_pages(k, pool_k, pool_v, layer, pages);
+  if (!bad.empty()) return ffi::Error::InvalidArgument(bad);
+  auto pd = pool_k.dimensions();
+  int page_size = int(pd[2]);
+  int context = int(pages.element_count()) * page_size;
+  size_t layer_bytes = size_t(pd[1]) * pd[2] * pd[3] * pd[4] * ffi::ByteWidth(dtype);
+  size_t layer_offset = size_t(layer.typed_data()[0]) * layer_bytes;
+  Problem p{int(qd[0]),
+            int(qd[1]),
+            int(kd[1]),
+            int(qd[2]),
+            scale,
+            prefix_start.typed_data(),
+            prefix_end.typed_data(),
+            own_start.typed_data(),
+            context + int(qd[0]),
+            context,
+            page_size,
+            pages.typed_data(),
+            static_cast<const char*>(pool_k.untyped_data()) + layer_offset,
+            static_cast<const char*>(pool_v.untyped_data()) + layer_offset};
   bool ok;
   if (dtype == ffi::DataType::BF16) {
     ok = dispatch(p, static_cast<const uint16_t*>(q.untyped_data()),
@@ -197,6 +241,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PackedAttentionHandler, packed_attention::Attentio
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()

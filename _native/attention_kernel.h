@@ -7,7 +7,9 @@
 // PACKED_ATTENTION_BF16 defined: 1 compiles the 512-bit intrinsics (horizontal reductions,
 // exp2) and the AVX512-BF16 dot-product path for bf16 inputs.
 //
-// Layout: q [T, H, D], k and v [T, Hkv, D] row-major (bf16 or f32), out like q. Work items are
+// Layout: q [T, H, D], k and v [T, Hkv, D] row-major (bf16 or f32), out like q; the context
+// region's keys (C of them, before the batch's) are rows of this layer's pool pages
+// [P, page, Hkv, D], found through the page table. Work items are
 // (query tile of `tile_tokens` tokens, kv head); a work item's rows are its tokens times the G
 // query heads of that kv head. Scores never leave a 64-key tile held in cache: QK^T, the mask,
 // an online softmax (exp2 with log2(e) folded into the query scale) and PV are fused per tile.
@@ -142,20 +144,22 @@ enum class Visible { kNone, kPartial, kAll };
 inline Visible classify(const Problem& p, int token, int key0) {
   int key1 = key0 + kKeyTile;  // exclusive
   int ps = p.prefix_start[token], pe = p.prefix_end[token], os = p.own_start[token];
+  int self = p.context + token;  // the token's own key
   bool prefix_all = ps <= key0 && key1 <= pe;
-  bool own_all = os <= key0 && key1 - 1 <= token;
+  bool own_all = os <= key0 && key1 - 1 <= self;
   if (prefix_all || own_all) return Visible::kAll;
   bool prefix_any = ps < pe && ps < key1 && key0 < pe;
-  bool own_any = os < key1 && key0 <= token;
+  bool own_any = os < key1 && key0 <= self;
   return prefix_any || own_any ? Visible::kPartial : Visible::kNone;
 }
 
 inline void mask_row(const Problem& p, int token, int key0, int c0, int c1, vf* row) {
   const vi lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   int ps = p.prefix_start[token], pe = p.prefix_end[token], os = p.own_start[token];
+  int self = p.context + token;
   for (int c = c0; c < c1; ++c) {
     vi key = lane + (key0 + c * kLanes);
-    vi visible = ((key >= ps) & (key < pe)) | ((key >= os) & (key <= token));
+    vi visible = ((key >= ps) & (key < pe)) | ((key >= os) & (key <= self));
     row[c] = visible ? row[c] : splat(-INFINITY);
   }
 }
@@ -170,7 +174,7 @@ inline std::pair<int, int> visible_vectors(const Problem& p, int tok0, int tok1,
   };
   for (int t = tok0; t < tok1; ++t) {
     cover(p.prefix_start[t], p.prefix_end[t]);
-    cover(p.own_start[t], t + 1);
+    cover(p.own_start[t], p.context + t + 1);
   }
   if (lo >= hi) return {0, 0};
   return {(lo - key0) / kLanes, (hi - key0 + kLanes - 1) / kLanes};
@@ -181,7 +185,7 @@ inline void visited_tiles(const Problem& p, int tok0, int tok1, std::vector<int>
                           std::vector<std::pair<int, int>>* spans) {
   spans->clear();
   for (int t = tok0; t < tok1; ++t) {
-    spans->emplace_back(p.own_start[t], t + 1);
+    spans->emplace_back(p.own_start[t], p.context + t + 1);
     if (p.prefix_end[t] > p.prefix_start[t])
       spans->emplace_back(p.prefix_start[t], p.prefix_end[t]);
   }
@@ -192,6 +196,16 @@ inline void visited_tiles(const Problem& p, int tok0, int tok1, std::vector<int>
     if (!tiles->empty()) first = std::max(first, tiles->back() + 1);
     for (int tile = first; tile <= last; ++tile) tiles->push_back(tile);
   }
+}
+
+// The K or V row of kv head `g` at `key` of the key space: keys [0, context) live in the pool's
+// pages through the page table, the rest in the batch.
+template <typename In>
+inline const In* key_row(const Problem& p, const In* batch, const void* pool, int key, int g) {
+  if (key >= p.context)
+    return batch + (int64_t(key - p.context) * p.kv_heads + g) * p.head_dim;
+  int64_t slot = int64_t(p.pages[key / p.page_size]) * p.page_size + key % p.page_size;
+  return static_cast<const In*>(pool) + (slot * p.kv_heads + g) * p.head_dim;
 }
 
 template <typename In>
@@ -228,7 +242,7 @@ struct F32Tiles {
   Vectors kt, vt;  // kt[g][tile][d][64] (transposed for the score kernel), vt[g][tile][64][d]
 
   void prepare(const Problem& p, const In* k, const In* v) {
-    k_tiles = (p.tokens + kKeyTile - 1) / kKeyTile;
+    k_tiles = (p.keys + kKeyTile - 1) / kKeyTile;
     size_t vecs = size_t(p.kv_heads) * k_tiles * kKeyTile * D / kLanes;
     kt.resize(vecs);
     vt.resize(vecs);
@@ -238,10 +252,11 @@ struct F32Tiles {
       float* v_tile = vt.as<float>() + (int64_t(g) * k_tiles + tile) * kKeyTile * D;
       for (int j = 0; j < kKeyTile; ++j) {
         int key = tile * kKeyTile + j;
-        int64_t base = (int64_t(key) * p.kv_heads + g) * D;
+        const In* k_row = key < p.keys ? key_row(p, k, p.pool_k, key, g) : nullptr;
+        const In* v_row = key < p.keys ? key_row(p, v, p.pool_v, key, g) : nullptr;
         for (int d = 0; d < D; ++d) {
-          kt_tile[d * kKeyTile + j] = key < p.tokens ? load(k, base + d) : 0.0f;
-          v_tile[j * D + d] = key < p.tokens ? load(v, base + d) : 0.0f;
+          kt_tile[d * kKeyTile + j] = k_row ? load(k_row, d) : 0.0f;
+          v_tile[j * D + d] = v_row ? load(v_row, d) : 0.0f;
         }
       }
     });
@@ -291,7 +306,7 @@ struct Bf16Tiles {
   Vectors kp, vp;
 
   void prepare(const Problem& p, const uint16_t* k, const uint16_t* v) {
-    k_tiles = (p.tokens + kKeyTile - 1) / kKeyTile;
+    k_tiles = (p.keys + kKeyTile - 1) / kKeyTile;
     score_scale = p.scale * 1.4426950408889634f;
     size_t vecs = size_t(p.kv_heads) * k_tiles * kKeyTile * D / (2 * kLanes);
     kp.resize(vecs);
@@ -302,14 +317,15 @@ struct Bf16Tiles {
       uint16_t* vp_tile = vp.as<uint16_t>() + (int64_t(g) * k_tiles + tile) * kKeyTile * D;
       for (int j = 0; j < kKeyTile; ++j) {
         int key = tile * kKeyTile + j;
-        int64_t base = (int64_t(key) * p.kv_heads + g) * D;
+        const uint16_t* k_row = key < p.keys ? key_row(p, k, p.pool_k, key, g) : nullptr;
+        const uint16_t* v_row = key < p.keys ? key_row(p, v, p.pool_v, key, g) : nullptr;
         for (int dp = 0; dp < kPairs; ++dp) {
           uint32_t pair = 0;
-          if (key < p.tokens) std::memcpy(&pair, k + base + 2 * dp, sizeof pair);
+          if (k_row) std::memcpy(&pair, k_row + 2 * dp, sizeof pair);
           kp_tile[dp * kKeyTile + j] = pair;
         }
         for (int d = 0; d < D; ++d)
-          vp_tile[((j / 2) * D + d) * 2 + (j % 2)] = key < p.tokens ? v[base + d] : 0;
+          vp_tile[((j / 2) * D + d) * 2 + (j % 2)] = v_row ? v_row[d] : 0;
       }
     });
   }

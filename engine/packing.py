@@ -164,6 +164,7 @@ def pack(
         meta,
         score_rows,
         _label_ids([labels[m] for m in order], s, label_width),
+        np.full(t, -1, np.int32),  # i32[T]
     )
     return batch, order
 
@@ -182,5 +183,10 @@ def empty_batch(tokens: int, rows: int, labels: int, block_size: int) -> PackedI
     meta = make_meta(pad, pad, pad, block_size=block_size, width_buckets=(tokens // block_size,))
     zeros = np.zeros(tokens, np.int32)
     return PackedInputs(
-        zeros, zeros, meta, np.zeros(rows, np.int32), np.zeros((rows, labels), np.int32)
+        zeros,
+        zeros,
+        meta,
+        np.zeros(rows, np.int32),
+        np.zeros((rows, labels), np.int32),
+        np.full(tokens, -1, np.int32),
     )

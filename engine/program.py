@@ -14,8 +14,10 @@ from engine.models import FAMILIES, Dense, ModelConfig, PackedInputs, label_logp
 from engine.packing import empty_batch
 from kernels import select_attention, select_dense
 from kernels.host import to_device
+from kernels.paging import LayerPool, empty_pool, write
 
 DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
+DEFAULT_PAGE_SIZE = 16  # tokens per KV pool page: the prefix cache's granularity
 VECTORS = ("attn_norm", "mlp_norm", "q_norm", "k_norm", "bq", "bk", "bv")  # kept in f32
 
 
@@ -56,11 +58,13 @@ def place_params(params: dict, dtype, dense) -> dict:
 
 
 class DeviceProgram:
-    """Weights on the device and the compiled forward: `run` one packed batch to label log-probs.
+    """Weights on the device, the paged KV pool, and the compiled forward: `run` one packed batch
+    to label log-probs.
 
     `dtype` is the weight dtype ("bfloat16" or "float32"); `attention` and `dense` name the
     implementations (None: the backend's default; see `kernels.select_attention` and
-    `kernels.select_dense`).
+    `kernels.select_dense`). The pool holds as many pages of `page_size` tokens as
+    `kv_cache_bytes` pays for (none: no pool, and batches may not name context pages).
     """
 
     def __init__(
@@ -70,6 +74,8 @@ class DeviceProgram:
         dtype: str = "bfloat16",
         attention: str | None = None,
         dense: str | None = None,
+        kv_cache_bytes: int = 0,
+        page_size: int = DEFAULT_PAGE_SIZE,
     ):
         if dtype not in DTYPES:
             raise InvalidInput("dtype", f"{dtype!r} is not one of {sorted(DTYPES)}")
@@ -87,18 +93,59 @@ class DeviceProgram:
             family=FAMILIES[self.config.family],
             attention=self.attention,
             dense=self.dense,
+            write_kv=write,
         )
-        self._forward = jax.jit(forward)
+        self._forward = jax.jit(forward, donate_argnums=2)  # the pool is updated in place
+        if page_size < 1:
+            raise InvalidInput("page_size", f"must be at least 1, got {page_size}")
+        self.page_size = page_size
+        self.num_pages = max(0, kv_cache_bytes) // (page_size * self.kv_bytes_per_token)
+        self.pool: LayerPool | None = self._empty_pool()
+        self.pool_resets = 0  # times the pool was lost (a failed step) and zeroed again
 
     @property
     def kv_bytes_per_token(self) -> int:
         """KV-cache bytes one token costs in this program's dtype."""
         return self.config.kv_bytes_per_token(np.dtype(DTYPES[self.dtype]).itemsize)
 
+    @property
+    def pool_tokens(self) -> int:
+        """Tokens the KV pool holds."""
+        return self.num_pages * self.page_size
+
     def compile(self, shape: tuple[int, int, int], block_size: int) -> None:
-        """Compile the program of batch shape (T, S, L) without running it."""
-        self._forward.lower(self.params, empty_batch(*shape, block_size)).compile()
+        """Compile the program of batch shape (T, S, L), without context, without running it."""
+        self._forward.lower(self.params, empty_batch(*shape, block_size), self.pool).compile()
 
     def run(self, batch: PackedInputs) -> jax.Array:
-        """Dispatch one packed batch; its label log-probs f32[S, L] are computed asynchronously."""
-        return self._forward(self.params, batch)
+        """Dispatch one packed batch; its label log-probs f32[S, L] are computed asynchronously.
+
+        The batch writes its K/V into the pool at `batch.cache_slots` and reads its context
+        region from it. After a failure call `recover`.
+        """
+        logprobs, self.pool = self._forward(self.params, batch, self.pool)
+        return logprobs
+
+    def recover(self) -> bool:
+        """After a failed `run`: zero the pool again if the failure lost it (its buffers were
+        donated to the step that failed). True when it did, so every cached page is gone."""
+        if self.pool is None:
+            return False
+        try:
+            if not any(x.is_deleted() for x in self.pool):
+                jax.block_until_ready(self.pool)
+                return False
+        except Exception:  # the step's outputs carry its error
+            pass
+        self.pool = self._empty_pool()
+        self.pool_resets += 1
+        return True
+
+    def _empty_pool(self) -> LayerPool | None:
+        if not self.num_pages:
+            return None
+        c = self.config
+        dtype = DTYPES[self.dtype]
+        return empty_pool(
+            c.num_layers, self.num_pages, self.page_size, c.num_kv_heads, c.head_dim, dtype
+        )

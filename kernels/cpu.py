@@ -15,6 +15,7 @@ import numpy as np
 
 from kernels.host import aligned_empty
 from kernels.metadata import AttentionMeta
+from kernels.paging import LayerPool
 
 try:
     from _native import _cpu
@@ -69,20 +70,37 @@ def attention_cpu(
     meta: AttentionMeta,
     *,
     scale: float,
+    pool: LayerPool | None = None,
 ) -> jax.Array:  # [T, H, D] in q's dtype
     """Attention over the prefix span and causal own span of every token, on the CPU.
 
     Query head h reads kv head `h // (H // Hkv)`; q, k and v share a dtype (bfloat16 or
-    float32); D is 64 or 128. Scores, softmax and accumulation are f32.
+    float32); D is 64 or 128. Scores, softmax and accumulation are f32. The context region's
+    keys are read in place from `pool`'s pages through `meta.context_pages`.
     """
     if not supports(q.shape[-1], q.dtype):
         raise ValueError(
             f"the CPU attention kernel takes head_dim in {HEAD_DIMS} and bfloat16/float32, "
             f"got head_dim {q.shape[-1]} and {q.dtype}"
         )
+    if pool is None:
+        if meta.context_pages.shape[0]:
+            raise ValueError("the metadata names context pages but no KV pool was given")
+        empty = jax.numpy.zeros((1, 1, 1, *k.shape[1:]), k.dtype)
+        pool = LayerPool(empty, empty, jax.numpy.zeros((), np.int32))
     call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(q.shape, q.dtype))
     return call(
-        q, k, v, meta.prefix_start, meta.prefix_end, meta.own_start, scale=np.float32(scale)
+        q,
+        k,
+        v,
+        pool.k,
+        pool.v,
+        jax.numpy.asarray(pool.layer, np.int32),
+        jax.numpy.asarray(meta.context_pages, np.int32),
+        meta.prefix_start,
+        meta.prefix_end,
+        meta.own_start,
+        scale=np.float32(scale),
     )
 
 

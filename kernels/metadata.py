@@ -1,14 +1,20 @@
 """Metadata every attention implementation consumes for a packed prefix batch.
 
-A batch is one flat token array of length T (a multiple of the block size B). Token t attends to
-at most two key spans: `[prefix_start[t], prefix_end[t])` (the shared prefix of its group, empty
-when `prefix_start == prefix_end`) and `[own_start[t], t]` (its own sequence so far, causal).
-Padding tokens attend only to themselves, so no row is ever fully masked.
+A batch is one flat array of T query tokens (a multiple of the block size B). Their keys live in
+one key space of C + T positions: `[0, C)` is the batch's *context region*, keys computed by
+earlier batches and read from the paged KV pool (`context_pages`, C a multiple of B), and
+`[C, C + T)` are the batch's own tokens, query t sitting at key C + t. Token t attends to at most
+two key spans: `[prefix_start[t], prefix_end[t])` (the shared prefix of its group, in the context
+region or the batch; empty when `prefix_start == prefix_end`) and `[own_start[t], C + t]` (its own
+sequence so far in this batch, causal). A sequence computed in chunks sees its earlier chunks as
+its prefix span, in the context region.
+Padding tokens attend only to themselves, so no row is ever fully masked. Without a cache C = 0
+and the key space is the batch.
 
-The block schedule lists, for each block of B queries, the key blocks its spans touch:
-`block_kv[i, :block_count[i]]` ascending; entries past the count repeat the last valid one and
-are masked. Its width is bucketed so the compiled shape grid stays small. Work is proportional to
-the keys each query block really sees, not to T^2.
+The block schedule lists, for each block of B queries, the key blocks (of the key space) that
+any of its tokens' spans touch: `block_kv[i, :block_count[i]]` ascending; entries past the count
+repeat the last valid one and are masked. Work is proportional to the keys each query block
+really sees, not to (C + T) * T.
 """
 
 from typing import NamedTuple
@@ -17,14 +23,20 @@ import jax
 
 
 class AttentionMeta(NamedTuple):
-    """Per-token spans and the host-built block schedule (a jax pytree)."""
+    """Per-token spans, the host-built block schedule and the context pages (a jax pytree)."""
 
-    prefix_start: jax.Array  # i32[T]
-    prefix_end: jax.Array  # i32[T]
-    own_start: jax.Array  # i32[T]
+    prefix_start: jax.Array  # i32[T], key space
+    prefix_end: jax.Array  # i32[T], key space
+    own_start: jax.Array  # i32[T], key space
     block_kv: jax.Array  # i32[T // B, K]
     block_count: jax.Array  # i32[T // B]
+    context_pages: jax.Array  # i32[C // page]: pool pages laid end to end as keys [0, C)
 
     @property
     def block_size(self) -> int:
         return self.prefix_start.shape[0] // self.block_kv.shape[0]
+
+
+def context_length(q: jax.Array, k: jax.Array) -> int:
+    """C, from queries [T, ...] and keys [C + T, ...]."""
+    return k.shape[0] - q.shape[0]

@@ -30,7 +30,8 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
 from kernels import tuning
-from kernels.metadata import AttentionMeta
+from kernels.metadata import AttentionMeta, context_length
+from kernels.paging import LayerPool, with_context
 from kernels.tuning import BlockSizes
 
 PLATFORMS = ("tpu", "gpu")
@@ -67,6 +68,7 @@ def attention_pallas(
     meta: AttentionMeta,
     *,
     scale: float,
+    pool: LayerPool | None = None,
     interpret: bool = False,
     block_sizes: BlockSizes | None = None,
     platform: str | None = None,
@@ -78,8 +80,9 @@ def attention_pallas(
     None the default backend's (the GPU form when that is the CPU). `interpret` runs it with the
     Pallas interpreter (required on CPU). `block_sizes` overrides the tuned tiles; each tile must
     divide the schedule block B (larger tiles are clamped to B). Raises ValueError on malformed
-    inputs.
+    inputs. The context region's keys are gathered from `pool`'s pages first (`kernels.paging`).
     """
+    k, v = with_context(k, v, meta, pool)
     platform = platform or _default_platform()
     if platform not in PLATFORMS:
         raise ValueError(f"platform must be one of {PLATFORMS}, got {platform!r}")
@@ -100,11 +103,12 @@ def attention_pallas_auto(
     meta: AttentionMeta,
     *,
     scale: float,
+    pool: LayerPool | None = None,
 ) -> jax.Array:  # [T, H, D] in q's dtype
     """`attention_pallas` for the default backend: compiled on TPU and GPU, interpreted elsewhere
     (the CPU has no Pallas lowering; the interpreter is slow and meant for debugging)."""
     interpret = jax.default_backend() not in PLATFORMS
-    return attention_pallas(q, k, v, meta, scale=scale, interpret=interpret)
+    return attention_pallas(q, k, v, meta, scale=scale, interpret=interpret, pool=pool)
 
 
 def supports(head_dim: int | None, dtype, backend: str) -> bool:
@@ -272,9 +276,9 @@ def _run_tpu(q, k, v, meta: AttentionMeta, *, scale: float, tiles: _Tiles, inter
         meta.block_kv.reshape(-1),
         meta.block_count,
         q_rows,
-        *(_row_column(x, group, tiles.block_q) for x in _span_columns(meta)),
-        k.transpose(1, 0, 2),  # [Hkv, T, D]
-        v.transpose(1, 0, 2),  # [Hkv, T, D]
+        *(_row_column(x, group, tiles.block_q) for x in _span_columns(meta, context_length(q, k))),
+        k.transpose(1, 0, 2),  # [Hkv, C + T, D]
+        v.transpose(1, 0, 2),  # [Hkv, C + T, D]
     )
     return _unfold_heads(out, t)
 
@@ -321,8 +325,8 @@ def _gpu_kernel(
     prefix_end_ref,  # i32[Bq, 1]
     own_start_ref,  # i32[Bq, 1]
     position_ref,  # i32[Bq, 1]
-    k_ref,  # [T, D], the whole kv head
-    v_ref,  # [T, D]
+    k_ref,  # [C + T, D], the whole kv head
+    v_ref,  # [C + T, D]
     o_ref,  # [Bq, D]
     *,
     scale: float,
@@ -349,7 +353,7 @@ def _run_gpu(q, k, v, meta: AttentionMeta, *, scale: float, tiles: _Tiles, inter
     group = num_heads // k.shape[1]
     q_spec = pl.BlockSpec((tiles.block_q, None, head_dim), lambda h, i: (i, h, 0))
     span_spec = pl.BlockSpec((tiles.block_q, 1), lambda h, i: (i, 0))
-    kv_spec = pl.BlockSpec((t, None, head_dim), lambda h, i: (0, lax.div(h, group), 0))
+    kv_spec = pl.BlockSpec((k.shape[0], None, head_dim), lambda h, i: (0, lax.div(h, group), 0))
     return pl.pallas_call(
         functools.partial(_gpu_kernel, scale=scale, tiles=tiles),
         grid=(num_heads, t // tiles.block_q),
@@ -360,12 +364,19 @@ def _run_gpu(q, k, v, meta: AttentionMeta, *, scale: float, tiles: _Tiles, inter
             num_warps=sizes.num_warps, num_stages=sizes.num_stages
         ),
         interpret=interpret,
-    )(meta.block_kv.reshape(-1), meta.block_count, q, *_span_columns(meta), k, v)
+    )(
+        meta.block_kv.reshape(-1),
+        meta.block_count,
+        q,
+        *_span_columns(meta, context_length(q, k)),
+        k,
+        v,
+    )
 
 
-def _span_columns(meta: AttentionMeta) -> tuple[jax.Array, ...]:  # 4 x i32[T, 1]
+def _span_columns(meta: AttentionMeta, context: int) -> tuple[jax.Array, ...]:  # 4 x i32[T, 1]
     t = meta.prefix_start.shape[0]
-    position = jnp.arange(t, dtype=jnp.int32)
+    position = context + jnp.arange(t, dtype=jnp.int32)  # each query's key
     return tuple(
         jnp.asarray(x, jnp.int32).reshape(t, 1)
         for x in (meta.prefix_start, meta.prefix_end, meta.own_start, position)
@@ -382,10 +393,10 @@ def _default_platform() -> str:
 def _check_inputs(q, k, v, meta: AttentionMeta) -> None:
     if q.ndim != 3 or k.ndim != 3 or k.shape != v.shape:
         raise ValueError(
-            f"q must be [T, H, D] and k, v [T, Hkv, D], got {q.shape}, {k.shape}, {v.shape}"
+            f"q must be [T, H, D] and k, v [C + T, Hkv, D], got {q.shape}, {k.shape}, {v.shape}"
         )
     t, num_heads, head_dim = q.shape
-    if k.shape[0] != t or k.shape[2] != head_dim or num_heads % k.shape[1]:
+    if k.shape[0] < t or k.shape[2] != head_dim or num_heads % k.shape[1]:
         raise ValueError(f"k/v shape {k.shape} does not fit q shape {q.shape}")
     if not q.dtype == k.dtype == v.dtype or q.dtype not in DTYPES:
         raise ValueError(f"q, k, v must share float32 or bfloat16, got {q.dtype}/{k.dtype}")
@@ -397,6 +408,8 @@ def _check_inputs(q, k, v, meta: AttentionMeta) -> None:
         raise ValueError(
             f"schedule shapes {meta.block_kv.shape}, {meta.block_count.shape} do not fit T={t}"
         )
+    if context_length(q, k) % meta.block_size:
+        raise ValueError(f"context {context_length(q, k)} is not a multiple of {meta.block_size}")
     if any(jnp.dtype(x.dtype) != jnp.int32 for x in (*spans, meta.block_kv, meta.block_count)):
         raise ValueError("attention metadata must be int32")
 

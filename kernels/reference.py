@@ -1,9 +1,11 @@
-"""Dense oracle for packed two-span attention: builds the full [T, T] mask, ignores the schedule."""
+"""Dense oracle for packed two-span attention: builds the full [T, C + T] mask, ignores the
+schedule."""
 
 import jax
 import jax.numpy as jnp
 
-from kernels.metadata import AttentionMeta
+from kernels.metadata import AttentionMeta, context_length
+from kernels.paging import LayerPool, with_context
 
 
 def attention_reference(
@@ -13,11 +15,14 @@ def attention_reference(
     meta: AttentionMeta,
     *,
     scale: float,
+    pool: LayerPool | None = None,
 ) -> jax.Array:  # [T, H, D] in q's dtype
     """Attention of every token over its prefix span and causal own span, computed densely in f32.
 
-    Query head h reads kv head `h // (H // Hkv)`. Cost and memory are O(T^2 * H): a test oracle.
+    Query head h reads kv head `h // (H // Hkv)`; the context region's keys come from `pool`'s
+    pages (`kernels.paging`). Cost and memory are O(T (C + T) H): a test oracle.
     """
+    k, v = with_context(k, v, meta, pool)
     num_heads = q.shape[1]
     kv_head = jnp.arange(num_heads) // (num_heads // k.shape[1])
     qf = q.astype(jnp.float32)
@@ -25,16 +30,16 @@ def attention_reference(
     vf = v.astype(jnp.float32)[:, kv_head]
     hi = jax.lax.Precision.HIGHEST
     scores = jnp.einsum("thd,shd->hts", qf, kf, precision=hi) * scale
-    scores = jnp.where(dense_mask(meta)[None], scores, -jnp.inf)
+    scores = jnp.where(dense_mask(meta, context_length(q, k))[None], scores, -jnp.inf)
     probs = jax.nn.softmax(scores, axis=-1)
     return jnp.einsum("hts,shd->thd", probs, vf, precision=hi).astype(q.dtype)
 
 
-def dense_mask(meta: AttentionMeta) -> jax.Array:  # bool[T, T]
-    """`mask[t, s]` is True when query t may attend to key s."""
+def dense_mask(meta: AttentionMeta, context: int = 0) -> jax.Array:  # bool[T, C + T]
+    """`mask[t, s]` is True when query t (key C + t) may attend to key s."""
     t = meta.prefix_start.shape[0]
-    query = jnp.arange(t)[:, None]
-    key = jnp.arange(t)[None, :]
+    query = context + jnp.arange(t)[:, None]
+    key = jnp.arange(context + t)[None, :]
     in_prefix = (key >= meta.prefix_start[:, None]) & (key < meta.prefix_end[:, None])
     in_own = (key >= meta.own_start[:, None]) & (key <= query)
     return in_prefix | in_own

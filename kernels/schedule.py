@@ -1,6 +1,7 @@
 """Host-side construction of the block schedule for packed two-span attention (numpy only).
 
-For each block of B queries the schedule lists the key blocks that any of its tokens' two spans
+For each block of B queries the schedule lists the key blocks (of the key space: the context
+region of C keys, then the batch; see `kernels.metadata`) that any of its tokens' two spans
 touch. It is built from per-token intervals of key blocks, merged per query block and expanded,
 so the cost follows the size of the schedule rather than (T/B)^2.
 """
@@ -19,18 +20,20 @@ def build_block_schedule(
     *,
     block_size: int,
     width_buckets: Sequence[int],
+    context: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Key blocks each query block must visit.
+    """Key blocks each query block must visit, with `context` keys (C) before the batch.
 
     Returns `block_kv` i32[T//B, K] (ascending unique key blocks per query block, padded by
     repeating the last valid entry) and `block_count` i32[T//B]. K is the smallest entry of
-    `width_buckets` that holds the widest row. Raises ValueError when T is not a multiple of
+    `width_buckets` that holds the widest row. Raises ValueError when T or C is not a multiple of
     `block_size`, when the spans are malformed, or when no bucket is wide enough.
     """
-    ps, pe, os_ = _validated_spans(prefix_start, prefix_end, own_start, block_size)
-    n = ps.shape[0] // block_size
-    q, lo, hi = _block_intervals(ps, pe, os_, block_size)
+    ps, pe, os_ = _validated_spans(prefix_start, prefix_end, own_start, block_size, context)
+    n = (context + ps.shape[0]) // block_size
+    q, lo, hi = _block_intervals(ps, pe, os_, block_size, context)
     q, lo, hi = _merge_intervals(q, lo, hi, n)
+    n = ps.shape[0] // block_size
     length = hi - lo + 1
     count = np.bincount(q, weights=length, minlength=n).astype(np.int32)
     width = _pick_width(int(count.max()), width_buckets)
@@ -44,14 +47,21 @@ def make_meta(
     *,
     block_size: int,
     width_buckets: Sequence[int],
+    context_pages: np.ndarray | None = None,  # i32[C // page]
+    page_size: int = 0,
 ) -> AttentionMeta:
-    """Build the schedule and bundle it with the spans as numpy-backed int32 AttentionMeta."""
+    """Build the schedule and bundle it with the spans as numpy-backed int32 AttentionMeta.
+
+    `context_pages` (pages of `page_size` tokens) make the context region; none: C = 0.
+    """
+    pages = np.zeros(0, np.int32) if context_pages is None else np.asarray(context_pages, np.int32)
     block_kv, block_count = build_block_schedule(
         prefix_start,
         prefix_end,
         own_start,
         block_size=block_size,
         width_buckets=width_buckets,
+        context=pages.shape[0] * page_size,
     )
     return AttentionMeta(
         prefix_start=np.asarray(prefix_start, dtype=np.int32),
@@ -59,6 +69,7 @@ def make_meta(
         own_start=np.asarray(own_start, dtype=np.int32),
         block_kv=block_kv,
         block_count=block_count,
+        context_pages=pages,
     )
 
 
@@ -67,6 +78,7 @@ def _validated_spans(
     prefix_end: np.ndarray,  # i32[T]
     own_start: np.ndarray,  # i32[T]
     block_size: int,
+    context: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     ps, pe, os_ = (np.asarray(a, dtype=np.int64) for a in (prefix_start, prefix_end, own_start))
     if not ps.ndim == pe.ndim == os_.ndim == 1 or not ps.shape == pe.shape == os_.shape:
@@ -77,11 +89,13 @@ def _validated_spans(
     t = ps.shape[0]
     if t == 0 or t % block_size:
         raise ValueError(f"token count {t} is not a positive multiple of block size {block_size}")
-    pos = np.arange(t)
+    if context < 0 or context % block_size:
+        raise ValueError(f"context {context} is not a multiple of block size {block_size}")
+    pos = context + np.arange(t)
     if np.any((os_ < 0) | (os_ > pos)):
-        raise ValueError("own_start must satisfy 0 <= own_start[t] <= t")
-    if np.any((ps < 0) | (ps > pe) | (pe > t)):
-        raise ValueError("prefix spans must satisfy 0 <= prefix_start <= prefix_end <= T")
+        raise ValueError("own_start must satisfy 0 <= own_start[t] <= C + t")
+    if np.any((ps < 0) | (ps > pe) | (pe > context + t)):
+        raise ValueError("prefix spans must satisfy 0 <= prefix_start <= prefix_end <= C + T")
     return ps, pe, os_
 
 
@@ -90,13 +104,14 @@ def _block_intervals(
     pe: np.ndarray,  # i64[T]
     os_: np.ndarray,  # i64[T]
     block_size: int,
+    context: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(query block, first key block, last key block) of every non-empty span, runs collapsed."""
     q_block = np.arange(ps.shape[0]) // block_size
     has_prefix = pe > ps
     q = np.concatenate([q_block, q_block[has_prefix]])
     lo = np.concatenate([os_ // block_size, ps[has_prefix] // block_size])
-    hi = np.concatenate([q_block, (pe[has_prefix] - 1) // block_size])
+    hi = np.concatenate([q_block + context // block_size, (pe[has_prefix] - 1) // block_size])
     # A linear pass instead of a sort: tokens of one sequence in one block share their intervals,
     # so dropping adjacent repeats leaves few enough intervals for the sort that follows.
     keep = np.ones(q.shape[0], dtype=bool)

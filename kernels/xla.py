@@ -12,7 +12,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from kernels.metadata import AttentionMeta
+from kernels.metadata import AttentionMeta, context_length
+from kernels.paging import LayerPool, with_context
 
 # Finite, so a row that has seen no visible key yet computes exp(0) garbage that the first real
 # key rescales to exactly zero, instead of inf - inf = NaN.
@@ -31,7 +32,7 @@ class _QueryBlock(NamedTuple):
     prefix_start: jax.Array  # i32[B, 1]
     prefix_end: jax.Array  # i32[B, 1]
     own_start: jax.Array  # i32[B, 1]
-    position: jax.Array  # i32[B, 1]
+    position: jax.Array  # i32[B, 1]: each query's key, C + t
     kv_blocks: jax.Array  # i32[K]
     count: jax.Array  # i32[]
 
@@ -43,27 +44,31 @@ def attention_xla(
     meta: AttentionMeta,
     *,
     scale: float,
+    pool: LayerPool | None = None,
     query_blocks_per_step: int | None = None,
 ) -> jax.Array:  # [T, H, D] in q's dtype
     """Attention over the prefix span and causal own span, visiting only scheduled key blocks.
 
     Query head h reads kv head `h // (H // Hkv)`. Scores and the softmax are f32; the output has
-    q's dtype. Shapes (T, H, Hkv, D, K) are static under `jax.jit`; B comes from `meta`.
+    q's dtype. Shapes (T, C, H, Hkv, D, K) are static under `jax.jit`; B comes from `meta`.
     `query_blocks_per_step` trades batching against cache locality; None picks it per backend.
+    The context region's keys are gathered from `pool`'s pages first (`kernels.paging`).
     """
+    k, v = with_context(k, v, meta, pool)
     t, num_heads, head_dim = q.shape
     num_kv = k.shape[1]
     block = meta.block_size
     n = t // block
     group = num_heads // num_kv
-    k_blocks = _kv_blocks(k, n, block)
-    v_blocks = _kv_blocks(v, n, block)
+    k_blocks = _kv_blocks(k, k.shape[0] // block, block)
+    v_blocks = _kv_blocks(v, v.shape[0] // block, block)
     per_step = min(n, query_blocks_per_step or _default_query_blocks_per_step(n, block))
 
     def attend(query: _QueryBlock) -> jax.Array:  # f32[Hkv, G*B, D]
         return _attend_query_block(query, k_blocks, v_blocks, scale=scale, group=group)
 
-    out = jax.lax.map(attend, _query_blocks(q, meta, n, block, num_kv), batch_size=per_step)
+    queries = _query_blocks(q, meta, n, block, num_kv, context_length(q, k))
+    out = jax.lax.map(attend, queries, batch_size=per_step)
     out = out.reshape(n, num_kv, group, block, head_dim).transpose(0, 3, 1, 2, 4)
     return out.reshape(t, num_heads, head_dim).astype(q.dtype)
 
@@ -91,6 +96,7 @@ def _query_blocks(
     n: int,
     block: int,
     num_kv: int,
+    context: int,
 ) -> _QueryBlock:
     t, num_heads, head_dim = q.shape
     group = num_heads // num_kv
@@ -102,7 +108,7 @@ def _query_blocks(
         prefix_start=column(meta.prefix_start),
         prefix_end=column(meta.prefix_end),
         own_start=column(meta.own_start),
-        position=column(jnp.arange(t, dtype=jnp.int32)),
+        position=column(context + jnp.arange(t, dtype=jnp.int32)),
         kv_blocks=meta.block_kv,
         count=meta.block_count,
     )

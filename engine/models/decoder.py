@@ -36,6 +36,14 @@ class PackedInputs(NamedTuple):
     meta: Any  # kernels.AttentionMeta: built by the packer, read only by attention
     score_rows: jax.Array  # i32[S]
     label_ids: jax.Array  # i32[S, L]
+    cache_slots: jax.Array  # i32[T]: KV pool slot each token's K/V goes to; -1: none
+
+
+class KVPool(Protocol):
+    """The paged KV pool the forward is given (`kernels.paging.LayerPool`): opaque here but for
+    choosing the layer its pages are read and written at."""
+
+    def at_layer(self, layer: jax.Array) -> "KVPool": ...
 
 
 class Dense(Protocol):
@@ -103,35 +111,45 @@ class Step(NamedTuple):
     sin: jax.Array  # f32[T, 1, D/2]
     dtype: Any  # the weights' dtype: attention inputs are cast to it
     matrices: Params  # "qkv", "o", "gate_up", "down": prepared stacks over layers
+    cache_slots: jax.Array  # i32[T]
+    write_kv: Callable  # (pool, slots, k, v) -> pool: `kernels.paging.write`
 
 
-def _layer(x: jax.Array, xs: tuple[jax.Array, Params], s: Step):
+def _layer(carry: tuple[jax.Array, KVPool | None], xs: tuple[jax.Array, Params], s: Step):
+    x, pool = carry
     index, p = xs  # the layer index i32[] and its norms and biases
     t, cfg, m = x.shape[0], s.cfg, s.matrices
     h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
     q, k, v = s.family.project_qkv(s.dense.matmul(h, m["qkv"], index), p, cfg)
     q, k = apply_rope(q, s.cos, s.sin), apply_rope(k, s.cos, s.sin)
     dt = s.dtype
-    o = s.attention(q.astype(dt), k.astype(dt), v.astype(dt), s.meta, scale=cfg.head_dim**-0.5)
+    k, v = k.astype(dt), v.astype(dt)
+    if pool is not None:  # written first: later tokens of this batch may read them from pages
+        pool = s.write_kv(pool.at_layer(index), s.cache_slots, k, v)
+    o = s.attention(q.astype(dt), k, v, s.meta, scale=cfg.head_dim**-0.5, pool=pool)
     x = x + s.dense.matmul(o.reshape(t, -1), m["o"], index)
     h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
     x = x + s.dense.matmul(s.dense.gated(h, m["gate_up"], index), m["down"], index)
-    return x, None
+    return (x, pool), None
 
 
 def label_logprobs(
     params: Params,
     inputs: PackedInputs,
+    pool: KVPool | None = None,
     *,
     cfg: ModelConfig,
     family: Family,
     attention: Callable,
     dense: Dense,
-) -> jax.Array:
-    """Full-vocabulary log-probs f32[S, L] of `label_ids` at each score row.
+    write_kv: Callable | None = None,
+) -> tuple[jax.Array, KVPool | None]:
+    """Full-vocabulary log-probs f32[S, L] of `label_ids` at each score row, and the pool.
 
     `params` is laid out as `engine.program.place_params` makes it: "embed", "final_norm",
-    "head" and "matrices" prepared by `dense`, "layers" the per-layer vectors.
+    "head" and "matrices" prepared by `dense`, "layers" the per-layer vectors. With a `pool`,
+    every layer writes the batch's K/V at `inputs.cache_slots` (with `write_kv`) before its
+    attention reads the context region from it; the pool returned holds those writes.
     """
     x = params["embed"][inputs.tokens].astype(jnp.float32)  # [T, E]
     angles = inputs.positions.astype(jnp.float32)[:, None] * rope_frequencies(cfg)  # [T, D/2]
@@ -145,9 +163,12 @@ def label_logprobs(
         jnp.sin(angles)[:, None, :],
         params["embed"].dtype,
         params["matrices"],
+        inputs.cache_slots,
+        write_kv,
     )
     indices = jnp.arange(cfg.num_layers, dtype=jnp.int32)
-    x, _ = jax.lax.scan(lambda x, xs: _layer(x, xs, step), x, (indices, params["layers"]))
+    layer = lambda carry, xs: _layer(carry, xs, step)
+    (x, pool), _ = jax.lax.scan(layer, (x, pool), (indices, params["layers"]))
     h = rms_norm(x[inputs.score_rows], params["final_norm"], cfg.rms_norm_eps)  # [S, E]
     logp = jax.nn.log_softmax(dense.head(h, params["head"]), axis=-1)  # [S, V]
-    return jnp.take_along_axis(logp, inputs.label_ids, axis=1)
+    return jnp.take_along_axis(logp, inputs.label_ids, axis=1), pool
