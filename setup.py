@@ -11,7 +11,7 @@ import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
-MODULES = ("_buckets", "_pack", "_radix")
+MODULES = ("_buckets", "_pack", "_prefix_cache", "_radix")
 
 extensions = [
     Extension(f"_native.{name}", [f"_native/{name}.pyx"], include_dirs=[numpy.get_include()])

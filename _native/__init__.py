@@ -7,41 +7,45 @@ which. `IMPLEMENTATIONS` holds both (by name) so tests can run every function th
 - `RadixTree`: a compressed trie over token sequences (`insert`, `match`, `len`).
 - `group_by_prefix(seqs)`: `(prefix_len, members)` groups sharing a token prefix.
 - `pack_chunks(seqs, chunks)`: the unpadded flat arrays of one packed batch.
+- `PrefixCache(num_pages, page_size)`: the KV pool's page allocator and radix prefix cache.
 """
 
 from types import SimpleNamespace
 
-from . import _buckets_py, _pack_py, _radix_py
+from . import _buckets_py, _pack_py, _prefix_cache_py, _radix_py
 
 try:
-    from . import _buckets, _pack, _radix
+    from . import _buckets, _pack, _prefix_cache, _radix
 except ImportError:  # not built (e.g. a source checkout without `pip install -e .`)
-    _buckets = _pack = _radix = None
+    _buckets = _pack = _prefix_cache = _radix = None
 
 
-def _implementation(buckets, radix, pack) -> SimpleNamespace:
+def _implementation(buckets, radix, pack, prefix_cache) -> SimpleNamespace:
     return SimpleNamespace(
         pick_bucket=buckets.pick_bucket,
         RadixTree=radix.RadixTree,
         group_by_prefix=radix.group_by_prefix,
         pack_chunks=pack.pack_chunks,
+        PrefixCache=prefix_cache.PrefixCache,
     )
 
 
 COMPILED = _radix is not None
-IMPLEMENTATIONS = {"python": _implementation(_buckets_py, _radix_py, _pack_py)}
+IMPLEMENTATIONS = {"python": _implementation(_buckets_py, _radix_py, _pack_py, _prefix_cache_py)}
 if COMPILED:
-    IMPLEMENTATIONS["native"] = _implementation(_buckets, _radix, _pack)
+    IMPLEMENTATIONS["native"] = _implementation(_buckets, _radix, _pack, _prefix_cache)
 _chosen = IMPLEMENTATIONS["native" if COMPILED else "python"]
 
 pick_bucket = _chosen.pick_bucket
 RadixTree = _chosen.RadixTree
 group_by_prefix = _chosen.group_by_prefix
 pack_chunks = _chosen.pack_chunks
+PrefixCache = _chosen.PrefixCache
 
 __all__ = [
     "COMPILED",
     "IMPLEMENTATIONS",
+    "PrefixCache",
     "RadixTree",
     "group_by_prefix",
     "pack_chunks",

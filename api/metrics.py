@@ -95,6 +95,23 @@ class _EngineCollector(Collector):
         cache.add_metric(["hit"], s.cache_hits)
         cache.add_metric(["miss"], s.cache_misses)
         yield cache
+        yield from _kv_cache_metrics(s)
+
+
+def _kv_cache_metrics(s: EngineStats) -> Iterator[Metric]:
+    prefix = CounterMetricFamily(
+        "scoring_prefix_cache_tokens",
+        "Cacheable prefix tokens, read from the KV cache (hit) or computed (miss)",
+        labels=["result"],
+    )
+    prefix.add_metric(["hit"], s.prefix_cache_hit_tokens)
+    prefix.add_metric(["miss"], s.prefix_cache_miss_tokens)
+    yield prefix
+    yield _counter("scoring_kv_pages_evicted", "KV pool pages evicted", s.kv_pages_evicted)
+    pages = GaugeMetricFamily("scoring_kv_pages", "KV pool pages by state", labels=["state"])
+    pages.add_metric(["used"], s.kv_pages_used)
+    pages.add_metric(["free"], s.kv_pages_free)
+    yield pages
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

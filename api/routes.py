@@ -49,11 +49,8 @@ async def score(service: Service, request: Request) -> Response:
         ),
     )
     service.metrics.observe("/v1/score", result.timings, len(result.scores))
-    tokens = result.prompt_tokens
     body = schemas.ScoreResponse(
-        scores=result.scores,
-        model=service.model_name,
-        usage=schemas.Usage(prompt_tokens=tokens, total_tokens=tokens),
+        scores=result.scores, model=service.model_name, usage=_usage(schemas.Usage, result)
     )
     return _json(body, headers=timing_headers(result.timings))
 
@@ -86,14 +83,20 @@ async def rerank(service: Service, request: Request) -> Response:
         )
         for h in result.results
     ]
-    tokens = result.prompt_tokens
     body = schemas.RerankResponse(
         id=uuid.uuid4().hex,
         model=service.model_name,
         results=hits,
-        usage=schemas.RerankUsage(prompt_tokens=tokens, total_tokens=tokens),
+        usage=_usage(schemas.RerankUsage, result),
     )
     return _json(body, headers=timing_headers(result.timings))
+
+
+def _usage(kind, result):
+    """Token usage of a score or rerank result, cached prompt tokens spelled as OpenAI does."""
+    details = schemas.PromptTokensDetails(cached_tokens=result.cached_tokens)
+    tokens = result.prompt_tokens
+    return kind(prompt_tokens=tokens, total_tokens=tokens, prompt_tokens_details=details)
 
 
 def _require_query(query: str | list[int]) -> None:
@@ -179,11 +182,23 @@ async def server_info(service: Service, request: Request) -> Response:
         server_config=msgspec.structs.replace(settings.server, api_key=None),
         buckets=schemas.BucketGrid(**engine.buckets._asdict()) if engine else None,
         kv_bytes_per_token=engine.program.kv_bytes_per_token if engine else None,
+        kv_pool=_kv_pool(engine) if engine else None,
         max_sequence_tokens=engine.max_sequence_tokens if engine else None,
         stats=engine.stats() if engine else None,
         profiling=service.profiling,
     )
     return _json(info)
+
+
+def _kv_pool(engine) -> schemas.KVPool:
+    program = engine.program
+    return schemas.KVPool(
+        pages=program.num_pages,
+        page_size=program.page_size,
+        capacity_tokens=program.pool_tokens,
+        bytes=program.pool_tokens * program.kv_bytes_per_token,
+        prefix_cache=engine.scheduler.cache is not None,
+    )
 
 
 async def metrics(service: Service, request: Request) -> Response:

@@ -41,10 +41,15 @@ class ScoreRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model: str | None = None  # accepted for compatibility; the served model answers
 
 
+class PromptTokensDetails(msgspec.Struct, kw_only=True):
+    cached_tokens: int = 0  # prompt tokens read from the KV cache instead of computed
+
+
 class Usage(msgspec.Struct, kw_only=True):
     prompt_tokens: int
     total_tokens: int
     completion_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails = msgspec.field(default_factory=PromptTokensDetails)
 
 
 class ScoreResponse(msgspec.Struct, kw_only=True):
@@ -85,6 +90,7 @@ class RerankHit(msgspec.Struct, kw_only=True, omit_defaults=True):
 class RerankUsage(msgspec.Struct, kw_only=True):
     prompt_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = msgspec.field(default_factory=PromptTokensDetails)
 
 
 class RerankResponse(msgspec.Struct, kw_only=True):
@@ -161,6 +167,17 @@ class BucketGrid(msgspec.Struct, kw_only=True):
     tokens: list[int]  # token buckets
     row_divisors: list[int]  # score-row buckets of a T-token batch: T // d
     label_widths: list[int]  # padded label counts; the last is the limit
+    contexts: list[int]  # context-region sizes: keys a batch reads from the KV pool
+
+
+class KVPool(msgspec.Struct, kw_only=True):
+    """The paged KV pool: its size and whether prefixes are reused across requests."""
+
+    pages: int
+    page_size: int  # tokens per page
+    capacity_tokens: int
+    bytes: int
+    prefix_cache: bool
 
 
 class ServerInfo(msgspec.Struct, kw_only=True):
@@ -176,6 +193,7 @@ class ServerInfo(msgspec.Struct, kw_only=True):
     server_config: ServerConfig  # its api_key is always null
     buckets: BucketGrid | None
     kv_bytes_per_token: int | None
+    kv_pool: KVPool | None
     max_sequence_tokens: int | None
     stats: EngineStats | None
     profiling: str | None  # the trace directory while a profile runs

@@ -14,6 +14,10 @@ DEFAULT_TOKEN_BUDGET = 16384  # most real tokens in one packed batch
 DEFAULT_BLOCK_SIZE = 64  # attention block (tokens); token buckets are multiples of it
 DEFAULT_ROW_DIVISORS = (32, 8, 2)  # score-row buckets of a T-token batch: T // d
 DEFAULT_LABEL_WIDTHS = (4, 32, 256)  # padded label counts; the last is the limit
+# Context regions (keys read from the KV pool) grow by 4x: padding there costs a copy of keys,
+# not attention work, so coarse steps keep the compiled grid small.
+CONTEXT_STEP = 4
+SMALLEST_CONTEXT = 1024
 
 
 class Buckets(NamedTuple):
@@ -28,6 +32,16 @@ class Buckets(NamedTuple):
     tokens: tuple[int, ...]
     row_divisors: tuple[int, ...] = DEFAULT_ROW_DIVISORS
     label_widths: tuple[int, ...] = DEFAULT_LABEL_WIDTHS
+    contexts: tuple[int, ...] = (0,)  # context-region sizes C (keys from the KV pool)
+
+    @property
+    def max_context(self) -> int:
+        """The most keys a batch may read from the KV pool."""
+        return self.contexts[-1]
+
+    def context_for(self, keys: int) -> int:
+        """The context-region bucket holding `keys` keys; ValueError past `max_context`."""
+        return pick_bucket(self.contexts, keys)
 
     def rows_for(self, tokens: int) -> tuple[int, ...]:
         """Score-row buckets of token bucket `tokens`, ascending."""
@@ -120,4 +134,20 @@ def make_buckets(
     for name, values in (("row_divisors", row_divisors), ("label_widths", label_widths)):
         if not values or any(v < 1 for v in values):
             raise InvalidInput(name, "must be positive integers")
-    return Buckets(block_size, tuple(tokens), tuple(row_divisors), tuple(sorted(label_widths)))
+    return Buckets(
+        block_size,
+        tuple(tokens),
+        tuple(row_divisors),
+        tuple(sorted(label_widths)),
+        context_buckets(max(context, 2 * token_budget), block_size),
+    )
+
+
+def context_buckets(keys: int, block_size: int = DEFAULT_BLOCK_SIZE) -> tuple[int, ...]:
+    """Context-region sizes: 0, then multiples of `block_size` from `SMALLEST_CONTEXT` growing
+    `CONTEXT_STEP`-fold until one holds `keys` (by default the larger of a whole sequence of the
+    model's context and two budgets' worth: the cached prefixes of one batch's groups)."""
+    sizes = [0, -(-SMALLEST_CONTEXT // block_size) * block_size]
+    while sizes[-1] < keys:
+        sizes.append(sizes[-1] * CONTEXT_STEP)
+    return tuple(sizes)

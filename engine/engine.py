@@ -34,10 +34,16 @@ from engine.errors import (
     RejectKind,
     rejection_error,
 )
+from engine.kv_cache import KVCache
 from engine.loaders import load_checkpoint
 from engine.messages import Cancel, Rejected, Scored, ScoreRequest, Timings
 from engine.models import ModelConfig
-from engine.program import DeviceProgram, default_compile_cache_dir, enable_compile_cache
+from engine.program import (
+    DEFAULT_PAGE_SIZE,
+    DeviceProgram,
+    default_compile_cache_dir,
+    enable_compile_cache,
+)
 from engine.scoring import scores_from_logprobs
 
 
@@ -66,6 +72,11 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     max_queued_tokens: int = 2_000_000  # tokenised tokens waiting before requests are refused
     max_items_per_request: int = 4096
     tokenizer_cache_size: int = 65536  # texts whose token ids are kept (LRU)
+    # KV pool size in bytes (prefix reuse across requests); None: an eighth of the device's memory
+    # (the host's on CPU), at most what 262144 tokens need; 0: no pool
+    kv_cache_bytes: int | None = None
+    kv_page_size: int = DEFAULT_PAGE_SIZE  # tokens per pool page; must divide block_size
+    prefix_cache: bool = True  # reuse cached prefixes across requests and batches
     compile_cache_dir: str | None = msgspec.field(default_factory=default_compile_cache_dir)
     precompile: bool = True  # compile the bucket grid at start, before serving
     progress: bool = True  # progress bars while loading and compiling
@@ -75,6 +86,10 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         naming the field that is inconsistent."""
         if not 0 <= self.batch_linger_ms <= 10_000:
             raise InvalidInput("batch_linger_ms", "must be between 0 and 10000")
+        if self.kv_page_size < 1 or self.block_size % self.kv_page_size:
+            raise InvalidInput("kv_page_size", f"must divide block_size {self.block_size}")
+        if self.kv_cache_bytes is not None and self.kv_cache_bytes < 0:
+            raise InvalidInput("kv_cache_bytes", "must be 0 (no pool) or more")
         return make_buckets(
             context,
             token_budget=self.token_budget,
@@ -89,6 +104,7 @@ class ScoreResult(msgspec.Struct, frozen=True, kw_only=True):
     scores: list[list[float]]  # per item, per label
     prompt_tokens: int
     timings: Timings
+    cached_tokens: int = 0  # of the prompt tokens, those read from the KV cache
 
 
 class RerankHit(msgspec.Struct, frozen=True, kw_only=True):
@@ -100,6 +116,7 @@ class RerankResult(msgspec.Struct, frozen=True, kw_only=True):
     results: list[RerankHit]  # best first
     prompt_tokens: int
     timings: Timings
+    cached_tokens: int = 0  # of the prompt tokens, those read from the KV cache
 
 
 class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
@@ -112,8 +129,13 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
     prefix_tokens_saved: int
     compiles: int
     device_busy_s: float
-    cache_hits: int
+    cache_hits: int  # tokenizer cache
     cache_misses: int
+    prefix_cache_hit_tokens: int = 0  # cacheable prefix tokens read from the KV pool
+    prefix_cache_miss_tokens: int = 0  # ... and computed
+    kv_pages_evicted: int = 0
+    kv_pages_used: int = 0  # cached, or held by planned and running batches
+    kv_pages_free: int = 0
 
 
 DOCUMENTS = {"items": "documents"}  # rerank's name for the items of its score call
@@ -158,6 +180,7 @@ class Engine:
             token_budget=config.token_budget,
             max_queued_tokens=config.max_queued_tokens,
             linger=config.batch_linger_ms / 1000,
+            cache=self._kv_cache(config, program),
         )
         self.runner = runner.RunnerState(program, block_size=config.block_size)
         self._ids = itertools.count()
@@ -165,6 +188,11 @@ class Engine:
         self._sent = 0  # messages handed to the tokenizer; each reaches the scheduler once
         self._changed = trio.Event()  # set when the scheduler has handled messages
         self._closed = False
+
+    def _kv_cache(self, config: EngineConfig, program: DeviceProgram) -> KVCache | None:
+        if not (config.prefix_cache and program.num_pages):
+            return None
+        return KVCache(program.num_pages, program.page_size, max_context=self.buckets.max_context)
 
     @property
     def model_config(self) -> ModelConfig:
@@ -225,7 +253,12 @@ class Engine:
         timings = msgspec.structs.replace(scored.timings, total=trio.current_time() - start)
         logprobs = np.asarray(scored.logprobs, np.float32)  # f32[N, L]: one label set per request
         scores = scores_from_logprobs(logprobs, apply_softmax=apply_softmax).tolist()
-        return ScoreResult(scores=scores, prompt_tokens=scored.prompt_tokens, timings=timings)
+        return ScoreResult(
+            scores=scores,
+            prompt_tokens=scored.prompt_tokens,
+            timings=timings,
+            cached_tokens=scored.cached_tokens,
+        )
 
     async def rerank(
         self,
@@ -263,7 +296,10 @@ class Engine:
         hits = [RerankHit(index=i, relevance_score=s[0]) for i, s in enumerate(result.scores)]
         hits.sort(key=lambda h: -h.relevance_score)
         return RerankResult(
-            results=hits[:top_n], prompt_tokens=result.prompt_tokens, timings=result.timings
+            results=hits[:top_n],
+            prompt_tokens=result.prompt_tokens,
+            timings=result.timings,
+            cached_tokens=result.cached_tokens,
         )
 
     def _truncated(self, query, documents, instruction, max_tokens_per_doc, truncate):
@@ -309,6 +345,12 @@ class Engine:
         self._to_tokenizer.send_nowait(message)
         self._sent += 1
 
+    def flush_cache(self) -> None:
+        """Forget every cached prefix: later requests compute theirs again. Safe at any time
+        (batches already planned still read and write the pages they were given)."""
+        if self.scheduler.cache is not None:
+            self.scheduler.cache.reset()
+
     def idle(self) -> bool:
         """True when no request is in flight and nothing is queued, planned or running."""
         handed_over = self._sent == self.scheduler.received
@@ -335,7 +377,21 @@ class Engine:
             device_busy_s=r.busy_s,
             cache_hits=c.hits,
             cache_misses=c.misses,
+            **self._kv_stats(),
         )
+
+    def _kv_stats(self) -> dict[str, int]:
+        cache = self.scheduler.cache
+        if cache is None:
+            return {}
+        tree = cache.tree
+        return {
+            "prefix_cache_hit_tokens": cache.stats.hit_tokens,
+            "prefix_cache_miss_tokens": cache.stats.miss_tokens,
+            "kv_pages_evicted": tree.evicted,
+            "kv_pages_used": tree.num_pages - tree.free_pages,
+            "kv_pages_free": tree.free_pages,
+        }
 
 
 def _check_rerank(query, documents, top_n, max_tokens_per_doc) -> None:
@@ -369,6 +425,8 @@ async def open_engine(config: EngineConfig | None = None) -> AsyncIterator[Engin
             dtype=config.dtype,
             attention=config.attention,
             dense=config.dense,
+            kv_cache_bytes=config.kv_cache_bytes,
+            page_size=config.kv_page_size,
         )
     )
     engine = Engine(config, checkpoint.tokenizer, program)

@@ -67,6 +67,7 @@ class Batch(msgspec.Struct, frozen=True, kw_only=True):
     rows: list[tuple[int, int]]
     real_tokens: int
     build_s: float
+    pool_generation: int = 0  # the KV pool it was planned against (see `BatchDone.pool_reset`)
 
 
 class BatchDone(msgspec.Struct, frozen=True, kw_only=True):
@@ -76,6 +77,8 @@ class BatchDone(msgspec.Struct, frozen=True, kw_only=True):
     logprobs: np.ndarray | None = None  # f32[S, L]
     error: str | None = None
     device_s: float = 0.0
+    pool_reset: bool = False  # the failure lost the KV pool: every cached page is gone
+    retry: bool = False  # not run: planned against a pool lost since; its rows go back in line
 
 
 class Scored(msgspec.Struct, frozen=True, kw_only=True):
@@ -84,4 +87,5 @@ class Scored(msgspec.Struct, frozen=True, kw_only=True):
     id: int
     logprobs: list[list[float]]
     prompt_tokens: int
+    cached_tokens: int = 0  # of the prompt tokens, those read from the KV cache
     timings: Timings

@@ -5,7 +5,7 @@ Layout of one batch: for each chunk, the shared prefix once, then each member's 
 at the end. Positions restart at 0 for every sequence, so RoPE sees what one-by-one scoring sees.
 """
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -38,19 +38,28 @@ def group_by_prefix(seqs: Sequence[Tokens]) -> list[Chunk]:
 
 
 def plan_batches(
-    groups: Sequence[Chunk], lengths: Sequence[int], *, token_budget: int, max_rows: int
+    groups: Sequence[Chunk],
+    lengths: Sequence[int],
+    *,
+    token_budget: int,
+    max_rows: int,
+    cached: Mapping[int, int] | None = None,
 ) -> list[list[Chunk]]:
     """Split groups into batches of at most `token_budget` tokens and `max_rows` sequences.
 
     A group too big for one batch is cut into chunks, each repeating the prefix. A single
-    sequence longer than the budget gets a batch of its own.
+    sequence longer than the budget gets a batch of its own. `cached` (by member) are leading
+    tokens a chunk will read from the KV cache instead of laying out.
     """
+    cached = cached or {}
     batches: list[list[Chunk]] = [[]]
     used = rows = 0
     for group in groups:
         open_chunk: list[int] = []
         for m in group.members:
-            cost = lengths[m] - group.prefix_len + (0 if open_chunk else group.prefix_len)
+            # the chunk's first member lays out the prefix (less what is cached), the rest only
+            # their suffixes
+            cost = lengths[m] - (group.prefix_len if open_chunk else cached.get(m, 0))
             full = used + cost > token_budget or rows + 1 > max_rows
             if full and (batches[-1] or open_chunk):
                 if open_chunk:
@@ -58,7 +67,7 @@ def plan_batches(
                 batches.append([])
                 used = rows = 0
                 open_chunk = []
-                cost = lengths[m]
+                cost = lengths[m] - cached.get(m, 0)
             open_chunk.append(m)
             used += cost
             rows += 1
@@ -72,64 +81,94 @@ def plan_batches(
 BATCH_OVERHEAD_TOKENS = 256
 
 
+class Context(NamedTuple):
+    """How one chunk of a batch uses the KV pool (made by `engine.kv_cache.KVCache`).
+
+    Its members share tokens [0, prefix). The first `cached` of them (whole pages) are read from
+    `read_pages`, which also hold the tokens the batch writes; the batch computes the rest of the
+    prefix once and writes tokens from `cached` on into `write_pages`. Without read pages the
+    chunk is laid out as without a pool and only writes.
+    """
+
+    cached: int
+    prefix: int
+    read_pages: np.ndarray  # i32: the chunk's run of the context region
+    write_pages: np.ndarray  # i32: pages for tokens [cached, cached + len * page)
+    node: int  # the prefix-cache node pinned for the cached part
+    epoch: int  # the cache's epoch when planned (a pool reset voids older contexts)
+    sequence: Tokens  # the chunk's first member: its first `prefix` tokens are the prefix
+
+
 class PackedBatch(NamedTuple):
     """One batch ready for the device, and what its rows stand for."""
 
     inputs: PackedInputs  # numpy arrays, bucketed
     order: list[int]  # the sequence index behind each real score row
     real_tokens: int  # tokens laid out before padding
+    contexts: list[Context | None]  # per chunk, to commit or abort when the batch is done
+    cached: list[int]  # tokens of each real score row's sequence read from the pool
 
 
-def batches(
+def plan(
     seqs: Sequence[Tokens],
-    labels: Sequence[Sequence[int]],
     *,
     token_budget: int,
     buckets: Buckets,
-) -> Iterator[PackedBatch]:
-    """The packed batches that score every sequence once: planned when first asked, each
-    packed as it is taken, so a caller can dispatch one batch while the next is built."""
-    for chunks in plan(seqs, token_budget=token_budget, buckets=buckets):
-        inputs, order = pack(seqs, labels, chunks, buckets)
-        yield PackedBatch(inputs, order, real_tokens(chunks, seqs))
-
-
-def plan(seqs: Sequence[Tokens], *, token_budget: int, buckets: Buckets) -> list[list[Chunk]]:
-    """Group sequences by shared prefix, then split them into batches that fit the grid.
+    groups: Sequence[Chunk] | None = None,
+    cached: Mapping[int, int] | None = None,
+) -> list[list[Chunk]]:
+    """Group sequences by shared prefix (or take `groups`), then split them into batches that
+    fit the grid, `cached` tokens (by member) read from the KV cache rather than laid out.
 
     Batches fill up to `token_budget` in order. The last one is re-split in two when that costs
     less: its padded bucket against two smaller ones (repeated prefixes included), each batch
     charged `BATCH_OVERHEAD_TOKENS` more.
     """
-    groups = group_by_prefix(seqs)
+    groups = group_by_prefix(seqs) if groups is None else groups
     lengths = [len(s) for s in seqs]
-    batches = plan_batches(groups, lengths, token_budget=token_budget, max_rows=buckets.max_rows)
-    return batches[:-1] + _split_last(batches[-1], seqs, buckets) if batches else batches
+    limits = dict(token_budget=token_budget, max_rows=buckets.max_rows, cached=cached)
+    batches = plan_batches(groups, lengths, **limits)
+    if not batches:
+        return batches
+    return batches[:-1] + _split_last(batches[-1], seqs, buckets, cached or {})
 
 
-def _split_last(batch: list[Chunk], seqs: Sequence[Tokens], buckets: Buckets) -> list[list[Chunk]]:
+def _split_last(
+    batch: list[Chunk], seqs: Sequence[Tokens], buckets: Buckets, cached: Mapping[int, int]
+) -> list[list[Chunk]]:
     """`batch`, or its members in two batches, whichever costs less (see `plan`)."""
-    real = real_tokens(batch, seqs)
+    real = real_tokens(batch, seqs, cached)
     if pick_bucket(buckets.tokens, real) - real <= real // 32:
         return [batch]  # padding under 3%: no split can pay for its second batch
     lengths = [len(s) for s in seqs]
-    best, best_cost = [batch], _cost([batch], seqs, buckets)
+    best, best_cost = [batch], _cost([batch], seqs, buckets, cached)
     for budget in (t for t in buckets.tokens if real // 2 <= t < real):
-        split = plan_batches(batch, lengths, token_budget=budget, max_rows=buckets.max_rows)
-        cost = _cost(split, seqs, buckets)
+        split = plan_batches(
+            batch, lengths, token_budget=budget, max_rows=buckets.max_rows, cached=cached
+        )
+        cost = _cost(split, seqs, buckets, cached)
         if len(split) == 2 and cost < best_cost:
             best, best_cost = split, cost
     return best
 
 
-def _cost(batches: list[list[Chunk]], seqs: Sequence[Tokens], buckets: Buckets) -> int:
-    padded = sum(pick_bucket(buckets.tokens, real_tokens(b, seqs)) for b in batches)
+def _cost(batches, seqs: Sequence[Tokens], buckets: Buckets, cached: Mapping[int, int]) -> int:
+    padded = sum(pick_bucket(buckets.tokens, real_tokens(b, seqs, cached)) for b in batches)
     return padded + BATCH_OVERHEAD_TOKENS * len(batches)
 
 
-def real_tokens(chunks: Sequence[Chunk], seqs: Sequence[Tokens]) -> int:
-    """Tokens a batch of `chunks` lays out before padding: each prefix once, then suffixes."""
-    return sum(c.prefix_len + sum(len(seqs[m]) - c.prefix_len for m in c.members) for c in chunks)
+def real_tokens(
+    chunks: Sequence[Chunk], seqs: Sequence[Tokens], cached: Mapping[int, int] | None = None
+) -> int:
+    """Tokens a batch of `chunks` lays out before padding: each prefix once (less what its first
+    member finds `cached`), then suffixes."""
+    cached = cached or {}
+    return sum(
+        c.prefix_len
+        - cached.get(c.members[0], 0)
+        + sum(len(seqs[m]) - c.prefix_len for m in c.members)
+        for c in chunks
+    )
 
 
 def pack(
@@ -137,36 +176,137 @@ def pack(
     labels: Sequence[Sequence[int]],
     chunks: Sequence[Chunk],
     buckets: Buckets,
-) -> tuple[PackedInputs, list[int]]:
+    contexts: Sequence[Context | None] | None = None,
+    page_size: int = 1,
+    scored: int | None = None,
+    reused: Mapping[int, int] | None = None,
+) -> PackedBatch:
     """Flat numpy arrays for one batch, and the sequence index behind each real score row.
 
-    The shape (T, S, L) comes from `buckets.shape`; ValueError when the batch fits no bucket.
+    Chunks with a context read their cached tokens from the context region (`contexts`, pages
+    of `page_size` tokens) instead of laying them out. Only sequences below index `scored` (all
+    by default) are scored: the rows of the others (chunked-prefill pieces) follow theirs and
+    are not in `order`. A row's cached tokens are those its context reads, at most `reused`
+    (by sequence: what was cached before its plan; by default no limit). The shape (T, S, L)
+    and the context region C come from `buckets`; ValueError when the batch fits no bucket.
     """
+    contexts = list(contexts) if contexts is not None else [None] * len(chunks)
+    view, view_chunks = _without_cached(seqs, chunks, contexts)
     # Unpadded: i32[N] for the five per-token arrays, i32[R] for rows and order.
-    tokens, positions, pstart, pend, ostart, rows, order = _native.pack_chunks(seqs, chunks)
+    tokens, positions, pstart, pend, ostart, rows, order = _native.pack_chunks(view, view_chunks)
+    if scored is not None:
+        first = np.argsort(order >= scored, kind="stable")  # scored rows first, in order
+        rows, order = rows[first], order[first]
+        order = order[order < scored]
     order = order.tolist()
+    n = len(tokens)
     width = max((len(labels[m]) for m in order), default=0)
-    t, s, label_width = buckets.shape(len(tokens), len(rows), width)
-    pad = np.arange(len(tokens), t, dtype=np.int32)  # padding tokens attend only to themselves
-    zeros = np.zeros(t - len(tokens), np.int32)
+    t, s, label_width = buckets.shape(n, len(rows), width)
+    region = _context_region(contexts, page_size)  # [(offset, pages)] per chunk
+    pages = np.concatenate([np.zeros(0, np.int32)] + [p for _, p in region]).astype(np.int32)
+    c = buckets.context_for(len(pages) * page_size)
+    slots = np.full(t, -1, np.int32)  # i32[T]
+    in_context = np.zeros(n, bool)
+    arrays = (positions, pstart, pend, in_context)
+    laid_out = zip(_bases(view, view_chunks), contexts, region, strict=True)
+    for (base, end, chunk), ctx, (offset, _) in laid_out:
+        if ctx is not None:
+            _place(ctx, (base, end, chunk.prefix_len), offset, arrays, slots, page_size)
+    pstart = np.where(in_context, pstart, pstart + c)
+    pend = np.where(in_context, pend, pend + c)
+    pad = c + np.arange(n, t, dtype=np.int32)  # padding tokens attend only to themselves
+    zeros = np.zeros(t - n, np.int32)
     meta = make_meta(
         np.concatenate([pstart, pad]),
         np.concatenate([pend, pad]),
-        np.concatenate([ostart, pad]),
+        np.concatenate([ostart + c, pad]),
         block_size=buckets.block_size,
-        width_buckets=(t // buckets.block_size,),
+        width_buckets=((c + t) // buckets.block_size,),
+        context_pages=np.concatenate([pages, np.zeros(c // page_size - len(pages), np.int32)]),
+        page_size=page_size,
     )
     score_rows = np.zeros(s, np.int32)  # i32[S]
     score_rows[: len(rows)] = rows
-    batch = PackedInputs(
+    inputs = PackedInputs(
         np.concatenate([tokens, zeros]),  # i32[T]
         np.concatenate([positions, zeros]),  # i32[T]
         meta,
         score_rows,
         _label_ids([labels[m] for m in order], s, label_width),
-        np.full(t, -1, np.int32),  # i32[T]
+        slots,
     )
-    return batch, order
+    pairs = zip(chunks, contexts, strict=True)
+    cached = {m: ctx.cached for ch, ctx in pairs if ctx for m in ch.members}
+    if reused is not None:
+        cached = {m: min(c, reused.get(m, 0)) for m, c in cached.items()}
+    return PackedBatch(inputs, order, n, contexts, [cached.get(m, 0) for m in order])
+
+
+def laid_out(
+    seqs: Sequence[Tokens], chunks: Sequence[Chunk], contexts: Sequence[Context | None]
+) -> int:
+    """Tokens `pack` would lay out for these chunks and contexts (padding aside)."""
+    view, view_chunks = _without_cached(seqs, chunks, contexts)
+    return real_tokens(view_chunks, view)
+
+
+def _without_cached(
+    seqs: Sequence[Tokens], chunks: Sequence[Chunk], contexts: Sequence[Context | None]
+) -> tuple[list[Tokens], list[Chunk]]:
+    """Sequences and chunks as laid out: a chunk that reads a context drops its cached tokens
+    and shares the rest of its context's prefix."""
+    view, view_chunks = list(seqs), []
+    for chunk, ctx in zip(chunks, contexts, strict=True):
+        if ctx is None or not len(ctx.read_pages):
+            view_chunks.append(chunk)
+            continue
+        for m in chunk.members:
+            view[m] = seqs[m][ctx.cached :]
+        view_chunks.append(Chunk(ctx.prefix - ctx.cached, chunk.members))
+    return view, view_chunks
+
+
+def _bases(view: Sequence[Tokens], chunks: Sequence[Chunk]) -> Iterator[tuple[int, int, Chunk]]:
+    """(first token, end, chunk) of each chunk as laid out."""
+    base = 0
+    for chunk in chunks:
+        end = base + real_tokens([chunk], view)
+        yield base, end, chunk
+        base = end
+
+
+def _context_region(
+    contexts: Sequence[Context | None], page_size: int
+) -> list[tuple[int, np.ndarray]]:
+    """(offset in the context region, pages) of each chunk: the runs laid end to end."""
+    region, offset = [], 0
+    for ctx in contexts:
+        pages = ctx.read_pages if ctx is not None else np.zeros(0, np.int32)
+        region.append((offset, pages))
+        offset += len(pages) * page_size
+    return region
+
+
+def _place(
+    ctx: Context,
+    extent: tuple[int, int, int],  # first token, end and laid-out prefix length of the chunk
+    offset: int,  # the chunk's run in the context region
+    arrays: tuple[np.ndarray, ...],  # positions, pstart, pend i32[N]; in_context bool[N]
+    slots: np.ndarray,  # i32[T]
+    page: int,
+) -> None:
+    """Point one chunk's spans at its context run and its prefix tokens' K/V at their slots."""
+    base, end, head = extent
+    positions, pstart, pend, in_context = arrays
+    if len(ctx.read_pages):
+        positions[base:end] += ctx.cached
+        pstart[base:end] = offset
+        pend[base : base + head] = offset + ctx.cached  # the prefix computed here
+        pend[base + head : end] = offset + ctx.prefix  # members read the whole prefix
+        in_context[base:end] = True
+    written = np.arange(min(len(ctx.write_pages) * page, ctx.prefix - ctx.cached))
+    # the chunk's prefix tokens are laid out first, from position `cached` (a page boundary) on
+    slots[base + written] = ctx.write_pages[written // page] * page + written % page
 
 
 def _label_ids(labels: Sequence[Sequence[int]], rows: int, width: int) -> np.ndarray:

@@ -2,6 +2,7 @@
 batch. The device runner owns one; the offline scorer drives one the same way."""
 
 import functools
+import os
 from pathlib import Path
 
 import jax
@@ -18,6 +19,8 @@ from kernels.paging import LayerPool, empty_pool, write
 
 DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
 DEFAULT_PAGE_SIZE = 16  # tokens per KV pool page: the prefix cache's granularity
+DEFAULT_POOL_SHARE = 8  # the default pool takes 1/8 of the device's (or host's) memory
+DEFAULT_POOL_TOKENS = 1 << 18  # ... and never more than this many tokens need
 VECTORS = ("attn_norm", "mlp_norm", "q_norm", "k_norm", "bq", "bk", "bv")  # kept in f32
 
 
@@ -33,6 +36,14 @@ def enable_compile_cache(directory: str | None) -> None:
         jax.config.update("jax_compilation_cache_dir", directory)
         # every program, not only slow ones
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+
+
+def default_kv_cache_bytes(bytes_per_token: int) -> int:
+    """The default KV pool: `1/DEFAULT_POOL_SHARE` of the default device's memory (the host's
+    on CPU), capped at what `DEFAULT_POOL_TOKENS` tokens need."""
+    stats = jax.devices()[0].memory_stats() or {}
+    memory = stats.get("bytes_limit") or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return min(memory // DEFAULT_POOL_SHARE, DEFAULT_POOL_TOKENS * bytes_per_token)
 
 
 def place_params(params: dict, dtype, dense) -> dict:
@@ -74,7 +85,7 @@ class DeviceProgram:
         dtype: str = "bfloat16",
         attention: str | None = None,
         dense: str | None = None,
-        kv_cache_bytes: int = 0,
+        kv_cache_bytes: int | None = 0,
         page_size: int = DEFAULT_PAGE_SIZE,
     ):
         if dtype not in DTYPES:
@@ -99,6 +110,8 @@ class DeviceProgram:
         if page_size < 1:
             raise InvalidInput("page_size", f"must be at least 1, got {page_size}")
         self.page_size = page_size
+        if kv_cache_bytes is None:
+            kv_cache_bytes = default_kv_cache_bytes(self.kv_bytes_per_token)
         self.num_pages = max(0, kv_cache_bytes) // (page_size * self.kv_bytes_per_token)
         self.pool: LayerPool | None = self._empty_pool()
         self.pool_resets = 0  # times the pool was lost (a failed step) and zeroed again

@@ -23,6 +23,7 @@ from engine.program import DeviceProgram
 class RunnerStats:
     batches: int = 0
     failed: int = 0
+    retried: int = 0  # not run: planned against a KV pool lost since
     compiles: int = 0
     busy_s: float = 0.0
 
@@ -57,13 +58,18 @@ class RunnerState:
             self._count_compile(shape)
 
     def execute(self, batch: Batch) -> BatchDone:
-        """Run one batch to completion; any exception becomes the batch's error."""
+        """Run one batch to completion; any exception becomes the batch's error. A batch that
+        reads KV pool pages of a pool lost since it was planned is not run (`retry`)."""
+        if batch.pool_generation != self.program.pool_resets and _reads_pool(batch.inputs):
+            self.stats.retried += 1
+            return BatchDone(id=batch.id, error="the KV pool was lost", retry=True)
         start = time.perf_counter()
         try:
             logprobs = self._run(batch.inputs)
         except Exception as e:  # one bad batch must not stop the runner
             self.stats.failed += 1
-            return BatchDone(id=batch.id, error=f"{type(e).__name__}: {e}")
+            reset = self.program.recover()
+            return BatchDone(id=batch.id, error=f"{type(e).__name__}: {e}", pool_reset=reset)
         elapsed = time.perf_counter() - start
         self.stats.batches += 1
         self.stats.busy_s += elapsed
@@ -77,6 +83,10 @@ class RunnerState:
         if shape not in self.compiled:
             self.stats.compiles += 1
             self.compiled.add(shape)
+
+
+def _reads_pool(inputs: PackedInputs) -> bool:
+    return inputs.meta.context_pages.shape[0] > 0
 
 
 async def run(

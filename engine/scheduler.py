@@ -12,15 +12,16 @@ itself). Requests are served in arrival order; one of many items may span severa
 import math
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 
 import trio
 
-from engine import packing
+from engine import batching, packing
 from engine.buckets import Buckets
 from engine.channels import drain
 from engine.errors import RejectKind
+from engine.kv_cache import KVCache
 from engine.messages import Batch, BatchDone, Cancel, Rejected, Scored, Timings, Tokenized
 
 WINDOW_ITEMS = 4096  # queued items considered for one batch: bounds host work per batch
@@ -35,6 +36,15 @@ class _Request:
     first_batch_at: float | None = None
     build_s: float = 0.0
     device_s: float = 0.0
+    cached_tokens: int = 0  # prompt tokens read from the KV cache
+    hold: tuple[int, int] | None = None  # (node, epoch) of the cached prefix pinned while queued
+
+
+@dataclass
+class _InFlight:
+    rows: list[tuple[int, int]]  # (request id, item index) per score row
+    contexts: list  # engine.packing.Context | None per chunk: committed or aborted when done
+    cached: list[int]  # tokens of each row read from the KV cache
 
 
 @dataclass
@@ -55,8 +65,10 @@ class SchedulerState:
         token_budget: int,
         max_queued_tokens: int,
         linger: float = 0.0,
+        cache: KVCache | None = None,
     ):
         self.buckets = buckets
+        self.cache = cache
         self.token_budget = token_budget
         self.max_queued_tokens = max_queued_tokens
         self.linger = linger
@@ -65,14 +77,16 @@ class SchedulerState:
         self.requests: dict[int, _Request] = {}
         self.queue: OrderedDict[int, deque[int]] = OrderedDict()  # request id -> item indices
         self.queued_tokens = 0
-        self.in_flight: dict[int, list[tuple[int, int]]] = {}
+        self.in_flight: dict[int, _InFlight] = {}
         self.next_batch_id = 0
+        self.pool_generation = 0  # KV pools lost so far (batches carry the one they read)
         self.received = 0  # messages from the tokenizer: one per message the engine sent it
         self.stats = SchedulerStats()
         # batches of the window at the head of the queue, valid until the queue changes
         self._window: list[tuple[int, int]] = []  # (request id, item index) per sequence
         self._window_sequences: list[list[int]] = []
-        self._batches: Iterator[packing.PackedBatch] | None = None
+        self._batches: Generator[packing.PackedBatch | None, bool, None] | None = None
+        self._blocked = False  # the plan waits for pages a running batch writes
 
     def handle(self, msg, now: float) -> list[Scored | Rejected]:
         """Apply one inbound message; returns the caller-bound messages it produced."""
@@ -111,23 +125,33 @@ class SchedulerState:
                 )
             ]
         n = len(msg.sequences)
-        self._batches = None
-        self.requests[msg.id] = _Request(msg, now, [None] * n, n)
+        self._replan()
+        self.requests[msg.id] = req = _Request(msg, now, [None] * n, n)
+        if self.cache is not None:  # what it finds cached stays cached until it runs
+            req.hold = (self.cache.hold(msg.sequences[0][:-1]), self.cache.epoch)
         self.queue[msg.id] = deque(range(n))
         self.queued_tokens += tokens
         return []
 
     def _drop(self, request_id: int) -> None:
-        self._batches = None
-        req = self.requests.pop(request_id)
+        self._replan()
+        req = self._forget(request_id)
         for idx in self.queue.pop(request_id, ()):
             self.queued_tokens -= len(req.msg.sequences[idx])
+
+    def _forget(self, request_id: int) -> _Request:
+        req = self.requests.pop(request_id)
+        if req.hold is not None:
+            self.cache.let_go(*req.hold)
+        return req
 
     def batch_wait(self, now: float) -> float | None:
         """Seconds to wait before building the next batch: 0 to build now, None to wait for the
         next message (nothing queued, or the device busy with less than a budget queued)."""
         if not self.queue:
             return None
+        if self._blocked and self.in_flight:
+            return None  # the next batch reads what a running one writes
         if self.queued_tokens >= self.token_budget:
             return 0.0  # a full batch either way: build it ahead
         if self.in_flight:
@@ -152,7 +176,9 @@ class SchedulerState:
         rows = [self._window[i] for i in batch.order]
         self._dequeue(rows, seqs, batch.order, now)
         self._count(batch.inputs, batch.real_tokens, sum(len(seqs[i]) for i in batch.order))
-        return self._emit(batch.inputs, rows, batch.real_tokens, time.perf_counter() - start)
+        for (rid, _), cached in zip(rows, batch.cached, strict=True):
+            self.requests[rid].cached_tokens += cached
+        return self._emit(batch, rows, time.perf_counter() - start)
 
     def _next_packed(self) -> packing.PackedBatch | None:
         """The next batch of the planned window; a window used up is replaced by the next one
@@ -162,18 +188,30 @@ class SchedulerState:
                 if not self.queue:
                     return None
                 self._plan_window()
-            batch = next(self._batches, None)
-            if batch is not None:
-                return batch
-            self._batches = None
+            try:  # a plan that waited is told whether anything it could wait for still runs
+                batch = self._batches.send(not self.in_flight if self._blocked else None)
+            except StopIteration:
+                self._replan()
+                continue
+            self._blocked = batch is None
+            return batch
         return None
+
+    def _replan(self) -> None:
+        """Plan the window again before the next batch (the queue changed)."""
+        self._batches, self._blocked = None, False
 
     def _plan_window(self) -> None:
         self._window = window = self._head()
         self._window_sequences = [self.requests[r].msg.sequences[i] for r, i in window]
         labels = [self.requests[r].msg.labels for r, _ in window]
-        self._batches = packing.batches(
-            self._window_sequences, labels, token_budget=self.token_budget, buckets=self.buckets
+        self._blocked = False
+        self._batches = batching.batches(
+            self._window_sequences,
+            labels,
+            token_budget=self.token_budget,
+            buckets=self.buckets,
+            cache=self.cache,
         )
 
     def fail_waiting(self, error: Exception) -> list[Rejected]:
@@ -214,18 +252,28 @@ class SchedulerState:
         self.stats.padded_tokens += int(inputs.tokens.shape[0]) - real
         self.stats.prefix_tokens_saved += unshared - real
 
-    def _emit(self, inputs, rows, real: int, build_s: float) -> Batch:
+    def _emit(self, packed: packing.PackedBatch, rows, build_s: float) -> Batch:
         batch = Batch(
-            id=self.next_batch_id, inputs=inputs, rows=rows, real_tokens=real, build_s=build_s
+            id=self.next_batch_id,
+            inputs=packed.inputs,
+            rows=rows,
+            real_tokens=packed.real_tokens,
+            build_s=build_s,
+            pool_generation=self.pool_generation,
         )
         self.next_batch_id += 1
-        self.in_flight[batch.id] = rows
+        self.in_flight[batch.id] = _InFlight(rows, packed.contexts, packed.cached)
         for rid in {rid for rid, _ in rows}:
             self.requests[rid].build_s += build_s
         return batch
 
     def _complete(self, done: BatchDone, now: float) -> list[Scored | Rejected]:
-        rows = self.in_flight.pop(done.id)
+        flight = self.in_flight.pop(done.id)
+        rows = flight.rows
+        self._settle(flight.contexts, done)
+        if done.retry:
+            self._requeue(flight)
+            return []
         if done.error is not None:
             return self._fail({rid for rid, _ in rows}, f"device step failed: {done.error}")
         live = {rid: self.requests[rid] for rid, _ in rows if rid in self.requests}
@@ -240,6 +288,32 @@ class SchedulerState:
         self.cohort = len(self.queue) + len(finished)
         return finished
 
+    def _settle(self, contexts: list, done: BatchDone) -> None:
+        """Commit or abort the batch's cache contexts; a lost pool voids the whole cache."""
+        if self.cache is None:
+            return
+        if done.pool_reset:
+            self.cache.reset()
+            self.pool_generation += 1
+        for ctx in filter(None, contexts):
+            if done.error is None:
+                self.cache.commit(ctx)
+            else:
+                self.cache.abort(ctx)
+
+    def _requeue(self, flight: _InFlight) -> None:
+        """Put a batch's items that were not run back at the head of the line."""
+        self._replan()
+        back: dict[int, list[int]] = {}
+        for (rid, idx), cached in zip(flight.rows, flight.cached, strict=True):
+            if rid in self.requests:
+                back.setdefault(rid, []).append(idx)
+                self.requests[rid].cached_tokens -= cached
+        for rid, idxs in back.items():
+            self.queue[rid] = deque([*idxs, *self.queue.get(rid, ())])
+            self.queue.move_to_end(rid, last=False)
+            self.queued_tokens += sum(len(self.requests[rid].msg.sequences[i]) for i in idxs)
+
     def _fail(self, request_ids: set[int], error: str) -> list[Rejected]:
         out = []
         for rid in sorted(request_ids & self.requests.keys()):
@@ -248,7 +322,7 @@ class SchedulerState:
         return out
 
     def _finish(self, rid: int, now: float) -> Scored:
-        req = self.requests.pop(rid)
+        req = self._forget(rid)
         timings = Timings(
             tokenize=req.msg.tokenize_s,
             queue=req.first_batch_at - req.queued_at,
@@ -256,7 +330,13 @@ class SchedulerState:
             device=req.device_s,
         )
         prompt = sum(map(len, req.msg.sequences))
-        return Scored(id=rid, logprobs=req.logprobs, prompt_tokens=prompt, timings=timings)
+        return Scored(
+            id=rid,
+            logprobs=req.logprobs,
+            prompt_tokens=prompt,
+            cached_tokens=req.cached_tokens,
+            timings=timings,
+        )
 
     def queue_depth(self) -> int:
         """Requests waiting for (more of) their items to be batched."""

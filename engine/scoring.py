@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import tokenizers
 
-from engine import inputs, packing
+from engine import batching, inputs
 from engine.buckets import DEFAULT_TOKEN_BUDGET, make_buckets
 from engine.errors import rejection_error
 from engine.loaders import Checkpoint, load_checkpoint
@@ -131,7 +131,7 @@ class ScoringModel:
         width = max(len(lab) for lab in labels)
         out = np.zeros((len(seqs), width), np.float32)
         pending = None
-        for batch in packing.batches(
+        for batch in batching.batches(
             seqs, labels, token_budget=self.token_budget, buckets=self.buckets
         ):
             running = (self.program.run(batch.inputs), batch.order)

@@ -57,20 +57,21 @@ def tiny_tokenizer():
     return train_tokenizer(CORPUS, 300)
 
 
-def write_tiny_checkpoint(root: Path, name: str) -> Path:
-    """A random-weight checkpoint of family `name` saved with `save_pretrained`, plus tokenizer."""
+def write_tiny_checkpoint(root: Path, name: str, **overrides) -> Path:
+    """A random-weight checkpoint of family `name` saved with `save_pretrained`, plus tokenizer;
+    `overrides` change its config (the directory is then named after them too)."""
     import torch
     import transformers
 
     cls_name, extra = FAMILY_CONFIGS[name]
-    cfg = getattr(transformers, cls_name)(**{**TINY, **extra})
+    cfg = getattr(transformers, cls_name)(**{**TINY, **extra, **overrides})
     torch.manual_seed(sum(map(ord, name)))
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     with torch.no_grad():  # norms and biases start at 1 and 0: perturb so the test sees them
         for pname, p in model.named_parameters():
             if "norm" in pname or pname.endswith("bias"):
                 p.add_(0.3 * torch.randn_like(p))
-    path = root / name
+    path = root / "-".join([name, *(f"{k}={v}" for k, v in sorted(overrides.items()))])
     model.save_pretrained(path, safe_serialization=True)
     tiny_tokenizer().save(str(path / "tokenizer.json"))
     return path
@@ -109,6 +110,13 @@ class FaultyProgram:
         if self.fault is not None:
             self.fault(inputs)
         return self.program.run(inputs)
+
+    def recover(self) -> bool:
+        return self.program.recover()
+
+    @property
+    def pool_resets(self) -> int:
+        return self.program.pool_resets
 
 
 def inject_faults(engine, fault=None) -> FaultyProgram:

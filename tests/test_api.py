@@ -174,9 +174,24 @@ def test_score_equals_the_reference(client, reference, case):
         body["query"], body["items"], item_first=body.get("item_first", False)
     )
     tokens = sum(map(len, seqs))
+    cached = got["usage"].pop("prompt_tokens_details")["cached_tokens"]
     assert got["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0}
+    assert 0 <= cached < tokens  # earlier cases may have cached a prefix
     assert got["model"] == "llama-untied" and got["object"] == "scoring"
     assert set(got) == {"scores", "model", "usage", "object"}
+
+
+@pytest.mark.parametrize("path", ["/v1/score", "/v1/rerank"])
+def test_usage_counts_prompt_tokens_read_from_the_kv_cache(client, path):
+    query = "a long shared prompt " * 8 + path  # its own prompt: nothing cached before
+    if path == "/v1/score":
+        body = {"query": query, "items": [" one", " two"], "label_token_ids": [1, 2]}
+    else:
+        body = {"query": query, "documents": ["one", "two"]}
+    first, second = (client.post(path, json=body).json()["usage"] for _ in "ab")
+    assert first["prompt_tokens_details"] == {"cached_tokens": 0}
+    cached = second["prompt_tokens_details"]["cached_tokens"]
+    assert 0 < cached < second["prompt_tokens"] == first["prompt_tokens"]
 
 
 def test_timing_headers_in_milliseconds(client):
@@ -507,6 +522,7 @@ def test_server_info(client, tiny_path):
         "server_config",
         "buckets",
         "kv_bytes_per_token",
+        "kv_pool",
         "max_sequence_tokens",
         "stats",
         "profiling",
@@ -522,8 +538,17 @@ def test_server_info(client, tiny_path):
         "tokens": [128, 256, 512],
         "row_divisors": [32, 8, 2],
         "label_widths": [4, 32, 256],
+        "contexts": [0, 1024],
     }
     assert info["kv_bytes_per_token"] == 512 and info["max_sequence_tokens"] == 512
+    # the default pool: what 2^18 tokens need (less than an eighth of this host's memory)
+    assert info["kv_pool"] == {
+        "pages": 2**18 // 16,
+        "page_size": 16,
+        "capacity_tokens": 2**18,
+        "bytes": 2**18 * 512,
+        "prefix_cache": True,
+    }
     assert set(info["stats"]) == set(msgspec.structs.asdict(engine_of(client).stats()))
 
 

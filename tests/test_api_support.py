@@ -158,6 +158,8 @@ def assert_rerank(body: dict, request: dict, expected: RerankResult, documents: 
     echo = request.get("return_documents") or request.get("return_text")
     for r in body["results"]:
         assert r.get("document") == ({"text": documents[r["index"]]} if echo else None)
+    cached = body["usage"].pop("prompt_tokens_details")["cached_tokens"]
+    assert 0 <= cached < expected.prompt_tokens  # what earlier requests cached
     assert body["usage"] == {
         "prompt_tokens": expected.prompt_tokens,
         "total_tokens": expected.prompt_tokens,

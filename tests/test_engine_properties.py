@@ -77,11 +77,12 @@ def valid_requests(draw):
     return draw(st.lists(valid_request(shared_ids, shared_text), min_size=1, max_size=5))
 
 
-def run_in_engine(property_fn, path):
-    """Open an engine on `path` and run the (hypothesis) `property_fn(engine, reference)` in a
-    worker thread, so one engine serves every example."""
-    reference = load_model(path, dtype="float32")
-    config = EngineConfig(
+def run_in_engine(property_fn, path, *, config=None, reference=None, check=lambda e: None):
+    """Open an engine on `path` (with `config`) and run the (hypothesis) `property_fn(engine,
+    reference)` in a worker thread, so one engine serves every example; then, once it is idle,
+    nothing of any request is left and `check(engine)` holds."""
+    reference = reference or load_model(path, dtype="float32")
+    config = config or EngineConfig(
         model=path,
         dtype="float32",
         token_budget=512,
@@ -95,9 +96,10 @@ def run_in_engine(property_fn, path):
     async def main():
         async with open_engine(config) as engine:
             await trio.to_thread.run_sync(property_fn, engine, reference)
-            with trio.fail_after(60):
+            with trio.fail_after(120):
                 await engine.wait_idle()
             assert tables_empty(engine)
+            check(engine)
 
     trio.run(main)
 

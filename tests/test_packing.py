@@ -69,7 +69,7 @@ def test_plans_respect_budget_and_rows(seqs, budget, max_rows):
 
 def test_pack_lays_out_prefix_then_suffixes_then_padding():
     seqs = [[5, 6, 7, 1], [5, 6, 7, 2, 3], [9, 9, 9]]
-    batch, order = packing.pack(
+    batch, order, *_ = packing.pack(
         seqs, [[0], [1], [2, 3]], [Chunk(3, (0, 1)), Chunk(0, (2,))], BUCKETS
     )
     pad = list(range(9, 16))
@@ -158,7 +158,7 @@ def test_plan_splits_a_badly_padded_last_batch():
 
 def test_pack_pads_to_the_bucket_shape_with_a_full_width_schedule():
     seqs = [[1] * 6 + [i] for i in range(10)]  # prefix 6 once, then 10 one-token suffixes
-    batch, order = packing.pack(seqs, [[7]] * 10, [Chunk(6, tuple(range(10)))], SHAPES)
+    batch, order, *_ = packing.pack(seqs, [[7]] * 10, [Chunk(6, tuple(range(10)))], SHAPES)
     assert order == list(range(10))
     assert batch.tokens.shape == (32,) and batch.label_ids.shape == (16, 2)
     assert batch.meta.block_kv.shape == (8, 8)
