@@ -164,9 +164,12 @@ std::string check_pages(const ffi::AnyBuffer& k, const ffi::AnyBuffer& pool_k,
                         const ffi::AnyBuffer& pool_v, const ffi::Buffer<ffi::S32>& layer,
                         const ffi::Buffer<ffi::S32>& pages) {
   auto kd = k.dimensions(), pd = pool_k.dimensions(), vd = pool_v.dimensions();
+  // The pool holds the bits of k's dtype (unsigned integers of its width).
+  size_t width = ffi::ByteWidth(k.element_type());
   if (pd.size() != 5 || pd[3] != kd[1] || pd[4] != kd[2] ||
       !std::equal(pd.begin(), pd.end(), vd.begin(), vd.end()) ||
-      pool_k.element_type() != k.element_type() || pool_v.element_type() != k.element_type())
+      ffi::ByteWidth(pool_k.element_type()) != width ||
+      ffi::ByteWidth(pool_v.element_type()) != width)
     return shape_error("the KV pool", pool_k);
   if (layer.element_count() != 1) return "packed_attention: layer must be a scalar";
   int l = layer.typed_data()[0];

@@ -5,7 +5,8 @@ a fixed time; every answer is checked and the serving process's memory and descr
 
 Without `--url` it starts `hypercorn api.app:app` on 127.0.0.1 (as `bench w3` does: bucket grid
 compiled at start, tokenizer cache off) on `--model`, the default model unless given. The pool is
-`--pool` distinct bodies: 1-32 items (log-uniform), queries of 5-60 and items of 3-80 tokens,
+`--pool` distinct bodies: 1-32 items (log-uniform), queries of `--query-tokens` (5-60) and items
+of 3-80 tokens,
 as text or token ids, score (with and without softmax, item_first) and rerank (top_n,
 return_documents). Their expected answers come from an in-process engine with the server's own
 configuration (read from `/get_server_info`), each body scored once. A warm-up phase at full
@@ -66,13 +67,13 @@ def text(rng: np.random.Generator, tokenizer, low: int, high: int) -> str:
     return text_of_tokens(rng, tokenizer, int(rng.integers(low, high + 1)))
 
 
-def score_body(rng: np.random.Generator, tokenizer, vocab: int, labels: list[int]) -> dict:
+def score_body(rng: np.random.Generator, tokenizer, vocab: int, labels: list[int], query) -> dict:
     n = item_count(rng)
     if rng.random() < 0.3:
-        query = token_ids(rng, vocab, 5, 60)
+        query = token_ids(rng, vocab, *query)
         items = [token_ids(rng, vocab, 3, 80) for _ in range(n)]
     else:
-        query = text(rng, tokenizer, 5, 60)
+        query = text(rng, tokenizer, *query)
         items = [text(rng, tokenizer, 3, 80) for _ in range(n)]
     return {
         "query": query,
@@ -83,10 +84,10 @@ def score_body(rng: np.random.Generator, tokenizer, vocab: int, labels: list[int
     }
 
 
-def rerank_body(rng: np.random.Generator, tokenizer) -> dict:
+def rerank_body(rng: np.random.Generator, tokenizer, query) -> dict:
     n = item_count(rng)
     body = {
-        "query": text(rng, tokenizer, 5, 60),
+        "query": text(rng, tokenizer, *query),
         "documents": [text(rng, tokenizer, 3, 80) for _ in range(n)],
         "return_documents": bool(rng.random() < 0.5),
     }
@@ -95,16 +96,19 @@ def rerank_body(rng: np.random.Generator, tokenizer) -> dict:
     return body
 
 
-def request_pool(tokenizer, vocab: int, count: int, seed: int) -> list[Request]:
-    """`count` distinct requests: three in four scores, one in four reranks."""
+def request_pool(
+    tokenizer, vocab: int, count: int, seed: int, query: tuple[int, int] = (5, 60)
+) -> list[Request]:
+    """`count` distinct requests: three in four scores, one in four reranks; queries of
+    `query` tokens (fewest, most)."""
     rng = np.random.default_rng(seed)
     labels = label_ids(tokenizer)
     out = []
     for i in range(count):
         if i % 4 == 3:
-            path, body = "/v1/rerank", rerank_body(rng, tokenizer)
+            path, body = "/v1/rerank", rerank_body(rng, tokenizer, query)
         else:
-            path, body = "/v1/score", score_body(rng, tokenizer, vocab, labels)
+            path, body = "/v1/score", score_body(rng, tokenizer, vocab, labels, query)
         n = len(body.get("items") or body["documents"])
         out.append(Request(path, body, json.dumps(body).encode(), n))
     return out
@@ -128,11 +132,11 @@ async def _expected(engine, request: Request) -> list:
     return relevance
 
 
-async def references(config: EngineConfig, count: int, seed: int):
+async def references(config: EngineConfig, count: int, seed: int, query: tuple[int, int]):
     """(requests, expected answers, model config) from an in-process engine of `config`."""
     async with open_engine(config) as engine:
         model_config = engine.model_config
-        requests = request_pool(engine.tokenizer, model_config.vocab_size, count, seed)
+        requests = request_pool(engine.tokenizer, model_config.vocab_size, count, seed, query)
         expected: list = [None] * count
 
         async def one(i: int) -> None:
@@ -308,6 +312,7 @@ async def soak(url: str, pid: int | None, requests, expected, args) -> dict:
         "rss_growth_mib": after["rss_mib"] - before["rss_mib"] if pid else None,
         "fd_growth": after["fds"] - before["fds"] if pid else None,
         "server_after": {k: stats[k] for k in ("in_flight", "queue_depth", "failed_batches")},
+        "kv_cache": {k: v for k, v in stats.items() if k.startswith(("prefix_cache", "kv_"))},
     }
 
 
@@ -342,12 +347,18 @@ def main(argv=None) -> dict:
     p.add_argument("--pid", type=int, default=None, help="with --url: the server's process")
     p.add_argument("--worker", choices=["asyncio", "trio"], default="asyncio")
     p.add_argument("--startup-timeout", type=float, default=900.0)
+    p.add_argument("--query-tokens", type=int, nargs=2, default=(5, 60), metavar=("LO", "HI"))
+    p.add_argument(
+        "--kv-cache-bytes", type=int, default=None, help="the server's KV pool (default: its own)"
+    )
     args = common.parse_args(p, argv, QUICK)
     with target(args) as (url, pid):
         config = reference_config(url)
         if args.tolerance is None:
             args.tolerance = TOLERANCE[config.dtype]
-        requests, expected, model_config = trio.run(references, config, args.pool, args.seed)
+        requests, expected, model_config = trio.run(
+            references, config, args.pool, args.seed, tuple(args.query_tokens)
+        )
         report = anyio.run(soak, url, pid, requests, expected, args)
     args.dtype = config.dtype
     path = Path(config.model)

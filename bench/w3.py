@@ -132,6 +132,8 @@ class Server:
             "SCORING_PROGRESS": "0",
             "JAX_PLATFORMS": "cpu",
         }
+        if getattr(args, "kv_cache_bytes", None) is not None:
+            env["SCORING_KV_CACHE_BYTES"] = str(args.kv_cache_bytes)
         command = [sys.executable, "-m", "hypercorn", "api.app:app"]
         command += ["--bind", f"127.0.0.1:{self.port}", "--backlog", "2048"]
         if args.worker == "trio":

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import _native
+from engine.chunking import cacheable
 from engine.packing import Chunk, Context, Tokens
 
 ROOT = 0  # the tree's root node: pinning it pins nothing that can be evicted
@@ -56,7 +57,7 @@ class KVCache:
 
     def _context(self, seqs: Sequence[Tokens], chunk: Chunk, room: int) -> Context | None:
         first = seqs[chunk.members[0]]
-        prefix = chunk.prefix_len if len(chunk.members) > 1 else len(first) - 1
+        prefix = cacheable(chunk, seqs)
         if prefix < self.page_size:
             return None  # nothing a page could hold
         return self._reading(first, prefix, room) or self._writing(first, prefix)
@@ -131,13 +132,3 @@ class KVCache:
         so it writes and reads them before any later batch does."""
         self.tree.clear()
         self.epoch += 1
-
-    def usage(self) -> dict[str, int]:
-        """Pages used and free, and pages evicted so far."""
-        t = self.tree
-        return {
-            "pages": t.num_pages,
-            "free": t.free_pages,
-            "cached": t.cached_pages,
-            "evicted": t.evicted,
-        }

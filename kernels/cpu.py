@@ -15,7 +15,7 @@ import numpy as np
 
 from kernels.host import aligned_empty
 from kernels.metadata import AttentionMeta
-from kernels.paging import LayerPool
+from kernels.paging import LayerPool, bits_dtype
 
 try:
     from _native import _cpu
@@ -86,7 +86,7 @@ def attention_cpu(
     if pool is None:
         if meta.context_pages.shape[0]:
             raise ValueError("the metadata names context pages but no KV pool was given")
-        empty = jax.numpy.zeros((1, 1, 1, *k.shape[1:]), k.dtype)
+        empty = jax.numpy.zeros((1, 1, 1, *k.shape[1:]), bits_dtype(k.dtype))
         pool = LayerPool(empty, empty, jax.numpy.zeros((), np.int32))
     call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(q.shape, q.dtype))
     return call(

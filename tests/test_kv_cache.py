@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from bench.soak import TOLERANCE
 from engine import EngineConfig, EngineError, load_model
 from engine.kv_cache import KVCache
 from engine.packing import Chunk
@@ -175,3 +176,21 @@ def test_a_lost_pool_costs_no_wrong_score(tiny_path, reference):
         assert_scores(again.scores, lost.reference(reference))
 
     run_with_cache(run, tiny_path, reference, kv_cache_bytes=None)
+
+
+def test_bf16_cached_scores_stay_within_the_bf16_bound(tiny_path):
+    """In bf16 a key read from a page is the key computed (same dtype), so the cache moves a
+    score no more than batch composition does (the bound the soak holds served bf16 to)."""
+    reference = load_model(tiny_path, dtype="bfloat16", progress=False)
+    requests = [Request(p + [5, 6], [[i, 7] for i in range(1, 4)], [1, 2]) for p in PROMPTS]
+
+    def run(engine, reference):
+        for _ in range(2):  # the second round reads every prompt from the cache
+            for r, got in zip(requests, submit(engine, requests), strict=True):
+                got = np.log(got.unwrap().scores)
+                want = np.log(r.reference(reference))
+                np.testing.assert_allclose(got, want, atol=TOLERANCE["bfloat16"], rtol=0)
+        assert engine.scheduler.cache.stats.hit_tokens > 0
+
+    config = engine_config(tiny_path, dtype="bfloat16", kv_cache_bytes=None)
+    run_in_engine(run, tiny_path, config=config, reference=reference, check=settled)

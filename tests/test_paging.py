@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from kernels import ATTENTION, attention_reference, make_meta
-from kernels.paging import LayerPool, empty_pool, with_context, write
+from kernels.paging import LayerPool, as_bits, empty_pool, with_context, write
 from tests.test_attention import TOLERANCE, layout_meta, random_qkv
 
 
@@ -45,7 +45,7 @@ def paged_layout(
     free = list(rng.permutation(pages)[1:])  # page 0 pads the context region
     kv_heads, head_dim = full_k.shape[1:]
     junk = rng.standard_normal((2, 1, pages, page, kv_heads, head_dim)) * 30
-    pool_k, pool_v = (jnp.asarray(x, full_k.dtype) for x in junk)
+    pool_k, pool_v = (as_bits(jnp.asarray(x, full_k.dtype)) for x in junk)
     ctx_pages, rows, spans = [], [], ([], [], [])
     slots_k, slots_v, slots = [], [], []
     full = 0  # row of the group's first token in the one-batch layout
@@ -154,9 +154,10 @@ def test_write_then_read_round_trips() -> None:
     batch_k, batch_v = (jnp.asarray(rng.standard_normal((5, 2, 64)), jnp.float32) for _ in "kv")
     slots = jnp.asarray([3 * 8 + 7, 1 * 8, 99, -1, 2 * 8 + 3], jnp.int32)  # 99, -1: not written
     pool = write(pool, slots, batch_k, batch_v)
-    np.testing.assert_array_equal(pool.k[2, 3, 7], batch_k[0])
-    np.testing.assert_array_equal(pool.v[2, 1, 0], batch_v[1])
-    np.testing.assert_array_equal(pool.k[2, 2, 3], batch_k[4])
+    assert pool.k.dtype == np.uint32  # the bits of f32
+    np.testing.assert_array_equal(pool.k[2, 3, 7], as_bits(batch_k[0]))
+    np.testing.assert_array_equal(pool.v[2, 1, 0], as_bits(batch_v[1]))
+    np.testing.assert_array_equal(pool.k[2, 2, 3], as_bits(batch_k[4]))
     assert float(jnp.abs(pool.k[:2]).sum()) == 0.0  # other layers untouched
     assert int((pool.k[2] != 0).any(axis=(-1, -2)).sum()) == 3  # only the three slots written
 

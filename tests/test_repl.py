@@ -244,7 +244,7 @@ def test_terminal_session(tiny_path, reference, tmp_path):
             term.send(item)
             term.expect(rf"score\[{i + 1}\]> ")
         term.send("")
-        plain = term.expect(r"(?s)\n(  # .*?)\n2 items, \d+ prompt tokens").group(1)
+        plain = term.expect(r"(?s)\n(  # .*?)\n2 items, \d+ prompt tokens \(\d+ cached\)").group(1)
         term.expect(r"score> ")
         term.send(":nope")
         term.expect(r"error: unknown command :nope \(:help lists the commands\)\n")
@@ -257,7 +257,7 @@ def test_terminal_session(tiny_path, reference, tmp_path):
         term.send(ITEMS[1])
         term.expect(r"score\[2\]> ")
         term.send(":score")
-        soft = term.expect(r"(?s)\n(  # .*?)\n2 items, \d+ prompt tokens").group(1)
+        soft = term.expect(r"(?s)\n(  # .*?)\n2 items, \d+ prompt tokens \(\d+ cached\)").group(1)
         term.expect(r"score> ")
         os.write(term.fd, b"\x03")  # Ctrl-C: a clean exit, history saved, no traceback
         assert term.proc.wait(timeout=120) == 130

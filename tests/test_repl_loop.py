@@ -24,6 +24,7 @@ class FakeEngine:
         return ScoreResult(
             scores=[[len(it) / 100] * len(labels) for it in items],
             prompt_tokens=7,
+            cached_tokens=3,
             timings=Timings(total=0.002),
         )
 
@@ -62,7 +63,7 @@ def test_serve_prints_tables_and_keeps_going_after_errors():
     ]
     table, footer = out[0].rsplit("\n", 1)
     assert table.splitlines()[1] == "  0   0.040000000   0.040000000  abcd"
-    assert footer == "1 items, 7 prompt tokens, 2.0 ms"
+    assert footer == "1 items, 7 prompt tokens (3 cached), 2.0 ms"
     assert out[1] == "rerank: on"
     assert out[2].splitlines()[1:3] == [
         "   1      1   0.040000000  xxxx",

@@ -52,9 +52,13 @@ def _row(widths: list[int], cells: list, text: str) -> str:
     return "  ".join([*(f"{c:>{w}}" for c, w in zip(cells, widths, strict=True)), text])
 
 
-def format_footer(count: int, noun: str, prompt_tokens: int, seconds: float) -> str:
-    """The line under a table: how many rows, the prompt tokens, the time taken."""
-    return f"{count} {noun}, {prompt_tokens} prompt tokens, {seconds * 1e3:.1f} ms"
+def format_footer(count: int, noun: str, prompt_tokens: int, cached: int, seconds: float) -> str:
+    """The line under a table: how many rows, the prompt tokens (and how many of them the KV
+    cache held), the time taken."""
+    return (
+        f"{count} {noun}, {prompt_tokens} prompt tokens ({cached} cached), "
+        f"{seconds * 1e3:.1f} ms"
+    )
 
 
 def format_stats(stats: msgspec.Struct) -> str:

@@ -33,7 +33,7 @@ async def _score(engine: Engine, action: Score, columns: int) -> str:
         apply_softmax=action.apply_softmax,
         item_first=action.item_first,
     )
-    foot = format_footer(len(r.scores), "items", r.prompt_tokens, r.timings.total)
+    foot = format_footer(len(r.scores), "items", r.prompt_tokens, r.cached_tokens, r.timings.total)
     return f"{format_scores(action, r.scores, columns)}\n{foot}"
 
 
@@ -41,7 +41,9 @@ async def _rerank(engine: Engine, action: Rerank, columns: int) -> str:
     r = await engine.rerank(
         action.query, action.documents, top_n=action.top_n, instruction=action.instruction
     )
-    foot = format_footer(len(action.documents), "documents", r.prompt_tokens, r.timings.total)
+    foot = format_footer(
+        len(action.documents), "documents", r.prompt_tokens, r.cached_tokens, r.timings.total
+    )
     return f"{format_rerank(action.documents, r.results, columns)}\n{foot}"
 
 
