@@ -4,9 +4,9 @@ pages, and reads its context region (`AttentionMeta.context_pages`) back from th
 The pool holds K and V for every layer, `[L, P, page, Hkv, D]` each, as the bits of the attention
 dtype (unsigned integers of its width), so a key read from a page is bit-equal to the key the
 batch that wrote it computed. Bits, because pages are only ever moved: on a CPU, XLA computes
-bf16 in f32, and a bf16 scatter into the pool converted all of it there and back every layer. Implementations
-that cannot address pages themselves gather the context region into a contiguous key array with
-`with_context`; the native CPU kernel reads the pages in place.
+bf16 in f32, and a bf16 scatter into the pool converted all of it there and back every layer.
+Implementations that cannot address pages themselves gather the context region into a
+contiguous key array with `with_context`; the native CPU kernel reads the pages in place.
 """
 
 from typing import NamedTuple
