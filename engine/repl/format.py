@@ -56,8 +56,7 @@ def format_footer(count: int, noun: str, prompt_tokens: int, cached: int, second
     """The line under a table: how many rows, the prompt tokens (and how many of them the KV
     cache held), the time taken."""
     return (
-        f"{count} {noun}, {prompt_tokens} prompt tokens ({cached} cached), "
-        f"{seconds * 1e3:.1f} ms"
+        f"{count} {noun}, {prompt_tokens} prompt tokens ({cached} cached), {seconds * 1e3:.1f} ms"
     )
 
 
