@@ -18,9 +18,10 @@ import numpy as np
 import trio
 
 from bench import common
+from bench.parity import label_ids
 from bench.w2 import ids_of
 from engine import EngineConfig, open_engine
-from engine.templates import QWEN3_RERANKER, label_ids
+from engine.templates import QWEN3_RERANKER
 
 QUICK = dict(prompt_tokens=200, items=32, requests=4, parallel=2, rerank_requests=4, documents=4)
 
@@ -67,7 +68,7 @@ async def send(engine, prompt, items, labels, requests: int, parallel: int) -> l
 
 async def measure(engine, args, mode: str, seed: int) -> dict:
     tok = engine.tokenizer
-    labels = [tok.token_to_id(t) or 0 for t in ("yes", "no")]
+    labels = label_ids(tok)
     before = engine.stats()
     prompt, items = workload(tok, args, seed)
     requests, parallel = {"one": (1, 1), "sequential": (args.requests, 1)}.get(
@@ -97,7 +98,7 @@ async def measure_rerank(engine, args, seed: int) -> dict:
     calls = [
         (text(12), [text(60) for _ in range(args.documents)]) for _ in range(args.rerank_requests)
     ]
-    labels = list(label_ids(QWEN3_RERANKER, tok))
+    labels = label_ids(tok, (QWEN3_RERANKER.yes, QWEN3_RERANKER.no))
     limit, before = trio.Semaphore(args.parallel), engine.stats()
 
     async def one(query, docs):

@@ -161,3 +161,21 @@ def test_metrics_text_is_parsed():
         'scoring_batch_tokens_total{kind="real"}': 1500.0,
     }
     assert np.isclose(w3.cpu_seconds(-1), 0.0)
+
+
+def test_w4_chunked_traffic_cache_on_and_off(tiny, tmp_path):
+    from bench import w4
+
+    out = tmp_path / "w4.json"
+    w4.main(["--model", tiny, *QUICK, "--json", str(out), "--repeats", "1"])
+    report = json.loads(out.read_text())
+    assert out.with_suffix(".png").stat().st_size > 1000
+    on, off = report["sides"]["on"], report["sides"]["off"]
+    for side in (on, off):
+        for mode in ("one", "sequential", "parallel", "rerank"):
+            positive(side[mode], "items_per_s")
+    # requests 2..4 of a pass read the prompt request 1 computed; without the cache none does
+    assert on["sequential"]["cache_hit_tokens"] > 0 and on["sequential"]["cached_tokens"] > 0
+    assert off["sequential"]["cache_hit_tokens"] == off["sequential"]["cached_tokens"] == 0
+    assert report["max_logprob_deviation_on_vs_off"] < 1e-4  # same scores, f32
+    positive(report["on_over_off"], "sequential", "parallel", "rerank")
