@@ -14,6 +14,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ._radix_py import _as_list
+
 _FREE, _TREE, _OUT = 0, 1, 2  # where a page is
 
 
@@ -234,10 +236,3 @@ def _common_pages(edge: list[int], toks: list[int], start: int, page: int) -> in
             break
         k += 1
     return k
-
-
-def _as_list(seq: Sequence[int]) -> list[int]:
-    if isinstance(seq, list):
-        return seq
-    tolist = getattr(seq, "tolist", None)  # numpy arrays: Python ints in one call
-    return tolist() if tolist is not None else list(seq)
