@@ -18,6 +18,8 @@ import numpy as np
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from libc.string cimport memcmp
 
+from _native._ids cimport as_i32
+
 __all__ = ["PrefixCache"]
 
 cdef enum:
@@ -45,17 +47,6 @@ cdef bytes _page_key(const int* tokens, Py_ssize_t page):
     return PyBytes_FromStringAndSize(<const char*>tokens, page * sizeof(int))
 
 
-cdef object _as_i32(object seq):
-    cdef Py_ssize_t i, n
-    cdef int[::1] out
-    if type(seq) is list:
-        n = len(<list>seq)
-        arr = np.empty(n, dtype=np.int32)
-        out = arr
-        for i in range(n):
-            out[i] = (<list>seq)[i]
-        return arr
-    return np.ascontiguousarray(seq, dtype=np.int32)
 
 
 cdef class PrefixCache:
@@ -113,7 +104,7 @@ cdef class PrefixCache:
     def match(self, tokens):
         """(node, length, pages): the longest prefix of `tokens` held, in whole pages; `node`
         is exactly that prefix (an edge is split where the match ends inside it)."""
-        toks = _as_i32(tokens)
+        toks = as_i32(tokens)
         held = []
         cdef Py_ssize_t length = 0
         cdef _Node node = self._walk(toks, None, held, &length)
@@ -123,7 +114,7 @@ cdef class PrefixCache:
         """Give the tree `pages` holding `tokens` (whole pages); returns the node of exactly that
         prefix. Where the tree holds a leading part already, its own pages stay and the given
         ones (unless the very same) go back to the free list."""
-        toks = _as_i32(tokens)
+        toks = as_i32(tokens)
         given = [int(p) for p in np.asarray(pages).tolist()]
         cdef Py_ssize_t n = toks.shape[0], length = 0
         if n != len(given) * self.page_size:

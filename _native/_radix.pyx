@@ -8,6 +8,8 @@ cache needs; `group_by_prefix` plans shared-prefix groups for the packed batch (
 
 from libc.string cimport memcmp
 
+from _native._ids cimport as_i32
+
 import numpy as np
 
 __all__ = ["RadixTree", "group_by_prefix"]
@@ -64,18 +66,6 @@ cdef inline Py_ssize_t _common(const int* a, const int* b, Py_ssize_t n) noexcep
     return k
 
 
-cdef object _as_i32(object seq):
-    """`seq` as a C-contiguous int32 array: converted from a list, else viewed when possible."""
-    cdef Py_ssize_t i, n
-    cdef int[::1] out
-    if type(seq) is list:
-        n = len(<list>seq)
-        arr = np.empty(n, dtype=np.int32)
-        out = arr
-        for i in range(n):
-            out[i] = (<list>seq)[i]
-        return arr
-    return np.ascontiguousarray(seq, dtype=np.int32)
 
 
 cdef class RadixTree:
@@ -99,12 +89,12 @@ cdef class RadixTree:
     def insert(self, seq):
         """Add `seq` with the next id; returns how many of its leading tokens were already stored
         (what `match(seq)` returned just before)."""
-        toks = _as_i32(seq)
+        toks = as_i32(seq)
         return self._insert(toks, toks.shape[0])
 
     def match(self, seq):
         """Length of the longest prefix of `seq` that is a prefix of some inserted sequence."""
-        toks = _as_i32(seq)
+        toks = as_i32(seq)
         cdef Py_ssize_t stored
         _walk(self.root, toks, toks.shape[0], False, &stored)
         return stored
@@ -160,7 +150,7 @@ def group_by_prefix(seqs):
     """
     cdef RadixTree tree = RadixTree()
     for seq in seqs:
-        toks = _as_i32(seq)
+        toks = as_i32(seq)
         tree._insert(toks, max(toks.shape[0] - 1, 0))
     _plan(tree.root)
     cdef list groups = []

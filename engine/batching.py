@@ -89,7 +89,9 @@ def _plan(
     what each sequence found cached before this plan."""
     groups = packing.group_by_prefix(seqs)
     cached = [cache.peek(seqs[g.members[0]][: chunking.cacheable(g, seqs)]) for g in groups]
-    extra, planned, expect = chunking.pieces(seqs, groups, cached, budget, cache.page_size)
+    extra, planned, expect = chunking.pieces(
+        seqs, groups, cached, budget=budget, page=cache.page_size, capacity=cache.capacity
+    )
     have = {m: max(c, expect[m]) for g, c in zip(groups, cached, strict=True) for m in g.members}
     for chunks in packing.plan(
         seqs, token_budget=budget, buckets=buckets, groups=groups, cached=have

@@ -30,20 +30,30 @@ def cacheable(chunk: Chunk, seqs: Sequence[Tokens]) -> int:
     return chunk.prefix_len if len(chunk.members) > 1 else len(first) - 1
 
 
-def piece_bounds(cached: int, prefix: int, budget: int, page: int) -> list[tuple[int, int]]:
+def piece_bounds(
+    cached: int, prefix: int, budget: int, page: int, capacity: int
+) -> list[tuple[int, int]]:
     """[a, b) of each piece computing whole pages of `prefix` from `cached` (a page boundary):
-    at most `budget` tokens laid out each (the piece's unread last token included)."""
+    at most `budget` tokens laid out each (the piece's unread last token included), and no
+    further than the `capacity` tokens the pool holds (what is left is computed in one batch)."""
     step = (budget - 1) // page * page
-    end = prefix // page * page
+    end = min(prefix, capacity) // page * page
     if step < page or end <= cached:
         return []
     return [(a, min(a + step, end)) for a in range(cached, end, step)]
 
 
 def pieces(
-    seqs: Sequence[Tokens], groups: Sequence[Chunk], cached: Sequence[int], budget: int, page: int
+    seqs: Sequence[Tokens],
+    groups: Sequence[Chunk],
+    cached: Sequence[int],
+    *,
+    budget: int,
+    page: int,
+    capacity: int,
 ) -> tuple[list[Tokens], list[Planned], dict[int, int]]:
-    """The pieces of every group that costs more than `budget` given what is `cached` of it.
+    """The pieces of every group that costs more than `budget` given what is `cached` of it,
+    in a pool of `capacity` tokens with pages of `page` tokens.
 
     Returns the pieces' sequences (to append after `seqs`), one single-piece batch each, in
     order, and per member of a chunked group the cached length its chunk will expect.
@@ -54,7 +64,7 @@ def pieces(
     for group, have in zip(groups, cached, strict=True):
         prefix = cacheable(group, seqs)
         cost = prefix - have + sum(len(seqs[m]) - prefix for m in group.members)
-        bounds = piece_bounds(have, prefix, budget, page) if cost > budget else []
+        bounds = piece_bounds(have, prefix, budget, page, capacity) if cost > budget else []
         first = seqs[group.members[0]]
         for a, b in bounds:
             extra.append(first[: b + 1])

@@ -38,8 +38,14 @@ class KVCache:
         self.tree = _native.PrefixCache(num_pages, page_size)
         self.page_size = page_size
         self.max_context = max_context
+        self.num_pages = num_pages
         self.stats = CacheStats()
         self.epoch = 0  # bumped by `reset`: contexts of an older epoch refer to lost pages
+
+    @property
+    def capacity(self) -> int:
+        """The most cached tokens one chunk can read: the pool, bounded by `max_context`."""
+        return min(self.num_pages * self.page_size, self.max_context)
 
     def peek(self, tokens: Tokens) -> int:
         """How many leading tokens of `tokens` the cache holds now (whole pages)."""
@@ -60,28 +66,33 @@ class KVCache:
         prefix = cacheable(chunk, seqs)
         if prefix < self.page_size:
             return None  # nothing a page could hold
-        return self._reading(first, prefix, room) or self._writing(first, prefix)
+        reading = self._reading(first, prefix, len(chunk.members), room)
+        return reading or self._writing(first, prefix)
 
     def record(self, hit: int, miss: int) -> None:
         """Count a chunk's cacheable prefix tokens read from the pool and computed."""
         self.stats.hit_tokens += hit
         self.stats.miss_tokens += miss
 
-    def _reading(self, first: Tokens, prefix: int, room: int) -> Context | None:
-        """Read the cached part of the prefix and write the rest, when it fits."""
+    def _reading(self, first: Tokens, prefix: int, members: int, room: int) -> Context | None:
+        """Read the cached part of the prefix and write the rest, when it fits. Without room
+        for the rest, read the cached part when that costs less than computing the prefix:
+        each member then computes the uncached rest of the prefix itself."""
         node, cached, pages = self.tree.match(first[:prefix])
-        if not cached:
-            return None
-        written = -(-(prefix - cached) // self.page_size)  # the last page may be partial
-        if (len(pages) + written) * self.page_size > room:
+        if not cached or len(pages) * self.page_size > room:
             return None
         self.tree.pin(node)  # before allocating: allocation may evict
-        fresh = self.tree.allocate(written)
-        if fresh is None:
-            self.tree.unpin(node)
-            return None
-        reads = np.concatenate([pages, fresh]).astype(np.int32)
-        return Context(cached, prefix, reads, fresh, node, self.epoch, first)
+        written = -(-(prefix - cached) // self.page_size)  # the last page may be partial
+        fits = (len(pages) + written) * self.page_size <= room
+        fresh = self.tree.allocate(written) if fits else None
+        if fresh is not None:
+            reads = np.concatenate([pages, fresh]).astype(np.int32)
+            return Context(cached, prefix, reads, fresh, node, self.epoch, first)
+        if members * (prefix - cached) < prefix:
+            pages = np.asarray(pages, np.int32)
+            return Context(cached, cached, pages, np.zeros(0, np.int32), node, self.epoch, first)
+        self.tree.unpin(node)
+        return None
 
     def _writing(self, first: Tokens, prefix: int) -> Context | None:
         """Compute the whole prefix and write its whole pages (nothing here reads them)."""

@@ -16,10 +16,11 @@ BUDGET = 64
 
 
 def test_piece_bounds_cover_whole_pages_within_the_budget():
-    assert piece_bounds(0, 100, 64, 16) == [(0, 48), (48, 96)]  # 48 + the unread last token
-    assert piece_bounds(32, 100, 64, 16) == [(32, 80), (80, 96)]
-    assert piece_bounds(96, 100, 64, 16) == []  # the rest is under a page: nothing to chunk
-    assert piece_bounds(0, 100, 16, 16) == []  # a budget of one page leaves no room for a piece
+    assert piece_bounds(0, 100, 64, 16, 1024) == [(0, 48), (48, 96)]  # 48 + the unread last token
+    assert piece_bounds(32, 100, 64, 16, 1024) == [(32, 80), (80, 96)]
+    assert piece_bounds(96, 100, 64, 16, 1024) == []  # the rest is under a page: nothing to chunk
+    assert piece_bounds(0, 100, 16, 16, 1024) == []  # a budget of one page leaves no room
+    assert piece_bounds(0, 100, 64, 16, 64) == [(0, 48), (48, 64)]  # no further than the pool
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +35,7 @@ def one_pass(long_path):
     return load_model(long_path, dtype="float32", token_budget=CONTEXT, progress=False)
 
 
-def run_chunked(path, reference, property_fn):
+def run_chunked(path, reference, property_fn, **overrides):
     config = EngineConfig(
         model=path,
         dtype="float32",
@@ -44,6 +45,7 @@ def run_chunked(path, reference, property_fn):
         compile_cache_dir=None,
         progress=False,
         precompile=False,
+        **overrides,
     )
     run_in_engine(property_fn, path, config=config, reference=reference, check=settled)
 
@@ -92,3 +94,31 @@ def test_chunked_requests_mixed_with_others(long_path, one_pass):
         assert_scores(again.scores, requests[0].reference(reference))
 
     run_chunked(long_path, one_pass, run)
+
+
+def test_a_pool_smaller_than_the_sequence_chunks_what_it_holds(long_path, one_pass):
+    """Pieces stop at what the pool holds; the rest is computed reading what they wrote."""
+    pool_tokens = 256
+    kv_bytes = one_pass.config.kv_bytes_per_token(4) * pool_tokens
+    lone = Request([11, 12], [LONG_IDS[:1030]], [3])  # one 1,032-token sequence
+    group = Request(LONG_IDS, [[5, 6], [7]], [1, 2])  # a 1,100-token prefix, two members
+    laid_out = []
+
+    def run(engine, reference):
+        assert engine.program.pool_tokens == pool_tokens
+        for r in (lone, group):
+            engine.flush_cache()
+            before = engine.stats()
+            result = submit(engine, [r])[0].unwrap()
+            after = engine.stats()
+            batches, tokens = after.batches - before.batches, after.real_tokens - before.real_tokens
+            laid_out.append((batches, tokens))
+            assert_scores(result.scores, r.reference(reference))
+
+    run_chunked(long_path, one_pass, run, kv_cache_bytes=kv_bytes)
+    pieces = (6, 5 * 49 + 17)  # 256 tokens in pieces of 48 + 1 laid out, the last 16 + 1
+    # the lone sequence: its last 776 tokens in one batch reading the 256 the pieces wrote
+    assert laid_out[0] == (pieces[0] + 1, pieces[1] + 1032 - 256)
+    # the group cannot share its uncached rest (no room to write it): each member reads the
+    # 256 cached tokens and computes its rest, in a batch of its own as without a cache
+    assert laid_out[1] == (pieces[0] + 2, pieces[1] + 1102 - 256 + 1101 - 256)

@@ -139,6 +139,24 @@ def test_contexts_fall_back_when_pages_run_out():
     np.testing.assert_array_equal(again.read_pages, ctx.write_pages)
 
 
+def test_without_room_for_the_rest_a_chunk_reads_what_is_cached_when_that_pays():
+    cache = KVCache(4, PAGE, max_context=1024)
+    head = list(range(8))  # two whole pages, cached
+    (ctx,) = cache.contexts([head + [99]], [Chunk(0, (0,))])
+    cache.commit(ctx)
+    long = head + list(range(100, 130))  # 37 cacheable tokens: the 29 past the cache need 8 pages
+    (lone,) = cache.contexts([long], [Chunk(0, (0,))])
+    # read the 8 cached tokens, write nothing: the sequence computes its own rest
+    assert (lone.cached, lone.prefix, len(lone.write_pages)) == (8, 8, 0)
+    np.testing.assert_array_equal(lone.read_pages, ctx.write_pages)
+    cache.commit(lone)
+    assert cache.tree.cached_pages == 2 and cache.tree.free_pages == 2
+    # two members would each compute the uncached 29 shared tokens: more than all 37 once
+    group = [long + [1], long + [2]]
+    assert cache.contexts(group, [Chunk(len(long), (0, 1))]) == [None]
+    assert cache.tree.evictable_pages == 2  # nothing left pinned
+
+
 def test_a_lost_pool_costs_no_wrong_score(tiny_path, reference):
     """A device step that fails and loses the pool fails its own batch only: the batch planned
     behind it (reading pages of the lost pool) goes back in line and scores right."""
