@@ -1,4 +1,5 @@
-"""Errors as `{"error": {"message", "type", "param"}}`: the exception type, its mappings, handlers.
+"""Errors as `{"error": {"message", "type", "param", "code"}}` (TEI's requests: TEI's body):
+the exception types, their mappings, handlers.
 
 Routes raise `ApiError`; decode and engine failures are turned into one by `decode_error` (which
 takes `param` from the field path in msgspec's message) and `engine_error` (which takes it from
@@ -14,7 +15,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from api.schemas import ErrorDetail, ErrorResponse, encode
+from api.schemas import ErrorDetail, ErrorResponse, TeiErrorResponse, encode
 from engine import EngineClosed, EngineError, EngineOverloaded, InputTooLarge, InvalidInput
 
 log = logging.getLogger("api")
@@ -52,12 +53,40 @@ class ApiError(Exception):
         self.param = param
         self.type = type or TYPES.get(status, "error")
         self.headers = headers or {}
+        self.overloaded = False  # a 503 for too much work, not for a server that is down
 
     def response(self) -> Response:
-        body = ErrorResponse(
-            error=ErrorDetail(message=self.message, type=self.type, param=self.param)
+        detail = ErrorDetail(
+            message=self.message, type=self.type, param=self.param, code=self.status
         )
-        return Response(encode(body), self.status, self.headers, media_type="application/json")
+        body = encode(ErrorResponse(error=detail))
+        return Response(body, self.status, self.headers, media_type="application/json")
+
+
+class TeiError(ApiError):
+    """An error answered as TEI answers it: `{"error", "error_type"}`, with TEI's status for
+    its kind (a bad input is 422 Validation, a full queue 429 Overloaded)."""
+
+    def __init__(self, error: ApiError):
+        other = (error.status, "Validation" if error.status < 500 else "Backend")
+        status, kind = TEI_KINDS.get(error.status, other)
+        if error.status == 503 and not error.overloaded:
+            status, kind = 503, "Unhealthy"
+        super().__init__(status, error.message, param=error.param, headers=error.headers)
+        self.kind = kind
+
+    def response(self) -> Response:
+        body = encode(TeiErrorResponse(error=self.message, error_type=self.kind))
+        return Response(body, self.status, self.headers, media_type="application/json")
+
+
+# our status -> TEI's (status, error_type)
+TEI_KINDS = {
+    400: (422, "Validation"),
+    413: (422, "Validation"),
+    500: (424, "Backend"),
+    503: (429, "Overloaded"),
+}
 
 
 _AT = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
@@ -90,7 +119,9 @@ def engine_error(
     `renames` maps the engine's field names to the request's (TEI's `texts` for `documents`).
     """
     if isinstance(error, EngineOverloaded | EngineClosed):
-        return ApiError(503, str(error), headers={"Retry-After": str(retry_after_s)})
+        answer = ApiError(503, str(error), headers={"Retry-After": str(retry_after_s)})
+        answer.overloaded = isinstance(error, EngineOverloaded)
+        return answer
     if isinstance(error, InvalidInput):
         status = 413 if isinstance(error, InputTooLarge) else 400
         error = error.renamed(renames or {})

@@ -3,7 +3,7 @@
 `api.schemas` whose JSON Schemas become the document's components."""
 
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import msgspec
 from starlette.requests import Request
@@ -22,9 +22,19 @@ ONE_OF = {
         {"properties": {"query": _TEXT, "items": {"anyOf": [_TEXT, {"items": _TEXT}]}}},
         {"properties": {"query": _ARRAY, "items": {**_ARRAY, "items": _ARRAY}}},
     ],
-    "RerankRequest": [  # `documents` or `texts`, not both
-        {"properties": {"documents": _ARRAY}, "required": ["documents"]},
-        {"properties": {"texts": _ARRAY}, "required": ["texts"]},
+    "RerankRequest": [  # one of `documents`, `texts` and `input`
+        {
+            "required": ["documents"],
+            "not": {"anyOf": [{"required": [f]} for f in ("texts", "input")]},
+        },
+        {
+            "required": ["texts"],
+            "not": {"anyOf": [{"required": [f]} for f in ("documents", "input")]},
+        },
+        {
+            "required": ["input"],
+            "not": {"anyOf": [{"required": [f]} for f in ("documents", "texts")]},
+        },
     ],
 }
 
@@ -32,7 +42,9 @@ ONE_OF = {
 ANY_JSON = {"content": {"application/json": {"schema": {"type": "object"}}}}
 PLAIN_TEXT = {"content": {"text/plain": {"schema": {"type": "string"}}}}
 
-Body = type[msgspec.Struct] | dict  # a Struct of `api.schemas`, or one of the contents above
+# a Struct of `api.schemas` (or a list of them), one of the contents above, or a tuple of
+# bodies: one of them
+Body = type[msgspec.Struct] | Any | dict | tuple
 Handler = Callable[[Service, Request], Awaitable[Response]]
 
 
@@ -62,13 +74,15 @@ class Endpoint(NamedTuple):
 def openapi(title: str, version: str, endpoints: Sequence[Endpoint]) -> dict:
     """The whole document, in JSON's types; request and response bodies refer to generated
     components."""
-    _, components = msgspec.json.schema_components(_structs(endpoints), ref_template=REF)
+    bodies = _bodies(endpoints)
+    found, components = msgspec.json.schema_components(bodies, ref_template=REF)
+    schema_of = dict(zip(bodies, found, strict=True))
     for name, branches in ONE_OF.items():
         if name in components:
             components[name] = components[name] | {"oneOf": branches}
     paths: dict[str, dict] = {}
     for e in endpoints:
-        paths.setdefault(e.path, {})[e.method.lower()] = _operation(e)
+        paths.setdefault(e.path, {})[e.method.lower()] = _operation(e, schema_of)
     document = {
         "openapi": "3.1.0",
         "info": {"title": title, "version": version, "description": DESCRIPTION},
@@ -83,34 +97,34 @@ def openapi(title: str, version: str, endpoints: Sequence[Endpoint]) -> dict:
     return msgspec.json.decode(msgspec.json.encode(document))
 
 
-def _structs(endpoints: Iterable[Endpoint]) -> tuple[type, ...]:
-    """Every Struct a body of `endpoints` refers to, once, in order of first mention."""
-    found: dict[type, None] = {}
+def _bodies(endpoints: Iterable[Endpoint]) -> tuple:
+    """Every body type of `endpoints` (not the fixed contents), once, in order of mention."""
+    found: dict = {}
     for e in endpoints:
         bodies = [e.request, e.response, *(a.body for a in e.answers)]
         bodies += [schemas.ErrorResponse] if e.errors else []
-        found |= {body: None for body in bodies if isinstance(body, type)}
+        bodies = [b for body in bodies for b in (body if isinstance(body, tuple) else (body,))]
+        found |= {body: None for body in bodies if body is not None and not isinstance(body, dict)}
     return tuple(found)
 
 
-def _operation(e: Endpoint) -> dict:
+def _operation(e: Endpoint, schema_of: dict) -> dict:
+    def content(body: Body) -> dict:
+        if isinstance(body, dict):
+            return body
+        schema = {"oneOf": [schema_of[b] for b in body]} if isinstance(body, tuple) else None
+        return {"content": {"application/json": {"schema": schema or schema_of[body]}}}
+
     operation: dict = {"summary": e.summary}
     if e.request is not None:
-        operation["requestBody"] = {"required": e.body_required, **_content(e.request)}
-    error = {"description": "error", **_content(schemas.ErrorResponse)}
-    responses = {"200": {"description": e.summary, **_content(e.response)}}
+        operation["requestBody"] = {"required": e.body_required, **content(e.request)}
+    error = {"description": "error", **content(schemas.ErrorResponse)}
+    responses = {"200": {"description": e.summary, **content(e.response)}}
     responses |= {str(status): error for status in e.errors}
     responses |= {
-        str(a.status): {"description": a.description, **_content(a.body)} for a in e.answers
+        str(a.status): {"description": a.description, **content(a.body)} for a in e.answers
     }
     operation["responses"] = responses
     if e.open_access:
         operation["security"] = []
     return operation
-
-
-def _content(body: Body) -> dict:
-    if isinstance(body, dict):
-        return body
-    ref = {"$ref": REF.format(name=body.__name__)}
-    return {"content": {"application/json": {"schema": ref}}}

@@ -2,7 +2,6 @@
 from which both the Starlette routes (`ROUTES`) and the OpenAPI document are built."""
 
 import functools
-import uuid
 from importlib import metadata
 from pathlib import Path
 
@@ -14,8 +13,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from api import schemas
-from api.errors import ApiError, internal_error
+from api import rerank_answers, schemas
+from api.errors import ApiError, TeiError, internal_error
 from api.metrics import CONTENT_TYPE
 from api.openapi import ANY_JSON, PLAIN_TEXT, Answer, Endpoint, openapi
 from api.service import Service
@@ -37,7 +36,6 @@ def timing_headers(t: Timings) -> dict[str, str]:
 async def score(service: Service, request: Request) -> Response:
     """sglang `/v1/score`."""
     req = await service.decode(request, schemas.score_decoder)
-    _require_query(req.query)
     result = await service.call(
         request,
         lambda engine: engine.score(
@@ -56,64 +54,59 @@ async def score(service: Service, request: Request) -> Response:
 
 
 async def rerank(service: Service, request: Request) -> Response:
-    """Cohere/Jina `/v1/rerank` (TEI's `texts` / `return_text` accepted)."""
+    """Rerank in the spelling and answer shape of the client that asks (`api.rerank_answers`):
+    Cohere v1/v2, Jina, vLLM, SGLang, Voyage, TEI, Mixedbread."""
     req = await service.decode(request, schemas.rerank_decoder)
-    _require_query(req.query)
-    field, documents = _documents(req)
+    return await rerank_as(service, request, req, request.url.path)
 
+
+async def rerank_as(
+    service: Service, request: Request, req: schemas.RerankRequest, path: str
+) -> Response:
+    """The answer to a decoded rerank request, shaped as for `path`."""
+    sglang = service.settings.server.rerank_format == "sglang"
+    shape = rerank_answers.shape_of(path, req, sglang)
+    try:
+        return await _rerank(service, request, req, shape, path)
+    except ApiError as e:
+        raise TeiError(e) if shape == "tei" else e from None
+
+
+async def _rerank(service, request, req: schemas.RerankRequest, shape, path: str) -> Response:
+    docs = rerank_answers.documents_of(req)
+    if req.instruction is not None and req.instruct is not None:
+        raise ApiError(
+            400, "instruct: give `instruction` or `instruct`, not both", param="instruct"
+        )
+    voyage_default = shape == "voyage" and req.truncation is msgspec.UNSET
+    truncate = bool(req.truncate) or req.truncation is True or voyage_default
+    limit = req.truncate_prompt_tokens
     result = await service.call(
         request,
         lambda engine: engine.rerank(
             req.query,
-            documents,
-            top_n=req.top_n,
-            instruction=req.instruction,
+            docs.texts,
+            top_n=rerank_answers.top_n(req),
+            instruction=req.instruction if req.instruct is None else req.instruct,
             max_tokens_per_doc=req.max_tokens_per_doc,
-            truncate=req.truncate,
+            truncate=truncate or limit == -1,
+            max_prompt_tokens=limit if limit is not None and limit >= 0 else None,
+            truncation_side=req.truncation_direction.lower(),
+            raw_scores=req.raw_scores or req.use_activation is False,
         ),
-        renames={"documents": field},
+        renames={"documents": docs.field, "max_prompt_tokens": "truncate_prompt_tokens"},
     )
-    service.metrics.observe(request.url.path, result.timings, len(documents))
-    echo = bool(req.return_documents or req.return_text)
-    hits = [
-        schemas.RerankHit(
-            index=h.index,
-            relevance_score=h.relevance_score,
-            document=schemas.Document(documents[h.index]) if echo else None,
-        )
-        for h in result.results
-    ]
-    body = schemas.RerankResponse(
-        id=uuid.uuid4().hex,
-        model=service.model_name,
-        results=hits,
-        usage=_usage(schemas.RerankUsage, result),
-    )
+    service.metrics.observe(path, result.timings, len(docs.texts))
+    model = req.model or service.model_name
+    body = rerank_answers.answer(shape, req, docs, result, model=model)
     return _json(body, headers=timing_headers(result.timings))
 
 
 def _usage(kind, result):
-    """Token usage of a score or rerank result, cached prompt tokens spelled as OpenAI does."""
+    """Token usage of a score result, cached prompt tokens spelled as OpenAI does."""
     details = schemas.PromptTokensDetails(cached_tokens=result.cached_tokens)
     tokens = result.prompt_tokens
     return kind(prompt_tokens=tokens, total_tokens=tokens, prompt_tokens_details=details)
-
-
-def _require_query(query: str | list[int]) -> None:
-    # an empty query scores the items alone: a client's mistake, not a request for that
-    if len(query) == 0:
-        raise ApiError(400, "query: must not be empty", param="query")
-
-
-def _documents(req: schemas.RerankRequest) -> tuple[str, list[str]]:
-    """The request's document texts and the field that carried them."""
-    if req.documents is not None and req.texts is not None:
-        raise ApiError(400, "texts: give `documents` or `texts`, not both", param="texts")
-    if req.texts is not None:
-        return "texts", req.texts
-    if req.documents is None:
-        raise ApiError(400, "documents: required (or TEI's `texts`)", param="documents")
-    return "documents", [d if isinstance(d, str) else d.text for d in req.documents]
 
 
 async def health(service: Service, request: Request) -> Response:
@@ -290,10 +283,12 @@ SCORING_ERRORS = (400, 401, 413, 499, 500, 503)
 PROFILE_ERRORS = (400, 401, 409, 413)
 
 
-def _rerank_at(path: str) -> Endpoint:
-    summary = "Rerank documents by relevance"
-    request, response = schemas.RerankRequest, schemas.RerankResponse
+def _rerank_at(path: str, response, summary: str) -> Endpoint:
+    request = schemas.RerankRequest
     return Endpoint(path, "POST", rerank, summary, response, request, errors=SCORING_ERRORS)
+
+
+COHERE, TEI = rerank_answers.RerankResponse, list[rerank_answers.TeiRank]
 
 
 # the route table and the OpenAPI document are both built from this
@@ -316,8 +311,14 @@ ENDPOINTS = (
         schemas.ScoreRequest,
         errors=SCORING_ERRORS,
     ),
-    _rerank_at("/v1/rerank"),
-    _rerank_at("/rerank"),
+    _rerank_at(
+        "/v1/rerank",
+        (COHERE, list[rerank_answers.SglangHit], rerank_answers.VoyageResponse),
+        "Rerank documents (Cohere v1, Jina, vLLM, Voyage; SGLang's list when configured)",
+    ),
+    _rerank_at("/v2/rerank", COHERE, "Rerank documents (Cohere v2, vLLM)"),
+    _rerank_at("/rerank", (COHERE, TEI), "Rerank documents (TEI's list for `texts`, vLLM)"),
+    _rerank_at("/v1/reranking", rerank_answers.MixedbreadResponse, "Rerank documents (Mixedbread)"),
     Endpoint("/v1/models", "GET", models, "The served model", schemas.ModelList, errors=(401,)),
     Endpoint(
         "/get_model_info", "GET", model_info, "Model facts", schemas.ModelInfo, errors=(401, 503)

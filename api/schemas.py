@@ -4,9 +4,10 @@ Requests forbid unknown fields; their decoders are built once here. Responses ar
 `encode`. `/openapi.json` is generated from these same types (see `api.openapi`).
 """
 
-from typing import Annotated
+from typing import Annotated, Any, Literal
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from api.settings import ServerConfig
 from engine import EngineConfig, EngineStats
@@ -59,45 +60,46 @@ class ScoreResponse(msgspec.Struct, kw_only=True):
     object: str = "scoring"
 
 
-class Document(msgspec.Struct, forbid_unknown_fields=True):
-    text: str
+NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
+# a document as text, or as a JSON object whose `text` (or `rank_fields`) is ranked
+DocumentIn = str | dict[str, Any]
 
 
 class RerankRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """Cohere/Jina rerank body; `texts`, `return_text` and `truncate` are TEI's spellings.
-
-    Give the documents as `documents` or as `texts`, not both.
+    """One rerank body for every client: Cohere (v1, v2), Jina, vLLM, SGLang, Voyage, TEI and
+    Mixedbread spell it differently, and each spelling is read (the README's client table says
+    what each field does). Give the documents as `documents`, `texts` or `input`: one of them.
     """
 
     query: Text
-    documents: Annotated[list[str | Document], _documented(minItems=1)] | None = None
-    texts: Annotated[list[str], _documented(minItems=1)] | None = None
-    top_n: PositiveInt | None = None  # None: every document
-    return_documents: bool | None = None
-    return_text: bool | None = None
+    documents: Annotated[list[DocumentIn], _documented(minItems=1)] | None = None
+    texts: Annotated[list[str], _documented(minItems=1)] | None = None  # TEI
+    input: Annotated[list[DocumentIn], _documented(minItems=1)] | None = None  # Mixedbread
+    top_n: NonNegativeInt | None = None  # None or 0: every document
+    top_k: NonNegativeInt | UnsetType | None = UNSET  # Voyage, Mixedbread: as top_n
+    rank_fields: list[str] | None = None  # the object fields ranked, as "field: value" lines
+    return_documents: bool | None = None  # None: the answer's own default (README)
+    return_text: bool | None = None  # TEI
+    return_input: bool | None = None  # Mixedbread
     instruction: str | None = None  # None: the template's default instruction
+    instruct: str | None = None  # SGLang's spelling of `instruction`
     max_tokens_per_doc: PositiveInt | None = None  # truncate each document to this many tokens
-    truncate: bool = False  # truncate documents so that each prompt fits the context
-    model: str | None = None
-
-
-class RerankHit(msgspec.Struct, kw_only=True, omit_defaults=True):
-    index: int
-    relevance_score: float
-    document: Document | None = None
+    truncate: bool | None = None  # TEI: truncate documents so that each prompt fits the context
+    truncation: bool | UnsetType = UNSET  # Voyage (default true): as `truncate`
+    truncation_direction: Literal["Left", "Right", "left", "right"] = "Right"  # TEI
+    raw_scores: bool = False  # TEI: the yes/no logit instead of its sigmoid
+    use_activation: bool | None = None  # vLLM: false gives raw scores
+    truncate_prompt_tokens: Annotated[int, msgspec.Meta(ge=-1)] | None = None  # vLLM (README)
+    max_chunks_per_doc: PositiveInt | None = None  # Cohere v1: accepted; never chunked here
+    priority: int | None = None  # Cohere v2, vLLM: accepted; requests run in arrival order
+    rewrite_query: bool | None = None  # Mixedbread: accepted; the query is used as given
+    model: str | None = None  # echoed in answers that carry a model
 
 
 class RerankUsage(msgspec.Struct, kw_only=True):
     prompt_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails = msgspec.field(default_factory=PromptTokensDetails)
-
-
-class RerankResponse(msgspec.Struct, kw_only=True):
-    id: str
-    model: str
-    results: list[RerankHit]  # best first
-    usage: RerankUsage
 
 
 class ProfileRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -113,10 +115,18 @@ class ErrorDetail(msgspec.Struct, kw_only=True):
     message: str
     type: str
     param: str | None = None  # the offending field's path, e.g. "items[1]"
+    code: int  # the HTTP status, as vLLM and OpenAI-style clients read it
 
 
 class ErrorResponse(msgspec.Struct, kw_only=True):
     error: ErrorDetail
+
+
+class TeiErrorResponse(msgspec.Struct, kw_only=True):
+    """TEI's error body."""
+
+    error: str
+    error_type: str  # "Validation", "Empty", "Overloaded", "Backend", "Unhealthy"
 
 
 class HealthResponse(msgspec.Struct, kw_only=True):

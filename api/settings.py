@@ -10,6 +10,7 @@ import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Literal
 
 import msgspec
 import msgspec.inspect as mi
@@ -30,6 +31,8 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     retry_after_s: int = 1  # the Retry-After of a 503
     cors_origins: tuple[str, ...] = ()  # empty: no CORS headers at all
     log_level: str = "INFO"
+    # the answer of /v1/rerank: Cohere's object (Jina's, vLLM's), or SGLang's bare list
+    rerank_format: Literal["cohere", "sglang"] = "cohere"
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True):

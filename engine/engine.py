@@ -11,6 +11,7 @@ import math
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import msgspec
 import numpy as np
@@ -248,17 +249,24 @@ class Engine:
         bad input, EngineOverloaded when the queue is full, EngineError when the device step
         fails, EngineClosed on shutdown.
         """
+        logprobs, result = await self._logprobs(query, items, label_token_ids, item_first)
+        scores = scores_from_logprobs(logprobs, apply_softmax=apply_softmax).tolist()
+        return msgspec.structs.replace(result, scores=scores)
+
+    async def _logprobs(self, query, items, label_token_ids, item_first: bool):
+        """Label log-probs f32[N, L] and the result (scores empty) carrying the usage."""
         start = trio.current_time()
         scored = await self._submit(query, items, label_token_ids, item_first)
         timings = msgspec.structs.replace(scored.timings, total=trio.current_time() - start)
-        logprobs = np.asarray(scored.logprobs, np.float32)  # f32[N, L]: one label set per request
-        scores = scores_from_logprobs(logprobs, apply_softmax=apply_softmax).tolist()
-        return ScoreResult(
-            scores=scores,
+        width = len(label_token_ids)
+        logprobs = np.asarray(scored.logprobs, np.float32).reshape(-1, width)  # f32[N, L]
+        result = ScoreResult(
+            scores=[],
             prompt_tokens=scored.prompt_tokens,
             timings=timings,
             cached_tokens=scored.cached_tokens,
         )
+        return logprobs, result
 
     async def rerank(
         self,
@@ -269,31 +277,24 @@ class Engine:
         instruction: str | None = None,
         max_tokens_per_doc: int | None = None,
         truncate: bool = False,
+        max_prompt_tokens: int | None = None,
+        truncation_side: str = "right",
+        raw_scores: bool = False,
     ) -> RerankResult:
         """Documents by relevance to `query`: P(yes) / (P(yes) + P(no)) under the model's
-        rerank template, best first, the first `top_n` of them (all when None).
+        rerank template (with `raw_scores`, its logit: log P(yes) - log P(no)), best first,
+        the first `top_n` of them (all when None).
 
         `max_tokens_per_doc` cuts each document to that many tokens; `truncate` cuts each so
-        that its prompt fits the longest sequence accepted. Errors name `documents[i]`.
+        that its prompt fits the longest sequence accepted, `max_prompt_tokens` so that it has
+        at most that many tokens. `truncation_side` "left" cuts a document's start instead of
+        its end. Errors name `documents[i]`.
         """
-        _check_rerank(query, documents, top_n, max_tokens_per_doc)
-        if isinstance(self._rerank_labels, str):
-            raise EngineError(f"rerank is unavailable for this model: {self._rerank_labels}")
-        try:  # the tokenizer's own item limit, checked before the truncation (slow per item)
-            inputs.normalize_items(documents, self.config.max_items_per_request)
-        except InvalidInput as e:
-            raise e.renamed(DOCUMENTS) from None
-        if max_tokens_per_doc is not None or truncate:
-            documents = await trio.to_thread.run_sync(
-                self._truncated, query, documents, instruction, max_tokens_per_doc, truncate
-            )
-        items = [self.template.document_text(d) for d in documents]
-        prompt = self.template.query_text(query, instruction)
-        try:
-            result = await self.score(prompt, items, self._rerank_labels, apply_softmax=True)
-        except InvalidInput as e:
-            raise e.renamed(DOCUMENTS) from None
-        hits = [RerankHit(index=i, relevance_score=s[0]) for i, s in enumerate(result.scores)]
+        _check_rerank(query, documents, top_n, max_tokens_per_doc, truncation_side)
+        fit = self._fit(truncate, max_prompt_tokens)
+        options = _RerankOptions(instruction, max_tokens_per_doc, fit, truncation_side)
+        scores, result = await self._relevance(query, documents, options, raw_scores)
+        hits = [RerankHit(index=i, relevance_score=s) for i, s in enumerate(scores)]
         hits.sort(key=lambda h: -h.relevance_score)
         return RerankResult(
             results=hits[:top_n],
@@ -302,14 +303,107 @@ class Engine:
             cached_tokens=result.cached_tokens,
         )
 
-    def _truncated(self, query, documents, instruction, max_tokens_per_doc, truncate):
-        limit = max_tokens_per_doc or self.max_sequence_tokens
-        if truncate:
+    async def score_pairs(
+        self,
+        queries: Sequence[str],
+        documents: Sequence[str],
+        *,
+        instruction: str | None = None,
+        truncate: bool = False,
+        max_prompt_tokens: int | None = None,
+        raw_scores: bool = False,
+    ) -> ScoreResult:
+        """The rerank relevance of each (queries[i], documents[i]) pair, in pair order (one
+        score per pair). Pairs that share a query are scored as one rerank call, the calls
+        concurrently. Errors name `documents[i]` by pair index."""
+        if isinstance(queries, str) or isinstance(documents, str):
+            raise InvalidInput("queries/documents", "must be lists of strings")
+        if len(queries) != len(documents):
+            raise InvalidInput(
+                "queries/documents",
+                f"{len(queries)} queries for {len(documents)} documents: give one per pair",
+            )
+        groups: dict[str, list[int]] = {}
+        for i, q in enumerate(queries):
+            groups.setdefault(q, []).append(i)
+        options = _RerankOptions(instruction, None, self._fit(truncate, max_prompt_tokens), "right")
+        scores = [0.0] * len(documents)
+        results: list[ScoreResult] = []
+
+        failed: list[Exception] = []
+
+        async def one(query: str, pairs: list[int], cancel: trio.CancelScope) -> None:
+            texts = [documents[i] for i in pairs]
+            try:
+                _check_rerank(query, texts, None, None, "right")
+                group, result = await self._relevance(query, texts, options, raw_scores)
+            except InvalidInput as e:
+                failed.append(e.reindexed(pairs))
+            except Exception as e:  # the first failure fails the call: the others stop
+                failed.append(e)
+            else:
+                for i, s in zip(pairs, group, strict=True):
+                    scores[i] = s
+                results.append(result)
+                return
+            cancel.cancel()
+
+        async with trio.open_nursery() as nursery:
+            for query, pairs in groups.items():
+                nursery.start_soon(one, query, pairs, nursery.cancel_scope)
+        if failed:
+            raise failed[0]
+        return ScoreResult(
+            scores=[[s] for s in scores],
+            prompt_tokens=sum(r.prompt_tokens for r in results),
+            cached_tokens=sum(r.cached_tokens for r in results),
+            timings=max((r.timings for r in results), key=lambda t: t.total, default=Timings()),
+        )
+
+    async def _relevance(
+        self, query: str, documents: Sequence[str], options: "_RerankOptions", raw: bool
+    ) -> tuple[list[float], ScoreResult]:
+        """Each document's relevance to `query`, in document order, and the score result."""
+        if isinstance(self._rerank_labels, str):
+            raise EngineError(f"rerank is unavailable for this model: {self._rerank_labels}")
+        try:  # the tokenizer's own item limit, checked before the truncation (slow per item)
+            inputs.normalize_items(documents, self.config.max_items_per_request)
+        except InvalidInput as e:
+            raise e.renamed(DOCUMENTS) from None
+        if options.cuts():
+            documents = await trio.to_thread.run_sync(self._truncated, query, documents, options)
+        items = [self.template.document_text(d) for d in documents]
+        prompt = self.template.query_text(query, options.instruction)
+        try:
+            logprobs, result = await self._logprobs(prompt, items, self._rerank_labels, False)
+        except InvalidInput as e:
+            raise e.renamed(DOCUMENTS) from None
+        if raw:  # the yes/no logit, as a sequence classifier's raw score
+            return (logprobs[:, 0].astype(np.float64) - logprobs[:, 1]).tolist(), result
+        return scores_from_logprobs(logprobs, apply_softmax=True)[:, 0].tolist(), result
+
+    def _fit(self, truncate: bool, max_prompt_tokens: int | None) -> int | None:
+        """The prompt length documents are cut to fit, if any."""
+        if max_prompt_tokens is not None:
+            bad = isinstance(max_prompt_tokens, bool) or not isinstance(max_prompt_tokens, int)
+            if bad or not 1 <= max_prompt_tokens <= self.max_sequence_tokens:
+                raise InvalidInput(
+                    "max_prompt_tokens",
+                    f"must be an integer from 1 to the model context ({self.max_sequence_tokens})",
+                )
+            return max_prompt_tokens
+        return self.max_sequence_tokens if truncate else None
+
+    def _truncated(self, query, documents, options: "_RerankOptions"):
+        limit = options.max_tokens_per_doc or self.max_sequence_tokens
+        if options.fit is not None:
             room = truncation.room_for_document(
-                self.tokenizer, self.template, query, instruction, self.max_sequence_tokens
+                self.tokenizer, self.template, query, options.instruction, options.fit
             )
             limit = min(limit, room)
-        return truncation.cut_documents(self.tokenizer, documents, limit)
+        return truncation.cut_documents(
+            self.tokenizer, documents, limit, side=options.truncation_side
+        )
 
     async def _submit(self, query, items, label_token_ids, item_first: bool) -> Scored:
         if self._closed:
@@ -394,7 +488,17 @@ class Engine:
         }
 
 
-def _check_rerank(query, documents, top_n, max_tokens_per_doc) -> None:
+class _RerankOptions(NamedTuple):
+    instruction: str | None
+    max_tokens_per_doc: int | None
+    fit: int | None  # cut documents so that each prompt has at most this many tokens
+    truncation_side: str
+
+    def cuts(self) -> bool:
+        return self.max_tokens_per_doc is not None or self.fit is not None
+
+
+def _check_rerank(query, documents, top_n, max_tokens_per_doc, truncation_side) -> None:
     if not isinstance(query, str):
         raise InvalidInput("query", "must be a string")
     if isinstance(documents, str) or not documents:
@@ -405,6 +509,8 @@ def _check_rerank(query, documents, top_n, max_tokens_per_doc) -> None:
         bad = isinstance(value, bool) or not isinstance(value, int) or value < 1
         if value is not None and bad:
             raise InvalidInput(name, "must be a positive integer")
+    if truncation_side not in truncation.SIDES:
+        raise InvalidInput("truncation_side", f"must be one of {', '.join(truncation.SIDES)}")
 
 
 @asynccontextmanager

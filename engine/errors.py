@@ -6,6 +6,7 @@ HTTP layer reports that field as is, without reading it back out of the message.
 """
 
 import enum
+from collections.abc import Sequence
 
 
 class RejectKind(enum.Enum):
@@ -34,6 +35,15 @@ class InvalidInput(ValueError):
         head, sep, rest = self.field.partition("[")
         field = names.get(head, head) + sep + rest
         return type(self)(field, self.detail)
+
+    def reindexed(self, index: Sequence[int]) -> "InvalidInput":
+        """The same error with the list index of its field (`documents[j]`) mapped through
+        `index` (to `documents[index[j]]`): for an error found in a subset of a list."""
+        head, sep, rest = (self.field or "").partition("[")
+        position, _, tail = rest.partition("]")
+        if not sep or not position.isdigit():
+            return self
+        return type(self)(f"{head}[{index[int(position)]}]{tail}", self.detail)
 
 
 class InputTooLarge(InvalidInput):

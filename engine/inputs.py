@@ -2,7 +2,8 @@
 
 Text query with text items are joined as text (`query + item`, or `item + query` with
 `item_first`) and tokenised whole with the tokenizer's default special tokens; a token-id query
-with token-id items is concatenated as ids; any other mix is an error. Every problem raises
+with token-id items is concatenated as ids; any other mix is an error. An empty query or item
+is allowed; only a sequence with no token at all is an error. Every problem raises
 `InvalidInput` (a ValueError) naming the field.
 """
 
@@ -25,13 +26,12 @@ def _is_id(t) -> bool:
 
 
 def normalize_items(items: Items, max_items: int | None = None) -> list:
-    """A single string item becomes a one-item list; an empty or over-long list is an error."""
+    """A single string item becomes a one-item list; an over-long list is an error. An empty
+    list is no error (sglang answers it with no scores)."""
     if isinstance(items, str):
         items = [items]
-    if not isinstance(items, Sequence) or len(items) == 0:
-        raise InvalidInput(
-            "items", "must be a non-empty string, list of strings or list of token-id lists"
-        )
+    if not isinstance(items, Sequence):
+        raise InvalidInput("items", "must be a string, list of strings or list of token-id lists")
     if max_items is not None and len(items) > max_items:
         raise InputTooLarge("items", f"{len(items)} items exceed the limit of {max_items}")
     return list(items)
@@ -68,18 +68,12 @@ def check_query_ids(query: Sequence[int], vocab_size: int) -> None:
 
 
 def texts_to_join(query: str, items: Sequence[str], *, item_first: bool) -> list[str]:
-    """The texts to tokenise whole, one per item."""
-    for i, it in enumerate(items):
-        if not it:
-            raise InvalidInput(f"items[{i}]", "empty item")
+    """The texts to tokenise whole, one per item (an empty query or item adds nothing)."""
     return [it + query if item_first else query + it for it in items]
 
 
 def join_ids(query: Sequence[int], items: Sequence[Sequence[int]], *, item_first: bool):
-    """The id sequences, one per item."""
-    for i, it in enumerate(items):
-        if not it:
-            raise InvalidInput(f"items[{i}]", "empty item")
+    """The id sequences, one per item (an empty query or item adds nothing)."""
     return [list(it) + list(query) if item_first else list(query) + list(it) for it in items]
 
 
@@ -87,7 +81,7 @@ def check_sequences(seqs: Sequence[Sequence[int]], *, vocab_size: int, max_len: 
     """ValueError for an id outside the vocabulary or a sequence longer than the context."""
     for i, seq in enumerate(seqs):
         if not seq:
-            raise InvalidInput(f"items[{i}]", "tokenised to an empty sequence")
+            raise InvalidInput(f"items[{i}]", "no tokens: the query and the item are both empty")
         if len(seq) > max_len:
             raise InputTooLarge(
                 f"items[{i}]",

@@ -104,7 +104,10 @@ class SchedulerState:
             return self._complete(msg, now)
         raise TypeError(f"scheduler got an unexpected {type(msg).__name__}")
 
-    def _admit(self, msg: Tokenized, now: float) -> list[Rejected]:
+    def _admit(self, msg: Tokenized, now: float) -> list[Scored | Rejected]:
+        if not msg.sequences:  # no items: answered at once, with no scores
+            timings = Timings(tokenize=msg.tokenize_s)
+            return [Scored(id=msg.id, logprobs=[], prompt_tokens=0, timings=timings)]
         tokens = sum(map(len, msg.sequences))
         if tokens > self.max_queued_tokens:
             return [

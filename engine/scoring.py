@@ -89,6 +89,8 @@ class ScoringModel:
         """
         request = self.tokenize(query, items, label_token_ids, item_first=item_first)
         seqs = request.sequences
+        if not seqs:
+            return []
         logprobs = self.label_logprobs(seqs, [request.labels] * len(seqs))  # f32[N, L]
         return scores_from_logprobs(logprobs, apply_softmax=apply_softmax).tolist()
 

@@ -6,6 +6,7 @@ import tokenizers
 
 from engine.templates import RerankTemplate
 
+SIDES = ("right", "left")  # cut a document's end, or its start
 TRUNCATION_MARGIN = 4  # tokens kept free when fitting: text joins can merge or split a token
 
 
@@ -24,11 +25,12 @@ def room_for_document(
 
 
 def cut_documents(
-    tokenizer: tokenizers.Tokenizer, documents: Sequence[str], limit: int
+    tokenizer: tokenizers.Tokenizer, documents: Sequence[str], limit: int, side: str = "right"
 ) -> list[str]:
-    """Each document cut to its first `limit` tokens."""
+    """Each document cut to its first `limit` tokens (`side` "left": its last `limit`)."""
+    cut = _cut if side == "right" else _cut_start
     encodings = tokenizer.encode_batch(list(documents), add_special_tokens=False)
-    return [_cut(doc, enc.offsets, limit) for doc, enc in zip(documents, encodings, strict=True)]
+    return [cut(doc, enc.offsets, limit) for doc, enc in zip(documents, encodings, strict=True)]
 
 
 def _cut(text: str, offsets: list[tuple[int, int]], limit: int) -> str:
@@ -40,3 +42,15 @@ def _cut(text: str, offsets: list[tuple[int, int]], limit: int) -> str:
     start, end = offsets[limit - 1]
     # a character split over several byte-level tokens: keep it only if all of them fit
     return text[: start if offsets[limit][0] < end else end]
+
+
+def _cut_start(text: str, offsets: list[tuple[int, int]], limit: int) -> str:
+    """The longest suffix of `text` made of its last `limit` tokens, in whole characters."""
+    if len(offsets) <= limit:
+        return text
+    if limit == 0:
+        return ""
+    first = len(offsets) - limit
+    start, before = offsets[first][0], offsets[first - 1][1]
+    # a character split over several byte-level tokens: keep it only if all of them fit
+    return text[before if before > start else start :]

@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
-from api import schemas
+from api import errors, schemas
 from api.app import create_app
 from api.routes import ROUTES
 from api.settings import Settings, settings_from_env
@@ -62,8 +62,11 @@ def engine_of(client):
     return host_of(client).engine
 
 
+STATUS_OF = {kind: status for status, kind in errors.TYPES.items()}
+
+
 def error(message: str, type: str, param: str | None = None) -> dict:
-    return {"error": {"message": message, "type": type, "param": param}}
+    return {"error": {"message": message, "type": type, "param": param, "code": STATUS_OF[type]}}
 
 
 def invalid(message: str, param: str | None = None) -> dict:
@@ -212,7 +215,8 @@ def test_rerank_equals_engine_rerank(client, rerank_expected, case):
     path, body, _ = rerank_cases()[case]
     r = client.post(path, json=body)
     assert r.status_code == 200, r.text
-    assert r.json()["model"] == "llama-untied"
+    if isinstance(r.json(), dict):  # the request's model is echoed, else the served one
+        assert r.json()["model"] == body.get("model", "llama-untied")
     assert_rerank(r.json(), body, rerank_expected[case], DOCS)
     assert float(r.headers["x-device-time"]) > 0
 
@@ -257,18 +261,12 @@ BAD_SCORES = [
         invalid("Object contains unknown field `temperature`", "temperature"),
     ),
     (
-        b'{"query": "q", "items": [], "label_token_ids": [1]}',
-        invalid(
-            "items: must be a non-empty string, list of strings or list of token-id lists", "items"
-        ),
+        b'{"query": "", "items": ["a", ""], "label_token_ids": [1]}',
+        invalid("items[1]: no tokens: the query and the item are both empty", "items[1]"),
     ),
     (
-        b'{"query": "q", "items": ["a", ""], "label_token_ids": [1]}',
-        invalid("items[1]: empty item", "items[1]"),
-    ),
-    (
-        b'{"query": [1], "items": [[2], []], "label_token_ids": [1]}',
-        invalid("items[1]: empty item", "items[1]"),
+        b'{"query": [], "items": [[2], []], "label_token_ids": [1]}',
+        invalid("items[1]: no tokens: the query and the item are both empty", "items[1]"),
     ),
     (
         b'{"query": "q", "items": ["a"], "label_token_ids": []}',
@@ -299,12 +297,12 @@ def test_score_rejects_bad_input_with_400(client, body, answer):
     assert (r.status_code, r.json()) == (400, answer)
 
 
+ONE_LIST = "give the documents as one of `documents`, `texts` (TEI) or `input`"
+TEXT_REQUIRED = "required (or name the fields to rank with `rank_fields`)"
 BAD_RERANKS = [
-    ({"query": "q"}, invalid("documents: required (or TEI's `texts`)", "documents")),
-    (
-        {"query": "q", "documents": ["a"], "texts": ["a"]},
-        invalid("texts: give `documents` or `texts`, not both", "texts"),
-    ),
+    ({"query": "q"}, invalid(f"documents: {ONE_LIST}", "documents")),
+    ({"query": "q", "documents": ["a"], "texts": ["a"]}, invalid(f"texts: {ONE_LIST}", "texts")),
+    ({"query": "q", "documents": ["a"], "input": ["a"]}, invalid(f"input: {ONE_LIST}", "input")),
     (
         {"query": "q", "documents": []},
         invalid("documents: must be a non-empty list of strings", "documents"),
@@ -314,8 +312,8 @@ BAD_RERANKS = [
         invalid("texts: must be a non-empty list of strings", "texts"),
     ),
     (
-        {"query": "q", "documents": ["a"], "top_n": 0},
-        invalid("Expected `int` >= 1 - at `$.top_n`", "top_n"),
+        {"query": "q", "documents": ["a"], "top_n": -1},
+        invalid("Expected `int` >= 0 - at `$.top_n`", "top_n"),
     ),
     (
         {"query": "q", "documents": ["a"], "max_tokens_per_doc": -3},
@@ -323,26 +321,41 @@ BAD_RERANKS = [
     ),
     (
         {"query": "q", "documents": [{"txt": "a"}]},
-        invalid("Object contains unknown field `txt` - at `$.documents[0]`", "documents[0].txt"),
+        invalid(f"documents[0].text: {TEXT_REQUIRED}", "documents[0].text"),
     ),
     (
-        {"query": "q", "documents": ["a", {}]},
-        invalid("Object missing required field `text` - at `$.documents[1]`", "documents[1].text"),
+        {"query": "q", "documents": ["a", {"text": 7}]},
+        invalid("documents[1].text: must be a string", "documents[1].text"),
+    ),
+    (
+        {"query": "q", "documents": [{"title": "a"}], "rank_fields": ["text"]},
+        invalid("documents[0]: has none of the rank_fields ['text']", "documents[0]"),
     ),
     (
         {"query": ["q"], "documents": ["a"]},
         invalid("Expected `str`, got `array` - at `$.query`", "query"),
     ),
     (
-        {"query": "q", "documents": ["a"], "raw_scores": True},
-        invalid("Object contains unknown field `raw_scores`", "raw_scores"),
+        {"query": "q", "documents": ["a"], "temperature": 0},
+        invalid("Object contains unknown field `temperature`", "temperature"),
+    ),
+    (
+        {"query": "q", "documents": ["a"], "instruction": "x", "instruct": "y"},
+        invalid("instruct: give `instruction` or `instruct`, not both", "instruct"),
+    ),
+    (
+        {"query": "q", "documents": ["a"], "truncate_prompt_tokens": 100000},
+        invalid(
+            "truncate_prompt_tokens: must be an integer from 1 to the model context (512)",
+            "truncate_prompt_tokens",
+        ),
     ),
 ]
 
 
 @pytest.mark.parametrize(("body", "answer"), BAD_RERANKS)
 def test_rerank_rejects_bad_input_with_400(client, body, answer):
-    for path in ("/v1/rerank", "/rerank"):
+    for path in ("/v1/rerank", "/v2/rerank"):
         r = client.post(path, json=body)
         assert (r.status_code, r.json()) == (400, answer)
 

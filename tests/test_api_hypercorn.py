@@ -76,13 +76,14 @@ def test_errors(server):
                     "message": "invalid JSON: Input data was truncated",
                     "type": "invalid_request_error",
                     "param": None,
+                    "code": 400,
                 }
             },
         )
         body = {"query": [5] * 600, "items": [[1]], "label_token_ids": [1]}
         r = client.post("/v1/score", json=body)
         assert r.status_code == 413 and r.json()["error"]["param"] == "items[0]"
-        r = client.post("/v1/rerank", json={"query": "q", "documents": ["a"], "top_n": 0})
+        r = client.post("/v1/rerank", json={"query": "q", "documents": ["a"], "top_n": -1})
         assert r.status_code == 400 and r.json()["error"]["param"] == "top_n"
         assert client.get("/nowhere").status_code == 404
         assert client.get("/metrics").text.count("scoring_http_requests_total{") >= 4

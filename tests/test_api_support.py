@@ -147,23 +147,34 @@ def rerank_references(path) -> list[RerankResult]:
     return trio.run(main)
 
 
-def assert_rerank(body: dict, request: dict, expected: RerankResult, documents: list[str]) -> None:
-    """The HTTP answer is `Engine.rerank`'s order and scores, with documents echoed if asked."""
-    assert [r["index"] for r in body["results"]] == [h.index for h in expected.results]
-    np.testing.assert_allclose(
-        [r["relevance_score"] for r in body["results"]],
-        [h.relevance_score for h in expected.results],
-        rtol=1e-5,
-    )
-    echo = request.get("return_documents") or request.get("return_text")
-    for r in body["results"]:
-        assert r.get("document") == ({"text": documents[r["index"]]} if echo else None)
+def assert_rerank(body, request: dict, expected: RerankResult, documents: list[str]) -> None:
+    """The HTTP answer is `Engine.rerank`'s order and scores, with documents echoed unless told
+    not to (TEI's bare list: only when asked)."""
+    if isinstance(body, list):  # TEI's answer to `texts`
+        assert [r["index"] for r in body] == [h.index for h in expected.results]
+        scores = [r["score"] for r in body]
+        echo = request.get("return_text", False)
+        assert all(r.get("text") == (documents[r["index"]] if echo else None) for r in body)
+        assert all(set(r) <= {"index", "score", "text"} for r in body)
+    else:
+        assert [r["index"] for r in body["results"]] == [h.index for h in expected.results]
+        scores = [r["relevance_score"] for r in body["results"]]
+        echo = request.get("return_documents", True)
+        for r in body["results"]:
+            assert r.get("document") == ({"text": documents[r["index"]]} if echo else None)
+        _assert_usage(body, expected)
+    np.testing.assert_allclose(scores, [h.relevance_score for h in expected.results], rtol=1e-5)
+
+
+def _assert_usage(body: dict, expected: RerankResult) -> None:
     cached = body["usage"].pop("prompt_tokens_details")["cached_tokens"]
     assert 0 <= cached < expected.prompt_tokens  # what earlier requests cached
     assert body["usage"] == {
         "prompt_tokens": expected.prompt_tokens,
         "total_tokens": expected.prompt_tokens,
     }
+    assert body["meta"]["tokens"] == {"input_tokens": expected.prompt_tokens, "output_tokens": 0}
+    assert body["meta"]["billed_units"] == {"search_units": 1}
     assert len(body["id"]) == 32
 
 

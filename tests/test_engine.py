@@ -315,6 +315,76 @@ def test_rerank_truncates_in_the_engine_and_names_documents(tiny_path, reference
     assert fit.prompt_tokens <= 2 * engine.max_sequence_tokens and len(fit.results) == 2
 
 
+def _yes_no(engine) -> list[int]:
+    t, tok = engine.template, engine.tokenizer
+    return [tok.encode(x, add_special_tokens=False).ids[0] for x in (t.yes, t.no)]
+
+
+def test_raw_rerank_scores_are_the_yes_no_logit(tiny_path, reference):
+    docs = ["the river is green", "quick paper", "stone house light"]
+
+    async def main():
+        async with open_engine(config(tiny_path)) as engine:
+            raw = await engine.rerank("where is the house?", docs, raw_scores=True)
+            soft = await engine.rerank("where is the house?", docs)
+            return engine, raw, soft
+
+    engine, raw, soft = run(main)
+    t = engine.template
+    p = reference.score(
+        t.query_text("where is the house?", None),
+        [t.document_text(d) for d in docs],
+        _yes_no(engine),
+    )  # exp(log-probs) under the full vocabulary
+    want = {i: np.log(p[i][0]) - np.log(p[i][1]) for i in range(3)}
+    assert [h.index for h in raw.results] == [h.index for h in soft.results]
+    got = {h.index: h.relevance_score for h in raw.results}
+    np.testing.assert_allclose([got[i] for i in range(3)], [want[i] for i in range(3)], atol=1e-4)
+    sigmoid = {h.index: 1 / (1 + np.exp(-h.relevance_score)) for h in raw.results}
+    for h in soft.results:
+        assert sigmoid[h.index] == pytest.approx(h.relevance_score, abs=1e-6)
+
+
+def test_score_pairs_equal_rerank_by_query_and_keep_pair_order(tiny_path):
+    queries = ["where?", "what?", "where?", "what?", "who?"]
+    docs = ["the river", "quick paper", "stone house", "green light", "the river"]
+
+    async def main():
+        async with open_engine(config(tiny_path)) as engine:
+            pairs = await engine.score_pairs(queries, docs)
+            by_query = {
+                q: await engine.rerank(q, [d for p, d in zip(queries, docs) if p == q])
+                for q in dict.fromkeys(queries)
+            }
+            long = "stone house light " * 200  # over the tiny model's context
+            with pytest.raises(InputTooLarge, match=r"^documents\[3\]: sequence of"):
+                await engine.score_pairs(queries, ["a", "b", "c", long, "e"])
+            with pytest.raises(InvalidInput, match=r"^queries/documents: 2 queries for 1"):
+                await engine.score_pairs(["a", "b"], ["c"])
+            return pairs, by_query
+
+    pairs, by_query = run(main)
+    for q, result in by_query.items():
+        index = [i for i, p in enumerate(queries) if p == q]
+        for hit in result.results:
+            assert pairs.scores[index[hit.index]] == [pytest.approx(hit.relevance_score, abs=1e-6)]
+    assert pairs.prompt_tokens == sum(r.prompt_tokens for r in by_query.values())
+
+
+def test_an_empty_item_list_is_answered_with_no_scores(tiny_path, reference):
+    async def main():
+        async with open_engine(config(tiny_path)) as engine:
+            none = await engine.score("q", [], [1, 2])
+            alone = await engine.score("a query", [""], [1, 2])
+            no_query = await engine.score([], [[5, 6]], [1])
+            return none, alone, no_query
+
+    none, alone, no_query = run(main)
+    assert (none.scores, none.prompt_tokens) == ([], 0)
+    np.testing.assert_allclose(alone.scores, reference.score("a query", [""], [1, 2]), rtol=1e-5)
+    np.testing.assert_allclose(no_query.scores, reference.score([5], [[6]], [1]), rtol=1e-5)
+
+
 def test_bucket_settings_are_checked_and_used():
     b = EngineConfig(token_budget=256, block_size=32).buckets(1000)
     assert b.tokens == (64, 128, 256, 512, 1024) and b.block_size == 32

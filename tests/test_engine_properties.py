@@ -154,13 +154,10 @@ def _replace_item(r: Request, i: int, item) -> Request:
     return r._replace(items=[*r.items[:i], item, *r.items[i + 1 :]])
 
 
-def no_items(draw, r):
-    return r._replace(items=[]), InvalidInput, r"^items: must be a non-empty"
-
-
-def empty_item(draw, r):
+def no_tokens(draw, r):
     i = _item_index(draw, r)
-    return _replace_item(r, i, r.items[i][:0]), InvalidInput, rf"^items\[{i}\]: empty item"
+    bad = _replace_item(r._replace(query=[]), i, [])
+    return bad, InvalidInput, rf"^items\[{i}\]: no tokens: the query and the item are both empty"
 
 
 def item_id_outside_vocab(draw, r):
@@ -215,8 +212,7 @@ def over_the_context(draw, r):
 
 
 FAULTS = [
-    no_items,
-    empty_item,
+    no_tokens,
     item_id_outside_vocab,
     query_id_outside_vocab,
     label_outside_vocab,

@@ -46,14 +46,22 @@ def test_softmax_normalises_over_the_labels(tiny):
     assert (raw.sum(axis=1) < 1).all()
 
 
+def test_empty_query_items_and_item_list_follow_sglang(tiny):
+    assert tiny.score("text", [], [1]) == []
+    assert tiny.score([], [], [1]) == []
+    alone = tiny.score("a query", [""], [1, 2])
+    assert alone == tiny.score("a query", ["", ""], [1, 2])[:1]
+    assert alone == tiny.score("a que", ["ry"], [1, 2])  # the same text, tokenised whole
+    assert tiny.score([], [[5, 6]], [1]) == tiny.score([5], [[6]], [1])
+
+
 @pytest.mark.parametrize(
     ("query", "items", "labels", "match"),
     [
         ("text", [[1, 2]], [1], "query/items: must be all text"),
         ([1, 2], ["text"], [1], "query/items: must be all text"),
-        ("text", [], [1], "items: must be a non-empty"),
-        ("text", ["ok", ""], [1], r"items\[1\]: empty item"),
-        ([1], [[2], []], [1], r"items\[1\]: empty item"),
+        ("", ["ok", ""], [1], r"items\[1\]: no tokens: the query and the item are both empty"),
+        ([], [[2], []], [1], r"items\[1\]: no tokens"),
         ("text", ["ok"], [], "label_token_ids: must be a non-empty"),
         ("text", ["ok"], [384], r"label_token_ids: \[384\] outside the vocabulary \[0, 384\)"),
         ("text", ["ok"], [-1], "label_token_ids: .* outside the vocabulary"),

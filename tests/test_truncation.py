@@ -33,6 +33,23 @@ def test_a_character_split_over_tokens_is_kept_whole_or_dropped(tok):
         assert len(tok.encode(got, add_special_tokens=False).ids) <= limit
 
 
+def test_the_left_side_keeps_the_last_tokens(tok):
+    docs = ["The quick brown fox jumps over the lazy dog.", "short", ""]
+    cut = cut_documents(tok, docs, 3, side="left")
+    for doc, got in zip(docs, cut, strict=True):
+        ids = tok.encode(doc, add_special_tokens=False).ids
+        assert doc.endswith(got)
+        assert tok.encode(got, add_special_tokens=False).ids == ids[-3:] if ids else got == ""
+    assert cut[0] == " lazy dog." or len(cut[0]) < len(docs[0])
+    text = "東京東京"
+    ids = tok.encode(text, add_special_tokens=False).ids
+    for limit in range(len(ids) + 1):
+        (got,) = cut_documents(tok, [text], limit, side="left")
+        assert text.endswith(got)  # whole characters only
+        assert len(tok.encode(got, add_special_tokens=False).ids) <= limit
+    assert cut_documents(tok, [text], len(ids), side="left") == [text]
+
+
 def test_room_leaves_the_prompt_and_a_margin(tok):
     prompt = tok.encode(PLAIN.query_text("q?", None)).ids
     suffix = tok.encode(PLAIN.document_text(""), add_special_tokens=False).ids
