@@ -1,5 +1,6 @@
-"""Errors as `{"error": {"message", "type", "param", "code"}}` (TEI's requests: TEI's body):
-the exception types, their mappings, handlers.
+"""Errors as `{"error": {"message", "type", "param", "code"}}` with the same four fields at the
+top level too (SGLang's older clients read them there); TEI's requests get TEI's body. The
+exception types, their mappings, handlers.
 
 Routes raise `ApiError`; decode and engine failures are turned into one by `decode_error` (which
 takes `param` from the field path in msgspec's message) and `engine_error` (which takes it from
@@ -16,22 +17,24 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from api.schemas import ErrorDetail, ErrorResponse, TeiErrorResponse, encode
-from engine import EngineClosed, EngineError, EngineOverloaded, InputTooLarge, InvalidInput
+from engine import EngineClosed, EngineError, EngineOverloaded, InvalidInput
 
 log = logging.getLogger("api")
 
 CLIENT_CLOSED = 499  # nginx's status for a client that went away before the answer
 
+# the error types vLLM and SGLang answer (OpenAI-style clients read them)
 TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    404: "not_found_error",
-    405: "method_not_allowed",
-    409: "conflict_error",
-    413: "request_too_large",
-    CLIENT_CLOSED: "client_closed_request",
-    500: "internal_error",
-    503: "service_unavailable",
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    404: "NotFoundError",
+    405: "MethodNotAllowedError",
+    409: "ConflictError",
+    413: "RequestTooLargeError",
+    422: "UnprocessableEntityError",
+    CLIENT_CLOSED: "ClientClosedRequestError",
+    500: "InternalServerError",
+    503: "ServiceUnavailableError",
 }
 
 
@@ -56,10 +59,8 @@ class ApiError(Exception):
         self.overloaded = False  # a 503 for too much work, not for a server that is down
 
     def response(self) -> Response:
-        detail = ErrorDetail(
-            message=self.message, type=self.type, param=self.param, code=self.status
-        )
-        body = encode(ErrorResponse(error=detail))
+        fields = dict(message=self.message, type=self.type, param=self.param, code=self.status)
+        body = encode(ErrorResponse(error=ErrorDetail(**fields), **fields))
         return Response(body, self.status, self.headers, media_type="application/json")
 
 
@@ -72,6 +73,8 @@ class TeiError(ApiError):
         status, kind = TEI_KINDS.get(error.status, other)
         if error.status == 503 and not error.overloaded:
             status, kind = 503, "Unhealthy"
+        if error.type == "empty":
+            status, kind = 400, "Empty"
         super().__init__(status, error.message, param=error.param, headers=error.headers)
         self.kind = kind
 
@@ -83,7 +86,6 @@ class TeiError(ApiError):
 # our status -> TEI's (status, error_type)
 TEI_KINDS = {
     400: (422, "Validation"),
-    413: (422, "Validation"),
     500: (424, "Backend"),
     503: (429, "Overloaded"),
 }
@@ -104,7 +106,7 @@ def decode_error(error: msgspec.MsgspecError | UnicodeDecodeError) -> ApiError:
     if not isinstance(error, msgspec.ValidationError):
         return ApiError(400, f"invalid JSON: {message}")
     at = _AT.search(message)
-    path = at["path"] if at else ""
+    path = at["path"].replace("[...]", "") if at else ""  # a JSON object's value: the object
     field = _FIELD.match(message)
     if field:
         path = f"{path}.{field['field']}" if path else field["field"]
@@ -122,10 +124,9 @@ def engine_error(
         answer = ApiError(503, str(error), headers={"Retry-After": str(retry_after_s)})
         answer.overloaded = isinstance(error, EngineOverloaded)
         return answer
-    if isinstance(error, InvalidInput):
-        status = 413 if isinstance(error, InputTooLarge) else 400
+    if isinstance(error, InvalidInput):  # over-long or too many too: 400, as vLLM answers
         error = error.renamed(renames or {})
-        return ApiError(status, str(error), param=error.field)
+        return ApiError(400, str(error), param=error.field)
     if isinstance(error, EngineError):
         log.error("engine failure: %s", error)
         return ApiError(500, f"engine failure: {public_message(str(error))}")

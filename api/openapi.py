@@ -22,6 +22,11 @@ ONE_OF = {
         {"properties": {"query": _TEXT, "items": {"anyOf": [_TEXT, {"items": _TEXT}]}}},
         {"properties": {"query": _ARRAY, "items": {**_ARRAY, "items": _ARRAY}}},
     ],
+    "VllmScoreRequest": [  # one pair of sides
+        {"required": list(pair)}
+        for pair in (("queries", "documents"), ("queries", "items"), ("text_1", "text_2"))
+    ]
+    + [{"required": ["data_1", "data_2"]}],
     "RerankRequest": [  # one of `documents`, `texts` and `input`
         {
             "required": ["documents"],
@@ -41,6 +46,7 @@ ONE_OF = {
 # the bodies of answers that have no Struct
 ANY_JSON = {"content": {"application/json": {"schema": {"type": "object"}}}}
 PLAIN_TEXT = {"content": {"text/plain": {"schema": {"type": "string"}}}}
+NO_BODY: dict = {}
 
 # a Struct of `api.schemas` (or a list of them), one of the contents above, or a tuple of
 # bodies: one of them
@@ -64,9 +70,10 @@ class Endpoint(NamedTuple):
     handler: Handler
     summary: str
     response: Body  # the 200's body
-    request: type[msgspec.Struct] | None = None  # the JSON body it reads, if any
+    request: Body | None = None  # the JSON body it reads, if any
     body_required: bool = True
-    errors: tuple[int, ...] = ()  # statuses answered with an `ErrorResponse`
+    errors: tuple[int, ...] = ()  # statuses answered with an `error_body`
+    error_body: Body = schemas.ErrorResponse  # TEI's routes: ours or TEI's
     answers: tuple[Answer, ...] = ()
     open_access: bool = False  # served without the API key
 
@@ -102,7 +109,7 @@ def _bodies(endpoints: Iterable[Endpoint]) -> tuple:
     found: dict = {}
     for e in endpoints:
         bodies = [e.request, e.response, *(a.body for a in e.answers)]
-        bodies += [schemas.ErrorResponse] if e.errors else []
+        bodies += [e.error_body] if e.errors else []
         bodies = [b for body in bodies for b in (body if isinstance(body, tuple) else (body,))]
         found |= {body: None for body in bodies if body is not None and not isinstance(body, dict)}
     return tuple(found)
@@ -118,7 +125,7 @@ def _operation(e: Endpoint, schema_of: dict) -> dict:
     operation: dict = {"summary": e.summary}
     if e.request is not None:
         operation["requestBody"] = {"required": e.body_required, **content(e.request)}
-    error = {"description": "error", **content(schemas.ErrorResponse)}
+    error = {"description": "error", **content(e.error_body)}
     responses = {"200": {"description": e.summary, **content(e.response)}}
     responses |= {str(status): error for status in e.errors}
     responses |= {

@@ -4,7 +4,7 @@ parses: which shape a request gets follows from its path and fields (`shape_of`)
     cohere      {id, model, results: [{index, relevance_score, document?}], usage, meta}
                 Cohere v1/v2, Jina, vLLM: /v1/rerank, /v2/rerank, /rerank
     voyage      {object: "list", data: [{index, relevance_score, document?}], model, usage}
-                a body with Voyage's `top_k` or `truncation`
+                /v1/rerank with Voyage's `top_k` or `truncation`
     mixedbread  {object: "list", model, data: [{index, score, input?}], top_k, ...}: /v1/reranking
     tei         [{index, score, text?}]: TEI's `texts` on /rerank (or /invocations)
     sglang      [{index, score, document?}]: /v1/rerank with SCORING_RERANK_FORMAT=sglang
@@ -34,7 +34,7 @@ def shape_of(path: str, req: RerankRequest, sglang_v1: bool) -> Shape:
         return "mixedbread"
     if req.texts is not None and path in ("/rerank", "/invocations"):
         return "tei"
-    if req.top_k is not UNSET or req.truncation is not UNSET:
+    if path == "/v1/rerank" and (req.top_k is not UNSET or req.truncation is not UNSET):
         return "voyage"
     if sglang_v1 and path == "/v1/rerank":
         return "sglang"

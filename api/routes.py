@@ -13,10 +13,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from api import rerank_answers, schemas
+from api import rerank_answers, schemas, tei, tokens, vllm_score
 from api.errors import ApiError, TeiError, internal_error
 from api.metrics import CONTENT_TYPE
-from api.openapi import ANY_JSON, PLAIN_TEXT, Answer, Endpoint, openapi
+from api.openapi import ANY_JSON, NO_BODY, PLAIN_TEXT, Answer, Endpoint, openapi
 from api.service import Service
 from api.settings import model_path
 from engine import Engine, Timings
@@ -34,8 +34,44 @@ def timing_headers(t: Timings) -> dict[str, str]:
 
 
 async def score(service: Service, request: Request) -> Response:
-    """sglang `/v1/score`."""
-    req = await service.decode(request, schemas.score_decoder)
+    """SGLang's `/v1/score`, or vLLM's for a body with vLLM's fields (`api.vllm_score`)."""
+    body = await service.body(request)
+    if _keys(body) & vllm_score.KEYS:
+        return await _vllm_score(service, request, body)
+    return await _score(service, request, service.parse(body, schemas.score_decoder))
+
+
+async def vllm_score_route(service: Service, request: Request) -> Response:
+    """vLLM's `/score`: the relevance of query/document pairs, in pair order."""
+    return await _vllm_score(service, request, await service.body(request))
+
+
+async def _vllm_score(service: Service, request: Request, body: bytes) -> Response:
+    req = service.parse(body, vllm_score.decoder)
+    pairs = vllm_score.pairs_of(req)
+    if req.max_tokens_per_query:
+        message = "max_tokens_per_query: queries are never cut; cut documents instead"
+        raise ApiError(400, message, param="max_tokens_per_query")
+    limit = req.truncate_prompt_tokens
+    result = await service.call(
+        request,
+        lambda engine: engine.score_pairs(
+            pairs.queries,
+            pairs.documents,
+            max_tokens_per_doc=req.max_tokens_per_doc or None,
+            truncate=limit == -1,
+            max_prompt_tokens=limit if limit is not None and limit > 0 else None,
+            raw_scores=vllm_score.raw_scores(req),
+        ),
+        renames={"documents": pairs.names[1], "max_prompt_tokens": "truncate_prompt_tokens"},
+    )
+    service.metrics.observe(request.url.path, result.timings, len(pairs.documents))
+    scores = [s[0] for s in result.scores]
+    answer = vllm_score.response(req, scores, result, req.model or service.model_name)
+    return _json(answer, headers=timing_headers(result.timings))
+
+
+async def _score(service: Service, request: Request, req: schemas.ScoreRequest) -> Response:
     result = await service.call(
         request,
         lambda engine: engine.score(
@@ -74,6 +110,10 @@ async def rerank_as(
 
 async def _rerank(service, request, req: schemas.RerankRequest, shape, path: str) -> Response:
     docs = rerank_answers.documents_of(req)
+    if not req.query and shape != "tei":  # TEI alone scores documents against no query
+        raise ApiError(400, "query: must not be empty", param="query")
+    if shape == "tei" and not docs.texts:
+        raise ApiError(400, "`texts` cannot be empty", param="texts", type="empty")
     if req.instruction is not None and req.instruct is not None:
         raise ApiError(
             400, "instruct: give `instruction` or `instruct`, not both", param="instruct"
@@ -107,6 +147,37 @@ def _usage(kind, result):
     details = schemas.PromptTokensDetails(cached_tokens=result.cached_tokens)
     tokens = result.prompt_tokens
     return kind(prompt_tokens=tokens, total_tokens=tokens, prompt_tokens_details=details)
+
+
+async def invocations(service: Service, request: Request) -> Response:
+    """SageMaker's inference path: SGLang's score body (with `label_token_ids`) or vLLM's
+    (`queries`, `text_1`, `data_1`) is scored, any other reranked (`texts` as TEI's `/rerank`)."""
+    body = await service.body(request)
+    keys = _keys(body)
+    if "label_token_ids" in keys:
+        return await _score(service, request, service.parse(body, schemas.score_decoder))
+    if keys & vllm_score.KEYS - {"documents"}:
+        return await _vllm_score(service, request, body)
+    return await rerank_as(
+        service, request, service.parse(body, schemas.rerank_decoder), "/invocations"
+    )
+
+
+_KEYS = msgspec.json.Decoder(dict[str, msgspec.Raw])
+
+
+def _keys(body: bytes) -> set[str]:
+    """The top-level keys of a JSON object body; none for anything else (its decoder will say
+    what is wrong)."""
+    try:
+        return set(_KEYS.decode(body))
+    except (msgspec.MsgspecError, UnicodeDecodeError, RecursionError):
+        return set()
+
+
+async def tei_info(service: Service, request: Request) -> Response:
+    """TEI's `/info`."""
+    return await tei.info(service, request, _version())
 
 
 async def health(service: Service, request: Request) -> Response:
@@ -283,9 +354,17 @@ SCORING_ERRORS = (400, 401, 413, 499, 500, 503)
 PROFILE_ERRORS = (400, 401, 409, 413)
 
 
-def _rerank_at(path: str, response, summary: str) -> Endpoint:
+def _rerank_at(path: str, response, summary: str, tei: bool = False) -> Endpoint:
     request = schemas.RerankRequest
-    return Endpoint(path, "POST", rerank, summary, response, request, errors=SCORING_ERRORS)
+    errors, body = (TEI_ERRORS, EITHER_ERROR) if tei else (SCORING_ERRORS, schemas.ErrorResponse)
+    return Endpoint(
+        path, "POST", rerank, summary, response, request, errors=errors, error_body=body
+    )
+
+
+# where TEI's requests come, its error bodies and statuses too
+EITHER_ERROR = (schemas.ErrorResponse, schemas.TeiErrorResponse)
+TEI_ERRORS = (*SCORING_ERRORS, 422, 424, 429)
 
 
 COHERE, TEI = rerank_answers.RerankResponse, list[rerank_answers.TeiRank]
@@ -306,9 +385,18 @@ ENDPOINTS = (
         "/v1/score",
         "POST",
         score,
-        "Label-token probabilities per item (sglang)",
-        schemas.ScoreResponse,
-        schemas.ScoreRequest,
+        "Label-token probabilities per item (SGLang), or vLLM's pair scores for its fields",
+        (schemas.ScoreResponse, vllm_score.VllmScoreResponse),
+        (schemas.ScoreRequest, vllm_score.VllmScoreRequest),
+        errors=SCORING_ERRORS,
+    ),
+    Endpoint(
+        "/score",
+        "POST",
+        vllm_score_route,
+        "Relevance of query/document pairs, in pair order (vLLM)",
+        vllm_score.VllmScoreResponse,
+        vllm_score.VllmScoreRequest,
         errors=SCORING_ERRORS,
     ),
     _rerank_at(
@@ -317,8 +405,66 @@ ENDPOINTS = (
         "Rerank documents (Cohere v1, Jina, vLLM, Voyage; SGLang's list when configured)",
     ),
     _rerank_at("/v2/rerank", COHERE, "Rerank documents (Cohere v2, vLLM)"),
-    _rerank_at("/rerank", (COHERE, TEI), "Rerank documents (TEI's list for `texts`, vLLM)"),
+    _rerank_at("/rerank", (COHERE, TEI), "Rerank documents (TEI's list for `texts`, vLLM)", True),
     _rerank_at("/v1/reranking", rerank_answers.MixedbreadResponse, "Rerank documents (Mixedbread)"),
+    Endpoint(
+        "/invocations",
+        "POST",
+        invocations,
+        "SageMaker: rerank (TEI's answer for `texts`), or score a body with `label_token_ids`",
+        (COHERE, TEI, schemas.ScoreResponse, vllm_score.VllmScoreResponse),
+        (schemas.RerankRequest, schemas.ScoreRequest, vllm_score.VllmScoreRequest),
+        errors=TEI_ERRORS,
+        error_body=EITHER_ERROR,
+    ),
+    Endpoint(
+        "/tokenize",
+        "POST",
+        tokens.tokenize,
+        "Token ids of a prompt (vLLM), or TEI's tokens of `inputs`",
+        (tokens.TokenizeResponse, tokens.TEI_TOKENS),
+        (tokens.TokenizeRequest, tokens.TeiTokenizeRequest),
+        errors=(400, 401, 413, 422, 503),
+        error_body=EITHER_ERROR,
+    ),
+    Endpoint(
+        "/detokenize",
+        "POST",
+        tokens.detokenize,
+        "The text of token ids (vLLM)",
+        tokens.DetokenizeResponse,
+        tokens.DetokenizeRequest,
+        errors=(400, 401, 413, 503),
+    ),
+    Endpoint(
+        "/decode",
+        "POST",
+        tokens.decode,
+        "The text of token id lists (TEI)",
+        tokens.TEI_TEXTS,
+        tokens.TeiDecodeRequest,
+        errors=(400, 401, 413, 422, 503),
+        error_body=EITHER_ERROR,
+    ),
+    Endpoint(
+        "/info",
+        "GET",
+        tei_info,
+        "What serves, in TEI's fields",
+        tei.TeiInfo,
+        errors=(401, 503),
+        error_body=EITHER_ERROR,
+    ),
+    Endpoint(
+        "/ping",
+        "GET",
+        tei.ping,
+        "SageMaker health: 200 with no body once ready, 503 before",
+        NO_BODY,
+        errors=(503,),
+        error_body=schemas.TeiErrorResponse,
+        open_access=True,
+    ),
     Endpoint("/v1/models", "GET", models, "The served model", schemas.ModelList, errors=(401,)),
     Endpoint(
         "/get_model_info", "GET", model_info, "Model facts", schemas.ModelInfo, errors=(401, 503)

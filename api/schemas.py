@@ -4,7 +4,7 @@ Requests forbid unknown fields; their decoders are built once here. Responses ar
 `encode`. `/openapi.json` is generated from these same types (see `api.openapi`).
 """
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -22,9 +22,10 @@ def _documented(**json_schema) -> msgspec.Meta:
 
 
 TokenId = Annotated[int, _documented(minimum=0)]
-TokenIds = Annotated[list[TokenId], _documented(minItems=1)]
-Text = Annotated[str, _documented(minLength=1)]
-Items = Text | Annotated[list[Text | TokenIds], _documented(minItems=1)]
+TokenIds = list[TokenId]
+Labels = Annotated[list[TokenId], _documented(minItems=1)]
+# as SGLang: an empty query, item or item list is allowed; only a sequence of no token is not
+Items = str | list[str | TokenIds]
 
 
 class ScoreRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -34,9 +35,9 @@ class ScoreRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model's vocabulary size and each query + item sequence fits its context (`/get_model_info`).
     """
 
-    query: Text | TokenIds
+    query: str | TokenIds
     items: Items  # text items, or token-id lists; never a mix
-    label_token_ids: TokenIds
+    label_token_ids: Labels
     apply_softmax: bool = False  # softmax over the labels instead of full-vocabulary probs
     item_first: bool = False  # item + query instead of query + item
     model: str | None = None  # accepted for compatibility; the served model answers
@@ -61,8 +62,8 @@ class ScoreResponse(msgspec.Struct, kw_only=True):
 
 
 NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
-# a document as text, or as a JSON object whose `text` (or `rank_fields`) is ranked
-DocumentIn = str | dict[str, Any]
+# a document as text, or as a flat JSON object whose `text` (or `rank_fields`) is ranked
+DocumentIn = str | dict[str, str | int | float | bool | None]
 
 
 class RerankRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -71,7 +72,7 @@ class RerankRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     what each field does). Give the documents as `documents`, `texts` or `input`: one of them.
     """
 
-    query: Text
+    query: str  # not empty, but for TEI's requests
     documents: Annotated[list[DocumentIn], _documented(minItems=1)] | None = None
     texts: Annotated[list[str], _documented(minItems=1)] | None = None  # TEI
     input: Annotated[list[DocumentIn], _documented(minItems=1)] | None = None  # Mixedbread
@@ -119,7 +120,14 @@ class ErrorDetail(msgspec.Struct, kw_only=True):
 
 
 class ErrorResponse(msgspec.Struct, kw_only=True):
+    """OpenAI's and vLLM's `error` object, and SGLang's flat fields beside it."""
+
     error: ErrorDetail
+    message: str
+    type: str
+    param: str | None
+    code: int
+    object: str = "error"
 
 
 class TeiErrorResponse(msgspec.Struct, kw_only=True):

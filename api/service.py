@@ -68,15 +68,21 @@ class Service:
 
     async def decode(self, request: Request, decoder: msgspec.json.Decoder, *, empty=None):
         """The body decoded by `decoder` (`empty` for an empty body, when given); 400 or 413."""
-        body = await self._body(request)
+        body = await self.body(request)
         if not body.strip() and empty is not None:
             return empty
+        return self.parse(body, decoder)
+
+    @staticmethod
+    def parse(body: bytes, decoder: msgspec.json.Decoder):
+        """`body` decoded by `decoder`; a 400 naming the field when it does not fit."""
         try:
             return decoder.decode(body)
         except (msgspec.MsgspecError, UnicodeDecodeError) as e:
             raise decode_error(e) from None
 
-    async def _body(self, request: Request) -> bytes:
+    async def body(self, request: Request) -> bytes:
+        """The request's body, read whole up to the size limit (413 past it)."""
         limit = self.settings.server.max_body_bytes
         length = request.headers.get("content-length", "")
         if length.isdigit() and int(length) > limit:
@@ -101,7 +107,7 @@ class Service:
     ) -> T:
         """`await fn(engine)` where the engine runs; cancelled (499) when the client leaves.
 
-        Engine exceptions become their HTTP answers (400, 413, 503 with Retry-After, 500).
+        Engine exceptions become their HTTP answers (400, 503 with Retry-After, 500).
         """
         self.engine()  # 503 before any work while the engine is not ready
         try:

@@ -309,13 +309,14 @@ class Engine:
         documents: Sequence[str],
         *,
         instruction: str | None = None,
+        max_tokens_per_doc: int | None = None,
         truncate: bool = False,
         max_prompt_tokens: int | None = None,
         raw_scores: bool = False,
     ) -> ScoreResult:
         """The rerank relevance of each (queries[i], documents[i]) pair, in pair order (one
-        score per pair). Pairs that share a query are scored as one rerank call, the calls
-        concurrently. Errors name `documents[i]` by pair index."""
+        score per pair), with `rerank`'s options. Pairs that share a query are scored as one
+        rerank call, the calls concurrently. Errors name `documents[i]` by pair index."""
         if isinstance(queries, str) or isinstance(documents, str):
             raise InvalidInput("queries/documents", "must be lists of strings")
         if len(queries) != len(documents):
@@ -326,7 +327,8 @@ class Engine:
         groups: dict[str, list[int]] = {}
         for i, q in enumerate(queries):
             groups.setdefault(q, []).append(i)
-        options = _RerankOptions(instruction, None, self._fit(truncate, max_prompt_tokens), "right")
+        fit = self._fit(truncate, max_prompt_tokens)
+        options = _RerankOptions(instruction, max_tokens_per_doc, fit, "right")
         scores = [0.0] * len(documents)
         results: list[ScoreResult] = []
 
@@ -335,7 +337,7 @@ class Engine:
         async def one(query: str, pairs: list[int], cancel: trio.CancelScope) -> None:
             texts = [documents[i] for i in pairs]
             try:
-                _check_rerank(query, texts, None, None, "right")
+                _check_rerank(query, texts, None, max_tokens_per_doc, "right")
                 group, result = await self._relevance(query, texts, options, raw_scores)
             except InvalidInput as e:
                 failed.append(e.reindexed(pairs))
@@ -389,7 +391,8 @@ class Engine:
             if bad or not 1 <= max_prompt_tokens <= self.max_sequence_tokens:
                 raise InvalidInput(
                     "max_prompt_tokens",
-                    f"must be an integer from 1 to the model context ({self.max_sequence_tokens})",
+                    f"must be an integer from 1 to the model context ({self.max_sequence_tokens}). "
+                    "Please, select a smaller truncation size.",
                 )
             return max_prompt_tokens
         return self.max_sequence_tokens if truncate else None

@@ -56,7 +56,11 @@ def check_labels(label_token_ids: Sequence[int], vocab_size: int) -> list[int]:
         raise InvalidInput("label_token_ids", "must be a non-empty list of token ids")
     bad = [t for t in label_token_ids if not 0 <= t < vocab_size]
     if bad:
-        raise InvalidInput("label_token_ids", f"{bad} outside the vocabulary [0, {vocab_size})")
+        also = f"; all outside: {bad}" if len(bad) > 1 else ""
+        raise InvalidInput(
+            "label_token_ids",
+            f"Token ID {bad[0]} is out of vocabulary range (vocab size: {vocab_size}){also}",
+        )
     return list(label_token_ids)
 
 
@@ -85,7 +89,8 @@ def check_sequences(seqs: Sequence[Sequence[int]], *, vocab_size: int, max_len: 
         if len(seq) > max_len:
             raise InputTooLarge(
                 f"items[{i}]",
-                f"sequence of {len(seq)} tokens exceeds the model context of {max_len}",
+                f"sequence of {len(seq)} tokens exceeds the model context of {max_len}. "
+                "Please reduce the length of the input.",
             )
         if min(seq) < 0 or max(seq) >= vocab_size:
             raise InvalidInput(f"items[{i}]", f"token id outside the vocabulary [0, {vocab_size})")

@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
-from api import errors, schemas
+from api import schemas
 from api.app import create_app
 from api.routes import ROUTES
 from api.settings import Settings, settings_from_env
@@ -28,6 +28,7 @@ from tests.test_api_support import (
     assert_rerank,
     assert_scores,
     device_faults,
+    error_body,
     expected_scores,
     ids,
     rerank_cases,
@@ -62,15 +63,11 @@ def engine_of(client):
     return host_of(client).engine
 
 
-STATUS_OF = {kind: status for status, kind in errors.TYPES.items()}
-
-
-def error(message: str, type: str, param: str | None = None) -> dict:
-    return {"error": {"message": message, "type": type, "param": param, "code": STATUS_OF[type]}}
+error = error_body
 
 
 def invalid(message: str, param: str | None = None) -> dict:
-    return error(message, "invalid_request_error", param)
+    return error(message, "BadRequestError", param)
 
 
 # -- settings --------------------------------------------------------------------------------
@@ -135,7 +132,7 @@ def test_health_is_503_until_the_engine_is_ready(tiny_path, backend):
     assert r.headers["retry-after"] == "1"
     r = client.post("/v1/score", json=score_cases()[0])
     assert r.status_code == 503 and r.headers["retry-after"] == "1"
-    assert r.json() == error("the engine is loading", "service_unavailable")
+    assert r.json() == error("the engine is loading", "ServiceUnavailableError")
     (card,) = client.get("/v1/models").json()["data"]  # no key needed, the facts unknown yet
     assert card["id"] == "llama-untied" and card["max_model_len"] is None
     assert all(card[fact] is None for fact in MODEL_FACTS)
@@ -160,7 +157,7 @@ def test_a_model_that_fails_to_load_leaves_health_503(tmp_path, backend):
         assert (r.status_code, r.json()) == (503, {"status": "failed", "message": reason})
         r = client.post("/v1/score", json=score_cases()[0])
         assert r.status_code == 503
-        assert r.json() == error(f"the engine is not running: {reason}", "service_unavailable")
+        assert r.json() == error(f"the engine is not running: {reason}", "ServiceUnavailableError")
 
 
 # -- /v1/score -------------------------------------------------------------------------------
@@ -225,10 +222,10 @@ def test_rerank_truncates_to_fit_the_context_when_asked(client):
     long_doc = "yes no maybe " * 300  # far over the 512-token context
     body = {"query": "q", "documents": [long_doc, "short"]}
     r = client.post("/v1/rerank", json=body)
-    assert r.status_code == 413
+    assert r.status_code == 400
     message = r.json()["error"]["message"]
     assert message.startswith("documents[0]: sequence of ") and message.endswith(
-        "tokens exceeds the model context of 512"
+        "tokens exceeds the model context of 512. Please reduce the length of the input."
     )
     assert r.json()["error"]["param"] == "documents[0]"
     r = client.post("/v1/rerank", json={**body, "truncate": True, "return_documents": True})
@@ -274,7 +271,11 @@ BAD_SCORES = [
     ),
     (
         b'{"query": "q", "items": ["a"], "label_token_ids": [5, 384, -1]}',
-        invalid("label_token_ids: [384, -1] outside the vocabulary [0, 384)", "label_token_ids"),
+        invalid(
+            "label_token_ids: Token ID 384 is out of vocabulary range (vocab size: 384); "
+            "all outside: [384, -1]",
+            "label_token_ids",
+        ),
     ),
     (
         b'{"query": [1, 2], "items": [[3], [1000]], "label_token_ids": [1]}',
@@ -346,7 +347,8 @@ BAD_RERANKS = [
     (
         {"query": "q", "documents": ["a"], "truncate_prompt_tokens": 100000},
         invalid(
-            "truncate_prompt_tokens: must be an integer from 1 to the model context (512)",
+            "truncate_prompt_tokens: must be an integer from 1 to the model context (512). "
+            "Please, select a smaller truncation size.",
             "truncate_prompt_tokens",
         ),
     ),
@@ -362,34 +364,32 @@ def test_rerank_rejects_bad_input_with_400(client, body, answer):
 
 def test_unknown_route_and_wrong_method(client):
     r = client.get("/v2/score")
-    assert (r.status_code, r.json()) == (404, error("Not Found", "not_found_error"))
+    assert (r.status_code, r.json()) == (404, error("Not Found", "NotFoundError"))
     r = client.get("/v1/score")
-    assert (r.status_code, r.json()) == (405, error("Method Not Allowed", "method_not_allowed"))
+    assert (r.status_code, r.json()) == (405, error("Method Not Allowed", "MethodNotAllowedError"))
     assert r.headers["allow"] == "POST"
 
 
-# -- 413 -------------------------------------------------------------------------------------
+# -- over a size limit: 400 -----------------------------------------------------------------
 
 
-def too_large(message: str, param: str | None = None) -> dict:
-    return error(message, "request_too_large", param)
-
-
-def test_sequence_over_the_context_is_413(client):
+def test_sequence_over_the_context_is_400_as_vllm_answers(client):
     r = client.post(
         "/v1/score",
         json={"query": [5] * 500, "items": [[1], [2] * 13], "label_token_ids": [1]},
     )
-    assert r.status_code == 413
-    assert r.json() == too_large(
-        "items[1]: sequence of 513 tokens exceeds the model context of 512", "items[1]"
+    assert r.status_code == 400
+    assert r.json() == invalid(
+        "items[1]: sequence of 513 tokens exceeds the model context of 512. "
+        "Please reduce the length of the input.",
+        "items[1]",
     )
 
 
-def test_too_many_labels_is_413(client):
+def test_too_many_labels_is_400(client):
     r = client.post("/v1/score", json={"query": "q", "items": ["a"], "label_token_ids": [1] * 257})
-    assert r.status_code == 413
-    assert r.json() == too_large(
+    assert r.status_code == 400
+    assert r.json() == invalid(
         "label_token_ids: 257 labels exceed the limit of 256", "label_token_ids"
     )
 
@@ -434,7 +434,7 @@ def test_disconnect_drops_the_engine_work(client):
             released.set()
         client.portal.call(settled, host_of(client))
     assert status == 499
-    assert json.loads(payload) == error("client closed the request", "client_closed_request")
+    assert json.loads(payload) == error("client closed the request", "ClientClosedRequestError")
     assert tables_empty(engine)
     assert engine.stats().batches <= at_disconnect + 3  # the rest was dropped, not run
     metrics = client.get("/metrics").text
@@ -453,7 +453,7 @@ def test_engine_failure_is_500_and_the_server_keeps_serving(client, reference, c
         r = client.post("/v1/score", json=score_cases()[0])
     assert r.status_code == 500
     assert r.json() == error(
-        "engine failure: device step failed: RuntimeError: device on fire", "internal_error"
+        "engine failure: device step failed: RuntimeError: device on fire", "InternalServerError"
     )
     assert "engine failure: device step failed" in caplog.text
     body = score_cases()[1]
@@ -470,7 +470,7 @@ def test_a_bug_in_the_service_is_500_with_a_log_line(client, caplog, monkeypatch
     with caplog.at_level(logging.ERROR, logger="api"):
         r = client.post("/v1/score", json=score_cases()[0])
     assert r.status_code == 500
-    assert r.json() == error("internal error: KeyError: 'stage'", "internal_error")
+    assert r.json() == error("internal error: KeyError: 'stage'", "InternalServerError")
     assert "internal error: KeyError" in caplog.text and "Traceback" in caplog.text
     monkeypatch.undo()
     assert client.post("/v1/score", json=score_cases()[0]).status_code == 200
@@ -603,14 +603,14 @@ def test_profile_start_stop(client, tiny_path):
     assert (r.status_code, r.json()) == (200, {"status": "started", "output_dir": str(out)})
     r = client.post("/start_profile")
     assert r.status_code == 409
-    assert r.json() == error(f"a profile is already running into {out}", "conflict_error")
+    assert r.json() == error(f"a profile is already running into {out}", "ConflictError")
     assert client.get("/get_server_info").json()["profiling"] == str(out)
     assert client.post("/v1/score", json=score_cases()[0]).status_code == 200
     r = client.post("/stop_profile")
     assert (r.status_code, r.json()) == (200, {"status": "stopped", "output_dir": str(out)})
     assert list(out.rglob("*.xplane.pb"))
     r = client.post("/stop_profile")
-    assert (r.status_code, r.json()) == (409, error("no profile is running", "conflict_error"))
+    assert (r.status_code, r.json()) == (409, error("no profile is running", "ConflictError"))
     r = client.post("/start_profile", json={"dir": "x"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "dir"
 
@@ -622,8 +622,17 @@ def test_openapi_is_generated_from_the_route_table(client):
     assert {(path, m) for path, ops in doc["paths"].items() for m in ops} == served
     assert set(doc["paths"]) == {
         "/v1/score",
+        "/score",
         "/v1/rerank",
+        "/v2/rerank",
         "/rerank",
+        "/v1/reranking",
+        "/invocations",
+        "/tokenize",
+        "/detokenize",
+        "/decode",
+        "/info",
+        "/ping",
         "/health",
         "/v1/models",
         "/get_model_info",
@@ -644,7 +653,7 @@ def test_openapi_is_generated_from_the_route_table(client):
         "top_n",
     }
     body = doc["paths"]["/v1/score"]["post"]["requestBody"]["content"]["application/json"]
-    assert body["schema"] == {"$ref": "#/components/schemas/ScoreRequest"}
+    assert body["schema"] == {"oneOf": [ref("ScoreRequest"), ref("VllmScoreRequest")]}
 
     def answer(path: str, status: str, method: str = "get") -> dict:
         return doc["paths"][path][method]["responses"][status]["content"]["application/json"]

@@ -15,6 +15,7 @@ from tests.test_api_support import (
     YES,
     assert_rerank,
     assert_scores,
+    error_body,
     expected_scores,
     hypercorn_server,
     rerank_cases,
@@ -71,18 +72,11 @@ def test_errors(server):
         r = client.post("/v1/score", content=b'{"query": ')
         assert (r.status_code, r.json()) == (
             400,
-            {
-                "error": {
-                    "message": "invalid JSON: Input data was truncated",
-                    "type": "invalid_request_error",
-                    "param": None,
-                    "code": 400,
-                }
-            },
+            error_body("invalid JSON: Input data was truncated", "BadRequestError"),
         )
         body = {"query": [5] * 600, "items": [[1]], "label_token_ids": [1]}
         r = client.post("/v1/score", json=body)
-        assert r.status_code == 413 and r.json()["error"]["param"] == "items[0]"
+        assert r.status_code == 400 and r.json()["error"]["param"] == "items[0]"
         r = client.post("/v1/rerank", json={"query": "q", "documents": ["a"], "top_n": -1})
         assert r.status_code == 400 and r.json()["error"]["param"] == "top_n"
         assert client.get("/nowhere").status_code == 404

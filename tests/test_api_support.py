@@ -20,6 +20,7 @@ import pytest
 import trio
 from starlette.testclient import TestClient
 
+from api.errors import TYPES
 from bench.soak import process_sample, serving_pid
 from engine import Engine, EngineConfig, RerankResult, open_engine
 from tests.conftest import inject_faults
@@ -176,6 +177,15 @@ def _assert_usage(body: dict, expected: RerankResult) -> None:
     assert body["meta"]["tokens"] == {"input_tokens": expected.prompt_tokens, "output_tokens": 0}
     assert body["meta"]["billed_units"] == {"search_units": 1}
     assert len(body["id"]) == 32
+
+
+def error_body(message: str, type: str, param: str | None = None) -> dict:
+    """An error answer's body: OpenAI's `error` object and SGLang's flat fields beside it."""
+    fields = {"message": message, "type": type, "param": param, "code": STATUS_OF[type]}
+    return {"error": fields, "object": "error", **fields}
+
+
+STATUS_OF = {kind: status for status, kind in TYPES.items()}
 
 
 def tables_empty(engine) -> bool:

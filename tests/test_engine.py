@@ -353,7 +353,7 @@ def test_score_pairs_equal_rerank_by_query_and_keep_pair_order(tiny_path):
         async with open_engine(config(tiny_path)) as engine:
             pairs = await engine.score_pairs(queries, docs)
             by_query = {
-                q: await engine.rerank(q, [d for p, d in zip(queries, docs) if p == q])
+                q: await engine.rerank(q, [d for p, d in zip(queries, docs, strict=True) if p == q])
                 for q in dict.fromkeys(queries)
             }
             long = "stone house light " * 200  # over the tiny model's context

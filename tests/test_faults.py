@@ -36,6 +36,7 @@ from tests.test_api_support import (
     YES,
     assert_scores,
     device_faults,
+    error_body,
     expected_scores,
     free_port,
     hypercorn_server,
@@ -138,8 +139,7 @@ def stats(url: str) -> dict:
     return httpx2.get(f"{url}/get_server_info", timeout=10).json()["stats"]
 
 
-def error(message: str, type: str) -> dict:
-    return {"error": {"message": message, "type": type, "param": None}}
+error = error_body
 
 
 # -- a failing device step -------------------------------------------------------------------
@@ -167,7 +167,7 @@ def test_a_failing_device_step_fails_only_its_batch(server, reference):
                 500,
                 error(
                     "engine failure: device step failed: RuntimeError: injected device fault",
-                    "internal_error",
+                    "InternalServerError",
                 ),
             )
         else:
@@ -256,7 +256,7 @@ def test_a_full_queue_is_503_with_retry_after_then_recovers(server, reference):
         if answer.status_code == 503:
             assert answer.headers["retry-after"] == "3"
             assert answer.json() == error(
-                f"{LIMIT} requests in flight (limit {LIMIT})", "service_unavailable"
+                f"{LIMIT} requests in flight (limit {LIMIT})", "ServiceUnavailableError"
             )
         else:
             assert_scores(answer.json()["scores"], expected[i % 4])

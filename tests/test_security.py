@@ -1,5 +1,5 @@
 """Security of the HTTP service, in process on asyncio and trio: the API key on every route but
-`/health`, compared in constant time; error bodies without tracebacks or server paths; body and
+`/health` and `/ping`, compared in constant time; error bodies without tracebacks or server paths; body and
 item-count limits; the profile directory confined to its root; CORS off unless configured; and
 room by default for 512 requests in flight."""
 
@@ -23,6 +23,7 @@ from tests.test_api_support import (
     YES,
     asgi_post,
     assert_scores,
+    error_body,
     expected_scores,
     score_cases,
     serving,
@@ -32,7 +33,7 @@ from tests.test_api_support import (
 BACKENDS = ["asyncio", "trio"]
 KEY = "s3cret"
 AUTH = {"Authorization": f"Bearer {KEY}"}
-OPEN = {"/health"}
+OPEN = {"/health", "/ping"}  # health checks: load balancers and SageMaker send no key
 REPO = str(Path(api.__file__).resolve().parents[1])
 SITE_PACKAGES = sysconfig.get_paths()["purelib"]
 BURST = 512
@@ -67,12 +68,11 @@ def reference(tiny_path):
     return load_model(str(tiny_path), dtype="float32")
 
 
-def error(message: str, type: str, param: str | None = None) -> dict:
-    return {"error": {"message": message, "type": type, "param": param}}
+error = error_body
 
 
 UNAUTHORIZED = error(
-    "missing or wrong API key: send `Authorization: Bearer <key>`", "authentication_error"
+    "missing or wrong API key: send `Authorization: Bearer <key>`", "AuthenticationError"
 )
 
 
@@ -89,7 +89,7 @@ BAD_KEYS += [f"Basic {KEY}", "Basic czNjcmV0", f"Token {KEY}", KEY]
 
 
 @pytest.mark.parametrize("header", BAD_KEYS)
-def test_every_route_but_health_needs_the_key(secured, header):
+def test_every_route_but_the_health_checks_needs_the_key(secured, header):
     headers = {"Authorization": header} if header is not None else {}
     for method, path in every_route():
         r = secured.request(method, path, headers=headers, json={})
@@ -158,7 +158,7 @@ def leaky_text() -> str:
 def assert_nothing_leaks(r) -> None:
     assert r.status_code == 500, r.text
     body = r.json()
-    assert list(body) == ["error"] and body["error"]["type"] == "internal_error"
+    assert body["error"]["type"] == body["type"] == "InternalServerError"
     text = r.text
     for secret in ("Traceback", 'File "', REPO, SITE_PACKAGES, "tests.", "api.", "engine."):
         assert secret not in text, (secret, text)
@@ -185,8 +185,8 @@ def device_fault(engine, monkeypatch) -> None:
 
 # how each failure is planted in the engine (undone by monkeypatch)
 FAILURES = {
-    "engine call": failing("score", RuntimeError(leaky_text())),
-    "engine call, own class": failing("score", LeakyError(leaky_text())),
+    "engine call": failing("_submit", RuntimeError(leaky_text())),  # under score and rerank
+    "engine call, own class": failing("_submit", LeakyError(leaky_text())),
     "device step": device_fault,
     "handler": failing("stats", KeyError(SITE_PACKAGES)),
 }
@@ -211,7 +211,7 @@ def test_500_bodies_show_no_traceback_paths_or_modules(secured, monkeypatch, cap
 
 
 def too_large(message: str, param: str | None = None) -> dict:
-    return error(message, "request_too_large", param)
+    return error(message, "RequestTooLargeError", param)
 
 
 def test_body_over_the_limit_is_413(secured):
@@ -229,15 +229,17 @@ def test_body_over_the_limit_is_413(secured):
     assert (r.status_code, r.json()) == (413, answer)
 
 
-def test_too_many_items_is_413(secured):
+def test_too_many_items_is_400(secured):
     body = {"query": "q", "items": ["a"] * 65, "label_token_ids": [1]}
     r = secured.post("/v1/score", json=body, headers=AUTH)
-    assert r.status_code == 413
-    assert r.json() == too_large("items: 65 items exceed the limit of 64", "items")
+    assert r.status_code == 400
+    assert r.json() == error("items: 65 items exceed the limit of 64", "BadRequestError", "items")
     for extra in ({}, {"truncate": True}, {"max_tokens_per_doc": 2}):
         body = {"query": "q", "documents": ["a"] * 65, **extra}
         r = secured.post("/v1/rerank", json=body, headers=AUTH)
-        assert r.json() == too_large("documents: 65 items exceed the limit of 64", "documents")
+        assert r.json() == error(
+            "documents: 65 items exceed the limit of 64", "BadRequestError", "documents"
+        )
 
 
 # -- profile directory -----------------------------------------------------------------------

@@ -1,0 +1,65 @@
+"""TEI's own routes besides `/rerank`: `/info` (what serves, in TEI's fields) and SageMaker's
+`/ping` health check."""
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+from api.errors import ApiError, TeiError
+from api.schemas import encode
+from api.service import Service
+from api.settings import model_path
+
+RERANKER = {"reranker": {"id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}}
+
+
+class TeiInfo(msgspec.Struct, kw_only=True):
+    """TEI's `/info`, for a reranker: every field of TEI's, null where nothing here matches."""
+
+    model_id: str  # the checkpoint
+    model_dtype: str
+    served_model_name: str
+    model_type: dict  # {"reranker": {"id2label", "label2id"}}: one relevance score per text
+    max_concurrent_requests: int  # requests in flight before a 429
+    max_input_length: int  # the longest query + document prompt, in tokens
+    max_batch_tokens: int  # the token budget of one packed batch
+    max_client_batch_size: int  # texts per request
+    auto_truncate: bool  # false: an over-long text is an error unless `truncate` is true
+    tokenization_workers: int
+    version: str
+    model_sha: str | None = None
+    max_batch_requests: int | None = None
+    sha: str | None = None
+    docker_label: str | None = None
+
+
+async def info(service: Service, request: Request, version: str) -> Response:
+    """TEI's `/info`; 503 while the engine loads."""
+    try:
+        engine = service.engine()
+    except ApiError as e:
+        raise TeiError(e) from None
+    config = engine.config
+    body = TeiInfo(
+        model_id=model_path(config.model) or service.model_name,
+        model_dtype=engine.program.dtype,
+        served_model_name=service.model_name,
+        model_type=RERANKER,
+        max_concurrent_requests=config.max_queued_requests,
+        max_input_length=engine.max_sequence_tokens,
+        max_batch_tokens=config.token_budget,
+        max_client_batch_size=config.max_items_per_request,
+        auto_truncate=False,
+        tokenization_workers=1,
+        version=version,
+    )
+    return Response(encode(body), media_type="application/json")
+
+
+async def ping(service: Service, request: Request) -> Response:
+    """SageMaker's (and TEI's) health check: 200 with no body once ready, else TEI's 503."""
+    try:
+        service.engine()
+    except ApiError as e:
+        raise TeiError(e) from None
+    return Response(status_code=200)
