@@ -76,9 +76,13 @@ async def tokenize(service: Service, request: Request) -> Response:
     """vLLM's `/tokenize` for a `prompt`, TEI's for `inputs`."""
     body = await service.body(request)
     try:
-        tei = "inputs" in _keys.decode(body)
+        keys = set(_keys.decode(body))
     except (msgspec.MsgspecError, UnicodeDecodeError, RecursionError):
-        tei = False  # the decoder below names the problem
+        keys = set()  # the decoder below names the problem
+    if "messages" in keys:
+        message = "messages: chat prompts are not served (no chat template): send a `prompt`"
+        raise ApiError(400, message, param="messages")
+    tei = "inputs" in keys
     if tei:
         try:
             return await _tei_tokenize(service, service.parse(body, _tei))
