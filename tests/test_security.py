@@ -1,7 +1,7 @@
 """Security of the HTTP service, in process on asyncio and trio: the API key on every route but
 `/health` and `/ping`, compared in constant time; error bodies without tracebacks or server
-paths; body and item-count limits; the profile directory confined to its root; CORS off unless configured; and
-room by default for 512 requests in flight."""
+paths; body and item-count limits; the profile directory confined to its root; CORS off unless
+configured; and room by default for 512 requests in flight."""
 
 import hmac
 import json
