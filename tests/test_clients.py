@@ -1,12 +1,13 @@
 """The clients people already run, unchanged, against a real hypercorn server on 127.0.0.1: the
-Cohere SDK (v1 and v2 clients) and the `rerankers` library's API rankers for every provider
-whose wire format is served (Cohere, Jina, Voyage, Mixedbread, TEI). Each call's ranking and
+Cohere SDK (v1 and v2 clients), the Voyage SDK, and the `rerankers` library's API rankers for
+every provider whose wire format is served (Cohere, Jina, Voyage, Mixedbread, TEI). Each call's ranking and
 scores equal `Engine.rerank` on the same model."""
 
 import cohere
 import numpy as np
 import pytest
 import trio
+import voyageai
 from rerankers.models import api_rankers
 
 from engine import EngineConfig, open_engine
@@ -83,6 +84,14 @@ def test_cohere_client_errors_are_typed(server):
     wrong = cohere.ClientV2(api_key="wrong", base_url=server.url, max_retries=0)
     with pytest.raises(cohere.errors.UnauthorizedError):
         wrong.rerank(model="m", query=QUERY, documents=DOCS)
+
+
+def test_voyage_client(server, expected):
+    client = voyageai.Client(api_key=KEY, base_url=f"{server.url}/v1", max_retries=0)
+    res = client.rerank(QUERY, DOCS, model="rerank-2", top_k=3)
+    assert_ranked([(r.index, r.relevance_score) for r in res.results], expected[0], 3)
+    assert [r.document for r in res.results] == [DOCS[r.index] for r in res.results]
+    assert res.total_tokens > 0
 
 
 PROVIDERS = {  # rerankers' provider name -> the path its requests go to

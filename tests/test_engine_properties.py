@@ -173,7 +173,7 @@ def query_id_outside_vocab(draw, r):
 
 def label_outside_vocab(draw, r):
     bad = r._replace(labels=_put(draw, r.labels, draw(BAD_ID)))
-    return bad, InvalidInput, r"^label_token_ids: \[-?\d+\] outside the vocabulary"
+    return bad, InvalidInput, r"^label_token_ids: Token ID -?\d+ is out of vocabulary range"
 
 
 def no_labels(draw, r):

@@ -59,7 +59,7 @@ def test_bad_requests_fail_alone_with_their_kind(tok):
             req(2, "q", ["a"] * 5),
             req(3, [1] * 60, [[2] * 10]),
             req(4, "q", ["x"], labels=[384]),
-            req(5, "q", [""]),
+            req(5, "", [""]),  # no token at all: the query and item are both empty
             req(6, "q", ["x"], labels=[1, 2, 3, 4]),
         ]
     )
@@ -75,7 +75,10 @@ def test_bad_requests_fail_alone_with_their_kind(tok):
         (6, too_large, "label_token_ids"),
     ]
     assert out[6].message == "4 labels exceed the limit of 3"
-    assert out[3].message == "sequence of 70 tokens exceeds the model context of 64"
+    assert out[3].message == (
+        "sequence of 70 tokens exceeds the model context of 64. "
+        "Please reduce the length of the input."
+    )
     assert out[2].message == "5 items exceed the limit of 4"
 
 
