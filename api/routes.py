@@ -52,16 +52,14 @@ async def _vllm_score(service: Service, request: Request, body: bytes) -> Respon
     if req.max_tokens_per_query:
         message = "max_tokens_per_query: queries are never cut; cut documents instead"
         raise ApiError(400, message, param="max_tokens_per_query")
-    limit = req.truncate_prompt_tokens
     result = await service.call(
         request,
         lambda engine: engine.score_pairs(
             pairs.queries,
             pairs.documents,
             max_tokens_per_doc=req.max_tokens_per_doc or None,
-            truncate=limit == -1,
-            max_prompt_tokens=limit if limit is not None and limit > 0 else None,
             raw_scores=vllm_score.raw_scores(req),
+            **_prompt_limit(req.truncate_prompt_tokens),
         ),
         renames={"documents": pairs.names[1], "max_prompt_tokens": "truncate_prompt_tokens"},
     )
@@ -120,7 +118,7 @@ async def _rerank(service, request, req: schemas.RerankRequest, shape, path: str
         )
     voyage_default = shape == "voyage" and req.truncation is msgspec.UNSET
     truncate = bool(req.truncate) or req.truncation is True or voyage_default
-    limit = req.truncate_prompt_tokens
+    limit = _prompt_limit(req.truncate_prompt_tokens)
     result = await service.call(
         request,
         lambda engine: engine.rerank(
@@ -129,8 +127,8 @@ async def _rerank(service, request, req: schemas.RerankRequest, shape, path: str
             top_n=rerank_answers.top_n(req),
             instruction=req.instruction if req.instruct is None else req.instruct,
             max_tokens_per_doc=req.max_tokens_per_doc,
-            truncate=truncate or limit == -1,
-            max_prompt_tokens=limit if limit is not None and limit >= 0 else None,
+            truncate=truncate or limit["truncate"],
+            max_prompt_tokens=limit["max_prompt_tokens"],
             truncation_side=req.truncation_direction.lower(),
             raw_scores=req.raw_scores or req.use_activation is False,
         ),
@@ -140,6 +138,13 @@ async def _rerank(service, request, req: schemas.RerankRequest, shape, path: str
     model = req.model or service.model_name
     body = rerank_answers.answer(shape, req, docs, result, model=model)
     return _json(body, headers=timing_headers(result.timings))
+
+
+def _prompt_limit(truncate_prompt_tokens: int | None) -> dict:
+    """vLLM's `truncate_prompt_tokens` as the engine's options: -1 fits the context, k > 0 at
+    most k tokens a prompt (0 or None: no cut)."""
+    k = truncate_prompt_tokens
+    return {"truncate": k == -1, "max_prompt_tokens": k if k is not None and k > 0 else None}
 
 
 def _usage(kind, result):

@@ -121,10 +121,9 @@ def rerank_cases() -> list[tuple[str, dict, tuple]]:
     ]
 
 
-def rerank_references(path) -> list[RerankResult]:
-    """`Engine.rerank` on each case, from an engine of its own; documents over a token limit
-    are cut to their first tokens (decoded) first."""
-    config = EngineConfig(
+def tiny_config(path) -> EngineConfig:
+    """An in-process engine like the service of `tiny_env`: f32, small budget, no precompile."""
+    return EngineConfig(
         model=str(path),
         dtype="float32",
         token_budget=512,
@@ -132,6 +131,12 @@ def rerank_references(path) -> list[RerankResult]:
         progress=False,
         precompile=False,
     )
+
+
+def rerank_references(path) -> list[RerankResult]:
+    """`Engine.rerank` on each case, from an engine of its own; documents over a token limit
+    are cut to their first tokens (decoded) first."""
+    config = tiny_config(path)
 
     async def main():
         async with open_engine(config) as engine:

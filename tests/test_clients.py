@@ -1,7 +1,7 @@
 """The clients people already run, unchanged, against a real hypercorn server on 127.0.0.1: the
 Cohere SDK (v1 and v2 clients), the Voyage SDK, and the `rerankers` library's API rankers for
-every provider whose wire format is served (Cohere, Jina, Voyage, Mixedbread, TEI). Each call's ranking and
-scores equal `Engine.rerank` on the same model."""
+every provider whose wire format is served (Cohere, Jina, Voyage, Mixedbread, TEI). Each call's
+ranking and scores equal `Engine.rerank` on the same model."""
 
 import cohere
 import numpy as np
@@ -10,8 +10,8 @@ import trio
 import voyageai
 from rerankers.models import api_rankers
 
-from engine import EngineConfig, open_engine
-from tests.test_api_support import DOCS, hypercorn_server, tiny_env
+from engine import open_engine
+from tests.test_api_support import DOCS, hypercorn_server, tiny_config, tiny_env
 
 QUERY = "Where does the fox jump?"
 KEY = "secret-key"
@@ -28,14 +28,7 @@ def server(tiny_checkpoints, tmp_path_factory):
 @pytest.fixture(scope="module")
 def expected(tiny_checkpoints):
     """`Engine.rerank` of QUERY over DOCS, and of the same with raw scores: index -> score."""
-    config = EngineConfig(
-        model=str(tiny_checkpoints["llama-untied"]),
-        dtype="float32",
-        token_budget=512,
-        compile_cache_dir=None,
-        progress=False,
-        precompile=False,
-    )
+    config = tiny_config(tiny_checkpoints["llama-untied"])
 
     async def main():
         async with open_engine(config) as engine:
