@@ -184,9 +184,15 @@ class SglangHit(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 def answer(
-    shape: Shape, req: RerankRequest, docs: Documents, result: RerankResult, *, model: str
+    shape: Shape,
+    req: RerankRequest,
+    docs: Documents,
+    result: RerankResult,
+    *,
+    model: str,
+    path: str,
 ) -> msgspec.Struct | list:
-    """The answer body for `result` in `shape`."""
+    """The answer body for `result` in `shape`, to a request at `path`."""
     hits, with_docs = result.results, echo(req, shape)
     texts = [docs.texts[h.index] if with_docs else None for h in hits]
     if shape == "tei":
@@ -228,7 +234,7 @@ def answer(
         for h in hits
     ]
     meta = Meta(
-        api_version=ApiVersion(version="2" if req.max_tokens_per_doc else "1"),
+        api_version=ApiVersion(version="2" if path == "/v2/rerank" else "1"),
         billed_units=BilledUnits(search_units=math.ceil(len(docs.texts) / SEARCH_UNIT_DOCUMENTS)),
         tokens=MetaTokens(input_tokens=usage.prompt_tokens),
     )

@@ -136,7 +136,7 @@ async def _rerank(service, request, req: schemas.RerankRequest, shape, path: str
     )
     service.metrics.observe(path, result.timings, len(docs.texts))
     model = req.model or service.model_name
-    body = rerank_answers.answer(shape, req, docs, result, model=model)
+    body = rerank_answers.answer(shape, req, docs, result, model=model, path=path)
     return _json(body, headers=timing_headers(result.timings))
 
 

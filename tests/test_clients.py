@@ -66,7 +66,7 @@ def test_cohere_v2_client(server, expected):
     client = cohere.ClientV2(api_key=KEY, base_url=server.url, max_retries=0)
     res = client.rerank(model="rerank-v3.5", query=QUERY, documents=DOCS, top_n=2)
     assert_ranked([(r.index, r.relevance_score) for r in res.results], expected[0], 2)
-    assert res.meta.tokens.input_tokens > 0
+    assert res.meta.tokens.input_tokens > 0 and res.meta.api_version.version == "2"
 
 
 def test_cohere_client_errors_are_typed(server):
