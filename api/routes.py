@@ -218,6 +218,8 @@ def _model_facts(engine: Engine) -> dict:
         "vocab_size": cfg.vocab_size,
         "context_length": cfg.max_position_embeddings,
         "kv_bytes_per_token": engine.program.kv_bytes_per_token,
+        "head": "sequence-classification" if cfg.num_labels else "language-model",
+        "num_labels": cfg.num_labels,
     }
 
 

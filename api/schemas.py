@@ -153,6 +153,10 @@ class ModelCard(msgspec.Struct, kw_only=True):
     vocab_size: int | None = None
     context_length: int | None = None  # the model's own context (positions)
     kv_bytes_per_token: int | None = None  # K and V of every layer, in the weights' dtype
+    # "language-model" (label-token scores and rerank) or "sequence-classification" (rerank and
+    # vLLM's /score only: /v1/score is a 400)
+    head: str | None = None
+    num_labels: int | None = None  # the classification head's labels; 0 for a language model
     object: str = "model"
     owned_by: str = "llm-scoring-engine"
 
@@ -175,6 +179,8 @@ class ModelInfo(msgspec.Struct, kw_only=True):
     context_length: int
     max_sequence_tokens: int
     kv_bytes_per_token: int
+    head: str  # "language-model" or "sequence-classification" (no /v1/score)
+    num_labels: int  # the classification head's labels; 0 for a language model
     rerank_template: str  # the prompt template of /v1/rerank
 
 

@@ -45,7 +45,7 @@ from engine.program import (
     default_compile_cache_dir,
     enable_compile_cache,
 )
-from engine.scoring import scores_from_logprobs
+from engine.scoring import check_language_model, relevance, scores_from_logprobs
 
 
 class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -165,10 +165,7 @@ class Engine:
         self.buckets = config.buckets(context)
         self.max_sequence_tokens = self.buckets.max_sequence(context)
         self.template = templates.template_for(program.config.family, tokenizer)
-        try:
-            self._rerank_labels = list(templates.label_ids(self.template, tokenizer))
-        except ValueError as e:  # the model cannot rerank; score still works
-            self._rerank_labels = str(e)
+        self._rerank_labels = _rerank_labels(program.config, self.template, tokenizer)
         self.tokenization = tokenizer_actor.TokenizerState.for_model(
             tokenizer,
             program.config,
@@ -249,6 +246,7 @@ class Engine:
         bad input, EngineOverloaded when the queue is full, EngineError when the device step
         fails, EngineClosed on shutdown.
         """
+        check_language_model(self.program.config)
         logprobs, result = await self._logprobs(query, items, label_token_ids, item_first)
         scores = scores_from_logprobs(logprobs, apply_softmax=apply_softmax).tolist()
         return msgspec.structs.replace(result, scores=scores)
@@ -380,9 +378,8 @@ class Engine:
             logprobs, result = await self._logprobs(prompt, items, self._rerank_labels, False)
         except InvalidInput as e:
             raise e.renamed(DOCUMENTS) from None
-        if raw:  # the yes/no logit, as a sequence classifier's raw score
-            return (logprobs[:, 0].astype(np.float64) - logprobs[:, 1]).tolist(), result
-        return scores_from_logprobs(logprobs, apply_softmax=True)[:, 0].tolist(), result
+        heads = self.program.config.num_labels
+        return relevance(logprobs, num_labels=heads, raw=raw).tolist(), result
 
     def _fit(self, truncate: bool, max_prompt_tokens: int | None) -> int | None:
         """The prompt length documents are cut to fit, if any."""
@@ -489,6 +486,17 @@ class Engine:
             "kv_pages_used": tree.num_pages - tree.free_pages,
             "kv_pages_free": tree.free_pages,
         }
+
+
+def _rerank_labels(cfg: ModelConfig, template, tokenizer) -> list[int] | str:
+    """The labels a rerank reads at each score row: the template's yes/no tokens, or every row
+    of a classification head; a string says why the model cannot rerank (score still works)."""
+    if cfg.num_labels:
+        return list(range(cfg.num_labels))
+    try:
+        return list(templates.label_ids(template, tokenizer))
+    except ValueError as e:
+        return str(e)
 
 
 class _RerankOptions(NamedTuple):

@@ -13,7 +13,7 @@ import tokenizers
 
 from engine import batching, inputs
 from engine.buckets import DEFAULT_TOKEN_BUDGET, make_buckets
-from engine.errors import rejection_error
+from engine.errors import InvalidInput, rejection_error
 from engine.loaders import Checkpoint, load_checkpoint
 from engine.messages import Rejected, ScoreRequest, Tokenized
 from engine.models import ModelConfig
@@ -87,6 +87,7 @@ class ScoringModel:
         Semantics of sglang's `/v1/score`: each score is `exp(logprob)` under the full
         vocabulary, or with `apply_softmax` the softmax over the label log-probs only.
         """
+        check_language_model(self.program.config)
         request = self.tokenize(query, items, label_token_ids, item_first=item_first)
         seqs = request.sequences
         if not seqs:
@@ -150,6 +151,16 @@ def _collect(out: np.ndarray, result: jax.Array, order: list[int]) -> None:
     out[order, :width] = result[: len(order), :width]
 
 
+def check_language_model(cfg) -> None:
+    """InvalidInput unless the model has a language-model head: label-token scores need one."""
+    if cfg.num_labels:
+        raise InvalidInput(
+            "label_token_ids",
+            f"this model has a sequence-classification head of {cfg.num_labels} label(s), not a "
+            "language-model head: label-token scores are unavailable (rerank works)",
+        )
+
+
 def scores_from_logprobs(logprobs: np.ndarray, *, apply_softmax: bool) -> np.ndarray:
     """`exp(logprob)`, or the softmax over the labels (f64 for exactness at tiny probabilities)."""
     lp = logprobs.astype(np.float64)
@@ -157,3 +168,20 @@ def scores_from_logprobs(logprobs: np.ndarray, *, apply_softmax: bool) -> np.nda
         lp = lp - lp.max(axis=1, keepdims=True)
         return np.exp(lp) / np.exp(lp).sum(axis=1, keepdims=True)
     return np.exp(lp)
+
+
+def relevance(outputs: np.ndarray, *, num_labels: int, raw: bool) -> np.ndarray:
+    """Each document's relevance f64[N] from its score-row outputs f32[N, L].
+
+    A language-model head (`num_labels` 0) gives the yes/no log-probs: P(yes) / (P(yes) +
+    P(no)), or raw their difference, the logit. A classification head gives logits: one label's
+    sigmoid (raw: the logit), or of several the softmax of the last (raw: its logit).
+    """
+    x = outputs.astype(np.float64)
+    if num_labels == 0:
+        return x[:, 0] - x[:, 1] if raw else scores_from_logprobs(x, apply_softmax=True)[:, 0]
+    if raw:
+        return x[:, -1]
+    if num_labels == 1:
+        return 1.0 / (1.0 + np.exp(-x[:, 0]))
+    return scores_from_logprobs(x, apply_softmax=True)[:, -1]

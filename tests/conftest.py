@@ -57,21 +57,25 @@ def tiny_tokenizer():
     return train_tokenizer(CORPUS, 300)
 
 
-def write_tiny_checkpoint(root: Path, name: str, **overrides) -> Path:
+def write_tiny_checkpoint(
+    root: Path, name: str, auto: str = "AutoModelForCausalLM", **overrides
+) -> Path:
     """A random-weight checkpoint of family `name` saved with `save_pretrained`, plus tokenizer;
-    `overrides` change its config (the directory is then named after them too)."""
+    `auto` the transformers class that builds it (`AutoModelForSequenceClassification`: a score
+    head); `overrides` change its config (the directory is then named after them too)."""
     import torch
     import transformers
 
     cls_name, extra = FAMILY_CONFIGS[name]
     cfg = getattr(transformers, cls_name)(**{**TINY, **extra, **overrides})
     torch.manual_seed(sum(map(ord, name)))
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    model = getattr(transformers, auto).from_config(cfg, dtype=torch.float32)
     with torch.no_grad():  # norms and biases start at 1 and 0: perturb so the test sees them
         for pname, p in model.named_parameters():
             if "norm" in pname or pname.endswith("bias"):
                 p.add_(0.3 * torch.randn_like(p))
-    path = root / "-".join([name, *(f"{k}={v}" for k, v in sorted(overrides.items()))])
+    tags = [f"{k}={v}" for k, v in sorted(overrides.items())]
+    path = root / "-".join([name, *([] if auto == "AutoModelForCausalLM" else [auto]), *tags])
     model.save_pretrained(path, safe_serialization=True)
     tiny_tokenizer().save(str(path / "tokenizer.json"))
     return path

@@ -479,7 +479,8 @@ def test_a_bug_in_the_service_is_500_with_a_log_line(client, caplog, monkeypatch
 # -- info, metrics, profile, openapi ---------------------------------------------------------
 
 
-MODEL_FACTS = ("family", "dtype", "vocab_size", "context_length", "kv_bytes_per_token")
+MODEL_FACTS = ("family", "dtype", "vocab_size", "context_length", "kv_bytes_per_token", "head")
+MODEL_FACTS += ("num_labels",)
 
 
 def test_models(client):
@@ -498,6 +499,8 @@ def test_models(client):
         "vocab_size": 384,
         "context_length": 512,
         "kv_bytes_per_token": 2 * 2 * 2 * 16 * 4,  # K and V, layers, kv heads, head dim, f32
+        "head": "language-model",
+        "num_labels": 0,
     }
     info = client.get("/get_model_info").json()
     assert {fact: card[fact] for fact in MODEL_FACTS} == {fact: info[fact] for fact in MODEL_FACTS}
@@ -517,6 +520,8 @@ def test_model_info(client, tiny_path):
         "context_length": 512,
         "max_sequence_tokens": 512,
         "kv_bytes_per_token": 2 * 2 * 2 * 16 * 4,  # K and V, layers, kv heads, head dim, f32
+        "head": "language-model",
+        "num_labels": 0,
         "rerank_template": "plain",
     }
 

@@ -109,7 +109,9 @@ def _params(tensors: _TensorFiles, cfg, progress: bool = True) -> dict:
         "final_norm": tensors.get("norm.weight"),
         "layers": layers,
     }
-    if not cfg.tie_word_embeddings:
+    if cfg.num_labels:  # the classification head in the language-model head's place
+        params["lm_head"] = tensors.get("score.weight")  # f32[num_labels, E]
+    elif not cfg.tie_word_embeddings:
         if "lm_head.weight" not in tensors:
             raise CheckpointError(f"{tensors.root}: missing tensor 'lm_head.weight'")
         params["lm_head"] = tensors.get("lm_head.weight")  # f32[V, E]

@@ -5,7 +5,8 @@ on a leading layer axis so the forward can `jax.lax.scan` over layers. Matrices 
 `[in, out]` so activations multiply as `x @ w`:
 
     embed       [V, E]                  final_norm  [E]
-    lm_head     [V, E]                  (absent when `tie_word_embeddings`)
+    lm_head     [V, E]                  (absent when `tie_word_embeddings`; a sequence-
+                                        classification head's [num_labels, E] in its place)
     layers:
       attn_norm [N, E]                  mlp_norm    [N, E]
       wq        [N, E, H*D]             w_gate      [N, E, I]
@@ -49,6 +50,9 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     qkv_bias: bool = False
     qk_norm: bool = False
     rope_scaling: RopeScaling | None = None
+    # > 0: a sequence-classification head of this many labels replaces the language-model head
+    # (`*ForSequenceClassification`); the score rows then give its raw logits
+    num_labels: int = 0
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """KV-cache bytes one token costs: 2 * layers * kv_heads * head_dim * dtype_bytes."""
@@ -76,6 +80,13 @@ def rope_theta_from_hf(hf: dict, default: float) -> float:
     return float(hf.get("rope_theta", params.get("rope_theta", default)))
 
 
+def num_labels_from_hf(hf: dict) -> int:
+    """The labels of a `*ForSequenceClassification` checkpoint's head; 0 for a language model."""
+    if not any(a.endswith("ForSequenceClassification") for a in hf.get("architectures") or ()):
+        return 0
+    return int(hf.get("num_labels") or len(hf.get("id2label") or {}) or 2)
+
+
 def config_from_hf(hf: dict, *, family: str, default_theta: float, **flags) -> ModelConfig:
     """A ModelConfig from the fields every family's `config.json` shares, type-checked.
 
@@ -96,6 +107,7 @@ def config_from_hf(hf: dict, *, family: str, default_theta: float, **flags) -> M
         max_position_embeddings=hf.get("max_position_embeddings", 2048),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         rope_scaling=rope_scaling_from_hf(hf),
+        num_labels=num_labels_from_hf(hf),
         **flags,
     )
     return msgspec.convert(fields, ModelConfig)

@@ -144,7 +144,8 @@ def label_logprobs(
     dense: Dense,
     write_kv: Callable | None = None,
 ) -> tuple[jax.Array, KVPool | None]:
-    """Full-vocabulary log-probs f32[S, L] of `label_ids` at each score row, and the pool.
+    """Full-vocabulary log-probs f32[S, L] of `label_ids` at each score row, and the pool; with a
+    sequence-classification head (`cfg.num_labels`), the head's raw logits of those labels.
 
     `params` is laid out as `engine.program.place_params` makes it: "embed", "final_norm",
     "head" and "matrices" prepared by `dense`, "layers" the per-layer vectors. With a `pool`,
@@ -170,5 +171,6 @@ def label_logprobs(
     layer = lambda carry, xs: _layer(carry, xs, step)
     (x, pool), _ = jax.lax.scan(layer, (x, pool), (indices, params["layers"]))
     h = rms_norm(x[inputs.score_rows], params["final_norm"], cfg.rms_norm_eps)  # [S, E]
-    logp = jax.nn.log_softmax(dense.head(h, params["head"]), axis=-1)  # [S, V]
-    return jnp.take_along_axis(logp, inputs.label_ids, axis=1), pool
+    logits = dense.head(h, params["head"])  # [S, V], or [S, num_labels] for a classifier
+    out = logits if cfg.num_labels else jax.nn.log_softmax(logits, axis=-1)
+    return jnp.take_along_axis(out, inputs.label_ids, axis=1), pool

@@ -1,0 +1,106 @@
+"""Sequence-classification heads on the decoder families (`*ForSequenceClassification`): the
+head's logits at the score row equal `transformers` on tiny random checkpoints, rerank is the
+sigmoid of a one-label head (the softmax's last label of several), packed batches equal
+one-by-one scoring, and label-token scores are refused with a clear error."""
+
+import numpy as np
+import pytest
+import torch
+import transformers
+import trio
+
+from api.app import create_app
+from api.settings import settings_from_env
+from engine import InvalidInput, load_model, open_engine
+from engine.scoring import relevance
+from tests.conftest import write_tiny_checkpoint
+from tests.test_api_support import serving, tiny_config, tiny_env
+
+HEADS = [("qwen3", 1), ("qwen2", 1), ("llama-untied", 2)]
+QUERY = "Where does the fox jump?"
+DOCS = ["The quick brown fox jumps over the lazy dog.", "Numbers 0 1 2 3", "yes no yes"]
+
+
+@pytest.fixture(scope="module", params=HEADS, ids=[f"{f}-{n}" for f, n in HEADS])
+def checkpoint(request, tmp_path_factory):
+    family, labels = request.param
+    root = tmp_path_factory.mktemp("heads")
+    auto = "AutoModelForSequenceClassification"
+    return write_tiny_checkpoint(root, family, auto, num_labels=labels), labels
+
+
+def hf_logits(path, ids: list[int]) -> np.ndarray:
+    """transformers' head logits f32[num_labels] for one unpadded sequence."""
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(
+        path, dtype=torch.float32
+    )
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].numpy()
+
+
+def test_head_logits_equal_transformers(checkpoint):
+    path, labels = checkpoint
+    model = load_model(str(path), dtype="float32")
+    assert model.program.config.num_labels == labels
+    tok = model.tokenizer
+    seqs = [tok.encode(QUERY + d).ids for d in DOCS]
+    ours = model.label_logprobs(seqs, [list(range(labels))] * len(seqs))  # f32[N, labels]
+    for seq, row in zip(seqs, ours, strict=True):
+        np.testing.assert_allclose(row, hf_logits(path, seq), atol=1e-4)
+    with pytest.raises(InvalidInput, match="sequence-classification head"):
+        model.score(QUERY, DOCS, [1])
+
+
+def test_rerank_is_the_heads_formula_and_packs_exactly(checkpoint):
+    path, labels = checkpoint
+
+    async def main():
+        async with open_engine(tiny_config(path)) as engine:
+            together = await engine.rerank(QUERY, DOCS)
+            raw = await engine.rerank(QUERY, DOCS, raw_scores=True)
+            alone = [(await engine.rerank(QUERY, [d])).results[0] for d in DOCS]
+            with pytest.raises(InvalidInput, match=r"^label_token_ids: this model has"):
+                await engine.score(QUERY, DOCS, [1])
+            prompts = [
+                engine.tokenizer.encode(
+                    engine.template.query_text(QUERY, None) + engine.template.document_text(d)
+                ).ids
+                for d in DOCS
+            ]
+            return together, raw, alone, prompts
+
+    together, raw, alone, prompts = trio.run(main)
+    logits = np.stack([hf_logits(path, p) for p in prompts])  # transformers on the same prompts
+    want = relevance(logits, num_labels=labels, raw=False)
+    got = {h.index: h.relevance_score for h in together.results}
+    np.testing.assert_allclose([got[i] for i in range(3)], want, rtol=1e-4, atol=1e-6)
+    got_raw = {h.index: h.relevance_score for h in raw.results}
+    np.testing.assert_allclose([got_raw[i] for i in range(3)], logits[:, -1], atol=1e-4)
+    np.testing.assert_allclose(
+        [got[i] for i in range(3)], [h.relevance_score for h in alone], rtol=1e-5
+    )
+
+
+def test_relevance_formulas():
+    lp = np.log(np.array([[0.2, 0.6], [0.5, 0.1]]))
+    np.testing.assert_allclose(relevance(lp, num_labels=0, raw=False), [0.25, 5 / 6])
+    np.testing.assert_allclose(relevance(lp, num_labels=0, raw=True), np.log([1 / 3, 5]))
+    one = np.array([[0.0], [2.0]])
+    np.testing.assert_allclose(relevance(one, num_labels=1, raw=False), [0.5, 1 / (1 + np.e**-2)])
+    np.testing.assert_allclose(relevance(one, num_labels=1, raw=True), [0.0, 2.0])
+    two = np.array([[0.0, np.log(3.0)]])
+    np.testing.assert_allclose(relevance(two, num_labels=2, raw=False), [0.75])
+
+
+def test_the_service_says_which_head_and_refuses_label_scores(checkpoint):
+    path, labels = checkpoint
+    app = create_app(settings_from_env(tiny_env(path)))
+    for client in serving(app, "asyncio"):
+        info = client.get("/get_model_info").json()
+        assert (info["head"], info["num_labels"]) == ("sequence-classification", labels)
+        r = client.post("/v1/score", json={"query": QUERY, "items": DOCS, "label_token_ids": [1]})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "label_token_ids"
+        r = client.post("/v1/rerank", json={"query": QUERY, "documents": DOCS})
+        assert r.status_code == 200 and len(r.json()["results"]) == 3
+        r = client.post("/score", json={"queries": QUERY, "documents": DOCS})
+        assert r.status_code == 200 and len(r.json()["data"]) == 3
