@@ -81,6 +81,9 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     compile_cache_dir: str | None = msgspec.field(default_factory=default_compile_cache_dir)
     precompile: bool = True  # compile the bucket grid at start, before serving
     progress: bool = True  # progress bars while loading and compiling
+    # the rerank recipe: "qwen3-reranker" | "mxbai-rerank-v2" | "chatml" | "plain"; None
+    # detects it from the checkpoint (engine.templates.template_for)
+    reranker: str | None = None
 
     def buckets(self, context: int) -> Buckets:
         """The padding grid for a model of `context` positions; InvalidInput (a ValueError)
@@ -156,7 +159,11 @@ class Engine:
     """
 
     def __init__(
-        self, config: EngineConfig, tokenizer: tokenizers.Tokenizer, program: DeviceProgram
+        self,
+        config: EngineConfig,
+        tokenizer: tokenizers.Tokenizer,
+        program: DeviceProgram,
+        source: str | None = None,
     ):
         self.config = config
         self.tokenizer = tokenizer
@@ -164,7 +171,8 @@ class Engine:
         context = program.config.max_position_embeddings
         self.buckets = config.buckets(context)
         self.max_sequence_tokens = self.buckets.max_sequence(context)
-        self.template = templates.template_for(program.config.family, tokenizer)
+        family = program.config.family
+        self.template = templates.template_for(family, tokenizer, source, config.reranker)
         self._rerank_labels = _rerank_labels(program.config, self.template, tokenizer)
         self.tokenization = tokenizer_actor.TokenizerState.for_model(
             tokenizer,
@@ -372,14 +380,25 @@ class Engine:
             raise e.renamed(DOCUMENTS) from None
         if options.cuts():
             documents = await trio.to_thread.run_sync(self._truncated, query, documents, options)
-        items = [self.template.document_text(d) for d in documents]
-        prompt = self.template.query_text(query, options.instruction)
+        prompt, items = await self._rerank_inputs(query, documents, options.instruction)
         try:
             logprobs, result = await self._logprobs(prompt, items, self._rerank_labels, False)
         except InvalidInput as e:
             raise e.renamed(DOCUMENTS) from None
         heads = self.program.config.num_labels
         return relevance(logprobs, num_labels=heads, raw=raw).tolist(), result
+
+    async def _rerank_inputs(self, query, documents, instruction):
+        """The score call's query and items: texts joined whole, or a piecewise recipe's ids."""
+        t = self.template
+        if not t.piecewise:
+            return t.query_text(query, instruction), [t.document_text(d) for d in documents]
+
+        def ids():
+            items = [t.document_ids(self.tokenizer, d) for d in documents]
+            return t.query_ids(self.tokenizer, query, instruction), items
+
+        return await trio.to_thread.run_sync(ids)
 
     def _fit(self, truncate: bool, max_prompt_tokens: int | None) -> int | None:
         """The prompt length documents are cut to fit, if any."""
@@ -531,6 +550,10 @@ async def open_engine(config: EngineConfig | None = None) -> AsyncIterator[Engin
     On exit every caller still waiting gets `EngineClosed` and no task or thread survives.
     """
     config = config or EngineConfig()
+    if config.reranker is not None and config.reranker not in templates.RECIPES:
+        raise ValueError(
+            f"reranker: {config.reranker!r} is not one of {', '.join(templates.RECIPES)}"
+        )
     enable_compile_cache(config.compile_cache_dir)
     checkpoint = await trio.to_thread.run_sync(
         functools.partial(load_checkpoint, config.model, progress=config.progress)
@@ -546,7 +569,7 @@ async def open_engine(config: EngineConfig | None = None) -> AsyncIterator[Engin
             page_size=config.kv_page_size,
         )
     )
-    engine = Engine(config, checkpoint.tokenizer, program)
+    engine = Engine(config, checkpoint.tokenizer, program, checkpoint.source)
     del checkpoint  # the host copy of the weights: the program holds them on the device
     async with trio.open_nursery() as nursery:
         await engine._start(nursery)

@@ -4,7 +4,7 @@ from collections.abc import Sequence
 
 import tokenizers
 
-from engine.templates import RerankTemplate
+from engine.templates import Template
 
 SIDES = ("right", "left")  # cut a document's end, or its start
 TRUNCATION_MARGIN = 4  # tokens kept free when fitting: text joins can merge or split a token
@@ -12,15 +12,19 @@ TRUNCATION_MARGIN = 4  # tokens kept free when fitting: text joins can merge or 
 
 def room_for_document(
     tokenizer: tokenizers.Tokenizer,
-    template: RerankTemplate,
+    template: Template,
     query: str,
     instruction: str | None,
     max_sequence: int,
 ) -> int:
     """Tokens a document may have so that its whole rerank prompt fits `max_sequence` (less a
     small margin)."""
-    prompt = tokenizer.encode(template.query_text(query, instruction)).ids
-    suffix = tokenizer.encode(template.document_text(""), add_special_tokens=False).ids
+    if template.piecewise:
+        prompt = template.query_ids(tokenizer, query, instruction)
+        suffix = template.document_ids(tokenizer, "")
+    else:
+        prompt = tokenizer.encode(template.query_text(query, instruction)).ids
+        suffix = tokenizer.encode(template.document_text(""), add_special_tokens=False).ids
     return max(0, max_sequence - len(prompt) - len(suffix) - TRUNCATION_MARGIN)
 
 

@@ -1,8 +1,10 @@
-"""Sequence-classification heads on the decoder families (`*ForSequenceClassification`): the
-head's logits at the score row equal `transformers` on tiny random checkpoints, rerank is the
-sigmoid of a one-label head (the softmax's last label of several), packed batches equal
-one-by-one scoring, and label-token scores are refused with a clear error."""
+"""Reranker heads and recipes against `transformers` on tiny random checkpoints: the
+sequence-classification heads of the decoder families (`*ForSequenceClassification`: the head's
+logits at the score row; rerank the sigmoid of a one-label head, the softmax's last label of
+several; packed batches equal one-by-one scoring; label-token scores refused with a clear
+error), and the mxbai-rerank-v2 recipe equal to its reference formula."""
 
+import msgspec
 import numpy as np
 import pytest
 import torch
@@ -11,7 +13,7 @@ import trio
 
 from api.app import create_app
 from api.settings import settings_from_env
-from engine import InvalidInput, load_model, open_engine
+from engine import InvalidInput, load_model, open_engine, templates
 from engine.scoring import relevance
 from tests.conftest import write_tiny_checkpoint
 from tests.test_api_support import serving, tiny_config, tiny_env
@@ -104,3 +106,34 @@ def test_the_service_says_which_head_and_refuses_label_scores(checkpoint):
         assert r.status_code == 200 and len(r.json()["results"]) == 3
         r = client.post("/score", json={"queries": QUERY, "documents": DOCS})
         assert r.status_code == 200 and len(r.json()["data"]) == 3
+
+
+def test_the_mxbai_recipe_equals_its_formula_in_transformers(tiny_checkpoints):
+    """Mixedbread's reference: logits[-1, "1"] - logits[-1, "0"] on the parts tokenised one by
+    one; the engine's raw score is that, its relevance the sigmoid."""
+    path = tiny_checkpoints["qwen2"]
+    config = msgspec.structs.replace(tiny_config(path), reranker="mxbai-rerank-v2")
+
+    async def main():
+        async with open_engine(config) as engine:
+            raw = await engine.rerank(QUERY, DOCS, raw_scores=True, instruction="Find code")
+            soft = await engine.rerank(QUERY, DOCS, instruction="Find code")
+            return engine.tokenizer, raw, soft
+
+    tok, raw, soft = trio.run(main)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    one, zero = (tok.encode(x, add_special_tokens=False).ids[0] for x in ("1", "0"))
+    t = templates.MXBAI_RERANK_V2
+    want = []
+    for d in DOCS:
+        parts = [*t.query_parts(QUERY, "Find code"), *t.document_parts(d)]
+        ids = [i for p in parts for i in tok.encode(p, add_special_tokens=False).ids]
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0, -1]
+        want.append(float(logits[one] - logits[zero]))
+    got = {h.index: h.relevance_score for h in raw.results}
+    np.testing.assert_allclose([got[i] for i in range(3)], want, atol=1e-4)
+    sig = {h.index: h.relevance_score for h in soft.results}
+    np.testing.assert_allclose(
+        [sig[i] for i in range(3)], 1 / (1 + np.exp(-np.array(want))), rtol=1e-4
+    )

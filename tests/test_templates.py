@@ -45,3 +45,34 @@ def test_labels_must_be_single_tokens():
     bad = templates.PLAIN._replace(yes=" affirmative indeed")
     with pytest.raises(ValueError, match="are not single tokens"):
         templates.label_ids(bad, tok)
+
+
+MXBAI_PROMPT = (  # mixedbread's prompt, its parts joined (each is tokenised on its own)
+    "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+    "<|im_end|>\n<|im_start|>user\ninstruction: Find code\nquery: Who wrote it?\ndocument: "
+    "Harper Lee.\nYou are a search relevance expert who evaluates how well documents match "
+    "search queries. For each query-document pair, carefully analyze the semantic relationship "
+    "between them, then provide your binary relevance judgment (0 for not relevant, 1 for "
+    "relevant).\nRelevance:<|im_end|>\n<|im_start|>assistant\n"
+)
+
+
+def test_mxbai_recipe_is_mixedbreads_prompt_tokenised_by_part():
+    t, tok = templates.MXBAI_RERANK_V2, tiny_tokenizer()
+    assert t.query_text("Who wrote it?", "Find code") + t.document_text("Harper Lee.") == (
+        MXBAI_PROMPT
+    )
+    assert "instruction:" not in t.query_text("q", None)
+    parts = [*t.query_parts("Who?", None), *t.document_parts("Lee.")]
+    want = [i for p in parts for i in tok.encode(p, add_special_tokens=False).ids]
+    assert t.query_ids(tok, "Who?", None) + t.document_ids(tok, "Lee.") == want
+    assert (t.yes, t.no) == ("1", "0")
+
+
+def test_recipe_choice_by_name_and_checkpoint():
+    tok = tiny_tokenizer()
+    name = "/models/mxbai-rerank-base-v2"
+    assert templates.template_for("qwen2", tok, name) is templates.MXBAI_RERANK_V2
+    assert templates.template_for("llama", tok, None, "qwen3-reranker") is templates.QWEN3_RERANKER
+    with pytest.raises(ValueError, match="reranker: 'bge' is not one of qwen3-reranker, "):
+        templates.template_for("llama", tok, None, "bge")
