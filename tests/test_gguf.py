@@ -9,6 +9,7 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFWriter, TokenType
 from gguf.quants import dequantize, quantize
 
+from engine import load_model
 from engine.loaders import gguf as gguf_loader
 from engine.loaders.checkpoint import Checkpoint, CheckpointError
 from engine.loaders.gguf import load_gguf
@@ -521,3 +522,21 @@ def test_not_a_gguf_file(tmp_path):
 def test_missing_file(tmp_path):
     with pytest.raises(CheckpointError, match=r"absent\.gguf"):
         load_gguf(tmp_path / "absent.gguf")
+
+
+def test_a_reranker_head_loads_in_place_of_the_language_model_head(tmp_path):
+    """llama.cpp writes Qwen3-Reranker as a `cls.output.weight` head, the "yes" row of the
+    language-model head less the "no" row: its logit is log P(yes) - log P(no) of the model
+    without it."""
+    spec, yes, no = SPECS["qwen3"], 5, 9
+    originals, _ = _write_model(tmp_path / "lm.gguf", spec, Q.F32)
+    head = (originals["output.weight"][yes] - originals["output.weight"][no])[None]  # [1, E]
+    extra = {"cls.output.weight": head}
+    _write_model(tmp_path / "rank.gguf", spec, Q.F32, extra_tensors=extra)
+    lm, ranker = (load_model(str(tmp_path / f), dtype="float32") for f in ("lm.gguf", "rank.gguf"))
+    assert (ranker.program.config.num_labels, lm.program.config.num_labels) == (1, 0)
+    np.testing.assert_array_equal(load_gguf(tmp_path / "rank.gguf").params["lm_head"], head)
+    seqs = [[1, 2, 3, 4, 5], [7, 8], [40, 41, 42]]
+    logprobs = lm.label_logprobs(seqs, [[yes, no]] * 3)
+    logits = ranker.label_logprobs(seqs, [[0]] * 3)
+    np.testing.assert_allclose(logits[:, 0], logprobs[:, 0] - logprobs[:, 1], atol=1e-5)

@@ -101,7 +101,16 @@ def _config(reader: GGUFFile, tensors: dict[str, GGUFTensor], source: str) -> Mo
         qkv_bias=arch == "qwen2",
         qk_norm=arch == "qwen3",
         rope_scaling=_rope_scaling(reader, tensors, arch, source),
+        num_labels=_num_labels(tensors),
     )
+
+
+def _num_labels(tensors: dict[str, GGUFTensor]) -> int:
+    """Labels of a reranker's classification head as llama.cpp's converter writes it
+    (`cls.output.weight`, ggml shape [E, labels]: Qwen3-Reranker's is the yes row less the no
+    row); 0 for a language model."""
+    head = tensors.get(CLS_HEAD)
+    return int(head.shape[-1]) if head is not None else 0
 
 
 def _head_dim(reader: GGUFFile, arch: str, hidden: int, num_heads: int, source: str) -> int:
@@ -153,6 +162,8 @@ def _rope_scaling(
 
 # --- tensors -------------------------------------------------------------------------------------
 
+CLS_HEAD = "cls.output.weight"  # a reranker's classification head (llama.cpp's converter)
+
 
 @dataclass(frozen=True)
 class _Slot:
@@ -203,7 +214,10 @@ def _slots(config: ModelConfig) -> dict[str, _Slot]:
     embed_shape = (config.vocab_size, config.hidden_size)
     slots["token_embd.weight"] = _Slot("embed", None, embed_shape, False)
     slots["output_norm.weight"] = _Slot("final_norm", None, (config.hidden_size,), False)
-    if not config.tie_word_embeddings:
+    if config.num_labels:
+        head_shape = (config.num_labels, config.hidden_size)
+        slots[CLS_HEAD] = _Slot("lm_head", None, head_shape, False)
+    elif not config.tie_word_embeddings:
         slots["output.weight"] = _Slot("lm_head", None, embed_shape, False)
     return slots
 
@@ -214,6 +228,8 @@ def _params(
     slots = _slots(config)
     for name in slots:
         _require(tensors, name, source)
+    if config.num_labels:  # a reranker's language-model head, if kept, is not used
+        tensors = {name: t for name, t in tensors.items() if name != "output.weight"}
     unexpected = sorted(set(tensors) - set(slots))
     if unexpected:
         raise CheckpointError(
