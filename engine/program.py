@@ -46,7 +46,7 @@ def default_kv_cache_bytes(bytes_per_token: int) -> int:
     return min(memory // DEFAULT_POOL_SHARE, DEFAULT_POOL_TOKENS * bytes_per_token)
 
 
-def place_params(params: dict, dtype, dense) -> dict:
+def place_params(params: dict, dtype, dense, *, fused_silu: bool = True) -> dict:
     """Device weights from host params (the layout of `engine.models.config`): the embedding in
     `dtype`; norms and biases in f32; q/k/v fused into one matrix and gate/up into one gated
     pair, these and the other matrices and the LM head prepared by the `dense` strategy. A tied
@@ -62,10 +62,18 @@ def place_params(params: dict, dtype, dense) -> dict:
         "matrices": {
             "qkv": dense.prepare(qkv, dtype),
             "o": dense.prepare(layers["wo"], dtype),
-            "gate_up": dense.prepare_gated(layers["w_gate"], layers["w_up"], dtype),
+            "gate_up": _gate_up(layers, dtype, dense, fused_silu),
             "down": dense.prepare(layers["w_down"], dtype),
         },
     }
+
+
+def _gate_up(layers: dict, dtype, dense, fused_silu: bool):
+    """The MLP's gate and up matrices: the dense strategy's fused SiLU pair, or (another
+    activation) one plain matrix [L, E, 2I] whose product the forward splits."""
+    if fused_silu:
+        return dense.prepare_gated(layers["w_gate"], layers["w_up"], dtype)
+    return dense.prepare(np.concatenate([layers["w_gate"], layers["w_up"]], axis=-1), dtype)
 
 
 class DeviceProgram:
@@ -97,7 +105,8 @@ class DeviceProgram:
         self.attention = select_attention(
             attention, backend, head_dim=self.config.head_dim, dtype=DTYPES[dtype]
         )
-        self.params = place_params(checkpoint.params, DTYPES[dtype], self.dense)
+        silu = checkpoint.config.mlp_activation == "silu"
+        self.params = place_params(checkpoint.params, DTYPES[dtype], self.dense, fused_silu=silu)
         forward = functools.partial(
             label_logprobs,
             cfg=self.config,

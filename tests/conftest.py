@@ -49,6 +49,10 @@ FAMILY_CONFIGS = {
     ),
     "qwen2": ("Qwen2Config", {"tie_word_embeddings": False, "rope_theta": 1e6}),
     "qwen3": ("Qwen3Config", {"tie_word_embeddings": True, "head_dim": 32, "rope_theta": 1e6}),
+    "gemma": (
+        "GemmaConfig",
+        {"head_dim": 32, "rope_theta": 10000.0, "hidden_activation": "gelu_pytorch_tanh"},
+    ),
 }
 
 

@@ -36,7 +36,7 @@ _QK_NORM_NAMES = {"q_norm": "self_attn.q_norm.weight", "k_norm": "self_attn.k_no
 
 
 def load_hf_dir(path: str | Path, *, progress: bool = True) -> Checkpoint:
-    """Load a Hugging Face model directory of family llama, qwen2 or qwen3."""
+    """Load a Hugging Face model directory of family llama, qwen2, qwen3 or gemma."""
     root = Path(path)
     hf = _read_json(root / "config.json")
     family = FAMILIES.get(hf.get("model_type"))
@@ -109,6 +109,10 @@ def _params(tensors: _TensorFiles, cfg, progress: bool = True) -> dict:
         "final_norm": tensors.get("norm.weight"),
         "layers": layers,
     }
+    if cfg.family == "gemma":  # RMSNorm applies 1 + w: stored as the weight it multiplies by
+        for name in ("attn_norm", "mlp_norm"):
+            layers[name] = layers[name] + 1.0
+        params["final_norm"] = params["final_norm"] + 1.0
     if cfg.num_labels:  # the classification head in the language-model head's place
         params["lm_head"] = tensors.get("score.weight")  # f32[num_labels, E]
     elif not cfg.tie_word_embeddings:

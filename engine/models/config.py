@@ -53,6 +53,8 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     # > 0: a sequence-classification head of this many labels replaces the language-model head
     # (`*ForSequenceClassification`); the score rows then give its raw logits
     num_labels: int = 0
+    embed_scale: bool = False  # Gemma: embeddings times sqrt(hidden_size)
+    mlp_activation: str = "silu"  # "silu", or "gelu_tanh" (Gemma's GeGLU)
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """KV-cache bytes one token costs: 2 * layers * kv_heads * head_dim * dtype_bytes."""
@@ -87,7 +89,9 @@ def num_labels_from_hf(hf: dict) -> int:
     return int(hf.get("num_labels") or len(hf.get("id2label") or {}) or 2)
 
 
-def config_from_hf(hf: dict, *, family: str, default_theta: float, **flags) -> ModelConfig:
+def config_from_hf(
+    hf: dict, *, family: str, default_theta: float, tie_default: bool = False, **flags
+) -> ModelConfig:
     """A ModelConfig from the fields every family's `config.json` shares, type-checked.
 
     Raises KeyError or TypeError for a missing field, ValueError for a field of the wrong type.
@@ -105,7 +109,7 @@ def config_from_hf(hf: dict, *, family: str, default_theta: float, **flags) -> M
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         rope_theta=rope_theta_from_hf(hf, default_theta),
         max_position_embeddings=hf.get("max_position_embeddings", 2048),
-        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", tie_default)),
         rope_scaling=rope_scaling_from_hf(hf),
         num_labels=num_labels_from_hf(hf),
         **flags,

@@ -129,8 +129,18 @@ def _layer(carry: tuple[jax.Array, KVPool | None], xs: tuple[jax.Array, Params],
     o = s.attention(q.astype(dt), k, v, s.meta, scale=cfg.head_dim**-0.5, pool=pool)
     x = x + s.dense.matmul(o.reshape(t, -1), m["o"], index)
     h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
-    x = x + s.dense.matmul(s.dense.gated(h, m["gate_up"], index), m["down"], index)
+    x = x + s.dense.matmul(_mlp_gate(h, m["gate_up"], index, s), m["down"], index)
     return (x, pool), None
+
+
+def _mlp_gate(h: jax.Array, w, index: jax.Array, s: "Step") -> jax.Array:
+    """act(h @ gate) * (h @ up) f32[T, I]: SiLU fused in the dense strategy's gated product, any
+    other activation after a plain product with [gate | up] (`place_params`)."""
+    if s.cfg.mlp_activation == "silu":
+        return s.dense.gated(h, w, index)
+    y = s.dense.matmul(h, w, index)  # f32[T, 2I]
+    half = y.shape[1] // 2
+    return jax.nn.gelu(y[:, :half], approximate=True) * y[:, half:]
 
 
 def label_logprobs(
@@ -153,6 +163,8 @@ def label_logprobs(
     attention reads the context region from it; the pool returned holds those writes.
     """
     x = params["embed"][inputs.tokens].astype(jnp.float32)  # [T, E]
+    if cfg.embed_scale:
+        x = x * jnp.float32(cfg.hidden_size**0.5)
     angles = inputs.positions.astype(jnp.float32)[:, None] * rope_frequencies(cfg)  # [T, D/2]
     step = Step(
         cfg,
