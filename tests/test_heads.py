@@ -18,7 +18,7 @@ from engine.scoring import relevance
 from tests.conftest import write_tiny_checkpoint
 from tests.test_api_support import serving, tiny_config, tiny_env
 
-HEADS = [("qwen3", 1), ("qwen2", 1), ("llama-untied", 2)]
+HEADS = [("qwen3", 1), ("qwen2", 1), ("llama-untied", 2), ("gemma", 1)]
 QUERY = "Where does the fox jump?"
 DOCS = ["The quick brown fox jumps over the lazy dog.", "Numbers 0 1 2 3", "yes no yes"]
 
