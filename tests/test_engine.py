@@ -419,7 +419,7 @@ def test_a_model_that_cannot_rerank_still_scores(tiny_path, monkeypatch):
     from engine import templates
 
     broken = templates.PLAIN._replace(yes=" yes indeed")
-    monkeypatch.setattr(templates, "template_for", lambda family, tok: broken)
+    monkeypatch.setattr(templates, "template_for", lambda *args: broken)
 
     async def main():
         async with open_engine(config(tiny_path)) as engine:
