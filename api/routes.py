@@ -14,170 +14,13 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from api import rerank_answers, schemas, tei, tokens, vllm_score
-from api.errors import ApiError, TeiError, internal_error
+from api.errors import ApiError, internal_error
 from api.metrics import CONTENT_TYPE
 from api.openapi import ANY_JSON, NO_BODY, PLAIN_TEXT, Answer, Endpoint, openapi
+from api.scoring import invocations, json_response, rerank, score, vllm_score_route
 from api.service import Service
 from api.settings import model_path
-from engine import Engine, Timings
-
-
-def _json(body, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(schemas.encode(body), status, headers, media_type="application/json")
-
-
-def timing_headers(t: Timings) -> dict[str, str]:
-    """Per-stage times of one request in milliseconds."""
-    stages = {"tokenize": t.tokenize, "queue": t.queue, "batch-build": t.batch_build}
-    stages |= {"device": t.device, "total": t.total}
-    return {f"x-{name}-time": f"{seconds * 1e3:.3f}" for name, seconds in stages.items()}
-
-
-async def score(service: Service, request: Request) -> Response:
-    """SGLang's `/v1/score`, or vLLM's for a body with vLLM's fields (`api.vllm_score`)."""
-    body = await service.body(request)
-    if _keys(body) & vllm_score.KEYS:
-        return await _vllm_score(service, request, body)
-    return await _score(service, request, service.parse(body, schemas.score_decoder))
-
-
-async def vllm_score_route(service: Service, request: Request) -> Response:
-    """vLLM's `/score`: the relevance of query/document pairs, in pair order."""
-    return await _vllm_score(service, request, await service.body(request))
-
-
-async def _vllm_score(service: Service, request: Request, body: bytes) -> Response:
-    req = service.parse(body, vllm_score.decoder)
-    pairs = vllm_score.pairs_of(req)
-    if req.max_tokens_per_query:
-        message = "max_tokens_per_query: queries are never cut; cut documents instead"
-        raise ApiError(400, message, param="max_tokens_per_query")
-    result = await service.call(
-        request,
-        lambda engine: engine.score_pairs(
-            pairs.queries,
-            pairs.documents,
-            max_tokens_per_doc=req.max_tokens_per_doc or None,
-            raw_scores=vllm_score.raw_scores(req),
-            **_prompt_limit(req.truncate_prompt_tokens),
-        ),
-        renames={"documents": pairs.names[1], "max_prompt_tokens": "truncate_prompt_tokens"},
-    )
-    service.metrics.observe(request.url.path, result.timings, len(pairs.documents))
-    scores = [s[0] for s in result.scores]
-    answer = vllm_score.response(req, scores, result, req.model or service.model_name)
-    return _json(answer, headers=timing_headers(result.timings))
-
-
-async def _score(service: Service, request: Request, req: schemas.ScoreRequest) -> Response:
-    result = await service.call(
-        request,
-        lambda engine: engine.score(
-            req.query,
-            req.items,
-            req.label_token_ids,
-            apply_softmax=req.apply_softmax,
-            item_first=req.item_first,
-        ),
-    )
-    service.metrics.observe("/v1/score", result.timings, len(result.scores))
-    body = schemas.ScoreResponse(
-        scores=result.scores, model=service.model_name, usage=_usage(schemas.Usage, result)
-    )
-    return _json(body, headers=timing_headers(result.timings))
-
-
-async def rerank(service: Service, request: Request) -> Response:
-    """Rerank in the spelling and answer shape of the client that asks (`api.rerank_answers`):
-    Cohere v1/v2, Jina, vLLM, SGLang, Voyage, TEI, Mixedbread."""
-    req = await service.decode(request, schemas.rerank_decoder)
-    return await rerank_as(service, request, req, request.url.path)
-
-
-async def rerank_as(
-    service: Service, request: Request, req: schemas.RerankRequest, path: str
-) -> Response:
-    """The answer to a decoded rerank request, shaped as for `path`."""
-    sglang = service.settings.server.rerank_format == "sglang"
-    shape = rerank_answers.shape_of(path, req, sglang)
-    try:
-        return await _rerank(service, request, req, shape, path)
-    except ApiError as e:
-        raise TeiError(e) if shape == "tei" else e from None
-
-
-async def _rerank(service, request, req: schemas.RerankRequest, shape, path: str) -> Response:
-    docs = rerank_answers.documents_of(req)
-    if not req.query and shape != "tei":  # TEI alone scores documents against no query
-        raise ApiError(400, "query: must not be empty", param="query")
-    if shape == "tei" and not docs.texts:
-        raise ApiError(400, "`texts` cannot be empty", param="texts", type="empty")
-    if req.instruction is not None and req.instruct is not None:
-        raise ApiError(
-            400, "instruct: give `instruction` or `instruct`, not both", param="instruct"
-        )
-    voyage_default = shape == "voyage" and req.truncation is msgspec.UNSET
-    truncate = bool(req.truncate) or req.truncation is True or voyage_default
-    limit = _prompt_limit(req.truncate_prompt_tokens)
-    result = await service.call(
-        request,
-        lambda engine: engine.rerank(
-            req.query,
-            docs.texts,
-            top_n=rerank_answers.top_n(req),
-            instruction=req.instruction if req.instruct is None else req.instruct,
-            max_tokens_per_doc=req.max_tokens_per_doc,
-            truncate=truncate or limit["truncate"],
-            max_prompt_tokens=limit["max_prompt_tokens"],
-            truncation_side=req.truncation_direction.lower(),
-            raw_scores=req.raw_scores or req.use_activation is False,
-        ),
-        renames={"documents": docs.field, "max_prompt_tokens": "truncate_prompt_tokens"},
-    )
-    service.metrics.observe(path, result.timings, len(docs.texts))
-    model = req.model or service.model_name
-    body = rerank_answers.answer(shape, req, docs, result, model=model, path=path)
-    return _json(body, headers=timing_headers(result.timings))
-
-
-def _prompt_limit(truncate_prompt_tokens: int | None) -> dict:
-    """vLLM's `truncate_prompt_tokens` as the engine's options: -1 fits the context, k > 0 at
-    most k tokens a prompt (0 or None: no cut)."""
-    k = truncate_prompt_tokens
-    return {"truncate": k == -1, "max_prompt_tokens": k if k is not None and k > 0 else None}
-
-
-def _usage(kind, result):
-    """Token usage of a score result, cached prompt tokens spelled as OpenAI does."""
-    details = schemas.PromptTokensDetails(cached_tokens=result.cached_tokens)
-    tokens = result.prompt_tokens
-    return kind(prompt_tokens=tokens, total_tokens=tokens, prompt_tokens_details=details)
-
-
-async def invocations(service: Service, request: Request) -> Response:
-    """SageMaker's inference path: SGLang's score body (with `label_token_ids`) or vLLM's
-    (`queries`, `text_1`, `data_1`) is scored, any other reranked (`texts` as TEI's `/rerank`)."""
-    body = await service.body(request)
-    keys = _keys(body)
-    if "label_token_ids" in keys:
-        return await _score(service, request, service.parse(body, schemas.score_decoder))
-    if keys & vllm_score.KEYS - {"documents"}:
-        return await _vllm_score(service, request, body)
-    return await rerank_as(
-        service, request, service.parse(body, schemas.rerank_decoder), "/invocations"
-    )
-
-
-_KEYS = msgspec.json.Decoder(dict[str, msgspec.Raw])
-
-
-def _keys(body: bytes) -> set[str]:
-    """The top-level keys of a JSON object body; none for anything else (its decoder will say
-    what is wrong)."""
-    try:
-        return set(_KEYS.decode(body))
-    except (msgspec.MsgspecError, UnicodeDecodeError, RecursionError):
-        return set()
+from engine import Engine
 
 
 async def tei_info(service: Service, request: Request) -> Response:
@@ -190,10 +33,10 @@ async def health(service: Service, request: Request) -> Response:
     host = service.host
     status = host.status if host else "loading"
     if status == "ready":
-        return _json(schemas.HealthResponse(status="ok"))
+        return json_response(schemas.HealthResponse(status="ok"))
     message = host.error if host else None
     headers = {"Retry-After": str(service.settings.server.retry_after_s)}
-    return _json(schemas.HealthResponse(status=status, message=message), 503, headers)
+    return json_response(schemas.HealthResponse(status=status, message=message), 503, headers)
 
 
 async def models(service: Service, request: Request) -> Response:
@@ -206,7 +49,7 @@ async def models(service: Service, request: Request) -> Response:
         max_model_len=engine.max_sequence_tokens if engine else None,
         **facts,
     )
-    return _json(schemas.ModelList(data=[card]))
+    return json_response(schemas.ModelList(data=[card]))
 
 
 def _model_facts(engine: Engine) -> dict:
@@ -236,7 +79,7 @@ async def model_info(service: Service, request: Request) -> Response:
         rerank_template=engine.template.name,
         **_model_facts(engine),
     )
-    return _json(info)
+    return json_response(info)
 
 
 async def server_info(service: Service, request: Request) -> Response:
@@ -258,7 +101,7 @@ async def server_info(service: Service, request: Request) -> Response:
         stats=engine.stats() if engine else None,
         profiling=service.profiling,
     )
-    return _json(info)
+    return json_response(info)
 
 
 def _kv_pool(engine) -> schemas.KVPool:
@@ -288,7 +131,7 @@ async def start_profile(service: Service, request: Request) -> Response:
     except (RuntimeError, OSError) as e:
         raise ApiError(409, f"profiler: {e}") from None
     service.profiling = directory
-    return _json(schemas.ProfileResponse(status="started", output_dir=directory))
+    return json_response(schemas.ProfileResponse(status="started", output_dir=directory))
 
 
 def profile_directory(root: str, output_dir: str | None) -> str:
@@ -314,7 +157,7 @@ async def stop_profile(service: Service, request: Request) -> Response:
         raise ApiError(409, "no profile is running")
     service.profiling = None
     await anyio.to_thread.run_sync(jax.profiler.stop_trace)
-    return _json(schemas.ProfileResponse(status="stopped", output_dir=directory))
+    return json_response(schemas.ProfileResponse(status="stopped", output_dir=directory))
 
 
 async def openapi_json(service: Service, request: Request) -> Response:

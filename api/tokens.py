@@ -11,7 +11,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from api.errors import ApiError, TeiError
-from api.schemas import TokenId, encode
+from api.schemas import TokenId
+from api.scoring import json_response
 from api.service import Service
 
 TokenIds = list[TokenId]
@@ -68,10 +69,6 @@ _decode = msgspec.json.Decoder(TeiDecodeRequest)
 _keys = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
 
-def _json(body) -> Response:
-    return Response(encode(body), media_type="application/json")
-
-
 async def tokenize(service: Service, request: Request) -> Response:
     """vLLM's `/tokenize` for a `prompt`, TEI's for `inputs`."""
     body = await service.body(request)
@@ -97,7 +94,7 @@ async def _vllm_tokenize(service: Service, req: TokenizeRequest) -> Response:
     enc = await anyio.to_thread.run_sync(
         lambda: tok.encode(req.prompt, add_special_tokens=req.add_special_tokens)
     )
-    return _json(
+    return json_response(
         TokenizeResponse(
             count=len(enc.ids),
             max_model_len=engine.max_sequence_tokens,
@@ -118,7 +115,7 @@ async def _tei_tokenize(service: Service, req: TeiTokenizeRequest) -> Response:
     encodings = await anyio.to_thread.run_sync(
         lambda: tok.encode_batch(texts, add_special_tokens=req.add_special_tokens)
     )
-    return _json([_simple_tokens(t, e) for t, e in zip(texts, encodings, strict=True)])
+    return json_response([_simple_tokens(t, e) for t, e in zip(texts, encodings, strict=True)])
 
 
 def _simple_tokens(text: str, enc: tokenizers.Encoding) -> list[SimpleToken]:
@@ -141,7 +138,7 @@ async def detokenize(service: Service, request: Request) -> Response:
     engine = service.engine()
     _check_ids(req.tokens, engine.model_config.vocab_size, "tokens")
     text = engine.tokenizer.decode(req.tokens, skip_special_tokens=False)
-    return _json(DetokenizeResponse(prompt=text))
+    return json_response(DetokenizeResponse(prompt=text))
 
 
 async def decode(service: Service, request: Request) -> Response:
@@ -161,7 +158,7 @@ async def decode(service: Service, request: Request) -> Response:
         texts = tok.decode_batch(batch, skip_special_tokens=req.skip_special_tokens)
     except ApiError as e:
         raise TeiError(e) from None
-    return _json(texts)
+    return json_response(texts)
 
 
 def _check_ids(ids: list[int], vocab_size: int, field: str) -> None:
