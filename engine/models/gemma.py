@@ -2,7 +2,6 @@
 GeGLU MLP (tanh-approximated GELU) and RMSNorm weights applied as `1 + w` (the loader adds the
 one, so the forward's norm is the shared one). Tied embeddings unless the config says not."""
 
-
 from engine.models import llama
 from engine.models.config import config_from_hf
 from engine.models.decoder import Family
