@@ -18,14 +18,19 @@ import msgspec
 from msgspec import UNSET
 
 from api.errors import ApiError
-from api.schemas import DocumentIn, PromptTokensDetails, RerankRequest, RerankUsage
+from api.schemas import DocumentIn, RerankRequest, RerankUsage, usage_of
 from engine import RerankResult
 
 Shape = Literal["cohere", "voyage", "mixedbread", "tei", "sglang"]
 SEARCH_UNIT_DOCUMENTS = 100  # Cohere bills one search unit per query and 100 documents
 # whether documents come back when the request does not say: as each client's own server does
-ECHO_BY_DEFAULT = {"cohere": True, "voyage": False, "mixedbread": False, "tei": False}
-ECHO_BY_DEFAULT["sglang"] = True
+ECHO_BY_DEFAULT = {
+    "cohere": True,
+    "voyage": False,
+    "mixedbread": False,
+    "tei": False,
+    "sglang": True,
+}
 
 
 def shape_of(path: str, req: RerankRequest, sglang_v1: bool) -> Shape:
@@ -206,7 +211,7 @@ def answer(
             SglangHit(score=h.relevance_score, index=h.index, document=t)
             for h, t in zip(hits, texts, strict=True)
         ]
-    usage = usage_of(result)
+    usage = usage_of(RerankUsage, result)
     if shape == "voyage":
         data = [
             VoyageHit(index=h.index, relevance_score=h.relevance_score, document=t)
@@ -243,10 +248,3 @@ def answer(
 
 def _as_object(document: DocumentIn) -> dict[str, Any]:
     return {"text": document} if isinstance(document, str) else document
-
-
-def usage_of(result) -> RerankUsage:
-    """Token usage of a rerank or score result, cached prompt tokens spelled as OpenAI does."""
-    details = PromptTokensDetails(cached_tokens=result.cached_tokens)
-    tokens = result.prompt_tokens
-    return RerankUsage(prompt_tokens=tokens, total_tokens=tokens, prompt_tokens_details=details)

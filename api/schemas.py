@@ -103,6 +103,14 @@ class RerankUsage(msgspec.Struct, kw_only=True):
     prompt_tokens_details: PromptTokensDetails = msgspec.field(default_factory=PromptTokensDetails)
 
 
+def usage_of(kind, result):
+    """The token usage (`kind`: `Usage` or `RerankUsage`) of an engine result, cached prompt
+    tokens spelled as OpenAI does."""
+    details = PromptTokensDetails(cached_tokens=result.cached_tokens)
+    tokens = result.prompt_tokens
+    return kind(prompt_tokens=tokens, total_tokens=tokens, prompt_tokens_details=details)
+
+
 class ProfileRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     output_dir: str | None = None  # a subdirectory of the profile directory; None: itself
 

@@ -56,7 +56,7 @@ async def _vllm_score(service: Service, request: Request, body: bytes) -> Respon
     )
     service.metrics.observe(request.url.path, result.timings, len(pairs.documents))
     scores = [s[0] for s in result.scores]
-    answer = vllm_score.response(req, scores, result, req.model or service.model_name)
+    answer = vllm_score.response(scores, result, req.model or service.model_name)
     return json_response(answer, headers=timing_headers(result.timings))
 
 
@@ -73,7 +73,9 @@ async def _score(service: Service, request: Request, req: schemas.ScoreRequest) 
     )
     service.metrics.observe("/v1/score", result.timings, len(result.scores))
     body = schemas.ScoreResponse(
-        scores=result.scores, model=service.model_name, usage=_usage(schemas.Usage, result)
+        scores=result.scores,
+        model=service.model_name,
+        usage=schemas.usage_of(schemas.Usage, result),
     )
     return json_response(body, headers=timing_headers(result.timings))
 
@@ -136,13 +138,6 @@ def _prompt_limit(truncate_prompt_tokens: int | None) -> dict:
     most k tokens a prompt (0 or None: no cut)."""
     k = truncate_prompt_tokens
     return {"truncate": k == -1, "max_prompt_tokens": k if k is not None and k > 0 else None}
-
-
-def _usage(kind, result):
-    """Token usage of a score result, cached prompt tokens spelled as OpenAI does."""
-    details = schemas.PromptTokensDetails(cached_tokens=result.cached_tokens)
-    tokens = result.prompt_tokens
-    return kind(prompt_tokens=tokens, total_tokens=tokens, prompt_tokens_details=details)
 
 
 async def invocations(service: Service, request: Request) -> Response:

@@ -12,7 +12,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from api.errors import ApiError
-from api.schemas import PromptTokensDetails, Usage
+from api.schemas import Usage, usage_of
 
 Side = str | list[str]
 SIDES = (("queries", "documents"), ("queries", "items"), ("text_1", "text_2"), ("data_1", "data_2"))
@@ -92,14 +92,12 @@ def raw_scores(req: VllmScoreRequest) -> bool:
     return False in (req.use_activation, req.activation, req.softmax)
 
 
-def response(req: VllmScoreRequest, scores: list[float], result, model: str) -> VllmScoreResponse:
-    tokens = result.prompt_tokens
-    details = PromptTokensDetails(cached_tokens=result.cached_tokens)
-    usage = Usage(prompt_tokens=tokens, total_tokens=tokens, prompt_tokens_details=details)
+def response(scores: list[float], result, model: str) -> VllmScoreResponse:
+    """vLLM's answer: one score per pair, in pair order, and the result's usage."""
     return VllmScoreResponse(
         id=f"score-{uuid.uuid4().hex}",
         created=int(time.time()),
         model=model,
         data=[VllmScoreData(index=i, score=s) for i, s in enumerate(scores)],
-        usage=usage,
+        usage=usage_of(Usage, result),
     )

@@ -13,7 +13,7 @@ from safetensors import safe_open
 from tqdm import tqdm
 
 from engine.loaders.checkpoint import Checkpoint, CheckpointError
-from engine.models import FAMILIES
+from engine.models import FAMILIES, gemma
 
 # our name -> Hugging Face name under `model.layers.{i}.`, transposed when a matrix
 _LAYER_NAMES = {
@@ -110,9 +110,9 @@ def _params(tensors: _TensorFiles, cfg, progress: bool = True) -> dict:
         "layers": layers,
     }
     if cfg.family == "gemma":  # RMSNorm applies 1 + w: stored as the weight it multiplies by
-        for name in ("attn_norm", "mlp_norm"):
-            layers[name] = layers[name] + 1.0
-        params["final_norm"] = params["final_norm"] + 1.0
+        for name in gemma.NORMS_PLUS_ONE:
+            held = layers if name in layers else params
+            held[name] = held[name] + 1.0
     if cfg.num_labels:  # the classification head in the language-model head's place
         params["lm_head"] = tensors.get("score.weight")  # f32[num_labels, E]
     elif not cfg.tie_word_embeddings:
