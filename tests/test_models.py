@@ -1,10 +1,12 @@
 """Each model family against transformers on tiny random checkpoints (f32, one by one)."""
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from bench.baseline import hf_label_logprobs
 from engine import load_model
+from engine.models.decoder import HEAD_ROWS, _by_row_chunks
 from tests.conftest import FAMILY_CONFIGS
 
 
@@ -27,3 +29,22 @@ def test_family_matches_transformers(name, tiny_checkpoints, rng):
     ours = model.label_logprobs(seqs, [labels] * len(seqs))
     ref = hf_label_logprobs(hf, seqs, labels)
     np.testing.assert_allclose(ours, ref, atol=1e-4, rtol=0)
+
+
+def test_many_score_rows_equal_one_by_one(reference, rng):
+    """More score rows than one head step (`HEAD_ROWS`, not a multiple of it) in one packed batch
+    give each row's log-probs as scoring it alone does."""
+    prompt = rng.integers(0, 384, 40).tolist()
+    seqs = [prompt + rng.integers(0, 384, 3).tolist() for _ in range(HEAD_ROWS + 37)]
+    labels = [[5, 17, 383]] * len(seqs)
+    packed = reference.label_logprobs(seqs, labels)
+    alone = np.concatenate([reference.label_logprobs([s], labels[:1]) for s in seqs])
+    np.testing.assert_allclose(packed, alone, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("rows", [3, HEAD_ROWS, 2 * HEAD_ROWS + 5])
+def test_head_row_chunks_keep_row_order(rows, rng):
+    h = jnp.asarray(rng.standard_normal((rows, 8)), jnp.float32)
+    labels = jnp.asarray(rng.integers(0, 8, (rows, 3)), jnp.int32)
+    f = lambda h, labels: jnp.take_along_axis(h, labels, axis=1) * 2.0
+    np.testing.assert_array_equal(_by_row_chunks(f, h, labels), f(h, labels))

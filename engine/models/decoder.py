@@ -183,6 +183,30 @@ def label_logprobs(
     layer = lambda carry, xs: _layer(carry, xs, step)
     (x, pool), _ = jax.lax.scan(layer, (x, pool), (indices, params["layers"]))
     h = rms_norm(x[inputs.score_rows], params["final_norm"], cfg.rms_norm_eps)  # [S, E]
-    logits = dense.head(h, params["head"])  # [S, V], or [S, num_labels] for a classifier
+    head = lambda h, labels: _label_scores(h, labels, params["head"], cfg, dense)
+    return _by_row_chunks(head, h, inputs.label_ids), pool
+
+
+# Score rows per step of the head: the f32[rows, V] logits and their log-softmax stay small
+# instead of one f32[S, V] array (300 MB for 1,536 rows of a 49k vocabulary), which measured
+# ~4% off a 12k-token batch's device time on a 2-core CPU and removed most of its page faults.
+HEAD_ROWS = 128
+
+
+def _label_scores(h: jax.Array, labels: jax.Array, head, cfg: ModelConfig, dense: Dense):
+    """f32[R, L]: log-probs of `labels` (i32[R, L]) at rows h f32[R, E], or a classifier's
+    logits of them."""
+    logits = dense.head(h, head)  # [R, V], or [R, num_labels] for a classifier
     out = logits if cfg.num_labels else jax.nn.log_softmax(logits, axis=-1)
-    return jnp.take_along_axis(out, inputs.label_ids, axis=1), pool
+    return jnp.take_along_axis(out, labels, axis=1)
+
+
+def _by_row_chunks(f: Callable, h: jax.Array, labels: jax.Array) -> jax.Array:
+    """f(h, labels) over chunks of HEAD_ROWS rows (zero rows pad the last), one after another."""
+    s = h.shape[0]
+    if s <= HEAD_ROWS:
+        return f(h, labels)
+    n = -(-s // HEAD_ROWS)
+    pad = lambda a: jnp.pad(a, ((0, n * HEAD_ROWS - s), (0, 0))).reshape(n, HEAD_ROWS, -1)
+    out = jax.lax.map(lambda a: f(*a), (pad(h), pad(labels)))  # [n, HEAD_ROWS, L]
+    return out.reshape(n * HEAD_ROWS, -1)[:s]
