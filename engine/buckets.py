@@ -33,6 +33,7 @@ class Buckets(NamedTuple):
     row_divisors: tuple[int, ...] = DEFAULT_ROW_DIVISORS
     label_widths: tuple[int, ...] = DEFAULT_LABEL_WIDTHS
     contexts: tuple[int, ...] = (0,)  # context-region sizes C (keys from the KV pool)
+    window: int = 0  # the model's sliding window: batches carry that layers' metadata too
 
     @property
     def max_context(self) -> int:
@@ -117,9 +118,11 @@ def make_buckets(
     token_buckets: tuple[int, ...] | None = None,
     row_divisors: tuple[int, ...] = DEFAULT_ROW_DIVISORS,
     label_widths: tuple[int, ...] = DEFAULT_LABEL_WIDTHS,
+    window: int = 0,
 ) -> Buckets:
-    """The grid for a model of `context` positions: `token_buckets`, or by default buckets up
-    to the larger of the budget and the context. InvalidInput naming the inconsistent field."""
+    """The grid for a model of `context` positions (and sliding `window`, 0: none):
+    `token_buckets`, or by default buckets up to the larger of the budget and the context.
+    InvalidInput naming the inconsistent field."""
     if token_budget < 1:
         raise InvalidInput("token_budget", "must be a positive integer")
     if block_size < 1:
@@ -140,6 +143,7 @@ def make_buckets(
         tuple(row_divisors),
         tuple(sorted(label_widths)),
         context_buckets(max(context, 2 * token_budget), block_size),
+        window,
     )
 
 

@@ -85,9 +85,9 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # detects it from the checkpoint (engine.templates.template_for)
     reranker: str | None = None
 
-    def buckets(self, context: int) -> Buckets:
-        """The padding grid for a model of `context` positions; InvalidInput (a ValueError)
-        naming the field that is inconsistent."""
+    def buckets(self, context: int, window: int = 0) -> Buckets:
+        """The padding grid for a model of `context` positions and sliding `window`;
+        InvalidInput (a ValueError) naming the field that is inconsistent."""
         if not 0 <= self.batch_linger_ms <= 10_000:
             raise InvalidInput("batch_linger_ms", "must be between 0 and 10000")
         if self.kv_page_size < 1 or self.block_size % self.kv_page_size:
@@ -101,6 +101,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             token_buckets=self.token_buckets,
             row_divisors=self.row_divisors,
             label_widths=self.label_widths,
+            window=window,
         )
 
 
@@ -169,7 +170,7 @@ class Engine:
         self.tokenizer = tokenizer
         self.program = program
         context = program.config.max_position_embeddings
-        self.buckets = config.buckets(context)
+        self.buckets = config.buckets(context, program.config.window)
         self.max_sequence_tokens = self.buckets.max_sequence(context)
         family = program.config.family
         self.template = templates.template_for(family, tokenizer, source, config.reranker)

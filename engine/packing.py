@@ -216,15 +216,19 @@ def pack(
     pend = np.where(in_context, pend, pend + c)
     pad = c + np.arange(n, t, dtype=np.int32)  # padding tokens attend only to themselves
     zeros = np.zeros(t - n, np.int32)
-    meta = make_meta(
+    spans = (
         np.concatenate([pstart, pad]),
         np.concatenate([pend, pad]),
         np.concatenate([ostart + c, pad]),
+    )
+    layout = dict(
         block_size=buckets.block_size,
         width_buckets=((c + t) // buckets.block_size,),
         context_pages=np.concatenate([pages, np.zeros(c // page_size - len(pages), np.int32)]),
         page_size=page_size,
     )
+    meta = make_meta(*spans, **layout)
+    window_meta = make_meta(*spans, **layout, window=buckets.window) if buckets.window else None
     score_rows = np.zeros(s, np.int32)  # i32[S]
     score_rows[: len(rows)] = rows
     inputs = PackedInputs(
@@ -234,6 +238,7 @@ def pack(
         score_rows,
         _label_ids([labels[m] for m in order], s, label_width),
         slots,
+        window_meta,
     )
     pairs = zip(chunks, contexts, strict=True)
     cached = {m: ctx.cached for ch, ctx in pairs if ctx for m in ch.members}
@@ -317,8 +322,11 @@ def _label_ids(labels: Sequence[Sequence[int]], rows: int, width: int) -> np.nda
     return label_ids
 
 
-def empty_batch(tokens: int, rows: int, labels: int, block_size: int) -> PackedInputs:
-    """An all-padding batch of shape (T, S, L), for compiling that program ahead of traffic."""
+def empty_batch(
+    tokens: int, rows: int, labels: int, block_size: int, window: int = 0
+) -> PackedInputs:
+    """An all-padding batch of shape (T, S, L), for compiling that program ahead of traffic
+    (with the sliding-window metadata a model of `window` needs)."""
     pad = np.arange(tokens, dtype=np.int32)  # every token attends only to itself
     meta = make_meta(pad, pad, pad, block_size=block_size, width_buckets=(tokens // block_size,))
     zeros = np.zeros(tokens, np.int32)
@@ -329,4 +337,5 @@ def empty_batch(tokens: int, rows: int, labels: int, block_size: int) -> PackedI
         np.zeros(rows, np.int32),
         np.zeros((rows, labels), np.int32),
         np.full(tokens, -1, np.int32),
+        meta if window else None,  # padding alone: the window changes nothing
     )

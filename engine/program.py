@@ -21,7 +21,10 @@ DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
 DEFAULT_PAGE_SIZE = 16  # tokens per KV pool page: the prefix cache's granularity
 DEFAULT_POOL_SHARE = 8  # the default pool takes 1/8 of the device's (or host's) memory
 DEFAULT_POOL_TOKENS = 1 << 18  # ... and never more than this many tokens need
-VECTORS = ("attn_norm", "mlp_norm", "q_norm", "k_norm", "bq", "bk", "bv")  # kept in f32
+VECTORS = (  # kept in f32
+    *("attn_norm", "mlp_norm", "post_attn_norm", "post_mlp_norm"),
+    *("q_norm", "k_norm", "bq", "bk", "bv"),
+)
 
 
 def default_compile_cache_dir() -> str:
@@ -103,7 +106,11 @@ class DeviceProgram:
         backend = jax.default_backend()
         self.dense: Dense = select_dense(dense, backend, dtype=DTYPES[dtype])
         self.attention = select_attention(
-            attention, backend, head_dim=self.config.head_dim, dtype=DTYPES[dtype]
+            attention,
+            backend,
+            head_dim=self.config.head_dim,
+            dtype=DTYPES[dtype],
+            softcap=self.config.attn_softcap,
         )
         silu = checkpoint.config.mlp_activation == "silu"
         self.params = place_params(checkpoint.params, DTYPES[dtype], self.dense, fused_silu=silu)
@@ -137,7 +144,8 @@ class DeviceProgram:
 
     def compile(self, shape: tuple[int, int, int], block_size: int) -> None:
         """Compile the program of batch shape (T, S, L), without context, without running it."""
-        self._forward.lower(self.params, empty_batch(*shape, block_size), self.pool).compile()
+        batch = empty_batch(*shape, block_size, self.config.window)
+        self._forward.lower(self.params, batch, self.pool).compile()
 
     def run(self, batch: PackedInputs) -> jax.Array:
         """Dispatch one packed batch; its label log-probs f32[S, L] are computed asynchronously.

@@ -64,7 +64,11 @@ class ScoringModel:
         self.config: ModelConfig = checkpoint.config
         self.tokenizer: tokenizers.Tokenizer = checkpoint.tokenizer
         self.token_budget = token_budget
-        self.buckets = make_buckets(self.config.max_position_embeddings, token_budget=token_budget)
+        self.buckets = make_buckets(
+            self.config.max_position_embeddings,
+            token_budget=token_budget,
+            window=self.config.window,
+        )
         self._tokenizer_state = TokenizerState.for_model(
             checkpoint.tokenizer, self.config, self.buckets, max_items=None, cache_size=0
         )

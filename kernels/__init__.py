@@ -12,7 +12,7 @@ from kernels.dense import STRATEGIES, Dense
 from kernels.metadata import AttentionMeta
 from kernels.pallas import attention_pallas, attention_pallas_auto
 from kernels.reference import attention_reference
-from kernels.schedule import build_block_schedule, make_meta
+from kernels.schedule import build_block_schedule, make_meta, window_spans
 from kernels.xla import attention_xla
 
 # "pallas" compiles on TPU and GPU and runs in the (slow) Pallas interpreter elsewhere.
@@ -26,20 +26,23 @@ if cpu.AVAILABLE:
 
 
 def select_attention(
-    name: str | None, backend: str, *, head_dim: int | None = None, dtype=None
+    name: str | None, backend: str, *, head_dim: int | None = None, dtype=None, softcap: float = 0.0
 ) -> Callable:
     """The attention function called `name`, or the default for `backend` when `name` is None.
 
     `backend` is a `jax.default_backend()` name. On "cpu" the default is the fused native kernel
     when it was built and supports `head_dim` and `dtype`; on "tpu" and "gpu" it is the Pallas
     kernel when it supports them (None counts as supported); everywhere else, and as the
-    fallback, it is "xla", which runs anywhere. Raises ValueError for an unknown name, listing
-    the known ones.
+    fallback, it is "xla", which runs anywhere. The native CPU kernel has no score soft-capping:
+    with `softcap` the default is never "cpu". Raises ValueError for an unknown name, listing
+    the known ones, or for "cpu" with `softcap`.
     """
     if name is None:
-        name = _default_name(backend, head_dim, dtype)
+        name = _default_name(backend, head_dim, dtype, softcap)
     if name not in ATTENTION:
         raise ValueError(f"unknown attention {name!r}; known: {sorted(ATTENTION)}")
+    if name == "cpu" and softcap:
+        raise ValueError("attention 'cpu' has no score soft-capping, which this model uses")
     return ATTENTION[name]
 
 
@@ -67,9 +70,10 @@ def select_dense(name: str | None, backend: str, *, dtype) -> Dense:
     return STRATEGIES[name]
 
 
-def _default_name(backend: str, head_dim: int | None, dtype) -> str:
+def _default_name(backend: str, head_dim: int | None, dtype, softcap: float) -> str:
     if backend == "cpu":
-        return "cpu" if head_dim is not None and cpu.supports(head_dim, dtype) else "xla"
+        native = head_dim is not None and cpu.supports(head_dim, dtype) and not softcap
+        return "cpu" if native else "xla"
     return "pallas" if pallas.supports(head_dim, dtype, backend) else "xla"
 
 
@@ -87,4 +91,5 @@ __all__ = [
     "make_meta",
     "select_attention",
     "select_dense",
+    "window_spans",
 ]

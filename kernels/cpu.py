@@ -70,14 +70,18 @@ def attention_cpu(
     meta: AttentionMeta,
     *,
     scale: float,
+    softcap: float = 0.0,
     pool: LayerPool | None = None,
 ) -> jax.Array:  # [T, H, D] in q's dtype
     """Attention over the prefix span and causal own span of every token, on the CPU.
 
     Query head h reads kv head `h // (H // Hkv)`; q, k and v share a dtype (bfloat16 or
     float32); D is 64 or 128. Scores, softmax and accumulation are f32. The context region's
-    keys are read in place from `pool`'s pages through `meta.context_pages`.
+    keys are read in place from `pool`'s pages through `meta.context_pages`. It has no score
+    soft-capping (`softcap` must be 0; Gemma 2's attention takes another implementation).
     """
+    if softcap:
+        raise ValueError("the CPU attention kernel has no score soft-capping: use 'xla'")
     if not supports(q.shape[-1], q.dtype):
         raise ValueError(
             f"the CPU attention kernel takes head_dim in {HEAD_DIMS} and bfloat16/float32, "

@@ -32,6 +32,7 @@ from jax.experimental.pallas import triton as pltriton
 from kernels import tuning
 from kernels.metadata import AttentionMeta, context_length
 from kernels.paging import LayerPool, with_context
+from kernels.softcap import soft_cap
 from kernels.tuning import BlockSizes
 
 PLATFORMS = ("tpu", "gpu")
@@ -60,7 +61,9 @@ class _Softmax(NamedTuple):
     acc: jax.Array  # f32[R, D]
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "interpret", "block_sizes", "platform"))
+@functools.partial(
+    jax.jit, static_argnames=("scale", "softcap", "interpret", "block_sizes", "platform")
+)
 def attention_pallas(
     q: jax.Array,  # [T, H, D]
     k: jax.Array,  # [T, Hkv, D]
@@ -68,6 +71,7 @@ def attention_pallas(
     meta: AttentionMeta,
     *,
     scale: float,
+    softcap: float = 0.0,
     pool: LayerPool | None = None,
     interpret: bool = False,
     block_sizes: BlockSizes | None = None,
@@ -76,7 +80,8 @@ def attention_pallas(
     """Attention over the prefix span and causal own span, visiting only scheduled key blocks.
 
     Query head h reads kv head `h // (H // Hkv)`; q, k and v share a dtype (float32 or bfloat16);
-    scores and softmax statistics are f32. `platform` ("tpu" or "gpu") picks the kernel form,
+    scores and softmax statistics are f32; `softcap` > 0 soft-caps the scaled scores (Gemma 2).
+    `platform` ("tpu" or "gpu") picks the kernel form,
     None the default backend's (the GPU form when that is the CPU). `interpret` runs it with the
     Pallas interpreter (required on CPU). `block_sizes` overrides the tuned tiles; each tile must
     divide the schedule block B (larger tiles are clamped to B). Raises ValueError on malformed
@@ -92,8 +97,12 @@ def attention_pallas(
     tiles = _tiles(sizes, meta.block_kv.shape, meta.block_size, tuned=block_sizes is None)
     _check_lowering(q.shape[-1], tiles, platform, interpret)
     if platform == "tpu":
-        return _run_tpu(q, k, v, meta, scale=scale, tiles=tiles, interpret=interpret)
-    return _run_gpu(q, k, v, meta, scale=scale, tiles=tiles, interpret=interpret, sizes=sizes)
+        return _run_tpu(
+            q, k, v, meta, scale=scale, softcap=softcap, tiles=tiles, interpret=interpret
+        )
+    return _run_gpu(
+        q, k, v, meta, scale=scale, softcap=softcap, tiles=tiles, interpret=interpret, sizes=sizes
+    )
 
 
 def attention_pallas_auto(
@@ -103,12 +112,15 @@ def attention_pallas_auto(
     meta: AttentionMeta,
     *,
     scale: float,
+    softcap: float = 0.0,
     pool: LayerPool | None = None,
 ) -> jax.Array:  # [T, H, D] in q's dtype
     """`attention_pallas` for the default backend: compiled on TPU and GPU, interpreted elsewhere
     (the CPU has no Pallas lowering; the interpreter is slow and meant for debugging)."""
     interpret = jax.default_backend() not in PLATFORMS
-    return attention_pallas(q, k, v, meta, scale=scale, interpret=interpret, pool=pool)
+    return attention_pallas(
+        q, k, v, meta, scale=scale, softcap=softcap, interpret=interpret, pool=pool
+    )
 
 
 def supports(head_dim: int | None, dtype, backend: str) -> bool:
@@ -151,12 +163,14 @@ def _fold_tile(
     v: jax.Array,  # [Bk, D]
     visible: jax.Array,  # bool[R, Bk]
     scale: float,
+    softcap: float = 0.0,
 ) -> _Softmax:
     """Fold one key tile into the online softmax of R query rows."""
     scores = lax.dot_general(
         q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
     )  # f32[R, Bk]
-    scores = jnp.where(visible, scores * scale, _MASKED)
+    scores = soft_cap(scores * scale, softcap)
+    scores = jnp.where(visible, scores, _MASKED)
     new_max = jnp.maximum(state.running_max, scores.max(axis=1, keepdims=True))
     # Zeroed where masked: a row with nothing visible yet must not count exp(0) per masked key.
     probs = jnp.where(visible, jnp.exp(scores - new_max), 0.0)
@@ -212,6 +226,7 @@ def _tpu_kernel(
     acc_ref,  # VMEM f32[R, D]
     *,
     scale: float,
+    softcap: float = 0.0,
     tiles: _Tiles,
 ):
     q_tile, step = pl.program_id(1), pl.program_id(2)
@@ -230,7 +245,7 @@ def _tpu_kernel(
         spans = tuple(ref[...] for ref in (prefix_start_ref, prefix_end_ref, own_start_ref))
         visible = _visible((*spans, position_ref[...]), key_start, tiles.block_k)
         state = _Softmax(*(ref[...] for ref in state_refs))
-        state = _fold_tile(state, q_ref[...], k_ref[...], v_ref[...], visible, scale)
+        state = _fold_tile(state, q_ref[...], k_ref[...], v_ref[...], visible, scale, softcap)
         for ref, value in zip(state_refs, state, strict=True):
             ref[...] = value
 
@@ -239,7 +254,9 @@ def _tpu_kernel(
         o_ref[...] = _finish(_Softmax(*(ref[...] for ref in state_refs))).astype(o_ref.dtype)
 
 
-def _run_tpu(q, k, v, meta: AttentionMeta, *, scale: float, tiles: _Tiles, interpret: bool):
+def _run_tpu(
+    q, k, v, meta: AttentionMeta, *, scale: float, softcap: float, tiles: _Tiles, interpret: bool
+):
     t, num_heads, head_dim = q.shape
     num_kv = k.shape[1]
     group = num_heads // num_kv
@@ -265,7 +282,7 @@ def _run_tpu(q, k, v, meta: AttentionMeta, *, scale: float, tiles: _Tiles, inter
     )
     q_rows = _fold_heads(q, num_kv, tiles.block_q)  # [Hkv, T // block_q, R, D]
     out = pl.pallas_call(
-        functools.partial(_tpu_kernel, scale=scale, tiles=tiles),
+        functools.partial(_tpu_kernel, scale=scale, softcap=softcap, tiles=tiles),
         grid_spec=grid_spec,
         out_shape=jax.ShapeDtypeStruct(q_rows.shape, q.dtype),
         compiler_params=pltpu.CompilerParams(
@@ -330,6 +347,7 @@ def _gpu_kernel(
     o_ref,  # [Bq, D]
     *,
     scale: float,
+    softcap: float = 0.0,
     tiles: _Tiles,
 ):
     q_tile = pl.program_id(1)
@@ -341,21 +359,32 @@ def _gpu_kernel(
         key_start = _key_tile(block_kv_ref, count_ref, q_tile, step, tiles) * tiles.block_k
         keys = pl.ds(pl.multiple_of(key_start, tiles.block_k), tiles.block_k)
         visible = _visible(spans, key_start, tiles.block_k)
-        return _fold_tile(state, q, k_ref[keys, :], v_ref[keys, :], visible, scale)
+        return _fold_tile(state, q, k_ref[keys, :], v_ref[keys, :], visible, scale, softcap)
 
     steps = count_ref[_div(q_tile, tiles.q_split)] * tiles.k_split
     state = lax.fori_loop(0, steps, fold, _empty_state(*q.shape))
     o_ref[...] = _finish(state).astype(o_ref.dtype)
 
 
-def _run_gpu(q, k, v, meta: AttentionMeta, *, scale: float, tiles: _Tiles, interpret: bool, sizes):
+def _run_gpu(
+    q,
+    k,
+    v,
+    meta: AttentionMeta,
+    *,
+    scale: float,
+    softcap: float,
+    tiles: _Tiles,
+    interpret: bool,
+    sizes,
+):
     t, num_heads, head_dim = q.shape
     group = num_heads // k.shape[1]
     q_spec = pl.BlockSpec((tiles.block_q, None, head_dim), lambda h, i: (i, h, 0))
     span_spec = pl.BlockSpec((tiles.block_q, 1), lambda h, i: (i, 0))
     kv_spec = pl.BlockSpec((k.shape[0], None, head_dim), lambda h, i: (0, lax.div(h, group), 0))
     return pl.pallas_call(
-        functools.partial(_gpu_kernel, scale=scale, tiles=tiles),
+        functools.partial(_gpu_kernel, scale=scale, softcap=softcap, tiles=tiles),
         grid=(num_heads, t // tiles.block_q),
         in_specs=[pl.no_block_spec, pl.no_block_spec, q_spec, *[span_spec] * 4, kv_spec, kv_spec],
         out_specs=q_spec,

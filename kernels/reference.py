@@ -6,6 +6,7 @@ import jax.numpy as jnp
 
 from kernels.metadata import AttentionMeta, context_length
 from kernels.paging import LayerPool, with_context
+from kernels.softcap import soft_cap
 
 
 def attention_reference(
@@ -15,12 +16,14 @@ def attention_reference(
     meta: AttentionMeta,
     *,
     scale: float,
+    softcap: float = 0.0,
     pool: LayerPool | None = None,
 ) -> jax.Array:  # [T, H, D] in q's dtype
     """Attention of every token over its prefix span and causal own span, computed densely in f32.
 
     Query head h reads kv head `h // (H // Hkv)`; the context region's keys come from `pool`'s
-    pages (`kernels.paging`). Cost and memory are O(T (C + T) H): a test oracle.
+    pages (`kernels.paging`); `softcap` > 0 soft-caps the scaled scores. Cost and memory are
+    O(T (C + T) H): a test oracle.
     """
     k, v = with_context(k, v, meta, pool)
     num_heads = q.shape[1]
@@ -29,7 +32,7 @@ def attention_reference(
     kf = k.astype(jnp.float32)[:, kv_head]
     vf = v.astype(jnp.float32)[:, kv_head]
     hi = jax.lax.Precision.HIGHEST
-    scores = jnp.einsum("thd,shd->hts", qf, kf, precision=hi) * scale
+    scores = soft_cap(jnp.einsum("thd,shd->hts", qf, kf, precision=hi) * scale, softcap)
     scores = jnp.where(dense_mask(meta, context_length(q, k))[None], scores, -jnp.inf)
     probs = jax.nn.softmax(scores, axis=-1)
     return jnp.einsum("hts,shd->thd", probs, vf, precision=hi).astype(q.dtype)

@@ -49,12 +49,19 @@ def make_meta(
     width_buckets: Sequence[int],
     context_pages: np.ndarray | None = None,  # i32[C // page]
     page_size: int = 0,
+    window: int = 0,
 ) -> AttentionMeta:
     """Build the schedule and bundle it with the spans as numpy-backed int32 AttentionMeta.
 
     `context_pages` (pages of `page_size` tokens) make the context region; none: C = 0.
+    `window` > 0 makes the metadata of a sliding-window layer (`window_spans`).
     """
     pages = np.zeros(0, np.int32) if context_pages is None else np.asarray(context_pages, np.int32)
+    if window:
+        context = pages.shape[0] * page_size
+        prefix_start, own_start = window_spans(
+            prefix_start, prefix_end, own_start, window=window, context=context
+        )
     block_kv, block_count = build_block_schedule(
         prefix_start,
         prefix_end,
@@ -71,6 +78,32 @@ def make_meta(
         block_count=block_count,
         context_pages=pages,
     )
+
+
+def window_spans(
+    prefix_start: np.ndarray,  # i32[T]
+    prefix_end: np.ndarray,  # i32[T]
+    own_start: np.ndarray,  # i32[T]
+    *,
+    window: int,
+    context: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:  # prefix_start, own_start i32[T]
+    """The spans of a sliding-window layer: each token sees only its last `window` keys.
+
+    A token's visible keys, its prefix span then its own span, are its sequence's positions
+    0..p in order (the packed layout keeps them so), and a window of W keeps those above
+    p - W (Hugging Face's `kv > q - W`): the first `max(0, n - W)` of its n visible keys are
+    dropped, from the prefix span first, by moving the span starts. Every kernel then honours
+    the window with no change, and the schedule built from these spans skips what it drops.
+    """
+    if window < 1:
+        raise ValueError(f"window must be positive, got {window}")
+    ps, pe, os_ = (np.asarray(a, np.int64) for a in (prefix_start, prefix_end, own_start))
+    key = context + np.arange(ps.shape[0])
+    prefix = pe - ps
+    drop = np.maximum(0, prefix + key - os_ + 1 - window)
+    from_prefix = np.minimum(drop, prefix)
+    return (ps + from_prefix).astype(np.int32), (os_ + drop - from_prefix).astype(np.int32)
 
 
 def _validated_spans(

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 
 from kernels.metadata import AttentionMeta, context_length
 from kernels.paging import LayerPool, with_context
+from kernels.softcap import soft_cap
 
 # Finite, so a row that has seen no visible key yet computes exp(0) garbage that the first real
 # key rescales to exactly zero, instead of inf - inf = NaN.
@@ -44,13 +45,15 @@ def attention_xla(
     meta: AttentionMeta,
     *,
     scale: float,
+    softcap: float = 0.0,
     pool: LayerPool | None = None,
     query_blocks_per_step: int | None = None,
 ) -> jax.Array:  # [T, H, D] in q's dtype
     """Attention over the prefix span and causal own span, visiting only scheduled key blocks.
 
     Query head h reads kv head `h // (H // Hkv)`. Scores and the softmax are f32; the output has
-    q's dtype. Shapes (T, C, H, Hkv, D, K) are static under `jax.jit`; B comes from `meta`.
+    q's dtype; `softcap` > 0 soft-caps the scaled scores. Shapes (T, C, H, Hkv, D, K) are static
+    under `jax.jit`; B comes from `meta`.
     `query_blocks_per_step` trades batching against cache locality; None picks it per backend.
     The context region's keys are gathered from `pool`'s pages first (`kernels.paging`).
     """
@@ -65,7 +68,7 @@ def attention_xla(
     per_step = min(n, query_blocks_per_step or _default_query_blocks_per_step(n, block))
 
     def attend(query: _QueryBlock) -> jax.Array:  # f32[Hkv, G*B, D]
-        return _attend_query_block(query, k_blocks, v_blocks, scale=scale, group=group)
+        return _attend_query_block(query, k_blocks, v_blocks, (scale, softcap), group=group)
 
     queries = _query_blocks(q, meta, n, block, num_kv, context_length(q, k))
     out = jax.lax.map(attend, queries, batch_size=per_step)
@@ -118,8 +121,8 @@ def _attend_query_block(
     query: _QueryBlock,
     k_blocks: jax.Array,  # [n, Hkv, B, D]
     v_blocks: jax.Array,  # [n, Hkv, B, D]
+    scaling: tuple[float, float],  # scale, soft cap
     *,
-    scale: float,
     group: int,
 ) -> jax.Array:  # f32[Hkv, G*B, D]
     num_kv, rows, head_dim = query.rows.shape
@@ -130,7 +133,8 @@ def _attend_query_block(
         scores = jnp.einsum(
             "hrd,hkd->hrk", query.rows, k_blocks[kv_block], preferred_element_type=jnp.float32
         )
-        scores = scores.reshape(num_kv, group, *bias.shape) * scale + bias
+        scores = soft_cap(scores * scaling[0], scaling[1]).reshape(num_kv, group, *bias.shape)
+        scores = scores + bias
         return _online_update(carry, scores.reshape(num_kv, rows, -1), v_blocks[kv_block])
 
     init = (

@@ -53,6 +53,33 @@ FAMILY_CONFIGS = {
         "GemmaConfig",
         {"head_dim": 32, "rope_theta": 10000.0, "hidden_activation": "gelu_pytorch_tanh"},
     ),
+    # windows of 16 keys (the tests' sequences are longer), caps low enough to bite
+    "gemma2": (
+        "Gemma2Config",
+        {
+            "head_dim": 32,
+            "query_pre_attn_scalar": 24,
+            "sliding_window": 16,
+            "attn_logit_softcapping": 5.0,
+            "final_logit_softcapping": 3.0,
+            "hidden_activation": "gelu_pytorch_tanh",
+        },
+    ),
+    "gemma3": (
+        "Gemma3TextConfig",
+        {
+            "head_dim": 32,
+            "query_pre_attn_scalar": 32,
+            "sliding_window": 16,
+            "num_hidden_layers": 3,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+            "rope_parameters": {
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+            },
+            "hidden_activation": "gelu_pytorch_tanh",
+        },
+    ),
 }
 
 

@@ -17,6 +17,7 @@ from kernels import (
     attention_xla,
     make_meta,
     select_attention,
+    window_spans,
 )
 
 Layout = Sequence[tuple[int, Sequence[int]]]  # groups of (prefix_len, [item suffix lens])
@@ -54,12 +55,16 @@ def layout_spans(
 
 
 def layout_meta(
-    groups: Layout, block_size: int, extra_pad: int = 0, width_buckets: Sequence[int] = ()
+    groups: Layout,
+    block_size: int,
+    extra_pad: int = 0,
+    width_buckets: Sequence[int] = (),
+    window: int = 0,
 ) -> AttentionMeta:
     spans = layout_spans(groups, block_size, extra_pad)
     n = spans[0].shape[0] // block_size
     buckets = width_buckets or range(1, n + 1)
-    return make_meta(*spans, block_size=block_size, width_buckets=buckets)
+    return make_meta(*spans, block_size=block_size, width_buckets=buckets, window=window)
 
 
 def random_qkv(
@@ -72,17 +77,23 @@ def random_qkv(
     return tuple(jnp.asarray(x, dtype=dtype) for x in (q, k, v))
 
 
-@partial(jax.jit, static_argnames=("name", "scale", "per_step"))
-def run_jitted(q, k, v, meta, *, name: str, scale: float, per_step: int | None = None):
+@partial(jax.jit, static_argnames=("name", "scale", "softcap", "per_step"))
+def run_jitted(
+    q, k, v, meta, *, name: str, scale: float, softcap: float = 0.0, per_step: int | None = None
+):
     if name == "xla":
-        return attention_xla(q, k, v, meta, scale=scale, query_blocks_per_step=per_step)
-    return ATTENTION[name](q, k, v, meta, scale=scale)
+        return attention_xla(
+            q, k, v, meta, scale=scale, softcap=softcap, query_blocks_per_step=per_step
+        )
+    return ATTENTION[name](q, k, v, meta, scale=scale, softcap=softcap)
 
 
-def assert_matches_reference(q, k, v, meta, *, per_step: int | None = None) -> jax.Array:
+def assert_matches_reference(
+    q, k, v, meta, *, per_step: int | None = None, softcap: float = 0.0
+) -> jax.Array:
     scale = q.shape[-1] ** -0.5
-    got = run_jitted(q, k, v, meta, name="xla", scale=scale, per_step=per_step)
-    want = run_jitted(q, k, v, meta, name="reference", scale=scale)
+    got = run_jitted(q, k, v, meta, name="xla", scale=scale, softcap=softcap, per_step=per_step)
+    want = run_jitted(q, k, v, meta, name="reference", scale=scale, softcap=softcap)
     assert got.shape == q.shape
     assert got.dtype == q.dtype
     tol = TOLERANCE[q.dtype.type]
@@ -92,25 +103,46 @@ def assert_matches_reference(q, k, v, meta, *, per_step: int | None = None) -> j
     return got
 
 
+MIXED = [(13, [5, 9]), (0, [21]), (7, [1, 2, 30]), (0, [3])]
 SCENARIOS = {
-    # name: (groups, extra_pad, block_size, heads, kv_heads, head_dim)
-    "plain": ([(0, [5]), (0, [17]), (9, []), (0, [30])], 0, 16, 4, 4, 64),
-    "shared_prefix": ([(40, [7] * 10)], 0, 16, 6, 2, 64),
-    "one_token_items": ([(20, [1] * 30)], 0, 16, 8, 1, 128),
-    "long_sequence": ([(0, [150])], 0, 16, 6, 2, 64),
-    "padding_rows": ([(10, [3, 4])], 40, 32, 6, 2, 64),
-    "mixed_groups": ([(13, [5, 9]), (0, [21]), (7, [1, 2, 30]), (0, [3])], 0, 32, 6, 2, 128),
-    "mixed_gqa8": ([(33, [4, 11, 2]), (0, [40]), (5, [6] * 5)], 0, 32, 8, 1, 64),
+    # name: (groups, extra_pad, block_size, heads, kv_heads, head_dim, sliding window or 0)
+    "plain": ([(0, [5]), (0, [17]), (9, []), (0, [30])], 0, 16, 4, 4, 64, 0),
+    "shared_prefix": ([(40, [7] * 10)], 0, 16, 6, 2, 64, 0),
+    "one_token_items": ([(20, [1] * 30)], 0, 16, 8, 1, 128, 0),
+    "long_sequence": ([(0, [150])], 0, 16, 6, 2, 64, 0),
+    "padding_rows": ([(10, [3, 4])], 40, 32, 6, 2, 64, 0),
+    "mixed_groups": (MIXED, 0, 32, 6, 2, 128, 0),
+    "mixed_gqa8": ([(33, [4, 11, 2]), (0, [40]), (5, [6] * 5)], 0, 32, 8, 1, 64, 0),
+    # sliding windows: within one sequence, cutting into a shared prefix, past a prefix whole
+    "window_long_sequence": ([(0, [150])], 0, 16, 6, 2, 64, 32),
+    "window_in_prefix": ([(40, [7] * 10)], 0, 16, 6, 2, 64, 12),
+    "window_mixed_groups": (MIXED, 8, 32, 6, 2, 128, 10),
+    "window_past_prefix": ([(5, [30, 2]), (0, [64])], 0, 16, 8, 1, 64, 16),
 }
+
+
+def scenario_meta(name: str, **meta_kwargs) -> tuple[AttentionMeta, tuple[int, int, int]]:
+    """The scenario's metadata, and its (heads, kv_heads, head_dim)."""
+    groups, extra_pad, block, heads, kv_heads, head_dim, window = SCENARIOS[name]
+    meta = layout_meta(groups, block, extra_pad, window=window, **meta_kwargs)
+    return meta, (heads, kv_heads, head_dim)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_xla_matches_reference(scenario: str, dtype) -> None:
-    groups, extra_pad, block, heads, kv_heads, head_dim = SCENARIOS[scenario]
-    meta = layout_meta(groups, block, extra_pad)
-    q, k, v = random_qkv(meta.prefix_start.shape[0], heads, kv_heads, head_dim, dtype)
+    meta, shape = scenario_meta(scenario)
+    q, k, v = random_qkv(meta.prefix_start.shape[0], *shape, dtype)
     assert_matches_reference(q, k, v, meta)
+
+
+@pytest.mark.parametrize("scenario", ["mixed_groups", "window_in_prefix"])
+def test_soft_capped_scores_match_reference(scenario: str) -> None:
+    meta, shape = scenario_meta(scenario)
+    q, k, v = random_qkv(meta.prefix_start.shape[0], *shape, jnp.float32, seed=4)
+    capped = assert_matches_reference(q * 4, k, v, meta, softcap=3.0)
+    plain = run_jitted(q * 4, k, v, meta, name="reference", scale=q.shape[-1] ** -0.5)
+    assert np.abs(np.asarray(capped) - np.asarray(plain)).max() > 0.1  # the cap bites
 
 
 @pytest.mark.parametrize("per_step", [1, 4, 64])
@@ -133,7 +165,9 @@ def test_padding_rows_attend_only_to_themselves() -> None:
     np.testing.assert_allclose(np.asarray(out)[padding], expected, atol=1e-6)
 
 
-def brute_force_attention(q, k, v, meta: AttentionMeta, scale: float) -> np.ndarray:
+def brute_force_attention(
+    q, k, v, meta: AttentionMeta, scale: float, softcap: float = 0.0
+) -> np.ndarray:
     """Token by token, head by head, in float64 straight from the span definition."""
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     t, heads, head_dim = q.shape
@@ -147,6 +181,8 @@ def brute_force_attention(q, k, v, meta: AttentionMeta, scale: float) -> np.ndar
         ]
         for h in range(heads):
             scores = np.array([q[i, h] @ k[s, h // group] for s in keys]) * scale
+            if softcap:
+                scores = softcap * np.tanh(scores / softcap)
             weights = np.exp(scores - scores.max())
             out[i, h] = (weights / weights.sum()) @ v[keys, h // group]
     return out
@@ -157,6 +193,9 @@ def test_reference_matches_brute_force() -> None:
     q, k, v = random_qkv(meta.prefix_start.shape[0], 6, 2, 16, jnp.float32, seed=3)
     got = attention_reference(q, k, v, meta, scale=0.3)
     want = brute_force_attention(q, k, v, meta, 0.3)
+    np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
+    got = attention_reference(q, k, v, meta, scale=0.3, softcap=0.5)
+    want = brute_force_attention(q, k, v, meta, 0.3, softcap=0.5)
     np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
 
 
@@ -200,3 +239,43 @@ def test_select_attention() -> None:
     assert {"reference", "xla", "pallas"} <= set(ATTENTION) <= {"reference", "xla", "pallas", "cpu"}
     with pytest.raises(ValueError, match=r"unknown attention 'flash'; known: \[.*'xla'\]"):
         select_attention("flash", "cpu")
+
+
+def layout_positions(groups: Layout) -> list[tuple[int, int]]:
+    """(sequence, position) of every laid-out token: a group's prefix tokens belong to each of
+    its items (sequence -1 - group marks them; an item is its group's prefix then itself)."""
+    out = []
+    for g, (prefix_len, items) in enumerate(groups):
+        out += [(-1 - g, p) for p in range(prefix_len)]
+        for i, n in enumerate(items):
+            out += [((g, i), prefix_len + p) for p in range(n)]
+    return out
+
+
+def window_keys(groups: Layout, t: int, window: int) -> list[set[int]]:
+    """From positions alone: the keys token t sees under a sliding window (its sequence's tokens
+    at positions p' with p - window < p' <= p), padding seeing itself."""
+    tokens = layout_positions(groups)
+    rows = []
+    for i in range(t):
+        if i >= len(tokens):
+            rows.append({i})
+            continue
+        seq, pos = tokens[i]
+        prefix = seq if isinstance(seq, int) else -1 - seq[0]  # its group's prefix tokens
+        seen = {seq, prefix}
+        rows.append(
+            {j for j, (s, p) in enumerate(tokens[: i + 1]) if s in seen and p > pos - window}
+        )
+    return rows
+
+
+@settings(max_examples=40, deadline=None)
+@given(groups=packings(), window=st.integers(1, 40), pad=st.integers(0, 20))
+def test_window_spans_keep_the_last_positions(groups, window: int, pad: int) -> None:
+    """`window_spans` agrees with a window computed from sequence positions alone."""
+    spans = layout_spans(groups, 8, pad)
+    ps, os_ = window_spans(*spans, window=window)
+    pe = spans[1]
+    got = [set(range(ps[i], pe[i])) | set(range(os_[i], i + 1)) for i in range(len(ps))]
+    assert got == window_keys(groups, len(ps), window)

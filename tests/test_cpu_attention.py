@@ -15,7 +15,14 @@ from kernels import (
     make_meta,
     select_attention,
 )
-from tests.test_attention import SCENARIOS, TOLERANCE, layout_meta, layout_spans, random_qkv
+from tests.test_attention import (
+    SCENARIOS,
+    TOLERANCE,
+    layout_meta,
+    layout_spans,
+    random_qkv,
+    scenario_meta,
+)
 
 pytestmark = pytest.mark.skipif(not cpu.AVAILABLE, reason="native CPU attention not built")
 
@@ -53,9 +60,8 @@ def assert_matches_reference(q, k, v, meta) -> np.ndarray:
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_matches_reference(isa: str, scenario: str, dtype) -> None:
-    groups, extra_pad, block, heads, kv_heads, head_dim = SCENARIOS[scenario]
-    meta = layout_meta(groups, block, extra_pad)
-    q, k, v = random_qkv(meta.prefix_start.shape[0], heads, kv_heads, head_dim, dtype)
+    meta, shape = scenario_meta(scenario)
+    q, k, v = random_qkv(meta.prefix_start.shape[0], *shape, dtype)
     assert_matches_reference(q, k, v, meta)
 
 
@@ -150,6 +156,9 @@ def test_unsupported_inputs_are_refused() -> None:
     assert not cpu.supports(32, jnp.float32)
     assert not cpu.supports(64, jnp.float16)
     assert cpu.supports(128, jnp.bfloat16)
+    q, k, v = random_qkv(64, 2, 1, 64, jnp.float32)
+    with pytest.raises(ValueError, match="no score soft-capping"):
+        cpu.attention_cpu(q, k, v, meta, scale=1.0, softcap=5.0)
 
 
 def test_selected_by_default_on_cpu_when_supported() -> None:
@@ -158,3 +167,8 @@ def test_selected_by_default_on_cpu_when_supported() -> None:
     assert select_attention(None, "cpu", head_dim=80, dtype=jnp.bfloat16) is attention_xla
     assert select_attention(None, "gpu", head_dim=64, dtype=jnp.bfloat16) is ATTENTION["pallas"]
     assert select_attention("xla", "cpu", head_dim=64, dtype=jnp.float32) is attention_xla
+    # soft-capped scores (Gemma 2) take the XLA kernel; naming the native one is refused
+    capped = dict(head_dim=64, dtype=jnp.bfloat16, softcap=50.0)
+    assert select_attention(None, "cpu", **capped) is attention_xla
+    with pytest.raises(ValueError, match="no score soft-capping"):
+        select_attention("cpu", "cpu", **capped)

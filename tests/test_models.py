@@ -21,7 +21,10 @@ def test_family_matches_transformers(name, tiny_checkpoints, rng):
     import transformers
 
     path = tiny_checkpoints[name]
-    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    # eager: the attention that applies Gemma 2's score soft-capping
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
     model = load_model(path, dtype="float32")
     lengths = [1, 2, 7, 33, 64, 150, 300]  # 300 > llama3-scaled's original context of 64
     seqs = [rng.integers(0, 384, n).tolist() for n in lengths]
@@ -48,3 +51,18 @@ def test_head_row_chunks_keep_row_order(rows, rng):
     labels = jnp.asarray(rng.integers(0, 8, (rows, 3)), jnp.int32)
     f = lambda h, labels: jnp.take_along_axis(h, labels, axis=1) * 2.0
     np.testing.assert_array_equal(_by_row_chunks(f, h, labels), f(h, labels))
+
+
+@pytest.mark.parametrize("name", ["gemma2", "gemma3"])
+def test_sliding_windows_packed_equal_one_by_one(name, tiny_checkpoints, rng):
+    """Sequences sharing a prefix longer than the 16-key window, packed into one batch, score as
+    each does alone: the window cuts into the shared prefix or past it, per token."""
+    model = load_model(tiny_checkpoints[name], dtype="float32", progress=False)
+    assert model.config.window == 16
+    prefix = rng.integers(0, 384, 40).tolist()
+    seqs = [prefix + rng.integers(0, 384, n).tolist() for n in (1, 5, 15, 16, 17, 40)]
+    seqs += [rng.integers(0, 384, 70).tolist()]
+    labels = [[5, 17, 383]] * len(seqs)
+    packed = model.label_logprobs(seqs, labels)
+    alone = np.concatenate([model.label_logprobs([s], labels[:1]) for s in seqs])
+    np.testing.assert_allclose(packed, alone, atol=1e-5, rtol=0)

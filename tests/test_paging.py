@@ -35,12 +35,22 @@ class Paged(NamedTuple):
 
 
 def paged_layout(
-    groups: Sequence[Group], full_q, full_k, full_v, *, block: int, page: int, pages: int, seed=0
+    groups: Sequence[Group],
+    full_q,
+    full_k,
+    full_v,
+    *,
+    block: int,
+    page: int,
+    pages: int,
+    seed=0,
+    window: int = 0,
 ) -> Paged:
     """The batch that computes `groups` with their prefixes in pool pages, from the q/k/v of the
-    one-batch layout (`layout_meta` of the same groups). Pages are scattered at random and the
-    rest of every page (past a partial last page, unused pages) holds large random values, so a
-    key read from the wrong place changes the result."""
+    one-batch layout (`layout_meta` of the same groups), for layers of sliding `window` (0:
+    global). Pages are scattered at random and the rest of every page (past a partial last
+    page, unused pages) holds large random values, so a key read from the wrong place changes
+    the result."""
     rng = np.random.default_rng(seed)
     free = list(rng.permutation(pages)[1:])  # page 0 pads the context region
     kv_heads, head_dim = full_k.shape[1:]
@@ -86,6 +96,7 @@ def paged_layout(
         width_buckets=((c + t) // block,),
         context_pages=np.asarray(ctx_pages, np.int32),
         page_size=page,
+        window=window,
     )
     layer_pool = LayerPool(pool_k, pool_v, jnp.int32(0))
     slots = jnp.asarray(slots, jnp.int32)
@@ -129,14 +140,15 @@ def groups_layout(groups: Sequence[Group]) -> list[tuple[int, list[int]]]:
     return [(g.prefix, list(g.items)) if g.prefix else (0, list(g.items)) for g in groups]
 
 
+@pytest.mark.parametrize("window", [0, 20], ids=["global", "window20"])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 @pytest.mark.parametrize("name", sorted(ATTENTION))
-def test_paged_context_equals_one_batch(name: str, scenario: str, dtype) -> None:
+def test_paged_context_equals_one_batch(name: str, scenario: str, dtype, window: int) -> None:
     groups, block, page, heads, kv_heads, head_dim = SCENARIOS[scenario]
-    whole_meta = layout_meta(groups_layout(groups), block)
+    whole_meta = layout_meta(groups_layout(groups), block, window=window)
     whole = random_qkv(whole_meta.prefix_start.shape[0], heads, kv_heads, head_dim, dtype)
-    paged = paged_layout(groups, *whole, block=block, page=page, pages=PAGES)
+    paged = paged_layout(groups, *whole, block=block, page=page, pages=PAGES, window=window)
     assert paged.meta.context_pages.shape[0] > 0
     want = np.asarray(run_whole(*whole, whole_meta), np.float32)
     got = run_paged(paged.q, paged.k, paged.v, paged.meta, paged.pool, name=name)

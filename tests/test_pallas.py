@@ -21,6 +21,7 @@ from tests.test_attention import (
     layout_spans,
     packings,
     random_qkv,
+    scenario_meta,
 )
 
 PLATFORMS = ["tpu", "gpu"]
@@ -57,9 +58,8 @@ def assert_matches_reference(q, k, v, meta, **kwargs) -> np.ndarray:
 
 
 def scenario_inputs(name: str, dtype, **meta_kwargs):
-    groups, extra_pad, block, heads, kv_heads, head_dim = SCENARIOS[name]
-    meta = layout_meta(groups, block, extra_pad, **meta_kwargs)
-    return (*random_qkv(meta.prefix_start.shape[0], heads, kv_heads, head_dim, dtype), meta)
+    meta, shape = scenario_meta(name, **meta_kwargs)
+    return (*random_qkv(meta.prefix_start.shape[0], *shape, dtype), meta)
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
@@ -113,6 +113,16 @@ def test_rows_that_see_no_key_give_zeros_not_nan(platform: str) -> None:
     np.testing.assert_array_equal(out[:32], 0.0)
     want = np.asarray(run_reference(q, k, v, meta))
     np.testing.assert_allclose(out[32:], want[32:], atol=1e-5)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_soft_capped_scores_match_reference(platform: str) -> None:
+    q, k, v, meta = scenario_inputs("window_in_prefix", jnp.float32)
+    got = attention_pallas(
+        q * 4, k, v, meta, scale=0.125, softcap=3.0, interpret=True, platform=platform
+    )
+    want = attention_reference(q * 4, k, v, meta, scale=0.125, softcap=3.0)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
 
 
 @settings(max_examples=20, deadline=None)

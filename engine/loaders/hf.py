@@ -13,7 +13,7 @@ from safetensors import safe_open
 from tqdm import tqdm
 
 from engine.loaders.checkpoint import Checkpoint, CheckpointError
-from engine.models import FAMILIES, gemma
+from engine.models import FAMILIES, MODEL_TYPES, gemma
 
 # our name -> Hugging Face name under `model.layers.{i}.`, transposed when a matrix
 _LAYER_NAMES = {
@@ -33,17 +33,25 @@ _BIAS_NAMES = {
     "bv": "self_attn.v_proj.bias",
 }
 _QK_NORM_NAMES = {"q_norm": "self_attn.q_norm.weight", "k_norm": "self_attn.k_norm.weight"}
+# Gemma 2/3: "post_attention_layernorm" norms the attention output; the MLP's input norm is
+# "pre_feedforward_layernorm"
+_SANDWICH_NAMES = {
+    "mlp_norm": "pre_feedforward_layernorm.weight",
+    "post_attn_norm": "post_attention_layernorm.weight",
+    "post_mlp_norm": "post_feedforward_layernorm.weight",
+}
 
 
 def load_hf_dir(path: str | Path, *, progress: bool = True) -> Checkpoint:
-    """Load a Hugging Face model directory of family llama, qwen2, qwen3 or gemma."""
+    """Load a Hugging Face model directory of family llama, qwen2, qwen3, gemma, gemma2 or
+    gemma3 (text)."""
     root = Path(path)
     hf = _read_json(root / "config.json")
-    family = FAMILIES.get(hf.get("model_type"))
+    family = FAMILIES.get(MODEL_TYPES.get(hf.get("model_type")))
     if family is None:
         raise CheckpointError(
             f"{root / 'config.json'}: unsupported model_type {hf.get('model_type')!r} "
-            f"(supported: {', '.join(FAMILIES)})"
+            f"(supported: {', '.join(MODEL_TYPES)})"
         )
     try:
         cfg = family.config_from_hf(hf)
@@ -98,6 +106,8 @@ def _params(tensors: _TensorFiles, cfg, progress: bool = True) -> dict:
         names |= _BIAS_NAMES
     if cfg.qk_norm:
         names |= _QK_NORM_NAMES
+    if cfg.sandwich_norms:
+        names |= _SANDWICH_NAMES
     layers = {}
     for ours, theirs in tqdm(
         names.items(), desc="loading weights", leave=False, disable=not progress
@@ -109,10 +119,11 @@ def _params(tensors: _TensorFiles, cfg, progress: bool = True) -> dict:
         "final_norm": tensors.get("norm.weight"),
         "layers": layers,
     }
-    if cfg.family == "gemma":  # RMSNorm applies 1 + w: stored as the weight it multiplies by
+    if cfg.family in gemma.NAMES:  # RMSNorm applies 1 + w: stored as the weight it multiplies by
         for name in gemma.NORMS_PLUS_ONE:
             held = layers if name in layers else params
-            held[name] = held[name] + 1.0
+            if name in held:
+                held[name] = held[name] + 1.0
     if cfg.num_labels:  # the classification head in the language-model head's place
         params["lm_head"] = tensors.get("score.weight")  # f32[num_labels, E]
     elif not cfg.tie_word_embeddings:

@@ -14,7 +14,8 @@ on a leading layer axis so the forward can `jax.lax.scan` over layers. Matrices 
       wv        [N, E, Hkv*D]           w_down      [N, I, E]
       wo        [N, H*D, E]
       bq [N, H*D], bk [N, Hkv*D], bv [N, Hkv*D]     (only when `qkv_bias`: Qwen2)
-      q_norm [N, D], k_norm [N, D]                  (only when `qk_norm`: Qwen3)
+      q_norm [N, D], k_norm [N, D]                  (only when `qk_norm`: Qwen3, Gemma 3)
+      post_attn_norm [N, E], post_mlp_norm [N, E]   (only when `sandwich_norms`: Gemma 2, 3)
 
 Rotary embeddings use the rotate-half layout of Hugging Face checkpoints; loaders of other layouts
 (GGUF llama) permute q/k rows back at load time.
@@ -24,18 +25,20 @@ import msgspec
 
 
 class RopeScaling(msgspec.Struct, frozen=True, kw_only=True):
-    """Llama-3 style frequency scaling (`rope_type == "llama3"`)."""
+    """RoPE frequency scaling: "llama3" (Llama 3.1's smoothed band; the other fields are its) or
+    "linear" (every frequency divided by `factor`, as Gemma 3's global layers)."""
 
     factor: float
-    low_freq_factor: float
-    high_freq_factor: float
-    original_max_position_embeddings: int
+    rope_type: str = "llama3"
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
 
 
 class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Everything the forward needs to know about an architecture; immutable and hashable."""
 
-    family: str  # "llama" | "qwen2" | "qwen3"
+    family: str  # a key of `engine.models.FAMILIES`
     vocab_size: int
     hidden_size: int
     num_layers: int
@@ -55,6 +58,23 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     num_labels: int = 0
     embed_scale: bool = False  # Gemma: embeddings times sqrt(hidden_size)
     mlp_activation: str = "silu"  # "silu", or "gelu_tanh" (Gemma's GeGLU)
+    # Gemma 2 and 3: sliding-window layers see only their last `sliding_window` keys
+    sliding_window: int = 0
+    sliding_layers: tuple[bool, ...] = ()  # per layer: a sliding-window layer (none: all global)
+    local_rope_theta: float = 0.0  # RoPE base of sliding layers, unscaled (0: as global ones)
+    attn_softcap: float = 0.0  # attention scores soft-capped at this (0: not)
+    final_softcap: float = 0.0  # language-model logits soft-capped at this (0: not)
+    query_scale: float = 0.0  # attention score scale (0: head_dim ** -0.5)
+    sandwich_norms: bool = False  # attention and MLP outputs normed before the residual add
+
+    @property
+    def attention_scale(self) -> float:
+        return self.query_scale or self.head_dim**-0.5
+
+    @property
+    def window(self) -> int:
+        """The window sliding layers need in the packed metadata; 0 when no layer slides."""
+        return self.sliding_window if any(self.sliding_layers) else 0
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """KV-cache bytes one token costs: 2 * layers * kv_heads * head_dim * dtype_bytes."""
@@ -62,12 +82,16 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def rope_scaling_from_hf(hf: dict) -> RopeScaling | None:
-    """The Llama-3 rope scaling block of a Hugging Face config, None when absent or default."""
+    """The rope scaling block of a Hugging Face config (or a `rope_parameters` entry), None when
+    absent or default; ValueError for a type other than "llama3" and "linear"."""
     rs = hf.get("rope_scaling") or hf.get("rope_parameters")
-    if not rs or rs.get("rope_type", rs.get("type")) in (None, "default"):
+    kind = rs and rs.get("rope_type", rs.get("type"))
+    if kind in (None, "default"):
         return None
-    if rs.get("rope_type", rs.get("type")) != "llama3":
-        raise ValueError(f"unsupported rope_scaling type {rs.get('rope_type', rs.get('type'))!r}")
+    if kind == "linear":
+        return RopeScaling(rope_type="linear", factor=float(rs["factor"]))
+    if kind != "llama3":
+        raise ValueError(f"unsupported rope_scaling type {kind!r}")
     return RopeScaling(
         factor=float(rs["factor"]),
         low_freq_factor=float(rs["low_freq_factor"]),

@@ -14,7 +14,8 @@ from typing import Any, NamedTuple, Protocol
 import jax
 import jax.numpy as jnp
 
-from engine.models.config import ModelConfig
+from engine.models.config import ModelConfig, RopeScaling
+from kernels.softcap import soft_cap
 
 Params = dict
 
@@ -37,6 +38,8 @@ class PackedInputs(NamedTuple):
     score_rows: jax.Array  # i32[S]
     label_ids: jax.Array  # i32[S, L]
     cache_slots: jax.Array  # i32[T]: KV pool slot each token's K/V goes to; -1: none
+    # the sliding-window layers' metadata (`ModelConfig.window`); None when no layer slides
+    window_meta: Any = None
 
 
 class KVPool(Protocol):
@@ -73,13 +76,14 @@ def split_heads(x: jax.Array, heads: int) -> jax.Array:
     return x.reshape(x.shape[0], heads, -1)  # [T, heads, D]
 
 
-def rope_frequencies(cfg: ModelConfig) -> jax.Array:
-    """Inverse frequencies f32[D/2], with Llama-3 scaling when the config asks for it."""
-    d = cfg.head_dim
-    inv = 1.0 / (cfg.rope_theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
-    s = cfg.rope_scaling
+def rope_frequencies(head_dim: int, theta: float, s: RopeScaling | None) -> jax.Array:
+    """Inverse frequencies f32[D/2], scaled as `s` says (Llama 3's band, or linear)."""
+    d = head_dim
+    inv = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
     if s is None:
         return inv
+    if s.rope_type == "linear":
+        return inv / s.factor
     wavelen = 2 * math.pi / inv
     low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
     high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
@@ -98,39 +102,64 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
+class Rope(NamedTuple):
+    cos: jax.Array  # f32[T, 1, D/2]
+    sin: jax.Array  # f32[T, 1, D/2]
+
+    @classmethod
+    def at(cls, positions: jax.Array, inv_freq: jax.Array) -> "Rope":
+        angles = positions.astype(jnp.float32)[:, None] * inv_freq  # [T, D/2]
+        return cls(jnp.cos(angles)[:, None, :], jnp.sin(angles)[:, None, :])
+
+
 class Step(NamedTuple):
     """What one layer reads besides the residual stream: the batch, RoPE, the strategies and
-    the weights (`vectors` sliced to this layer by the scan, `matrices` whole stacks)."""
+    the weights (`vectors` sliced to this layer by the scan, `matrices` whole stacks). Sliding-
+    window layers read `window_meta` and `local_rope` in place of `meta` and `rope`."""
 
     cfg: ModelConfig
     family: Family
     attention: Callable
     dense: Dense
     meta: Any  # the attention metadata (kernels.AttentionMeta), passed through unread
-    cos: jax.Array  # f32[T, 1, D/2]
-    sin: jax.Array  # f32[T, 1, D/2]
+    window_meta: Any  # the same for sliding-window layers; None when none slides
+    rope: Rope
+    local_rope: Rope | None  # sliding layers' own RoPE; None: theirs is `rope`
     dtype: Any  # the weights' dtype: attention inputs are cast to it
     matrices: Params  # "qkv", "o", "gate_up", "down": prepared stacks over layers
     cache_slots: jax.Array  # i32[T]
     write_kv: Callable  # (pool, slots, k, v) -> pool: `kernels.paging.write`
 
 
-def _layer(carry: tuple[jax.Array, KVPool | None], xs: tuple[jax.Array, Params], s: Step):
+def _layer(carry: tuple[jax.Array, KVPool | None], xs: tuple[jax.Array, ...], s: Step):
     x, pool = carry
-    index, p = xs  # the layer index i32[] and its norms and biases
+    index, sliding, p = xs  # the layer index i32[], whether it slides bool[], norms and biases
     t, cfg, m = x.shape[0], s.cfg, s.matrices
     h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
     q, k, v = s.family.project_qkv(s.dense.matmul(h, m["qkv"], index), p, cfg)
-    q, k = apply_rope(q, s.cos, s.sin), apply_rope(k, s.cos, s.sin)
+    cos, sin = s.rope if s.local_rope is None else _pick(sliding, s.local_rope, s.rope)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     dt = s.dtype
     k, v = k.astype(dt), v.astype(dt)
     if pool is not None:  # written first: later tokens of this batch may read them from pages
         pool = s.write_kv(pool.at_layer(index), s.cache_slots, k, v)
-    o = s.attention(q.astype(dt), k, v, s.meta, scale=cfg.head_dim**-0.5, pool=pool)
-    x = x + s.dense.matmul(o.reshape(t, -1), m["o"], index)
+    meta = s.meta if s.window_meta is None else _pick(sliding, s.window_meta, s.meta)
+    scale, cap = cfg.attention_scale, cfg.attn_softcap
+    o = s.attention(q.astype(dt), k, v, meta, scale=scale, softcap=cap, pool=pool)
+    x = x + _sandwich(s.dense.matmul(o.reshape(t, -1), m["o"], index), p, "post_attn_norm", cfg)
     h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
-    x = x + s.dense.matmul(_mlp_gate(h, m["gate_up"], index, s), m["down"], index)
-    return (x, pool), None
+    y = s.dense.matmul(_mlp_gate(h, m["gate_up"], index, s), m["down"], index)
+    return (x + _sandwich(y, p, "post_mlp_norm", cfg), pool), None
+
+
+def _pick(sliding: jax.Array, local, default):
+    """`local` on a sliding-window layer, `default` elsewhere (pytrees of equal shapes)."""
+    return jax.tree.map(lambda a, b: jnp.where(sliding, a, b), local, default)
+
+
+def _sandwich(y: jax.Array, p: Params, norm: str, cfg: ModelConfig) -> jax.Array:
+    """A sublayer's output as the residual adds it: normed first under `sandwich_norms`."""
+    return rms_norm(y, p[norm], cfg.rms_norm_eps) if cfg.sandwich_norms else y
 
 
 def _mlp_gate(h: jax.Array, w, index: jax.Array, s: "Step") -> jax.Array:
@@ -162,26 +191,38 @@ def label_logprobs(
     every layer writes the batch's K/V at `inputs.cache_slots` (with `write_kv`) before its
     attention reads the context region from it; the pool returned holds those writes.
     """
-    x = params["embed"][inputs.tokens].astype(jnp.float32)  # [T, E]
-    if cfg.embed_scale:
-        x = x * jnp.float32(cfg.hidden_size**0.5)
-    angles = inputs.positions.astype(jnp.float32)[:, None] * rope_frequencies(cfg)  # [T, D/2]
+    embed = params["embed"]
+    if cfg.window and inputs.window_meta is None:
+        raise ValueError("this model has sliding-window layers: the batch needs window_meta")
+    x = embed[inputs.tokens].astype(jnp.float32)  # [T, E]
+    if cfg.embed_scale:  # the scale in the embedding's dtype, as the reference rounds it
+        x = x * jnp.asarray(cfg.hidden_size**0.5, embed.dtype).astype(jnp.float32)
+    rope = Rope.at(
+        inputs.positions, rope_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+    )
+    local = None
+    if cfg.local_rope_theta:
+        local = Rope.at(
+            inputs.positions, rope_frequencies(cfg.head_dim, cfg.local_rope_theta, None)
+        )
     step = Step(
         cfg,
         family,
         attention,
         dense,
         inputs.meta,
-        jnp.cos(angles)[:, None, :],
-        jnp.sin(angles)[:, None, :],
-        params["embed"].dtype,
+        inputs.window_meta if cfg.window else None,
+        rope,
+        local,
+        embed.dtype,
         params["matrices"],
         inputs.cache_slots,
         write_kv,
     )
     indices = jnp.arange(cfg.num_layers, dtype=jnp.int32)
+    sliding = jnp.asarray(cfg.sliding_layers or (False,) * cfg.num_layers)
     layer = lambda carry, xs: _layer(carry, xs, step)
-    (x, pool), _ = jax.lax.scan(layer, (x, pool), (indices, params["layers"]))
+    (x, pool), _ = jax.lax.scan(layer, (x, pool), (indices, sliding, params["layers"]))
     h = rms_norm(x[inputs.score_rows], params["final_norm"], cfg.rms_norm_eps)  # [S, E]
     head = lambda h, labels: _label_scores(h, labels, params["head"], cfg, dense)
     return _by_row_chunks(head, h, inputs.label_ids), pool
@@ -197,7 +238,9 @@ def _label_scores(h: jax.Array, labels: jax.Array, head, cfg: ModelConfig, dense
     """f32[R, L]: log-probs of `labels` (i32[R, L]) at rows h f32[R, E], or a classifier's
     logits of them."""
     logits = dense.head(h, head)  # [R, V], or [R, num_labels] for a classifier
-    out = logits if cfg.num_labels else jax.nn.log_softmax(logits, axis=-1)
+    if cfg.num_labels:
+        return jnp.take_along_axis(logits, labels, axis=1)
+    out = jax.nn.log_softmax(soft_cap(logits, cfg.final_softcap), axis=-1)
     return jnp.take_along_axis(out, labels, axis=1)
 
 
