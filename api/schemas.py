@@ -200,6 +200,7 @@ class BucketGrid(msgspec.Struct, kw_only=True):
     row_divisors: list[int]  # score-row buckets of a T-token batch: T // d
     label_widths: list[int]  # padded label counts; the last is the limit
     contexts: list[int]  # context-region sizes: keys a batch reads from the KV pool
+    window: int = 0  # the model's sliding window (0: none): batches carry its spans too
 
 
 class KVPool(msgspec.Struct, kw_only=True):
