@@ -260,12 +260,13 @@ class Engine:
         scores = scores_from_logprobs(logprobs, apply_softmax=apply_softmax).tolist()
         return msgspec.structs.replace(result, scores=scores)
 
-    async def _logprobs(self, query, items, label_token_ids, item_first: bool):
-        """Label log-probs f32[N, L] and the result (scores empty) carrying the usage."""
+    async def _logprobs(self, query, items, label_token_ids, item_first: bool, normaliser=False):
+        """Label log-probs f32[N, L] and the result (scores empty) carrying the usage; with
+        `normaliser` each row's negated log-normaliser follows its labels."""
         start = trio.current_time()
-        scored = await self._submit(query, items, label_token_ids, item_first)
+        scored = await self._submit(query, items, label_token_ids, item_first, normaliser)
         timings = msgspec.structs.replace(scored.timings, total=trio.current_time() - start)
-        width = len(label_token_ids)
+        width = len(label_token_ids) + normaliser
         logprobs = np.asarray(scored.logprobs, np.float32).reshape(-1, width)  # f32[N, L]
         result = ScoreResult(
             scores=[],
@@ -288,9 +289,9 @@ class Engine:
         truncation_side: str = "right",
         raw_scores: bool = False,
     ) -> RerankResult:
-        """Documents by relevance to `query`: P(yes) / (P(yes) + P(no)) under the model's
-        rerank template (with `raw_scores`, its logit: log P(yes) - log P(no)), best first,
-        the first `top_n` of them (all when None).
+        """Documents by relevance to `query` under the model's rerank recipe: P(yes) / (P(yes)
+        + P(no)), or the sigmoid of one label's logit (with `raw_scores`, the logit: log P(yes)
+        - log P(no), or the label's logit), best first, the first `top_n` of them (all when None).
 
         `max_tokens_per_doc` cuts each document to that many tokens; `truncate` cuts each so
         that its prompt fits the longest sequence accepted, `max_prompt_tokens` so that it has
@@ -383,7 +384,10 @@ class Engine:
             documents = await trio.to_thread.run_sync(self._truncated, query, documents, options)
         prompt, items = await self._rerank_inputs(query, documents, options.instruction)
         try:
-            logprobs, result = await self._logprobs(prompt, items, self._rerank_labels, False)
+            labels = self._rerank_labels
+            logprobs, result = await self._logprobs(
+                prompt, items, labels.ids, False, labels.normaliser
+            )
         except InvalidInput as e:
             raise e.renamed(DOCUMENTS) from None
         heads = self.program.config.num_labels
@@ -396,7 +400,7 @@ class Engine:
             return t.query_text(query, instruction), [t.document_text(d) for d in documents]
 
         def ids():
-            items = [t.document_ids(self.tokenizer, d) for d in documents]
+            items = [t.document_ids(self.tokenizer, d, instruction) for d in documents]
             return t.query_ids(self.tokenizer, query, instruction), items
 
         return await trio.to_thread.run_sync(ids)
@@ -425,7 +429,7 @@ class Engine:
             self.tokenizer, documents, limit, side=options.truncation_side
         )
 
-    async def _submit(self, query, items, label_token_ids, item_first: bool) -> Scored:
+    async def _submit(self, query, items, label_token_ids, item_first, normaliser) -> Scored:
         if self._closed:
             raise EngineClosed("engine shut down")
         if len(self._waiters) >= self.config.max_queued_requests:
@@ -441,6 +445,7 @@ class Engine:
                 items=items,
                 label_token_ids=label_token_ids,
                 item_first=item_first,
+                normaliser=normaliser,
                 arrived=trio.current_time(),
             )
         )
@@ -508,15 +513,22 @@ class Engine:
         }
 
 
-def _rerank_labels(cfg: ModelConfig, template, tokenizer) -> list[int] | str:
-    """The labels a rerank reads at each score row: the template's yes/no tokens, or every row
-    of a classification head; a string says why the model cannot rerank (score still works)."""
+class _RerankLabels(NamedTuple):
+    ids: list[int]
+    normaliser: bool  # one label's logit: its log-prob less the log-normaliser
+
+
+def _rerank_labels(cfg: ModelConfig, template, tokenizer) -> _RerankLabels | str:
+    """The labels a rerank reads at each score row: the template's yes/no tokens (its yes token
+    and the normaliser when it has no "no"), or every row of a classification head; a string
+    says why the model cannot rerank (score still works)."""
     if cfg.num_labels:
-        return list(range(cfg.num_labels))
+        return _RerankLabels(list(range(cfg.num_labels)), False)
     try:
-        return list(templates.label_ids(template, tokenizer))
+        ids = templates.label_ids(template, tokenizer)
     except ValueError as e:
         return str(e)
+    return _RerankLabels(list(ids), template.no is None)
 
 
 class _RerankOptions(NamedTuple):

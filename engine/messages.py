@@ -31,6 +31,9 @@ class ScoreRequest(msgspec.Struct, frozen=True, kw_only=True):
     items: str | list[str] | list[list[int]]
     label_token_ids: list[int]
     item_first: bool = False
+    # engine-internal: also read each row's negated log-normaliser, after the labels (the label
+    # id one past the vocabulary), so that a label's log-prob minus it is the label's logit
+    normaliser: bool = False
     arrived: float
 
 

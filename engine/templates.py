@@ -1,10 +1,13 @@
-"""Rerank recipes: how a query/document pair becomes a score call on a "yes" vs "no" label.
+"""Rerank recipes: how a query/document pair becomes a score call on a "yes" vs "no" label,
+or on one label's logit.
 
 The Qwen3 template is the official Qwen3-Reranker prompt, byte for byte. mxbai-rerank-v2 is
 Mixedbread's prompt on Qwen2, its answer "1" vs "0", tokenised part by part as its reference
-code does. Other chat models that speak ChatML get the Qwen3 judgement prompt without the
-thinking block; anything else gets a plain text prompt whose answer follows a space. A recipe is
-chosen from the checkpoint (`template_for`) or forced by name (`EngineConfig.reranker`).
+code does. bge-reranker-v2-gemma is BAAI's prompt on Gemma, tokenised part by part as its
+reference code does; its score is the logit of "Yes" alone. Other chat models that speak ChatML
+get the Qwen3 judgement prompt without the thinking block; anything else gets a plain text
+prompt whose answer follows a space. A recipe is chosen from the checkpoint (`template_for`) or
+forced by name (`EngineConfig.reranker`).
 """
 
 from pathlib import Path
@@ -59,42 +62,48 @@ PLAIN = RerankTemplate(
 class PiecewiseTemplate(NamedTuple):
     """A recipe whose reference code tokenises each part on its own (no special tokens added)
     and concatenates the ids: `prefix`, the (instruction and) query, then per document the
-    separator, the document, the separator, the task and the `suffix`."""
+    separator, the document, the separator, the task (or the instruction that replaces it) and
+    the `suffix`. `no` None: the score is the logit of `yes` alone."""
 
     name: str
     prefix: str
     suffix: str
     yes: str
-    no: str
+    no: str | None
     query_format: str  # {query}
     document_format: str  # {document}
-    instruction_format: str  # {instruction}; before the query, when an instruction is given
+    # {instruction}, before the query when an instruction is given; None: it replaces the task
+    instruction_format: str | None
     separator: str
     task: str
+    prefix_token: bool = False  # the prefix is one special token the tokenizer must have
     piecewise = True
 
     def query_parts(self, query: str, instruction: str | None) -> list[str]:
         text = self.query_format.format(query=query)
-        if instruction:
+        if instruction and self.instruction_format is not None:
             text = self.instruction_format.format(instruction=instruction) + self.separator + text
         return [self.prefix, text]
 
-    def document_parts(self, document: str) -> list[str]:
+    def document_parts(self, document: str, instruction: str | None = None) -> list[str]:
         body = self.document_format.format(document=document)
-        return [self.separator, body, self.separator, self.task, self.suffix]
+        task = instruction if instruction and self.instruction_format is None else self.task
+        return [self.separator, body, self.separator, task, self.suffix]
 
     def query_text(self, query: str, instruction: str | None) -> str:
         """The query part as text (its ids are `query_ids`)."""
         return "".join(self.query_parts(query, instruction))
 
-    def document_text(self, document: str) -> str:
-        return "".join(self.document_parts(document))
+    def document_text(self, document: str, instruction: str | None = None) -> str:
+        return "".join(self.document_parts(document, instruction))
 
     def query_ids(self, tok: tokenizers.Tokenizer, query: str, instruction: str | None):
         return _ids(tok, self.query_parts(query, instruction))
 
-    def document_ids(self, tok: tokenizers.Tokenizer, document: str) -> list[int]:
-        return _ids(tok, self.document_parts(document))
+    def document_ids(
+        self, tok: tokenizers.Tokenizer, document: str, instruction: str | None = None
+    ) -> list[int]:
+        return _ids(tok, self.document_parts(document, instruction))
 
 
 def _ids(tok: tokenizers.Tokenizer, parts: list[str]) -> list[int]:
@@ -117,7 +126,23 @@ MXBAI_RERANK_V2 = PiecewiseTemplate(
     "them, then provide your binary relevance judgment (0 for not relevant, 1 for relevant).\n"
     "Relevance:",
 )
-RECIPES = {t.name: t for t in (QWEN3_RERANKER, MXBAI_RERANK_V2, CHATML, PLAIN)}
+BGE_RERANKER_V2_GEMMA = PiecewiseTemplate(
+    name="bge-reranker-v2-gemma",
+    prefix="<bos>",
+    suffix="",
+    yes="Yes",
+    no=None,
+    query_format="A: {query}",
+    document_format="B: {document}",
+    instruction_format=None,
+    separator="\n",
+    task="Given a query A and a passage B, determine whether the passage contains an answer to "
+    "the query by providing a prediction of either 'Yes' or 'No'.",
+    prefix_token=True,
+)
+RECIPES = {
+    t.name: t for t in (QWEN3_RERANKER, MXBAI_RERANK_V2, BGE_RERANKER_V2_GEMMA, CHATML, PLAIN)
+}
 Template = RerankTemplate | PiecewiseTemplate
 
 
@@ -128,13 +153,17 @@ def template_for(
     forced: str | None = None,
 ) -> Template:
     """The recipe a model is prompted with: `forced` by name, else from the checkpoint's name
-    (mxbai-rerank-v2), its family (Qwen3) or its tokenizer (ChatML, else plain text)."""
+    (mxbai-rerank-v2, bge-reranker-v2-gemma), its family (Qwen3) or its tokenizer (ChatML, else
+    plain text)."""
     if forced is not None:
         if forced not in RECIPES:
             raise ValueError(f"reranker: {forced!r} is not one of {', '.join(RECIPES)}")
         return RECIPES[forced]
-    if checkpoint is not None and "mxbai-rerank" in Path(checkpoint).name.lower():
+    name = Path(checkpoint).name.lower() if checkpoint is not None else ""
+    if "mxbai-rerank" in name:
         return MXBAI_RERANK_V2
+    if "bge-reranker-v2-gemma" in name:
+        return BGE_RERANKER_V2_GEMMA
     if family == "qwen3":
         return QWEN3_RERANKER
     if tokenizer.token_to_id("<|im_start|>") is not None:
@@ -142,12 +171,19 @@ def template_for(
     return PLAIN
 
 
-def label_ids(template: Template, tokenizer: tokenizers.Tokenizer) -> tuple[int, int]:
-    """Token ids of the template's yes and no answers; ValueError unless each is one token."""
-    ids = [tokenizer.encode(t, add_special_tokens=False).ids for t in (template.yes, template.no)]
+def label_ids(template: Template, tokenizer: tokenizers.Tokenizer) -> tuple[int, ...]:
+    """Token ids of the template's yes and no answers (yes alone when it has no "no");
+    ValueError unless each is one token, and the tokenizer has the prefix token a template
+    starts with (Gemma's BOS)."""
+    words = (template.yes,) if template.no is None else (template.yes, template.no)
+    ids = [tokenizer.encode(t, add_special_tokens=False).ids for t in words]
     if any(len(i) != 1 for i in ids):
         raise ValueError(
-            f"rerank template {template.name!r}: {template.yes!r} / {template.no!r} are not "
-            "single tokens for this tokenizer"
+            f"rerank template {template.name!r}: {' / '.join(map(repr, words))} are not single "
+            "tokens for this tokenizer"
         )
-    return ids[0][0], ids[1][0]
+    if getattr(template, "prefix_token", False) and tokenizer.token_to_id(template.prefix) is None:
+        raise ValueError(
+            f"rerank template {template.name!r}: the tokenizer has no {template.prefix!r} token"
+        )
+    return tuple(i[0] for i in ids)

@@ -101,7 +101,7 @@ class TokenizerState:
         """The texts (str) or id sequences (list) of a request, or why it is rejected."""
         try:
             items = inputs.normalize_items(r.items, self.max_items)
-            labels = inputs.check_labels(r.label_token_ids, self.vocab_size)
+            labels = self._labels(r)
             if len(labels) > self.max_labels:
                 raise InputTooLarge(
                     "label_token_ids", f"{len(labels)} labels exceed the limit of {self.max_labels}"
@@ -112,6 +112,11 @@ class TokenizerState:
             return inputs.join_ids(r.query, items, item_first=r.item_first)
         except InvalidInput as e:
             return _rejected(r.id, e)
+
+    def _labels(self, r: ScoreRequest) -> list[int]:
+        """The labels read at each score row: the caller's, and the normaliser when asked."""
+        labels = inputs.check_labels(r.label_token_ids, self.vocab_size)
+        return [*labels, self.vocab_size] if r.normaliser else labels
 
     def _encode(self, texts) -> dict[str, list[int]]:
         """Ids for every text: cached ones, and the rest encoded in one batch call."""
@@ -133,7 +138,7 @@ class TokenizerState:
         return Tokenized(
             id=r.id,
             sequences=seqs,
-            labels=list(r.label_token_ids),
+            labels=self._labels(r),
             arrived=r.arrived,
             tokenize_s=elapsed,
         )

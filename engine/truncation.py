@@ -21,7 +21,7 @@ def room_for_document(
     small margin)."""
     if template.piecewise:
         prompt = template.query_ids(tokenizer, query, instruction)
-        suffix = template.document_ids(tokenizer, "")
+        suffix = template.document_ids(tokenizer, "", instruction)
     else:
         prompt = tokenizer.encode(template.query_text(query, instruction)).ids
         suffix = tokenizer.encode(template.document_text(""), add_special_tokens=False).ids

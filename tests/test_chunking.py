@@ -77,6 +77,28 @@ def test_long_sequences_score_as_one_pass(long_path, one_pass, item_first):
     assert all(n >= 1000 // BUDGET for n in batches.values())  # chunked, not one big batch
 
 
+def test_sliding_windows_chunked_score_as_one_pass(tmp_path_factory):
+    """Gemma 3's 16-key windows over chunked pieces: a window reaching back into the pages of
+    earlier pieces reads what one pass over the whole sequence does."""
+    root = tmp_path_factory.mktemp("windowed")
+    path = str(write_tiny_checkpoint(root, "gemma3", max_position_embeddings=CONTEXT))
+    reference = load_model(path, dtype="float32", token_budget=CONTEXT, progress=False)
+    assert reference.config.window == 16
+    requests = [
+        Request(LONG_IDS[:700], [[5, 6], [7], [8, 9, 10]], [1, 2]),
+        Request([11, 12], [LONG_IDS[:500]], [3]),
+    ]
+
+    def run(engine, reference):
+        for r in requests:
+            before = engine.stats().batches
+            result = submit(engine, [r])[0].unwrap()
+            assert engine.stats().batches - before >= 500 // BUDGET
+            assert_scores(result.scores, r.reference(reference))
+
+    run_chunked(path, reference, run)
+
+
 def test_chunked_requests_mixed_with_others(long_path, one_pass):
     requests = [
         Request(LONG_IDS, [[5], [6]], [1, 2]),

@@ -2,7 +2,10 @@
 sequence-classification heads of the decoder families (`*ForSequenceClassification`: the head's
 logits at the score row; rerank the sigmoid of a one-label head, the softmax's last label of
 several; packed batches equal one-by-one scoring; label-token scores refused with a clear
-error), and the mxbai-rerank-v2 recipe equal to its reference formula."""
+error), and the mxbai-rerank-v2 and bge-reranker-v2-gemma recipes equal to their reference
+formulas."""
+
+import shutil
 
 import msgspec
 import numpy as np
@@ -13,9 +16,9 @@ import trio
 
 from api.app import create_app
 from api.settings import settings_from_env
-from engine import InvalidInput, load_model, open_engine, templates
+from engine import EngineError, InvalidInput, load_model, open_engine, templates
 from engine.scoring import relevance
-from tests.conftest import write_tiny_checkpoint
+from tests.conftest import tiny_tokenizer, write_tiny_checkpoint
 from tests.test_api_support import serving, tiny_config, tiny_env
 
 HEADS = [("qwen3", 1), ("qwen2", 1), ("llama-untied", 2), ("gemma", 1)]
@@ -137,3 +140,81 @@ def test_the_mxbai_recipe_equals_its_formula_in_transformers(tiny_checkpoints):
     np.testing.assert_allclose(
         [sig[i] for i in range(3)], 1 / (1 + np.exp(-np.array(want))), rtol=1e-4
     )
+
+
+@pytest.fixture(scope="module")
+def bge_gemma(tiny_checkpoints, tmp_path_factory):
+    """The tiny Gemma checkpoint named as BAAI's reranker, its tokenizer given Gemma's `<bos>`
+    and a "Yes" token."""
+    path = tmp_path_factory.mktemp("bge") / "bge-reranker-v2-gemma"
+    shutil.copytree(tiny_checkpoints["gemma"], path)
+    tok = tiny_tokenizer()
+    tok.add_special_tokens(["<bos>"])
+    tok.add_tokens(["Yes"])
+    tok.save(str(path / "tokenizer.json"))
+    return path
+
+
+def bge_reference(path, tok, instruction: str | None) -> list[float]:
+    """BAAI's reference formula: [bos] + "A: {query}", "\n" + "B: {passage}", "\n" + prompt,
+    each part tokenised alone; the score is logits[-1, "Yes"] (the instruction replaces the
+    prompt)."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    prompt = instruction or templates.BGE_RERANKER_V2_GEMMA.task
+    enc = lambda text: tok.encode(text, add_special_tokens=False).ids
+    want = []
+    for d in DOCS:
+        ids = [tok.token_to_id("<bos>"), *enc(f"A: {QUERY}"), *enc("\n"), *enc(f"B: {d}")]
+        ids += [*enc("\n"), *enc(prompt)]
+        with torch.no_grad():
+            want.append(float(model(torch.tensor([ids])).logits[0, -1, tok.token_to_id("Yes")]))
+    return want
+
+
+@pytest.mark.parametrize("instruction", [None, "Find code"])
+def test_the_bge_gemma_recipe_equals_its_formula_in_transformers(bge_gemma, instruction):
+    """Recognised from the checkpoint's name; the raw score is the "Yes" logit, the relevance
+    its sigmoid, through `Engine.rerank` and `/v1/rerank` alike."""
+
+    async def main():
+        async with open_engine(tiny_config(bge_gemma)) as engine:
+            assert engine.template is templates.BGE_RERANKER_V2_GEMMA
+            raw = await engine.rerank(QUERY, DOCS, raw_scores=True, instruction=instruction)
+            soft = await engine.rerank(QUERY, DOCS, instruction=instruction)
+            return engine.tokenizer, raw, soft
+
+    tok, raw, soft = trio.run(main)
+    want = np.array(bge_reference(bge_gemma, tok, instruction))
+    by_index = lambda result: [{h.index: h.relevance_score for h in result}[i] for i in range(3)]
+    np.testing.assert_allclose(by_index(raw.results), want, atol=1e-4)
+    np.testing.assert_allclose(by_index(soft.results), 1 / (1 + np.exp(-want)), rtol=1e-4)
+    app = create_app(settings_from_env(tiny_env(bge_gemma)))
+    body = {"query": QUERY, "documents": DOCS, **({"instruct": instruction} if instruction else {})}
+    for client in serving(app, "asyncio"):
+        r = client.post("/v1/rerank", json=body)
+        assert r.status_code == 200, r.text
+        got = sorted((h["index"], h["relevance_score"]) for h in r.json()["results"])
+        np.testing.assert_allclose([s for _, s in got], 1 / (1 + np.exp(-want)), rtol=1e-4)
+        info = client.get("/get_model_info").json()
+        assert info["rerank_template"] == "bge-reranker-v2-gemma"
+
+
+def test_a_one_label_recipe_needs_its_tokens(tiny_checkpoints, tmp_path):
+    """Forced on a vocabulary without "Yes", or without `<bos>`, the recipe is refused with the
+    reason; score still works."""
+    path = tmp_path / "gemma-yes"
+    shutil.copytree(tiny_checkpoints["gemma"], path)
+    tok = tiny_tokenizer()
+    tok.add_tokens(["Yes"])
+    tok.save(str(path / "tokenizer.json"))
+    why = {tiny_checkpoints["gemma"]: "'Yes' are not single tokens", path: "no '<bos>' token"}
+
+    async def main(path):
+        config = msgspec.structs.replace(tiny_config(path), reranker="bge-reranker-v2-gemma")
+        async with open_engine(config) as engine:
+            with pytest.raises(EngineError, match=why[path]):
+                await engine.rerank(QUERY, DOCS)
+            return await engine.score(QUERY, DOCS, [5, 17])
+
+    for p in why:
+        assert len(trio.run(main, p).scores) == 3

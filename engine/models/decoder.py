@@ -236,12 +236,16 @@ HEAD_ROWS = 128
 
 def _label_scores(h: jax.Array, labels: jax.Array, head, cfg: ModelConfig, dense: Dense):
     """f32[R, L]: log-probs of `labels` (i32[R, L]) at rows h f32[R, E], or a classifier's
-    logits of them."""
+    logits of them. The label `V` (one past the vocabulary) reads the negated log-normaliser:
+    a label's log-prob minus it is that label's logit."""
     logits = dense.head(h, head)  # [R, V], or [R, num_labels] for a classifier
     if cfg.num_labels:
         return jnp.take_along_axis(logits, labels, axis=1)
-    out = jax.nn.log_softmax(soft_cap(logits, cfg.final_softcap), axis=-1)
-    return jnp.take_along_axis(out, labels, axis=1)
+    logits = soft_cap(logits, cfg.final_softcap)
+    vocab = logits.shape[1]
+    lse = jax.nn.logsumexp(logits, axis=1, keepdims=True)  # [R, 1]
+    picked = jnp.take_along_axis(logits, jnp.minimum(labels, vocab - 1), axis=1) - lse
+    return jnp.where(labels == vocab, -lse, picked)
 
 
 def _by_row_chunks(f: Callable, h: jax.Array, labels: jax.Array) -> jax.Array:
