@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from api.schemas import ErrorDetail, ErrorResponse, TeiErrorResponse, encode
-from engine import EngineClosed, EngineError, EngineOverloaded, InvalidInput
+from engine import EngineClosed, EngineError, EngineOverloaded, InvalidInput, Unsupported
 
 log = logging.getLogger("api")
 
@@ -127,6 +127,8 @@ def engine_error(
     if isinstance(error, InvalidInput):  # over-long or too many too: 400, as vLLM answers
         error = error.renamed(renames or {})
         return ApiError(400, str(error), param=error.field)
+    if isinstance(error, Unsupported):  # the served model's limit, as vLLM answers it
+        return ApiError(400, str(error))
     if isinstance(error, EngineError):
         log.error("engine failure: %s", error)
         return ApiError(500, f"engine failure: {public_message(str(error))}")

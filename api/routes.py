@@ -63,7 +63,24 @@ def _model_facts(engine: Engine) -> dict:
         "kv_bytes_per_token": engine.program.kv_bytes_per_token,
         "head": "sequence-classification" if cfg.num_labels else "language-model",
         "num_labels": cfg.num_labels,
+        "rerank_template": engine.template.name,
+        "endpoints": scoring_endpoints(engine),
     }
+
+
+# the scoring routes by what their own bodies need: label-token log-probs (a language-model
+# head: SGLang's /v1/score), or the model's rerank recipe (any head, its labels single tokens of
+# the vocabulary; vLLM's score body, on /v1/score too, goes this way)
+LABEL_SCORE_PATHS = ("/v1/score",)
+RERANK_PATHS = ("/v1/rerank", "/v2/rerank", "/rerank", "/v1/reranking", "/score")
+
+
+def scoring_endpoints(engine: Engine) -> list[str]:
+    """The scoring routes this model answers (`/invocations` takes either kind of body)."""
+    paths = [] if engine.model_config.num_labels else [*LABEL_SCORE_PATHS]
+    if engine.rerank_unavailable is None:
+        paths += RERANK_PATHS
+    return [*paths, "/invocations"] if paths else []
 
 
 async def model_info(service: Service, request: Request) -> Response:
@@ -76,7 +93,6 @@ async def model_info(service: Service, request: Request) -> Response:
         is_generation=False,
         model_name=service.model_name,
         max_sequence_tokens=engine.max_sequence_tokens,
-        rerank_template=engine.template.name,
         **_model_facts(engine),
     )
     return json_response(info)

@@ -165,6 +165,8 @@ class ModelCard(msgspec.Struct, kw_only=True):
     # vLLM's /score only: /v1/score is a 400)
     head: str | None = None
     num_labels: int | None = None  # the classification head's labels; 0 for a language model
+    rerank_template: str | None = None  # the rerank recipe (`EngineConfig.reranker`)
+    endpoints: list[str] | None = None  # the scoring routes this model answers
     object: str = "model"
     owned_by: str = "llm-scoring-engine"
 
@@ -189,7 +191,8 @@ class ModelInfo(msgspec.Struct, kw_only=True):
     kv_bytes_per_token: int
     head: str  # "language-model" or "sequence-classification" (no /v1/score)
     num_labels: int  # the classification head's labels; 0 for a language model
-    rerank_template: str  # the prompt template of /v1/rerank
+    rerank_template: str  # the rerank recipe (`EngineConfig.reranker`)
+    endpoints: list[str]  # the scoring routes this model answers
 
 
 class BucketGrid(msgspec.Struct, kw_only=True):

@@ -42,6 +42,11 @@ def parser(description: str) -> argparse.ArgumentParser:
         "--gemm", type=int, nargs="+", default=[1024, 2048, 4096], help="GEMM sizes of the peak"
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--engine-only",
+        action="store_true",
+        help="time the engine alone (no baseline, no report): for back-to-back comparisons",
+    )
     return p
 
 
@@ -255,3 +260,15 @@ def engine_numbers(eng: dict, items: int, peaks, dtype: str) -> dict:
         "real_tokens_computed": eng["planned_real_tokens"],
         "real_tokens_stats": eng["real_tokens"],
     }
+
+
+def engine_only(eng: dict, items: int, peaks, dtype: str) -> dict:
+    """Print and return the engine side alone (`--engine-only`): its timed passes and rates."""
+    numbers = engine_numbers(eng, items, peaks, dtype)
+    passes = ", ".join(f"{t:.3f}" for t in eng["times_s"])
+    print(
+        f"engine: passes {passes} s, best {eng['best_s']:.3f} s, "
+        f"{numbers['items_per_s']:.2f} items/s, MFU {numbers['mfu']:.1%} of the {dtype} peak",
+        flush=True,
+    )
+    return numbers

@@ -28,6 +28,8 @@ def main(argv=None) -> dict:
     path, peaks = common.model_path(args), measure_peaks(args.gemm)
     eng = sides.run_engine(sides.engine_config(args, path), partial(build, args), args.repeats)
     _, items, labels = eng["request"]
+    if args.engine_only:
+        return common.engine_only(eng, len(items), peaks, args.dtype)
     seqs = eng["seqs"]
     hf = sides.load_baseline(path, args.dtype)
     progress = not args.no_progress

@@ -58,6 +58,8 @@ def main(argv=None) -> dict:
     path, peaks = common.model_path(args), measure_peaks(args.gemm)
     eng = sides.run_engine(sides.engine_config(args, path), partial(build, args), args.repeats)
     prompt, items, labels = eng["request"]
+    if args.engine_only:
+        return common.engine_only(eng, len(items), peaks, args.dtype)
     n, plen, cost = len(items), len(prompt), eng["cost"]
     sample = [prompt + it for it in items[: args.naive_sample]]
     prefix, naive = run_baselines(args, path, prompt, items, labels, sample)

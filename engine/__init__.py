@@ -15,6 +15,7 @@ from engine.errors import (
     EngineOverloaded,
     InputTooLarge,
     InvalidInput,
+    Unsupported,
 )
 from engine.loaders import Checkpoint, CheckpointError, default_model_path, load_checkpoint
 from engine.messages import Timings
@@ -38,6 +39,7 @@ __all__ = [
     "ScoreResult",
     "ScoringModel",
     "Timings",
+    "Unsupported",
     "default_model_path",
     "load_checkpoint",
     "load_model",

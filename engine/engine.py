@@ -29,10 +29,10 @@ from engine.buckets import (
 )
 from engine.errors import (
     EngineClosed,
-    EngineError,
     EngineOverloaded,
     InvalidInput,
     RejectKind,
+    Unsupported,
     rejection_error,
 )
 from engine.kv_cache import KVCache
@@ -206,6 +206,13 @@ class Engine:
         """The architecture of the loaded model."""
         return self.program.config
 
+    @property
+    def rerank_unavailable(self) -> str | None:
+        """Why `rerank` is refused for this model (its recipe's labels are not single tokens
+        of its vocabulary), or None when it works."""
+        labels = self._rerank_labels
+        return labels if isinstance(labels, str) else None
+
     async def _start(self, nursery: trio.Nursery) -> None:
         to_tokenizer, tokenizer_inbox = trio.open_memory_channel(math.inf)
         to_scheduler, scheduler_inbox = trio.open_memory_channel(math.inf)
@@ -296,7 +303,7 @@ class Engine:
         `max_tokens_per_doc` cuts each document to that many tokens; `truncate` cuts each so
         that its prompt fits the longest sequence accepted, `max_prompt_tokens` so that it has
         at most that many tokens. `truncation_side` "left" cuts a document's start instead of
-        its end. Errors name `documents[i]`.
+        its end. Errors name `documents[i]`; Unsupported when the model cannot rerank.
         """
         _check_rerank(query, documents, top_n, max_tokens_per_doc, truncation_side)
         fit = self._fit(truncate, max_prompt_tokens)
@@ -375,7 +382,7 @@ class Engine:
     ) -> tuple[list[float], ScoreResult]:
         """Each document's relevance to `query`, in document order, and the score result."""
         if isinstance(self._rerank_labels, str):
-            raise EngineError(f"rerank is unavailable for this model: {self._rerank_labels}")
+            raise Unsupported(f"rerank is unavailable for this model: {self._rerank_labels}")
         try:  # the tokenizer's own item limit, checked before the truncation (slow per item)
             inputs.normalize_items(documents, self.config.max_items_per_request)
         except InvalidInput as e:

@@ -62,6 +62,10 @@ class EngineClosed(EngineError):
     """The engine shut down before the request finished."""
 
 
+class Unsupported(EngineError):
+    """The loaded model cannot do what was asked (rerank without single-token labels)."""
+
+
 def rejection_error(kind: RejectKind, message: str, field: str | None) -> Exception:
     """The exception a caller sees for a request rejected with `kind`."""
     if kind is RejectKind.INVALID:

@@ -480,7 +480,12 @@ def test_a_bug_in_the_service_is_500_with_a_log_line(client, caplog, monkeypatch
 
 
 MODEL_FACTS = ("family", "dtype", "vocab_size", "context_length", "kv_bytes_per_token", "head")
-MODEL_FACTS += ("num_labels",)
+MODEL_FACTS += ("num_labels", "rerank_template", "endpoints")
+
+
+# every scoring route: a language-model head and a recipe whose labels are single tokens
+ENDPOINTS = ["/v1/score", "/v1/rerank", "/v2/rerank", "/rerank", "/v1/reranking", "/score"]
+ENDPOINTS += ["/invocations"]
 
 
 def test_models(client):
@@ -501,6 +506,8 @@ def test_models(client):
         "kv_bytes_per_token": 2 * 2 * 2 * 16 * 4,  # K and V, layers, kv heads, head dim, f32
         "head": "language-model",
         "num_labels": 0,
+        "rerank_template": "plain",
+        "endpoints": ENDPOINTS,
     }
     info = client.get("/get_model_info").json()
     assert {fact: card[fact] for fact in MODEL_FACTS} == {fact: info[fact] for fact in MODEL_FACTS}
@@ -523,6 +530,7 @@ def test_model_info(client, tiny_path):
         "head": "language-model",
         "num_labels": 0,
         "rerank_template": "plain",
+        "endpoints": ENDPOINTS,
     }
 
 

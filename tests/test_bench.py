@@ -65,6 +65,16 @@ def test_w1_rerank_batch(tiny, tmp_path, capsys):
     assert png.stat().st_size > 1000
 
 
+@pytest.mark.parametrize("workload", [w1, w2])
+def test_engine_only_times_the_engine_alone(workload, tiny, tmp_path, capsys):
+    out = tmp_path / "engine-only.json"
+    numbers = workload.main(["--model", tiny, *QUICK, "--engine-only", "--json", str(out)])
+    positive(numbers, "items_per_s", "best_s", "mfu")
+    assert not out.exists() and "baseline" not in numbers  # no transformers side, no report
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("engine: passes ") and f"{numbers['items_per_s']:.2f} items/s" in line
+
+
 def test_w2_large_multi_item(tiny, tmp_path):
     report = run(w2.main, tiny, tmp_path, "w2", "--items", "6")
     positive(report, "naive_items_per_s", "ratio_vs_naive")

@@ -11,6 +11,7 @@ from engine import (
     EngineOverloaded,
     InputTooLarge,
     InvalidInput,
+    Unsupported,
     open_engine,
 )
 from tests.conftest import inject_faults
@@ -423,7 +424,7 @@ def test_a_model_that_cannot_rerank_still_scores(tiny_path, monkeypatch):
 
     async def main():
         async with open_engine(config(tiny_path)) as engine:
-            with pytest.raises(EngineError, match="rerank is unavailable for this model"):
+            with pytest.raises(Unsupported, match="rerank is unavailable for this model"):
                 await engine.rerank("q", ["d"])
             assert len((await engine.score("q", ["d"], [1])).scores) == 1
 

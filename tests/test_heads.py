@@ -15,13 +15,15 @@ import transformers
 import trio
 
 from api.app import create_app
+from api.routes import RERANK_PATHS
 from api.settings import settings_from_env
-from engine import EngineError, InvalidInput, load_model, open_engine, templates
+from engine import InvalidInput, Unsupported, load_model, open_engine, templates
 from engine.scoring import relevance
 from tests.conftest import tiny_tokenizer, write_tiny_checkpoint
 from tests.test_api_support import serving, tiny_config, tiny_env
 
-HEADS = [("qwen3", 1), ("qwen2", 1), ("llama-untied", 2), ("gemma", 1)]
+HEADS = [("qwen3", 1), ("qwen2", 1), ("llama-untied", 2), ("gemma", 1), ("gemma2", 1)]
+HEADS += [("gemma3", 2)]
 QUERY = "Where does the fox jump?"
 DOCS = ["The quick brown fox jumps over the lazy dog.", "Numbers 0 1 2 3", "yes no yes"]
 
@@ -37,7 +39,9 @@ def checkpoint(request, tmp_path_factory):
 def hf_logits(path, ids: list[int]) -> np.ndarray:
     """transformers' head logits f32[num_labels] for one unpadded sequence."""
     model = transformers.AutoModelForSequenceClassification.from_pretrained(
-        path, dtype=torch.float32
+        path,
+        dtype=torch.float32,
+        attn_implementation="eager",  # eager: Gemma 2's soft-capping
     )
     with torch.no_grad():
         return model(torch.tensor([ids])).logits[0].numpy()
@@ -103,6 +107,7 @@ def test_the_service_says_which_head_and_refuses_label_scores(checkpoint):
     for client in serving(app, "asyncio"):
         info = client.get("/get_model_info").json()
         assert (info["head"], info["num_labels"]) == ("sequence-classification", labels)
+        assert info["endpoints"] == [*RERANK_PATHS, "/invocations"]  # no /v1/score
         r = client.post("/v1/score", json={"query": QUERY, "items": DOCS, "label_token_ids": [1]})
         assert r.status_code == 400 and r.json()["error"]["param"] == "label_token_ids"
         r = client.post("/v1/rerank", json={"query": QUERY, "documents": DOCS})
@@ -201,7 +206,8 @@ def test_the_bge_gemma_recipe_equals_its_formula_in_transformers(bge_gemma, inst
 
 def test_a_one_label_recipe_needs_its_tokens(tiny_checkpoints, tmp_path):
     """Forced on a vocabulary without "Yes", or without `<bos>`, the recipe is refused with the
-    reason; score still works."""
+    reason (a 400 over HTTP, and the rerank routes left out of the model's endpoints); score
+    still works."""
     path = tmp_path / "gemma-yes"
     shutil.copytree(tiny_checkpoints["gemma"], path)
     tok = tiny_tokenizer()
@@ -212,9 +218,20 @@ def test_a_one_label_recipe_needs_its_tokens(tiny_checkpoints, tmp_path):
     async def main(path):
         config = msgspec.structs.replace(tiny_config(path), reranker="bge-reranker-v2-gemma")
         async with open_engine(config) as engine:
-            with pytest.raises(EngineError, match=why[path]):
+            assert why[path] in engine.rerank_unavailable
+            with pytest.raises(Unsupported, match=why[path]):
                 await engine.rerank(QUERY, DOCS)
             return await engine.score(QUERY, DOCS, [5, 17])
 
     for p in why:
         assert len(trio.run(main, p).scores) == 3
+    app = create_app(settings_from_env(tiny_env(path, SCORING_RERANKER="bge-reranker-v2-gemma")))
+    for client in serving(app, "asyncio"):
+        r = client.post("/v1/rerank", json={"query": QUERY, "documents": DOCS})
+        assert r.status_code == 400 and why[path] in r.json()["error"]["message"]
+        assert client.get("/v1/models").json()["data"][0]["endpoints"] == [
+            "/v1/score",
+            "/invocations",
+        ]
+        r = client.post("/v1/score", json={"query": QUERY, "items": DOCS, "label_token_ids": [5]})
+        assert r.status_code == 200
