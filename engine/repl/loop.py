@@ -6,7 +6,8 @@ from collections.abc import Callable
 
 import trio
 
-from engine.engine import Engine, EngineError
+from engine.engine import Engine
+from engine.errors import EngineError
 from engine.repl.format import format_footer, format_rerank, format_scores, format_stats
 from engine.repl.session import Action, Quit, Rerank, Say, Score, Session, ShowStats
 
