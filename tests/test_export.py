@@ -1,0 +1,87 @@
+"""The Pallas kernel lowered for TPU (Mosaic) and GPU (Triton) on a machine that has neither:
+`jax.export` of the compiled form, at the tiles `kernels.tuning` gives each platform, for head
+dims 64/128, f32/bf16 and GQA groups 1/3/8, with paged context, sliding windows and soft-capped
+scores. A lowering error on either platform fails here."""
+
+import math
+import re
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax import export
+
+from kernels import tuning
+from kernels.pallas import attention_pallas
+from tests.test_attention import layout_meta, random_qkv
+from tests.test_paging import Group, groups_layout, paged_layout
+
+# our platform name -> jax.export's, and the custom call that carries the compiled kernel
+PLATFORMS = {"tpu": ("tpu", "tpu_custom_call"), "gpu": ("cuda", "__gpu$xla.gpu.triton")}
+# JAX promises no serialisation compatibility for Triton calls; lowering is what is checked here
+TRITON = export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")
+BLOCK = 256  # the schedule block: at least every tuned tile, so the tuned tiles are the ones used
+HEADS = {1: (4, 4), 3: (6, 2), 8: (8, 1)}  # GQA group -> (heads, kv heads)
+
+
+def lowered(platform: str, q, k, v, meta, pool=None, **kwargs) -> str:
+    """The kernel exported for `platform`, as MLIR text."""
+    target, _ = PLATFORMS[platform]
+    scale = q.shape[-1] ** -0.5
+    run = partial(attention_pallas, scale=scale, platform=platform, **kwargs)
+    f = jax.jit(lambda q, k, v, meta, pool: run(q, k, v, meta, pool=pool))
+    checks = [TRITON] if platform == "gpu" else []
+    exported = export.export(f, platforms=[target], disabled_checks=checks)(q, k, v, meta, pool)
+    assert exported.platforms == (target,)
+    assert exported.out_avals[0].shape == q.shape and exported.out_avals[0].dtype == q.dtype
+    return exported.mlir_module()
+
+
+def shapes(tokens: int, group: int, head_dim: int, dtype):
+    heads, kv_heads = HEADS[group]
+    q = jax.ShapeDtypeStruct((tokens, heads, head_dim), dtype)
+    kv = jax.ShapeDtypeStruct((tokens, kv_heads, head_dim), dtype)
+    return q, kv, kv
+
+
+@pytest.mark.parametrize("group", sorted(HEADS))
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("platform", sorted(PLATFORMS))
+def test_the_kernel_lowers_at_the_tuned_tiles(platform, head_dim, dtype, group):
+    tiles = tuning.lookup(head_dim, dtype, platform)
+    assert math.gcd(tiles.block_q, BLOCK) == tiles.block_q
+    assert math.gcd(tiles.block_k, BLOCK) == tiles.block_k
+    meta = layout_meta([(300, [20] * 10), (0, [150]), (0, [1])], BLOCK)
+    text = lowered(platform, *shapes(meta.prefix_start.shape[0], group, head_dim, dtype), meta)
+    assert text.count(PLATFORMS[platform][1]) == 1  # one kernel launch, compiled for the target
+
+
+@pytest.mark.parametrize("window", [0, 20], ids=["global", "window20"])
+@pytest.mark.parametrize("platform", sorted(PLATFORMS))
+def test_paged_context_lowers(platform, window):
+    """Keys gathered from scattered pool pages, then the kernel: both in the exported program."""
+    groups = [Group(96, 130, [11, 6]), Group(24, 24, [17]), Group(0, 0, [40])]
+    whole_meta = layout_meta(groups_layout(groups), BLOCK, window=window)
+    whole = random_qkv(whole_meta.prefix_start.shape[0], 6, 2, 64, jnp.bfloat16)
+    paged = paged_layout(groups, *whole, block=BLOCK, page=16, pages=64, window=window)
+    assert paged.meta.context_pages.shape[0] > 0
+    text = lowered(platform, paged.q, paged.k, paged.v, paged.meta, paged.pool)
+    assert text.count(PLATFORMS[platform][1]) == 1
+
+
+def kernel_call(text: str, marker: str) -> str:
+    """The exported program's kernel launch: the custom call's line, its location dropped."""
+    (line,) = [x for x in text.splitlines() if marker in x and "custom_call" in x]
+    return re.sub(r"loc\(#loc\d+\)", "", line)
+
+
+@pytest.mark.parametrize("platform", sorted(PLATFORMS))
+def test_soft_capped_scores_lower(platform):
+    """Gemma 2's soft-capping and a sliding window: a kernel of its own (the cap in its body)."""
+    meta = layout_meta([(40, [7] * 10), (0, [30])], BLOCK, window=16)
+    args = shapes(meta.prefix_start.shape[0], 3, 128, jnp.bfloat16)
+    marker = PLATFORMS[platform][1]
+    capped = kernel_call(lowered(platform, *args, meta, softcap=50.0), marker)
+    assert capped != kernel_call(lowered(platform, *args, meta), marker)
