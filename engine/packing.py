@@ -323,12 +323,30 @@ def _label_ids(labels: Sequence[Sequence[int]], rows: int, width: int) -> np.nda
 
 
 def empty_batch(
-    tokens: int, rows: int, labels: int, block_size: int, window: int = 0
+    tokens: int,
+    rows: int,
+    labels: int,
+    block_size: int,
+    window: int = 0,
+    *,
+    context: int = 0,
+    page_size: int = 1,
 ) -> PackedInputs:
     """An all-padding batch of shape (T, S, L), for compiling that program ahead of traffic
-    (with the sliding-window metadata a model of `window` needs)."""
-    pad = np.arange(tokens, dtype=np.int32)  # every token attends only to itself
-    meta = make_meta(pad, pad, pad, block_size=block_size, width_buckets=(tokens // block_size,))
+    (with the sliding-window metadata a model of `window` needs), with a context region of
+    `context` keys read from pool pages of `page_size` tokens (whole pages and blocks)."""
+    if context % block_size or context % page_size:
+        raise ValueError(f"context {context} is not whole blocks of {block_size} and pages")
+    pad = np.arange(context, context + tokens, dtype=np.int32)  # each attends only to itself
+    meta = make_meta(
+        pad,
+        pad,
+        pad,
+        block_size=block_size,
+        width_buckets=((context + tokens) // block_size,),
+        context_pages=np.zeros(context // page_size, np.int32),
+        page_size=page_size,
+    )
     zeros = np.zeros(tokens, np.int32)
     return PackedInputs(
         zeros,

@@ -1,7 +1,7 @@
-"""The Pallas kernel lowered for TPU (Mosaic) and GPU (Triton) on a machine that has neither:
-`jax.export` of the compiled form, at the tiles `kernels.tuning` gives each platform, for head
-dims 64/128, f32/bf16 and GQA groups 1/3/8, with paged context, sliding windows and soft-capped
-scores. A lowering error on either platform fails here."""
+"""The Pallas kernel and the whole scoring program lowered for TPU (Mosaic) and GPU (Triton) on a
+machine that has neither: `jax.export` of the compiled form, at the tiles `kernels.tuning` gives
+each platform, for head dims 64/128, f32/bf16 and GQA groups 1/3/8, with paged context, sliding
+windows and soft-capped scores. A lowering error on either platform fails here."""
 
 import math
 import re
@@ -12,15 +12,17 @@ import jax.numpy as jnp
 import pytest
 from jax import export
 
+from engine.export import KERNEL_CALLS, TARGETS, export_program
+from engine.loaders import load_checkpoint
+from engine.program import DeviceProgram
 from kernels import tuning
 from kernels.pallas import attention_pallas
 from tests.test_attention import layout_meta, random_qkv
 from tests.test_paging import Group, groups_layout, paged_layout
 
 # our platform name -> jax.export's, and the custom call that carries the compiled kernel
-PLATFORMS = {"tpu": ("tpu", "tpu_custom_call"), "gpu": ("cuda", "__gpu$xla.gpu.triton")}
-# JAX promises no serialisation compatibility for Triton calls; lowering is what is checked here
-TRITON = export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")
+PLATFORMS = {p: (TARGETS[p], KERNEL_CALLS[p]) for p in TARGETS}
+TRITON = export.DisabledSafetyCheck.custom_call(KERNEL_CALLS["gpu"])
 BLOCK = 256  # the schedule block: at least every tuned tile, so the tuned tiles are the ones used
 HEADS = {1: (4, 4), 3: (6, 2), 8: (8, 1)}  # GQA group -> (heads, kv heads)
 
@@ -85,3 +87,36 @@ def test_soft_capped_scores_lower(platform):
     marker = PLATFORMS[platform][1]
     capped = kernel_call(lowered(platform, *args, meta, softcap=50.0), marker)
     assert capped != kernel_call(lowered(platform, *args, meta), marker)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("name", ["qwen3", "gemma2", "gemma3"])
+@pytest.mark.parametrize("platform", sorted(PLATFORMS))
+def test_the_scoring_program_lowers(platform, name, dtype, tiny_checkpoints):
+    """The whole forward (q/k norms; Gemma's windows, soft-capping, sandwich norms, local RoPE)
+    with a context region read from the pool and the batch's K/V written back."""
+    checkpoint = load_checkpoint(tiny_checkpoints[name], progress=False)
+    program = DeviceProgram(
+        checkpoint, dtype=dtype, attention="xla", dense="xla", kv_cache_bytes=2**20
+    )
+    exported = export_program(program, platform, (256, 16, 4), 64, context=128)
+    logprobs, pool = exported.out_avals[0], exported.out_avals[1:]
+    assert (logprobs.shape, logprobs.dtype) == ((16, 4), jnp.float32)
+    assert [(x.shape, x.dtype) for x in pool] == [(x.shape, x.dtype) for x in program.pool]
+    text = exported.mlir_module()
+    assert KERNEL_CALLS[platform] in text
+    assert "tpu_custom_call" not in text if platform == "gpu" else "triton" not in text
+
+
+def test_export_refuses_what_cannot_lower(tiny_checkpoints):
+    checkpoint = load_checkpoint(tiny_checkpoints["qwen3"], progress=False)
+    no_pool = DeviceProgram(checkpoint, dtype="float32", attention="xla", dense="xla")
+    with pytest.raises(ValueError, match="needs a KV pool"):
+        export_program(no_pool, "tpu", (256, 16, 4), 64, context=128)
+    with pytest.raises(ValueError, match="platform must be one of"):
+        export_program(no_pool, "rocm", (256, 16, 4), 64)
+    pooled = DeviceProgram(
+        checkpoint, dtype="float32", attention="xla", dense="xla", kv_cache_bytes=2**20
+    )
+    with pytest.raises(ValueError, match="not whole blocks"):
+        export_program(pooled, "gpu", (256, 16, 4), 64, context=40)

@@ -1,0 +1,62 @@
+"""The device program lowered for TPU or GPU on any host (`jax.export`): the forward of one
+packed batch with the Pallas attention in its compiled form, so that a program the accelerator
+could not be given fails here, on the CPU, rather than on the device."""
+
+import functools
+
+import jax
+from jax import export
+
+from engine.models import FAMILIES, label_logprobs
+from engine.packing import empty_batch
+from engine.program import DeviceProgram
+from kernels.dense import XLA
+from kernels.paging import write
+from kernels.pallas import attention_pallas
+
+TARGETS = {"tpu": "tpu", "gpu": "cuda"}  # our platform names -> jax.export's
+KERNEL_CALLS = {"tpu": "tpu_custom_call", "gpu": "__gpu$xla.gpu.triton"}  # the kernel's launch
+# JAX promises no serialisation compatibility for Triton calls: lowering is what is checked
+_UNCHECKED = {"gpu": [export.DisabledSafetyCheck.custom_call(KERNEL_CALLS["gpu"])]}
+
+
+def export_program(
+    program: DeviceProgram,
+    platform: str,
+    shape: tuple[int, int, int],
+    block_size: int,
+    *,
+    context: int = 0,
+) -> export.Exported:
+    """`program`'s forward of a batch of shape (T, S, L) that reads `context` keys from the KV
+    pool, lowered for `platform` ("tpu" or "gpu") with the Pallas kernel compiled at that
+    platform's tuned tiles. Only shapes and dtypes are used, not the weights' values. The
+    program must take the XLA dense path (the native kernel is the CPU's) and, for a context,
+    have a pool. Raises ValueError otherwise; a lowering error propagates."""
+    if platform not in TARGETS:
+        raise ValueError(f"platform must be one of {sorted(TARGETS)}, got {platform!r}")
+    if program.dense is not XLA:
+        raise ValueError(f"export needs the 'xla' dense path, not {program.dense.name!r}")
+    if context and program.pool is None:
+        raise ValueError("a context region needs a KV pool (kv_cache_bytes > 0)")
+    forward = functools.partial(
+        label_logprobs,
+        cfg=program.config,
+        family=FAMILIES[program.config.family],
+        attention=functools.partial(attention_pallas, platform=platform),
+        dense=program.dense,
+        write_kv=write,
+    )
+    window = program.config.window
+    batch = empty_batch(*shape, block_size, window, context=context, page_size=program.page_size)
+    lower = export.export(
+        jax.jit(forward),
+        platforms=[TARGETS[platform]],
+        disabled_checks=_UNCHECKED.get(platform, []),
+    )
+    return lower(_abstract(program.params), batch, _abstract(program.pool))
+
+
+def _abstract(tree):
+    """Shapes and dtypes only: nothing is copied or computed for an export."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
