@@ -16,6 +16,9 @@ reach it:
   each from the kv head `h // G` of the unrepeated K/V.
 
 `interpret=True` runs either form with the Pallas interpreter, which is how the CPU tests run it.
+`interpret=pltpu.InterpretParams(...)` runs the TPU form in Pallas' TPU interpret mode instead: it
+models TPU memory spaces, DMAs and megacore splitting of "parallel" grid axes (uninitialised
+scratch reads NaN; `detect_races=True` checks the pipeline's copies), at the TPU's tuned tiles.
 """
 
 import functools
@@ -73,7 +76,7 @@ def attention_pallas(
     scale: float,
     softcap: float = 0.0,
     pool: LayerPool | None = None,
-    interpret: bool = False,
+    interpret: bool | pltpu.InterpretParams = False,
     block_sizes: BlockSizes | None = None,
     platform: str | None = None,
 ) -> jax.Array:  # [T, H, D] in q's dtype
@@ -82,18 +85,24 @@ def attention_pallas(
     Query head h reads kv head `h // (H // Hkv)`; q, k and v share a dtype (float32 or bfloat16);
     scores and softmax statistics are f32; `softcap` > 0 soft-caps the scaled scores (Gemma 2).
     `platform` ("tpu" or "gpu") picks the kernel form,
-    None the default backend's (the GPU form when that is the CPU). `interpret` runs it with the
-    Pallas interpreter (required on CPU). `block_sizes` overrides the tuned tiles; each tile must
-    divide the schedule block B (larger tiles are clamped to B). Raises ValueError on malformed
-    inputs. The context region's keys are gathered from `pool`'s pages first (`kernels.paging`).
+    None the default backend's (the GPU form when that is the CPU). `interpret=True` runs it with
+    the Pallas interpreter (required on CPU) at the largest tiles; `pltpu.InterpretParams` runs
+    the TPU form in TPU interpret mode at the TPU's tiles. `block_sizes` overrides the tuned
+    tiles; each tile must divide the schedule block B (larger tiles are clamped to B). Raises
+    ValueError on malformed inputs. The context region's keys are gathered from `pool`'s pages
+    first (`kernels.paging`).
     """
     k, v = with_context(k, v, meta, pool)
     platform = platform or _default_platform()
     if platform not in PLATFORMS:
         raise ValueError(f"platform must be one of {PLATFORMS}, got {platform!r}")
+    if isinstance(interpret, pltpu.InterpretParams) and platform != "tpu":
+        raise ValueError(f"TPU interpret mode runs the TPU form, not platform {platform!r}")
     _check_inputs(q, k, v, meta)
-    # The interpreter's cost is per step, so it takes the "cpu" entry: the largest tiles.
-    sizes = block_sizes or tuning.lookup(q.shape[-1], q.dtype, "cpu" if interpret else platform)
+    # The plain interpreter's cost is per step, so it takes the "cpu" entry: the largest tiles.
+    sizes = block_sizes or tuning.lookup(
+        q.shape[-1], q.dtype, "cpu" if interpret is True else platform
+    )
     tiles = _tiles(sizes, meta.block_kv.shape, meta.block_size, tuned=block_sizes is None)
     _check_lowering(q.shape[-1], tiles, platform, interpret)
     if platform == "tpu":
@@ -209,6 +218,10 @@ def _div(x: jax.Array, d: int) -> jax.Array:
 
 # --- TPU: scalar-prefetched schedule, one key tile per grid step ----------------------------
 
+# Heads and query tiles are independent (a megacore may split them); the key steps of one tile
+# carry its softmax state in scratch, so they must run in order on one core.
+_TPU_SEMANTICS = ("parallel", "parallel", "arbitrary")
+
 
 def _tpu_kernel(
     block_kv_ref,  # SMEM i32[n * K]
@@ -255,7 +268,15 @@ def _tpu_kernel(
 
 
 def _run_tpu(
-    q, k, v, meta: AttentionMeta, *, scale: float, softcap: float, tiles: _Tiles, interpret: bool
+    q,
+    k,
+    v,
+    meta: AttentionMeta,
+    *,
+    scale: float,
+    softcap: float,
+    tiles: _Tiles,
+    interpret: bool | pltpu.InterpretParams,
 ):
     t, num_heads, head_dim = q.shape
     num_kv = k.shape[1]
@@ -285,9 +306,7 @@ def _run_tpu(
         functools.partial(_tpu_kernel, scale=scale, softcap=softcap, tiles=tiles),
         grid_spec=grid_spec,
         out_shape=jax.ShapeDtypeStruct(q_rows.shape, q.dtype),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary")
-        ),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=_TPU_SEMANTICS),
         interpret=interpret,
     )(
         meta.block_kv.reshape(-1),
@@ -459,8 +478,10 @@ def _tiles(
     return _Tiles(block_q, block_k, block // block_q, block // block_k, schedule_shape[1])
 
 
-def _check_lowering(head_dim: int, tiles: _Tiles, platform: str, interpret: bool) -> None:
-    if interpret:
+def _check_lowering(
+    head_dim: int, tiles: _Tiles, platform: str, interpret: bool | pltpu.InterpretParams
+) -> None:
+    if interpret is True:
         return
     if platform == "gpu" and not all(map(_triton_size, (head_dim, tiles.block_q, tiles.block_k))):
         raise ValueError(
