@@ -21,6 +21,7 @@ from api.scoring import invocations, json_response, rerank, score, vllm_score_ro
 from api.service import Service
 from api.settings import model_path
 from engine import Engine
+from engine.plan import capacities
 
 
 async def tei_info(service: Service, request: Request) -> Response:
@@ -113,6 +114,7 @@ async def server_info(service: Service, request: Request) -> Response:
         buckets=schemas.BucketGrid(**engine.buckets._asdict()) if engine else None,
         kv_bytes_per_token=engine.program.kv_bytes_per_token if engine else None,
         kv_pool=_kv_pool(engine) if engine else None,
+        plan=_plan(engine) if engine else None,
         max_sequence_tokens=engine.max_sequence_tokens if engine else None,
         stats=engine.stats() if engine else None,
         profiling=service.profiling,
@@ -129,6 +131,12 @@ def _kv_pool(engine) -> schemas.KVPool:
         bytes=program.pool_tokens * program.kv_bytes_per_token,
         prefix_cache=engine.scheduler.cache is not None,
     )
+
+
+def _plan(engine) -> dict[str, schemas.DevicePlan]:
+    program = engine.program
+    figures = capacities(program.config, program.dtype, program.weight_bytes)
+    return {kind: schemas.DevicePlan(**f) for kind, f in figures.items()}
 
 
 async def metrics(service: Service, request: Request) -> Response:

@@ -216,6 +216,16 @@ class KVPool(msgspec.Struct, kw_only=True):
     prefix_cache: bool
 
 
+class DevicePlan(msgspec.Struct, kw_only=True):
+    """The model's memory figures on one device kind (`engine.plan.capacity`)."""
+
+    memory_bytes: int
+    weight_bytes: int
+    kv_bytes_per_token: int
+    default_pool_tokens: int  # the pool the engine makes by default there
+    capacity_tokens: int  # tokens a pool could hold in all the weights leave
+
+
 class ServerInfo(msgspec.Struct, kw_only=True):
     """`/get_server_info`: the configuration (never the API key), the padding grid and the
     engine's counters; the engine's parts are null while it loads."""
@@ -230,6 +240,8 @@ class ServerInfo(msgspec.Struct, kw_only=True):
     buckets: BucketGrid | None
     kv_bytes_per_token: int | None
     kv_pool: KVPool | None
+    # per device kind ("cpu" is this host; h100, h200, tpu-v5e, tpu-v6e): `python -m engine.plan`
+    plan: dict[str, DevicePlan] | None
     max_sequence_tokens: int | None
     stats: EngineStats | None
     profiling: str | None  # the trace directory while a profile runs

@@ -1,28 +1,14 @@
 """The machine's matmul peak, measured in the run that reports MFU against it.
 
-Square GEMMs in JAX per dtype: bf16 inputs with f32 accumulation (the engine's bf16 path) and
-f32. Each size's best of `repeats` timed calls after a warm-up, in GFLOP/s; the peak is the best
-size (on this CPU 2048 beats 4096 by ~25%, so one size alone would understate the peak).
+Square GEMMs in JAX per dtype (`engine.plan.devices.gemm_gflops`): bf16 inputs with f32
+accumulation (the engine's bf16 path) and f32. Each size's best of `repeats` timed calls after a
+warm-up, in GFLOP/s; the peak is the best size (on this CPU 2048 beats 4096 by ~25%, so one size
+alone would understate the peak).
 """
 
-import time
-
-import jax
 import jax.numpy as jnp
-import numpy as np
 
-
-def gemm_gflops(n: int, dtype, repeats: int) -> float:
-    rng = np.random.default_rng(0)
-    a, b = (jnp.asarray(rng.standard_normal((n, n), np.float32), dtype) for _ in range(2))
-    f = jax.jit(lambda x, y: jnp.matmul(x, y, preferred_element_type=jnp.float32))
-    f(a, b).block_until_ready()  # warm-up: compiles
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        f(a, b).block_until_ready()
-        best = min(best, time.perf_counter() - start)
-    return 2 * n**3 / best / 1e9
+from engine.plan.devices import gemm_gflops
 
 
 def measure_peaks(sizes=(1024, 2048, 4096), repeats: int = 5) -> dict:

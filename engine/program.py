@@ -128,7 +128,8 @@ class DeviceProgram:
         self.page_size = page_size
         if kv_cache_bytes is None:
             kv_cache_bytes = default_kv_cache_bytes(self.kv_bytes_per_token)
-        self.num_pages = max(0, kv_cache_bytes) // (page_size * self.kv_bytes_per_token)
+        page_bytes = page_size * self.kv_bytes_per_token
+        self.num_pages = kv_cache_bytes // page_bytes if kv_cache_bytes > 0 else 0
         self.pool: LayerPool | None = self._empty_pool()
         self.pool_resets = 0  # times the pool was lost (a failed step) and zeroed again
 
@@ -136,6 +137,11 @@ class DeviceProgram:
     def kv_bytes_per_token(self) -> int:
         """KV-cache bytes one token costs in this program's dtype."""
         return self.config.kv_bytes_per_token(np.dtype(DTYPES[self.dtype]).itemsize)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the weights on the device."""
+        return sum(x.nbytes for x in jax.tree.leaves(self.params))
 
     @property
     def pool_tokens(self) -> int:

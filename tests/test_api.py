@@ -4,6 +4,7 @@ thread behind the bridge) and on trio (engine in the server's loop): every endpo
 import itertools
 import json
 import logging
+import os
 import threading
 import time
 import uuid
@@ -549,6 +550,7 @@ def test_server_info(client, tiny_path):
         "buckets",
         "kv_bytes_per_token",
         "kv_pool",
+        "plan",
         "max_sequence_tokens",
         "stats",
         "profiling",
@@ -576,6 +578,18 @@ def test_server_info(client, tiny_path):
         "bytes": 2**18 * 512,
         "prefix_cache": True,
     }
+    weights = engine_of(client).program.weight_bytes
+    assert list(info["plan"]) == ["cpu", "h100", "h200", "tpu-v5e", "tpu-v6e"]
+    assert info["plan"]["h100"] == {
+        "memory_bytes": 80 * 10**9,
+        "weight_bytes": weights,
+        "kv_bytes_per_token": 512,
+        "default_pool_tokens": 2**18,  # an eighth of 80 GB holds more than the cap
+        "capacity_tokens": (80 * 10**9 - weights) // 512,
+    }
+    assert info["plan"]["cpu"]["memory_bytes"] == os.sysconf("SC_PAGE_SIZE") * os.sysconf(
+        "SC_PHYS_PAGES"
+    )
     assert set(info["stats"]) == set(msgspec.structs.asdict(engine_of(client).stats()))
 
 

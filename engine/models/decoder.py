@@ -182,6 +182,7 @@ def label_logprobs(
     attention: Callable,
     dense: Dense,
     write_kv: Callable | None = None,
+    unroll: bool = False,
 ) -> tuple[jax.Array, KVPool | None]:
     """Full-vocabulary log-probs f32[S, L] of `label_ids` at each score row, and the pool; with a
     sequence-classification head (`cfg.num_labels`), the head's raw logits of those labels.
@@ -222,9 +223,10 @@ def label_logprobs(
     indices = jnp.arange(cfg.num_layers, dtype=jnp.int32)
     sliding = jnp.asarray(cfg.sliding_layers or (False,) * cfg.num_layers)
     layer = lambda carry, xs: _layer(carry, xs, step)
-    (x, pool), _ = jax.lax.scan(layer, (x, pool), (indices, sliding, params["layers"]))
+    xs = (indices, sliding, params["layers"])
+    (x, pool), _ = jax.lax.scan(layer, (x, pool), xs, unroll=unroll)
     h = rms_norm(x[inputs.score_rows], params["final_norm"], cfg.rms_norm_eps)  # [S, E]
-    head = lambda h, labels: _label_scores(h, labels, params["head"], cfg, dense)
+    head = lambda h, labels: label_scores(h, labels, params["head"], cfg, dense)
     return _by_row_chunks(head, h, inputs.label_ids), pool
 
 
@@ -234,7 +236,7 @@ def label_logprobs(
 HEAD_ROWS = 128
 
 
-def _label_scores(h: jax.Array, labels: jax.Array, head, cfg: ModelConfig, dense: Dense):
+def label_scores(h: jax.Array, labels: jax.Array, head, cfg: ModelConfig, dense: Dense):
     """f32[R, L]: log-probs of `labels` (i32[R, L]) at rows h f32[R, E], or a classifier's
     logits of them. The label `V` (one past the vocabulary) reads the negated log-normaliser:
     a label's log-prob minus it is that label's logit."""

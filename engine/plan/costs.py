@@ -1,0 +1,146 @@
+"""What one packed batch costs in FLOPs and bytes moved, from XLA's cost analysis.
+
+XLA's cost analysis counts a loop's body once, whatever its trip count, and the forward loops
+over layers (`lax.scan`), over chunks of `HEAD_ROWS` score rows, and (inside attention) over
+the schedule's key blocks. So a batch shape is analysed in parts whose counts are known:
+
+- the forward compiled with one layer and with two (unrolled): their difference is one layer's
+  dense work (projections, norms, RoPE, MLP), counted once per layer, and the one-layer program
+  less it the rest (embedding, final norm, one head chunk). Attention is left out of both (a
+  stand-in that returns its queries);
+- the head on one chunk of `HEAD_ROWS` rows, counted once per chunk past the first;
+- attention from the batch's block schedule (each layer's own, sliding or global): every
+  visited (query block, key block) pair costs what the kernels compute on it, 4 B^2 D H FLOPs,
+  and reads a block of keys and values.
+
+Programs take the XLA dense path, so every matmul is visible to the analysis.
+"""
+
+import functools
+from typing import NamedTuple
+
+import jax
+import msgspec
+import numpy as np
+
+from engine.loaders import Checkpoint
+from engine.models import FAMILIES, PackedInputs, label_logprobs
+from engine.models.decoder import HEAD_ROWS, label_scores
+from engine.packing import empty_batch
+from engine.program import DTYPES, DeviceProgram
+
+
+class Cost(NamedTuple):
+    flops: float
+    bytes: float
+
+    def plus(self, other: "Cost", times: float = 1.0) -> "Cost":
+        return Cost(self.flops + times * other.flops, self.bytes + times * other.bytes)
+
+
+class ShapeCost(NamedTuple):
+    """The parts of one batch shape (T, S, L) whose counts the batch decides."""
+
+    outside: Cost  # embedding, final norm, one head chunk
+    layer: Cost  # one layer without attention
+    head_chunk: Cost  # one more chunk of HEAD_ROWS score rows
+    temp_bytes: int  # XLA's temporary buffers of the one-layer program
+
+
+class Analyser:
+    """XLA costs of a model's batch shapes, each compiled once (two small programs)."""
+
+    def __init__(self, checkpoint: Checkpoint, dtype: str, block_size: int):
+        self.config = checkpoint.config
+        self.dtype = dtype
+        self.block_size = block_size
+        self.programs = [_program(checkpoint, layers, dtype) for layers in (1, 2)]
+        self._shapes: dict[tuple[int, int, int], ShapeCost] = {}
+
+    @property
+    def weight_bytes(self) -> int:
+        """The whole model's device weights: the shared ones plus one layer's per layer."""
+        one, two = (p.weight_bytes for p in self.programs)
+        return one + (self.config.num_layers - 1) * (two - one)
+
+    def shape(self, shape: tuple[int, int, int]) -> ShapeCost:
+        if shape not in self._shapes:
+            self._shapes[shape] = self._analyse(shape)
+        return self._shapes[shape]
+
+    def batch(self, inputs: PackedInputs) -> Cost:
+        """The cost of one packed batch (numpy inputs, as `engine.packing.pack` makes them)."""
+        t, s, labels = len(inputs.tokens), len(inputs.score_rows), inputs.label_ids.shape[1]
+        parts = self.shape((t, s, labels))
+        cost = parts.outside.plus(parts.layer, self.config.num_layers)
+        cost = cost.plus(parts.head_chunk, max(0, -(-s // HEAD_ROWS) - 1))
+        return cost.plus(self._attention(inputs))
+
+    def _analyse(self, shape: tuple[int, int, int]) -> ShapeCost:
+        t, s, labels = shape
+        rows = min(s, HEAD_ROWS)
+        batch = empty_batch(t, rows, labels, self.block_size, self.config.window)
+        (one, temp), (two, _) = (_compiled_cost(p, batch) for p in self.programs)
+        layer = Cost(two.flops - one.flops, two.bytes - one.bytes)
+        return ShapeCost(one.plus(layer, -1), layer, self._head(labels), temp)
+
+    def _head(self, labels: int) -> Cost:
+        program = self.programs[0]
+        h = jax.ShapeDtypeStruct((HEAD_ROWS, self.config.hidden_size), np.float32)
+        ids = jax.ShapeDtypeStruct((HEAD_ROWS, labels), np.int32)
+        head = functools.partial(
+            label_scores, head=program.params["head"], cfg=self.config, dense=program.dense
+        )
+        return _cost(jax.jit(head).lower(h, ids).compile())
+
+    def _attention(self, inputs: PackedInputs) -> Cost:
+        c = self.config
+        itemsize = np.dtype(DTYPES[self.dtype]).itemsize
+        sliding = sum(c.sliding_layers) if c.window else 0
+        b = self.block_size
+        pair = Cost(
+            4 * b * b * c.head_dim * c.num_heads, 2 * b * c.num_kv_heads * c.head_dim * itemsize
+        )
+        per_query_block = Cost(0, 2 * b * c.num_heads * c.head_dim * itemsize)  # q in, out
+        cost = Cost(0.0, 0.0)
+        for meta, layers in ((inputs.meta, c.num_layers - sliding), (inputs.window_meta, sliding)):
+            if layers:
+                pairs = int(np.asarray(meta.block_count).sum())
+                blocks = len(meta.block_count)
+                cost = cost.plus(pair, layers * pairs).plus(per_query_block, layers * blocks)
+        return cost
+
+
+def _program(checkpoint: Checkpoint, layers: int, dtype: str) -> DeviceProgram:
+    cfg = checkpoint.config
+    cfg = msgspec.structs.replace(
+        cfg, num_layers=layers, sliding_layers=cfg.sliding_layers[:layers]
+    )
+    params = dict(checkpoint.params)
+    params["layers"] = {name: x[:layers] for name, x in params["layers"].items()}
+    small = Checkpoint(cfg, params, checkpoint.tokenizer, checkpoint.source)
+    return DeviceProgram(small, dtype=dtype, dense="xla", attention="xla", kv_cache_bytes=0)
+
+
+def _no_attention(q, k, v, meta, *, scale, softcap=0.0, pool=None):
+    return q
+
+
+def _compiled_cost(program: DeviceProgram, batch: PackedInputs) -> tuple[Cost, int]:
+    forward = functools.partial(
+        label_logprobs,
+        cfg=program.config,
+        family=FAMILIES[program.config.family],
+        attention=_no_attention,
+        dense=program.dense,
+        unroll=True,
+    )
+    compiled = jax.jit(forward).lower(program.params, batch, None).compile()
+    return _cost(compiled), compiled.memory_analysis().temp_size_in_bytes
+
+
+def _cost(compiled) -> Cost:
+    analysis = compiled.cost_analysis()
+    if isinstance(analysis, list):  # older JAX: one dict per computation
+        analysis = analysis[0]
+    return Cost(float(analysis.get("flops", 0.0)), float(analysis.get("bytes accessed", 0.0)))
