@@ -71,6 +71,12 @@ class _EngineCollector(Collector):
         yield _gauge("scoring_queue_depth", "Requests waiting to be batched", s.queue_depth)
         yield _gauge("scoring_requests_in_flight", "Requests inside the engine", s.in_flight)
         yield _counter("scoring_batches", "Batches run on the device", s.batches)
+        runners = CounterMetricFamily(
+            "scoring_runner_batches", "Batches run by each device runner", labels=["runner"]
+        )
+        for i, n in enumerate(s.runner_batches):
+            runners.add_metric([str(i)], n)
+        yield runners
         yield _counter(
             "scoring_failed_batches", "Batches whose device step failed", s.failed_batches
         )

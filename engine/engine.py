@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import jax
 import msgspec
 import numpy as np
 import tokenizers
@@ -39,6 +40,7 @@ from engine.kv_cache import KVCache
 from engine.loaders import load_checkpoint
 from engine.messages import Cancel, Rejected, Scored, ScoreRequest, Timings
 from engine.models import ModelConfig
+from engine.placement import Placement, device_groups
 from engine.program import (
     DEFAULT_PAGE_SIZE,
     DeviceProgram,
@@ -84,6 +86,11 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # the rerank recipe: "qwen3-reranker" | "mxbai-rerank-v2" | "chatml" | "plain"; None
     # detects it from the checkpoint (engine.templates.template_for)
     reranker: str | None = None
+    # device runners, each with its own weights, programs and KV pool; None: as many as the
+    # local devices make in groups of tensor_parallel
+    data_parallel: int | None = None
+    # devices each runner's weights and KV pool are sharded over (engine.placement)
+    tensor_parallel: int = 1
 
     def buckets(self, context: int, window: int = 0) -> Buckets:
         """The padding grid for a model of `context` positions and sliding `window`;
@@ -141,6 +148,7 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
     kv_pages_evicted: int = 0
     kv_pages_used: int = 0  # cached, or held by planned and running batches
     kv_pages_free: int = 0
+    runner_batches: list[int] = []  # batches run by each device runner
 
 
 DOCUMENTS = {"items": "documents"}  # rerank's name for the items of its score call
@@ -155,20 +163,22 @@ class _Waiter:
 class Engine:
     """Scores and reranks through the actors; create it with `open_engine`.
 
-    `tokenizer` is the model's Hugging Face tokenizer, `program` the device program (its
-    `config` the architecture, its `dtype` the weight dtype), `template` the rerank prompt.
+    `tokenizer` is the model's Hugging Face tokenizer, `programs` the device programs, one per
+    runner (`program`, the first, tells the architecture in its `config` and the weight dtype),
+    `template` the rerank prompt.
     """
 
     def __init__(
         self,
         config: EngineConfig,
         tokenizer: tokenizers.Tokenizer,
-        program: DeviceProgram,
+        programs: DeviceProgram | Sequence[DeviceProgram],
         source: str | None = None,
     ):
         self.config = config
         self.tokenizer = tokenizer
-        self.program = program
+        self.programs = [programs] if isinstance(programs, DeviceProgram) else list(programs)
+        self.program = program = self.programs[0]
         context = program.config.max_position_embeddings
         self.buckets = config.buckets(context, program.config.window)
         self.max_sequence_tokens = self.buckets.max_sequence(context)
@@ -187,9 +197,9 @@ class Engine:
             token_budget=config.token_budget,
             max_queued_tokens=config.max_queued_tokens,
             linger=config.batch_linger_ms / 1000,
-            cache=self._kv_cache(config, program),
+            caches=[self._kv_cache(config, p) for p in self.programs],
         )
-        self.runner = runner.RunnerState(program, block_size=config.block_size)
+        self.runners = [runner.RunnerState(p, block_size=config.block_size) for p in self.programs]
         self._ids = itertools.count()
         self._waiters: dict[int, _Waiter] = {}
         self._sent = 0  # messages handed to the tokenizer; each reaches the scheduler once
@@ -200,6 +210,11 @@ class Engine:
         if not (config.prefix_cache and program.num_pages):
             return None
         return KVCache(program.num_pages, program.page_size, max_context=self.buckets.max_context)
+
+    @property
+    def runner(self) -> runner.RunnerState:
+        """The first device runner (the only one without data parallelism)."""
+        return self.runners[0]
 
     @property
     def model_config(self) -> ModelConfig:
@@ -216,15 +231,20 @@ class Engine:
     async def _start(self, nursery: trio.Nursery) -> None:
         to_tokenizer, tokenizer_inbox = trio.open_memory_channel(math.inf)
         to_scheduler, scheduler_inbox = trio.open_memory_channel(math.inf)
-        to_runner, runner_inbox = trio.open_memory_channel(0)
         to_engine, engine_inbox = trio.open_memory_channel(math.inf)
         self._to_tokenizer = to_tokenizer
         grid = self.buckets.grid(self.config.token_budget) if self.config.precompile else []
         run_runner = functools.partial(runner.run, progress=self.config.progress)
-        await nursery.start(run_runner, self.runner, runner_inbox, to_scheduler.clone(), grid)
+        to_runners = []
+        async with trio.open_nursery() as compiling:  # every runner compiles its grid at once
+            for state in self.runners:
+                to_runner, runner_inbox = trio.open_memory_channel(1)  # one batch handed ahead
+                to_runners.append(to_runner)
+                channels = (state, runner_inbox, to_scheduler.clone(), grid)
+                compiling.start_soon(functools.partial(nursery.start, run_runner, *channels))
         await nursery.start(tokenizer_actor.run, self.tokenization, tokenizer_inbox, to_scheduler)
         run_scheduler = functools.partial(scheduler.run, on_change=self._on_change)
-        await nursery.start(run_scheduler, self.scheduler, scheduler_inbox, to_runner, to_engine)
+        await nursery.start(run_scheduler, self.scheduler, scheduler_inbox, to_runners, to_engine)
         nursery.start_soon(self._deliver, engine_inbox)
 
     def _on_change(self) -> None:
@@ -474,8 +494,8 @@ class Engine:
     def flush_cache(self) -> None:
         """Forget every cached prefix: later requests compute theirs again. Safe at any time
         (batches already planned still read and write the pages they were given)."""
-        if self.scheduler.cache is not None:
-            self.scheduler.cache.reset()
+        for cache in filter(None, self.scheduler.caches):
+            cache.reset()
 
     def idle(self) -> bool:
         """True when no request is in flight and nothing is queued, planned or running."""
@@ -490,33 +510,35 @@ class Engine:
 
     def stats(self) -> EngineStats:
         """Counters for metrics, read at the moment of the call."""
-        s, r, c = self.scheduler.stats, self.runner.stats, self.tokenization.cache
+        s, c = self.scheduler.stats, self.tokenization.cache
+        runs = [r.stats for r in self.runners]
         return EngineStats(
             in_flight=len(self._waiters),
             queue_depth=self.scheduler.queue_depth(),
-            batches=r.batches,
-            failed_batches=r.failed,
+            batches=sum(r.batches for r in runs),
+            failed_batches=sum(r.failed for r in runs),
             real_tokens=s.real_tokens,
             padded_tokens=s.padded_tokens,
             prefix_tokens_saved=s.prefix_tokens_saved,
-            compiles=r.compiles,
-            device_busy_s=r.busy_s,
+            compiles=sum(r.compiles for r in runs),
+            device_busy_s=sum(r.busy_s for r in runs),
             cache_hits=c.hits,
             cache_misses=c.misses,
+            runner_batches=[r.batches for r in runs],
             **self._kv_stats(),
         )
 
     def _kv_stats(self) -> dict[str, int]:
-        cache = self.scheduler.cache
-        if cache is None:
+        caches = [cache for cache in self.scheduler.caches if cache is not None]
+        if not caches:
             return {}
-        tree = cache.tree
+        trees = [cache.tree for cache in caches]
         return {
-            "prefix_cache_hit_tokens": cache.stats.hit_tokens,
-            "prefix_cache_miss_tokens": cache.stats.miss_tokens,
-            "kv_pages_evicted": tree.evicted,
-            "kv_pages_used": tree.num_pages - tree.free_pages,
-            "kv_pages_free": tree.free_pages,
+            "prefix_cache_hit_tokens": sum(cache.stats.hit_tokens for cache in caches),
+            "prefix_cache_miss_tokens": sum(cache.stats.miss_tokens for cache in caches),
+            "kv_pages_evicted": sum(tree.evicted for tree in trees),
+            "kv_pages_used": sum(tree.num_pages - tree.free_pages for tree in trees),
+            "kv_pages_free": sum(tree.free_pages for tree in trees),
         }
 
 
@@ -578,18 +600,22 @@ async def open_engine(config: EngineConfig | None = None) -> AsyncIterator[Engin
     checkpoint = await trio.to_thread.run_sync(
         functools.partial(load_checkpoint, config.model, progress=config.progress)
     )
-    program = await trio.to_thread.run_sync(
-        functools.partial(
-            DeviceProgram,
-            checkpoint,
-            dtype=config.dtype,
-            attention=config.attention,
-            dense=config.dense,
-            kv_cache_bytes=config.kv_cache_bytes,
-            page_size=config.kv_page_size,
-        )
+    groups = device_groups(config.data_parallel, config.tensor_parallel)
+    make = functools.partial(
+        DeviceProgram,
+        checkpoint,
+        dtype=config.dtype,
+        attention=config.attention,
+        dense=config.dense,
+        kv_cache_bytes=config.kv_cache_bytes,
+        page_size=config.kv_page_size,
+        share=len(groups) if jax.default_backend() == "cpu" else 1,  # one host memory
     )
-    engine = Engine(config, checkpoint.tokenizer, program, checkpoint.source)
+    programs = [
+        await trio.to_thread.run_sync(functools.partial(make, placement=Placement(group)))
+        for group in groups
+    ]
+    engine = Engine(config, checkpoint.tokenizer, programs, checkpoint.source)
     del checkpoint  # the host copy of the weights: the program holds them on the device
     async with trio.open_nursery() as nursery:
         await engine._start(nursery)

@@ -13,6 +13,7 @@ from engine.errors import InvalidInput
 from engine.loaders import Checkpoint
 from engine.models import FAMILIES, Dense, ModelConfig, PackedInputs, label_logprobs
 from engine.packing import empty_batch
+from engine.placement import Placement, put
 from kernels import select_attention, select_dense
 from kernels.host import to_device
 from kernels.paging import LayerPool, empty_pool, write
@@ -87,6 +88,9 @@ class DeviceProgram:
     implementations (None: the backend's default; see `kernels.select_attention` and
     `kernels.select_dense`). The pool holds as many pages of `page_size` tokens as
     `kv_cache_bytes` pays for (none: no pool, and batches may not name context pages).
+    `placement` puts the weights and pool on one device or shards them over several
+    (`engine.placement`); None leaves them on the default device. Several devices need the
+    "xla" dense path (None picks it).
     """
 
     def __init__(
@@ -98,12 +102,19 @@ class DeviceProgram:
         dense: str | None = None,
         kv_cache_bytes: int | None = 0,
         page_size: int = DEFAULT_PAGE_SIZE,
+        placement: Placement | None = None,
+        share: int = 1,
     ):
         if dtype not in DTYPES:
             raise InvalidInput("dtype", f"{dtype!r} is not one of {sorted(DTYPES)}")
         self.config: ModelConfig = checkpoint.config
         self.dtype = dtype
+        self.placement = placement or Placement(jax.local_devices()[:1])
         backend = jax.default_backend()
+        sharded = self.placement.size > 1
+        if sharded and dense not in (None, "xla"):
+            raise InvalidInput("dense", "tensor parallelism needs the 'xla' dense path")
+        dense = "xla" if sharded else dense
         self.dense: Dense = select_dense(dense, backend, dtype=DTYPES[dtype])
         self.attention = select_attention(
             attention,
@@ -113,7 +124,9 @@ class DeviceProgram:
             softcap=self.config.attn_softcap,
         )
         silu = checkpoint.config.mlp_activation == "silu"
-        self.params = place_params(checkpoint.params, DTYPES[dtype], self.dense, fused_silu=silu)
+        with self.placement.default_device():
+            params = place_params(checkpoint.params, DTYPES[dtype], self.dense, fused_silu=silu)
+        self.params = self.placement.params(params)
         forward = functools.partial(
             label_logprobs,
             cfg=self.config,
@@ -122,16 +135,18 @@ class DeviceProgram:
             dense=self.dense,
             write_kv=write,
         )
-        self._forward = jax.jit(forward, donate_argnums=2)  # the pool is updated in place
         if page_size < 1:
             raise InvalidInput("page_size", f"must be at least 1, got {page_size}")
         self.page_size = page_size
-        if kv_cache_bytes is None:
-            kv_cache_bytes = default_kv_cache_bytes(self.kv_bytes_per_token)
+        if kv_cache_bytes is None:  # runners that `share` one memory divide the default
+            kv_cache_bytes = default_kv_cache_bytes(self.kv_bytes_per_token) // share
         page_bytes = page_size * self.kv_bytes_per_token
         self.num_pages = kv_cache_bytes // page_bytes if kv_cache_bytes > 0 else 0
         self.pool: LayerPool | None = self._empty_pool()
         self.pool_resets = 0  # times the pool was lost (a failed step) and zeroed again
+        # the pool is updated in place, and keeps its sharding from step to step
+        outputs = (self.placement.replicated(), self.placement.pool_shardings(self.pool))
+        self._forward = jax.jit(forward, donate_argnums=2, out_shardings=outputs)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -140,8 +155,9 @@ class DeviceProgram:
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of the weights on the device."""
-        return sum(x.nbytes for x in jax.tree.leaves(self.params))
+        """Bytes of the weights on the device (a tied head that is the embedding counted once)."""
+        leaves = {id(x): x for x in jax.tree.leaves(self.params)}
+        return sum(x.nbytes for x in leaves.values())
 
     @property
     def pool_tokens(self) -> int:
@@ -182,6 +198,8 @@ class DeviceProgram:
             return None
         c = self.config
         dtype = DTYPES[self.dtype]
-        return empty_pool(
-            c.num_layers, self.num_pages, self.page_size, c.num_kv_heads, c.head_dim, dtype
-        )
+        with self.placement.default_device():
+            pool = empty_pool(
+                c.num_layers, self.num_pages, self.page_size, c.num_kv_heads, c.head_dim, dtype
+            )
+        return put(pool, self.placement.pool_shardings(pool))

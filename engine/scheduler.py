@@ -7,12 +7,17 @@ the device. When the device has just answered requests, it waits up to `linger` 
 that many more requests to queue: closed-loop clients come straight back, and without the wait
 their cohorts split into small, slow batches. A lone request is never held back (its cohort is
 itself). Requests are served in arrival order; one of many items may span several batches.
+
+With several device runners (data parallel) each has its own KV pool, so each has its own
+cache here, and a window is planned for one runner: a free runner whose cache holds most of the
+head request's prefix, else the least used. A runner is handed at most one batch ahead of the
+one it runs.
 """
 
 import math
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 
 import trio
@@ -37,7 +42,8 @@ class _Request:
     build_s: float = 0.0
     device_s: float = 0.0
     cached_tokens: int = 0  # prompt tokens read from the KV cache
-    hold: tuple[int, int] | None = None  # (node, epoch) of the cached prefix pinned while queued
+    # per runner's cache: (node, epoch) of the cached prefix pinned while queued, or None
+    holds: list[tuple[int, int] | None] = field(default_factory=list)
 
 
 @dataclass
@@ -45,6 +51,7 @@ class _InFlight:
     rows: list[tuple[int, int]]  # (request id, item index) per score row
     contexts: list  # engine.packing.Context | None per chunk: committed or aborted when done
     cached: list[int]  # tokens of each row read from the KV cache
+    runner: int = 0
 
 
 @dataclass
@@ -65,10 +72,12 @@ class SchedulerState:
         token_budget: int,
         max_queued_tokens: int,
         linger: float = 0.0,
-        cache: KVCache | None = None,
+        caches: Sequence[KVCache | None] = (None,),
     ):
         self.buckets = buckets
-        self.cache = cache
+        self.caches = list(caches)  # one per device runner
+        self.assigned = [0] * len(self.caches)  # batches handed to each runner, not done
+        self.runner_batches = [0] * len(self.caches)  # batches each runner was handed
         self.token_budget = token_budget
         self.max_queued_tokens = max_queued_tokens
         self.linger = linger
@@ -79,14 +88,21 @@ class SchedulerState:
         self.queued_tokens = 0
         self.in_flight: dict[int, _InFlight] = {}
         self.next_batch_id = 0
-        self.pool_generation = 0  # KV pools lost so far (batches carry the one they read)
+        # per runner: KV pools lost so far (batches carry the one they read)
+        self.pool_generation = [0] * len(self.caches)
         self.received = 0  # messages from the tokenizer: one per message the engine sent it
         self.stats = SchedulerStats()
         # batches of the window at the head of the queue, valid until the queue changes
         self._window: list[tuple[int, int]] = []  # (request id, item index) per sequence
         self._window_sequences: list[list[int]] = []
         self._batches: Generator[packing.PackedBatch | None, bool, None] | None = None
+        self._planned_for = 0  # the runner whose cache the window was planned against
         self._blocked = False  # the plan waits for pages a running batch writes
+
+    @property
+    def cache(self) -> KVCache | None:
+        """The first runner's cache (the only one with one runner)."""
+        return self.caches[0]
 
     def handle(self, msg, now: float) -> list[Scored | Rejected]:
         """Apply one inbound message; returns the caller-bound messages it produced."""
@@ -130,8 +146,8 @@ class SchedulerState:
         n = len(msg.sequences)
         self._replan()
         self.requests[msg.id] = req = _Request(msg, now, [None] * n, n)
-        if self.cache is not None:  # what it finds cached stays cached until it runs
-            req.hold = (self.cache.hold(msg.sequences[0][:-1]), self.cache.epoch)
+        prefix = msg.sequences[0][:-1]  # what it finds cached stays cached until it runs
+        req.holds = [None if c is None else (c.hold(prefix), c.epoch) for c in self.caches]
         self.queue[msg.id] = deque(range(n))
         self.queued_tokens += tokens
         return []
@@ -144,8 +160,9 @@ class SchedulerState:
 
     def _forget(self, request_id: int) -> _Request:
         req = self.requests.pop(request_id)
-        if req.hold is not None:
-            self.cache.let_go(*req.hold)
+        for cache, hold in zip(self.caches, req.holds, strict=True):
+            if hold is not None:
+                cache.let_go(*hold)
         return req
 
     def batch_wait(self, now: float) -> float | None:
@@ -153,18 +170,36 @@ class SchedulerState:
         next message (nothing queued, or the device busy with less than a budget queued)."""
         if not self.queue:
             return None
-        if self._blocked and self.in_flight:
+        if self._blocked and self.assigned[self._planned_for]:
             return None  # the next batch reads what a running one writes
-        if self.queued_tokens >= self.token_budget:
+        if self.queued_tokens >= self.token_budget and self.pick_runner() is not None:
             return 0.0  # a full batch either way: build it ahead
-        if self.in_flight:
-            return None  # let the queue grow until the device is free
+        if 0 not in self.assigned:
+            return None  # let the queue grow until a device is free
         if len(self.queue) >= self.cohort:
             return 0.0
         return max(0.0, self.last_done_at + self.linger - now)
 
-    def next_batch(self, now: float) -> Batch | None:
-        """The next packed batch from the head of the queue, or None when nothing waits.
+    def pick_runner(self) -> int | None:
+        """The runner the next batch is for: a free one (the one whose cache holds most of the
+        head request's prefix, then the one the window was planned for, then the least used),
+        else one running a batch with none handed ahead; None when every runner has both."""
+        for load in (0, 1):
+            ready = [r for r, n in enumerate(self.assigned) if n == load]
+            if ready:
+                return max(ready, key=self._affinity)
+        return None
+
+    def _affinity(self, runner: int) -> tuple[int, bool, int]:
+        cache, cached = self.caches[runner], 0
+        if cache is not None and self.queue:
+            rid, items = next(iter(self.queue.items()))
+            cached = cache.peek(self.requests[rid].msg.sequences[items[0]][:-1])
+        return cached, runner == self._planned_for, -self.runner_batches[runner]
+
+    def next_batch(self, now: float, runner: int = 0) -> Batch | None:
+        """The next packed batch from the head of the queue for `runner`, or None when nothing
+        waits.
 
         The window at the head is grouped and planned once (`packing.batches`); later batches
         take the next of its batches until the queue changes other than by batching (an arrival,
@@ -172,6 +207,9 @@ class SchedulerState:
         every batch.
         """
         start = time.perf_counter()
+        if runner != self._planned_for:
+            self._replan()
+            self._planned_for = runner
         batch = self._next_packed()
         if batch is None:
             return None
@@ -181,7 +219,7 @@ class SchedulerState:
         self._count(batch.inputs, batch.real_tokens, sum(len(seqs[i]) for i in batch.order))
         for (rid, _), cached in zip(rows, batch.cached, strict=True):
             self.requests[rid].cached_tokens += cached
-        return self._emit(batch, rows, time.perf_counter() - start)
+        return self._emit(batch, rows, time.perf_counter() - start, runner)
 
     def _next_packed(self) -> packing.PackedBatch | None:
         """The next batch of the planned window; a window used up is replaced by the next one
@@ -192,7 +230,8 @@ class SchedulerState:
                     return None
                 self._plan_window()
             try:  # a plan that waited is told whether anything it could wait for still runs
-                batch = self._batches.send(not self.in_flight if self._blocked else None)
+                idle = not self.assigned[self._planned_for]
+                batch = self._batches.send(idle if self._blocked else None)
             except StopIteration:
                 self._replan()
                 continue
@@ -214,7 +253,7 @@ class SchedulerState:
             labels,
             token_budget=self.token_budget,
             buckets=self.buckets,
-            cache=self.cache,
+            cache=self.caches[self._planned_for],
         )
 
     def fail_waiting(self, error: Exception) -> list[Rejected]:
@@ -255,17 +294,19 @@ class SchedulerState:
         self.stats.padded_tokens += int(inputs.tokens.shape[0]) - real
         self.stats.prefix_tokens_saved += unshared - real
 
-    def _emit(self, packed: packing.PackedBatch, rows, build_s: float) -> Batch:
+    def _emit(self, packed: packing.PackedBatch, rows, build_s: float, runner: int) -> Batch:
         batch = Batch(
             id=self.next_batch_id,
             inputs=packed.inputs,
             rows=rows,
             real_tokens=packed.real_tokens,
             build_s=build_s,
-            pool_generation=self.pool_generation,
+            pool_generation=self.pool_generation[runner],
         )
         self.next_batch_id += 1
-        self.in_flight[batch.id] = _InFlight(rows, packed.contexts, packed.cached)
+        self.in_flight[batch.id] = _InFlight(rows, packed.contexts, packed.cached, runner)
+        self.assigned[runner] += 1
+        self.runner_batches[runner] += 1
         for rid in {rid for rid, _ in rows}:
             self.requests[rid].build_s += build_s
         return batch
@@ -273,7 +314,8 @@ class SchedulerState:
     def _complete(self, done: BatchDone, now: float) -> list[Scored | Rejected]:
         flight = self.in_flight.pop(done.id)
         rows = flight.rows
-        self._settle(flight.contexts, done)
+        self.assigned[flight.runner] -= 1
+        self._settle(flight, done)
         if done.retry:
             self._requeue(flight)
             return []
@@ -291,18 +333,19 @@ class SchedulerState:
         self.cohort = len(self.queue) + len(finished)
         return finished
 
-    def _settle(self, contexts: list, done: BatchDone) -> None:
-        """Commit or abort the batch's cache contexts; a lost pool voids the whole cache."""
-        if self.cache is None:
+    def _settle(self, flight: _InFlight, done: BatchDone) -> None:
+        """Commit or abort the batch's cache contexts; a lost pool voids its runner's cache."""
+        cache = self.caches[flight.runner]
+        if cache is None:
             return
         if done.pool_reset:
-            self.cache.reset()
-            self.pool_generation += 1
-        for ctx in filter(None, contexts):
+            cache.reset()
+            self.pool_generation[flight.runner] += 1
+        for ctx in filter(None, flight.contexts):
             if done.error is None:
-                self.cache.commit(ctx)
+                cache.commit(ctx)
             else:
-                self.cache.abort(ctx)
+                cache.abort(ctx)
 
     def _requeue(self, flight: _InFlight) -> None:
         """Put a batch's items that were not run back at the head of the line."""
@@ -353,16 +396,18 @@ class SchedulerState:
 async def run(
     state: SchedulerState,
     inbox: trio.MemoryReceiveChannel,
-    batches: trio.MemorySendChannel,
+    batches: Sequence[trio.MemorySendChannel],
     results: trio.MemorySendChannel,
     *,
     on_change: Callable[[], None] = lambda: None,
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Apply inbound messages as they come while a second task feeds the runner; `on_change`
+    """Apply inbound messages as they come while a second task feeds the runners; `on_change`
     is called after each burst of them is applied.
 
-    `results` must be unbounded (callers are woken without backpressure on the scheduler).
+    `batches` holds one channel per runner, each with room for one batch (the one handed
+    ahead); `results` must be unbounded (callers are woken without backpressure on the
+    scheduler).
     """
     work = trio.Event()
 
@@ -375,14 +420,15 @@ async def run(
                     await work.wait()
                 work = trio.Event()
                 continue
+            runner = state.pick_runner()
             try:
-                batch = state.next_batch(trio.current_time())
+                batch = state.next_batch(trio.current_time(), runner)
             except Exception as e:
                 for out in state.fail_waiting(e):
                     results.send_nowait(out)
                 continue
             if batch is not None:
-                await batches.send(batch)  # waits until the runner can take it
+                batches[runner].send_nowait(batch)  # room: it had at most one batch
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(dispatch)

@@ -619,6 +619,8 @@ def test_metrics(client):
     assert after[("scoring_prefix_tokens_saved_total", ())] == stats.prefix_tokens_saved
     assert after[("scoring_compiles_total", ())] == stats.compiles > 0
     assert after[("scoring_batches_total", ())] == stats.batches
+    assert after[("scoring_runner_batches_total", (("runner", "0"),))] == stats.batches
+    assert stats.runner_batches == [stats.batches]
     items = ("scoring_items_total", (("route", "/v1/score"),))
     assert after[items] - before.get(items, 0) == 4
     assert client.get("/metrics").headers["content-type"].startswith("text/plain; version=0.0.4")

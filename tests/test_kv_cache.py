@@ -187,7 +187,7 @@ def test_a_lost_pool_costs_no_wrong_score(tiny_path, reference):
         r, result = next((r, o.unwrap()) for r, o in pairs if o not in failed)
         assert_scores(result.scores, r.reference(reference))
         assert result.cached_tokens == 0
-        assert faulty.pool_resets == 1 and engine.scheduler.pool_generation == 1
+        assert faulty.pool_resets == 1 and engine.scheduler.pool_generation == [1]
         lost = r2 if r is r1 else r1  # its prompt's pages went with the pool
         again = submit(engine, [lost])[0].unwrap()
         assert again.cached_tokens == 0

@@ -6,6 +6,7 @@ import pytest
 from engine import packing
 from engine.buckets import Buckets
 from engine.errors import RejectKind
+from engine.kv_cache import KVCache
 from engine.messages import BatchDone, Cancel, Rejected, Scored, Tokenized
 from engine.scheduler import SchedulerState
 
@@ -198,3 +199,50 @@ def test_no_linger_by_default():
     st.handle(done_for(st.next_batch(0.0)), 1.0)
     st.handle(tokenized(3, [[9, 9]]), 1.001)
     assert st.batch_wait(1.001) == 0.0
+
+
+def runners_state(caches: int = 2) -> SchedulerState:
+    buckets = BUCKETS._replace(contexts=(0, 64, 256))
+    caches = [KVCache(64, 8, max_context=256) for _ in range(caches)]
+    return SchedulerState(buckets, token_budget=64, max_queued_tokens=1000, caches=caches)
+
+
+def test_a_batch_goes_to_the_free_runner_whose_cache_holds_its_prefix():
+    st = runners_state()
+    prompt = list(range(1, 25))  # three pages of 8
+    st.handle(tokenized(0, [prompt + [30], prompt + [31]]), 0.0)
+    assert st.pick_runner() == 0  # nothing cached anywhere: the first, least used runner
+    first = st.next_batch(0.0, runner=1)
+    assert st.assigned == [0, 1] and st.runner_batches == [0, 1]
+    st.handle(done_for(first), 1.0)  # runner 1 now caches the prompt
+    assert st.assigned == [0, 0] and st.caches[1].peek(prompt) == 24
+    st.handle(tokenized(1, [prompt + [40]]), 2.0)
+    assert st.pick_runner() == 1  # affinity beats use
+    batch = st.next_batch(2.0, runner=1)
+    (scored,) = st.handle(done_for(batch), 3.0)
+    assert scored.cached_tokens == 24 and st.caches[0].peek(prompt) == 0
+
+
+def test_a_busy_runner_is_handed_one_batch_ahead_at_most():
+    st = runners_state()
+    st.handle(tokenized(0, [[i] * 30 for i in range(1, 9)]), 0.0)  # several batches of work
+    picks = []
+    for _ in range(4):
+        picks.append(st.pick_runner())
+        assert st.next_batch(0.0, picks[-1]) is not None
+    assert picks[:2] == [0, 1]  # free runners first
+    assert st.assigned == [2, 2] and st.pick_runner() is None
+    assert st.batch_wait(0.0) is None  # everything waits for a runner
+
+
+def test_a_lost_pool_voids_only_its_runners_cache():
+    st = runners_state()
+    st.handle(tokenized(0, [[5] * 20 + [1]]), 0.0)
+    st.handle(done_for(st.next_batch(0.0, runner=0)), 1.0)
+    st.handle(tokenized(1, [[5] * 20 + [2]]), 1.0)
+    batch = st.next_batch(1.0, runner=1)
+    assert st.caches[0].peek([5] * 20) == 16
+    failed = BatchDone(id=batch.id, error="boom", pool_reset=True)
+    (rejected,) = st.handle(failed, 2.0)
+    assert rejected.kind is RejectKind.FAILED
+    assert st.pool_generation == [0, 1] and st.caches[0].peek([5] * 20) == 16

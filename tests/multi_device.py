@@ -1,0 +1,115 @@
+"""Run by `tests/test_placement.py` in a subprocess whose XLA_FLAGS give the CPU 8 host devices:
+scores the same requests from many concurrent clients with each data x tensor layout, with and
+without the KV cache, and prints one JSON line per run.
+
+    python -m tests.multi_device MODEL_DIR [--fault]
+"""
+
+import json
+import sys
+
+import jax
+import trio
+
+from engine import EngineConfig, EngineError, open_engine
+from tests.conftest import inject_faults
+
+LAYOUTS = [(1, 1), (8, 1), (4, 2), (2, 4), (1, 8)]
+CLIENTS = 24
+
+
+def requests() -> list[tuple[list[int], list[list[int]]]]:
+    """Requests of token ids: some sharing a long prompt, some not, of varied lengths."""
+    shared = [(7 * i) % 300 + 3 for i in range(90)]
+    out = []
+    for c in range(CLIENTS):
+        prompt = shared + [c + 3] if c % 2 else [(c * 13 + i) % 300 + 3 for i in range(20 + c)]
+        items = [[(c + i * 5 + j) % 300 + 3 for j in range(4 + (c + i) % 9)] for i in range(3)]
+        out.append((prompt, items))
+    return out
+
+
+def config(model: str, data: int, tensor: int, cache: bool) -> EngineConfig:
+    return EngineConfig(
+        model=model,
+        dtype="float32",
+        token_budget=256,
+        data_parallel=data,
+        tensor_parallel=tensor,
+        kv_cache_bytes=None if cache else 0,
+        prefix_cache=cache,
+        precompile=False,
+        progress=False,
+        compile_cache_dir=None,
+        batch_linger_ms=0,
+    )
+
+
+async def score_all(engine, fault_runner: int | None = None) -> list:
+    results: list = [None] * CLIENTS
+    if fault_runner is not None:
+        faulty = inject_faults_at(engine, fault_runner)
+
+    async def client(i: int, prompt, items) -> None:
+        try:
+            r = await engine.score(prompt, items, [1, 2])
+            results[i] = r.scores
+        except EngineError as e:
+            results[i] = f"error: {e}"
+
+    async with trio.open_nursery() as nursery:
+        for i, (prompt, items) in enumerate(requests()):
+            nursery.start_soon(client, i, prompt, items)
+    if fault_runner is not None:
+        assert faulty.calls >= 1
+    return results
+
+
+class _Once:
+    """A fault that fails the first batch it sees that scores items (label 1 in its rows; a
+    batch that only computes a shared prefix answers no request)."""
+
+    def __init__(self):
+        self.calls = 0
+        self.failed = False
+
+    def __call__(self, inputs) -> None:
+        self.calls += 1
+        if not self.failed and (inputs.label_ids == 1).any():
+            self.failed = True
+            raise RuntimeError("injected device fault")
+
+
+def inject_faults_at(engine, runner: int) -> _Once:
+    fault = _Once()
+    saved = engine.runners[0]
+    engine.runners[0] = engine.runners[runner]  # inject_faults wraps the first runner's program
+    try:
+        inject_faults(engine, fault)
+    finally:
+        engine.runners[0] = saved
+    return fault
+
+
+async def main(model: str, fault: bool) -> None:
+    assert len(jax.devices()) == 8, jax.devices()
+    layouts = [(4, 2)] if fault else LAYOUTS
+    for cache in [True] if fault else [True, False]:
+        for data, tensor in layouts:
+            async with open_engine(config(model, data, tensor, cache)) as engine:
+                scores = await score_all(engine, fault_runner=1 if fault else None)
+                stats = engine.stats()
+            line = {
+                "data": data,
+                "tensor": tensor,
+                "cache": cache,
+                "scores": scores,
+                "runner_batches": stats.runner_batches,
+                "failed_batches": stats.failed_batches,
+                "hit_tokens": stats.prefix_cache_hit_tokens,
+            }
+            print(json.dumps(line), flush=True)
+
+
+if __name__ == "__main__":
+    trio.run(main, sys.argv[1], "--fault" in sys.argv)
