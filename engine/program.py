@@ -156,8 +156,12 @@ class DeviceProgram:
     @property
     def weight_bytes(self) -> int:
         """Bytes of the weights on the device (a tied head that is the embedding counted once)."""
-        leaves = {id(x): x for x in jax.tree.leaves(self.params)}
-        return sum(x.nbytes for x in leaves.values())
+        buffers = {
+            shard.data.unsafe_buffer_pointer(): shard.data.nbytes
+            for x in jax.tree.leaves(self.params)
+            for shard in x.addressable_shards
+        }
+        return sum(buffers.values())
 
     @property
     def pool_tokens(self) -> int:

@@ -1,22 +1,19 @@
 """`engine.plan`: batch costs from XLA's cost analysis taken apart by loop, the memory figures,
 the W1/W2 roofline estimates and the command line."""
 
-import functools
 import json
 
-import jax
 import numpy as np
 import pytest
 
 from engine import packing
 from engine.buckets import make_buckets
 from engine.loaders import load_checkpoint
-from engine.models import FAMILIES, label_logprobs
 from engine.models.decoder import HEAD_ROWS
 from engine.packing import empty_batch
 from engine.plan import PUBLISHED, capacities, capacity, plan, workloads
 from engine.plan.__main__ import main, parse_bytes
-from engine.plan.costs import Analyser, _cost, _no_attention
+from engine.plan.costs import Analyser, _compiled_cost
 from engine.program import DEFAULT_POOL_TOKENS, DeviceProgram
 
 BLOCK = 64
@@ -35,16 +32,8 @@ def analyser(checkpoint):
 def whole_model_cost(checkpoint, shape):
     """XLA's cost of the whole model, layers unrolled and attention left out."""
     program = DeviceProgram(checkpoint, dtype="float32", dense="xla", kv_cache_bytes=0)
-    forward = functools.partial(
-        label_logprobs,
-        cfg=program.config,
-        family=FAMILIES[program.config.family],
-        attention=_no_attention,
-        dense=program.dense,
-        unroll=True,
-    )
     batch = empty_batch(*shape, BLOCK, program.config.window)
-    return _cost(jax.jit(forward).lower(program.params, batch, None).compile()), program
+    return _compiled_cost(program, batch)[0], program
 
 
 def test_the_parts_add_up_to_the_whole_model(checkpoint, analyser) -> None:
