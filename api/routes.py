@@ -103,6 +103,9 @@ async def server_info(service: Service, request: Request) -> Response:
     """Configuration (no secrets), buckets, KV bytes per token and engine counters."""
     settings = service.settings
     engine = service.host.engine if service.host else None
+    roofline = None
+    if engine and request.query_params.get("roofline", "0").lower() in ("1", "true"):
+        roofline = await anyio.to_thread.run_sync(service.roofline, engine)
     info = schemas.ServerInfo(
         version=_version(),
         model=service.model_name,
@@ -115,6 +118,7 @@ async def server_info(service: Service, request: Request) -> Response:
         kv_bytes_per_token=engine.program.kv_bytes_per_token if engine else None,
         kv_pool=_kv_pool(engine) if engine else None,
         plan=_plan(engine) if engine else None,
+        roofline=roofline,
         max_sequence_tokens=engine.max_sequence_tokens if engine else None,
         stats=engine.stats() if engine else None,
         profiling=service.profiling,

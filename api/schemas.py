@@ -4,7 +4,7 @@ Requests forbid unknown fields; their decoders are built once here. Responses ar
 `encode`. `/openapi.json` is generated from these same types (see `api.openapi`).
 """
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -242,6 +242,9 @@ class ServerInfo(msgspec.Struct, kw_only=True):
     kv_pool: KVPool | None
     # per device kind ("cpu" is this host; h100, h200, tpu-v5e, tpu-v6e): `python -m engine.plan`
     plan: dict[str, DevicePlan] | None
+    # with `?roofline=1`: the whole `python -m engine.plan` report of the loaded model, W1/W2
+    # roofline estimates included (computed on the first such request: it compiles)
+    roofline: dict[str, Any] | None
     max_sequence_tokens: int | None
     stats: EngineStats | None
     profiling: str | None  # the trace directory while a profile runs

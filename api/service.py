@@ -3,12 +3,14 @@
 """
 
 import hmac
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 import anyio
+import jax
 import msgspec
 import outcome
 from starlette.requests import ClientDisconnect, Request
@@ -18,6 +20,7 @@ from api.errors import CLIENT_CLOSED, ApiError, decode_error, engine_error
 from api.metrics import Metrics
 from api.settings import Settings
 from engine import Engine, EngineStats
+from engine.plan import KINDS, plan
 
 T = TypeVar("T")
 
@@ -32,6 +35,8 @@ class Service:
     profiling: str | None = None  # the trace directory while the profiler runs
     metrics: Metrics = field(init=False)
     model_name: str = field(init=False)  # resolved once: the default model's name needs a lookup
+    _roofline: dict | None = None
+    _roofline_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self):
         self.metrics = Metrics(self.stats)
@@ -41,6 +46,21 @@ class Service:
         # read from the server's thread under asyncio: counters and lengths only, safe to race
         engine = self.host.engine if self.host else None
         return engine.stats() if engine else None
+
+    def roofline(self, engine: Engine) -> dict:
+        """`engine.plan.plan` of the loaded program on this host's device kind and the
+        accelerators: computed once (it compiles), in the caller's thread."""
+        with self._roofline_lock:
+            if self._roofline is None:
+                kinds = [k for k in KINDS if k != "cpu" or jax.default_backend() == "cpu"]
+                config = engine.config
+                self._roofline = plan(
+                    engine.program,
+                    kinds,
+                    token_budget=config.token_budget,
+                    block_size=config.block_size,
+                )
+            return self._roofline
 
     def engine(self) -> Engine:
         """The ready engine, or a 503."""

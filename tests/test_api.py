@@ -551,6 +551,7 @@ def test_server_info(client, tiny_path):
         "kv_bytes_per_token",
         "kv_pool",
         "plan",
+        "roofline",
         "max_sequence_tokens",
         "stats",
         "profiling",
@@ -591,6 +592,23 @@ def test_server_info(client, tiny_path):
         "SC_PHYS_PAGES"
     )
     assert set(info["stats"]) == set(msgspec.structs.asdict(engine_of(client).stats()))
+    assert info["roofline"] is None  # it compiles: only when asked
+
+
+def test_server_info_gives_the_roofline_when_asked(client):
+    engine = engine_of(client)
+    first = client.get("/get_server_info", params={"roofline": "1"}).json()["roofline"]
+    assert list(first["devices"]) == ["cpu", "h100", "h200", "tpu-v5e", "tpu-v6e"]
+    assert first["model"]["weight_bytes"] == engine.program.weight_bytes
+    assert first["model"]["dtype"] == engine.program.dtype
+    # this model's context is 512 tokens: W2's 2,020-token sequences are refused, so skipped
+    assert list(first["skipped"]) == ["w2"] and "2020-token" in first["skipped"]["w2"]
+    assert "w2" not in first["devices"]["h100"]
+    estimate = first["devices"]["h100"]["w1"]
+    assert estimate["items_per_s"] == pytest.approx(64 / estimate["seconds"])
+    assert all(b["real_tokens"] <= engine.config.token_budget for b in first["batches"]["w1"])
+    again = client.get("/get_server_info", params={"roofline": "true"}).json()["roofline"]
+    assert again == first  # computed once
 
 
 def scrape(client) -> dict:

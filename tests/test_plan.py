@@ -3,15 +3,16 @@ the W1/W2 roofline estimates and the command line."""
 
 import json
 
+import msgspec
 import numpy as np
 import pytest
 
 from engine import packing
 from engine.buckets import make_buckets
-from engine.loaders import load_checkpoint
+from engine.loaders import Checkpoint, load_checkpoint
 from engine.models.decoder import HEAD_ROWS
 from engine.packing import empty_batch
-from engine.plan import PUBLISHED, capacities, capacity, plan, workloads
+from engine.plan import PUBLISHED, capacities, capacity, plan
 from engine.plan.__main__ import main, parse_bytes
 from engine.plan.costs import Analyser, _compiled_cost
 from engine.program import DEFAULT_POOL_TOKENS, DeviceProgram
@@ -26,14 +27,14 @@ def checkpoint(request, tiny_checkpoints):
 
 @pytest.fixture(scope="module")
 def analyser(checkpoint):
-    return Analyser(checkpoint, "float32", BLOCK)
+    return Analyser.of_checkpoint(checkpoint, "float32", BLOCK)
 
 
 def whole_model_cost(checkpoint, shape):
     """XLA's cost of the whole model, layers unrolled and attention left out."""
     program = DeviceProgram(checkpoint, dtype="float32", dense="xla", kv_cache_bytes=0)
     batch = empty_batch(*shape, BLOCK, program.config.window)
-    return _compiled_cost(program, batch)[0], program
+    return _compiled_cost(program.config, program.params, batch)[0], program
 
 
 def test_the_parts_add_up_to_the_whole_model(checkpoint, analyser) -> None:
@@ -49,6 +50,17 @@ def test_the_parts_add_up_to_the_whole_model(checkpoint, analyser) -> None:
     )
     assert summed.bytes == pytest.approx(whole.bytes, rel=0.05)
     assert analyser.weight_bytes == program.weight_bytes
+
+
+def test_a_loaded_program_is_analysed_as_its_checkpoint(checkpoint) -> None:
+    program = DeviceProgram(checkpoint, dtype="bfloat16", kv_cache_bytes=0)  # native dense too
+    xla = DeviceProgram(checkpoint, dtype="bfloat16", dense="xla", kv_cache_bytes=0)
+    of_program = Analyser.of_program(program, BLOCK)
+    of_checkpoint = Analyser.of_checkpoint(checkpoint, "bfloat16", BLOCK)
+    assert of_program.weight_bytes == program.weight_bytes  # the native head is its own copy
+    assert of_checkpoint.weight_bytes == xla.weight_bytes
+    shape = (256, 8, 4)
+    assert of_program.shape(shape) == of_checkpoint.shape(shape)
 
 
 def test_a_layer_costs_at_least_its_matmuls(analyser) -> None:
@@ -127,13 +139,19 @@ def test_capacity_figures(analyser) -> None:
     assert list(capacities(c, "float32", 0)) == ["cpu", *PUBLISHED]
 
 
+def longer(checkpoint, context: int = 4096) -> Checkpoint:
+    """The checkpoint with a longer context (the tiny ones take 512 positions)."""
+    cfg = msgspec.structs.replace(checkpoint.config, max_position_embeddings=context)
+    return Checkpoint(cfg, checkpoint.params, checkpoint.tokenizer, checkpoint.source)
+
+
 def test_the_plan_estimates_each_device(checkpoint) -> None:
-    report = plan(checkpoint, ["h100", "tpu-v5e"], dtype="bfloat16", token_budget=4096)
-    assert report["model"]["layers"] == checkpoint.config.num_layers
-    w2 = workloads.w2(checkpoint.config.vocab_size)
-    assert sum(len(s) for s in w2.sequences) > 4096  # several batches
-    assert len(report["batches"]["w2"]) >= 3
-    assert all(b["real_tokens"] <= 4096 <= 4096 * 2 for b in report["batches"]["w2"])
+    budget = 1024  # below W2's 2,020-token sequences: its prompt is chunked, then cached
+    report = plan(longer(checkpoint), ["h100", "tpu-v5e"], dtype="bfloat16", token_budget=budget)
+    assert report["model"]["layers"] == checkpoint.config.num_layers and not report["skipped"]
+    w2 = report["batches"]["w2"]
+    assert sum(b["real_tokens"] for b in w2) < 2000 + 500 * 20 + budget  # the prompt once
+    assert len(w2) >= 10 and all(b["real_tokens"] <= budget for b in w2)
     for kind in ("h100", "tpu-v5e"):
         d = report["devices"][kind]
         for name, items in (("w1", 64), ("w2", 500)):
@@ -147,6 +165,12 @@ def test_the_plan_estimates_each_device(checkpoint) -> None:
         report["devices"][k]["w2"]["compute_only_items_per_s"] for k in ("h100", "tpu-v5e")
     )
     assert h100 / v5e == pytest.approx(PUBLISHED["h100"].peak["bfloat16"] / 197e12)
+
+
+def test_a_workload_longer_than_the_model_takes_is_skipped(checkpoint) -> None:
+    report = plan(checkpoint, ["h200"], token_budget=512)
+    assert list(report["skipped"]) == ["w2"] and "512 this model accepts" in report["skipped"]["w2"]
+    assert "w2" not in report["devices"]["h200"] and "w1" in report["devices"]["h200"]
 
 
 def test_the_command_line(tiny_checkpoints, tmp_path, capsys) -> None:

@@ -17,7 +17,7 @@ from engine.models import ModelConfig
 from engine.plan import workloads
 from engine.plan.costs import Analyser, Cost
 from engine.plan.devices import KINDS, PUBLISHED, Device, device, host_memory
-from engine.program import DEFAULT_POOL_SHARE, DEFAULT_POOL_TOKENS, DTYPES
+from engine.program import DEFAULT_POOL_SHARE, DEFAULT_POOL_TOKENS, DTYPES, DeviceProgram
 
 __all__ = ["KINDS", "PUBLISHED", "Device", "capacities", "capacity", "device", "plan"]
 
@@ -45,7 +45,7 @@ def capacities(cfg: ModelConfig, dtype: str, weight_bytes: int) -> dict[str, dic
 
 
 def plan(
-    checkpoint: Checkpoint,
+    source: Checkpoint | DeviceProgram,
     kinds=KINDS,
     *,
     dtype: str = "bfloat16",
@@ -54,16 +54,31 @@ def plan(
     memory: int | None = None,
     progress=None,
 ) -> dict:
-    """The plan of `checkpoint` on each device kind: `capacity`, the largest batch, and W1 and
-    W2 roofline estimates (`progress(text)` is told of each compile)."""
-    cfg = checkpoint.config
+    """The plan of a checkpoint (in `dtype`) or of a loaded device program (in its own) on each
+    device kind: `capacity`, the largest batch, and W1 and W2 roofline estimates
+    (`progress(text)` is told of each compile)."""
+    if isinstance(source, DeviceProgram):
+        analyser, dtype = Analyser.of_program(source, block_size), source.dtype
+    else:
+        analyser = Analyser.of_checkpoint(source, dtype, block_size)
+    cfg = analyser.config
     buckets = make_buckets(
         cfg.max_position_embeddings, token_budget=token_budget, block_size=block_size,
         window=cfg.window,
     )  # fmt: skip
-    analyser = Analyser(checkpoint, dtype, block_size)
     work = {w.__name__: w(cfg.vocab_size) for w in (workloads.w1, workloads.w2)}
-    laid_out = {name: workloads.batches(w, buckets, token_budget) for name, w in work.items()}
+    limit = buckets.max_sequence(cfg.max_position_embeddings)
+    skipped = {
+        name: f"its {max(map(len, w.sequences))}-token sequences exceed the {limit} this model "
+        "accepts"
+        for name, w in work.items()
+        if max(map(len, w.sequences)) > limit
+    }
+    laid_out = {
+        name: workloads.batches(w, buckets, token_budget)
+        for name, w in work.items()
+        if name not in skipped
+    }
     costs = {}
     for name, batches in laid_out.items():
         if progress:
@@ -76,6 +91,7 @@ def plan(
         "model": _model(cfg, dtype, analyser.weight_bytes),
         "activation_bytes_per_token": per_token,
         "workloads": {name: w.description for name, w in work.items()},
+        "skipped": skipped,  # workloads the model cannot run, and why
         "batches": {name: [_batch(b, c) for b, c in cs] for name, cs in costs.items()},
         "devices": {},
     }

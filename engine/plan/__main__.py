@@ -66,13 +66,16 @@ def table(report: dict) -> str:
         lines.append(
             f"{kind:<10}{d['kv_bytes_per_token']:>10}{d['default_pool_tokens']:>12}"
             f"{d['capacity_tokens']:>14}{d['largest_batch_tokens']:>11}"
-            f"{_rate(d['w1']):>18}{_rate(d['w2']):>18}"
+            f"{_rate(d.get('w1')):>18}{_rate(d.get('w2')):>18}"
         )
     lines.append("items/s: at the roofline (XLA's CPU bytes) - from FLOPs alone")
+    lines += [f"{name} skipped: {why}" for name, why in report["skipped"].items()]
     return "\n".join(lines)
 
 
-def _rate(estimate: dict) -> str:
+def _rate(estimate: dict | None) -> str:
+    if estimate is None:
+        return "-"
     low, high = estimate["items_per_s"], estimate["compute_only_items_per_s"]
     digits = 1 if high < 100 else 0
     return f"{low:.{digits}f}-{high:.{digits}f}"

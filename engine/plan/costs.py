@@ -24,10 +24,11 @@ import msgspec
 import numpy as np
 
 from engine.loaders import Checkpoint
-from engine.models import FAMILIES, PackedInputs, label_logprobs
+from engine.models import FAMILIES, ModelConfig, PackedInputs, label_logprobs
 from engine.models.decoder import HEAD_ROWS, label_scores
 from engine.packing import empty_batch
 from engine.program import DTYPES, DeviceProgram
+from kernels.dense import XLA
 
 
 class Cost(NamedTuple):
@@ -48,20 +49,37 @@ class ShapeCost(NamedTuple):
 
 
 class Analyser:
-    """XLA costs of a model's batch shapes, each compiled once (two small programs)."""
+    """XLA costs of a model's batch shapes, each compiled once (two small programs). Only the
+    weights' shapes are used: `params` is the layout of the XLA dense path, of arrays or
+    `jax.ShapeDtypeStruct`s (`of_checkpoint`, `of_program` make it)."""
 
-    def __init__(self, checkpoint: Checkpoint, dtype: str, block_size: int):
-        self.config = checkpoint.config
+    def __init__(
+        self, config: ModelConfig, params: dict, dtype: str, block_size: int, weight_bytes: int
+    ):
+        self.config = config
         self.dtype = dtype
         self.block_size = block_size
-        self.programs = [_program(checkpoint, layers, dtype) for layers in (1, 2)]
+        self.weight_bytes = weight_bytes  # the whole model's device weights
+        self._programs = [_layers(config, _abstract(params), n) for n in (1, 2)]
         self._shapes: dict[tuple[int, int, int], ShapeCost] = {}
 
-    @property
-    def weight_bytes(self) -> int:
-        """The whole model's device weights: the shared ones plus one layer's per layer."""
-        one, two = (p.weight_bytes for p in self.programs)
-        return one + (self.config.num_layers - 1) * (two - one)
+    @classmethod
+    def of_checkpoint(cls, checkpoint: Checkpoint, dtype: str, block_size: int) -> "Analyser":
+        """From a loaded checkpoint: only one layer is placed on the device."""
+        one = _one_layer(checkpoint, dtype)
+        cfg = checkpoint.config
+        params = _layers(one.config, _abstract(one.params), cfg.num_layers)[1]
+        layer = sum(_nbytes(x) for x in jax.tree.leaves(_stacks(params))) // cfg.num_layers
+        weights = one.weight_bytes + (cfg.num_layers - 1) * layer
+        return cls(cfg, params, dtype, block_size, weights)
+
+    @classmethod
+    def of_program(cls, program: DeviceProgram, block_size: int) -> "Analyser":
+        """From a device program, whichever dense path it takes (the XLA one's shapes are
+        analysed: the native kernel's work is the same matmuls)."""
+        return cls(
+            program.config, xla_layout(program), program.dtype, block_size, program.weight_bytes
+        )
 
     def shape(self, shape: tuple[int, int, int]) -> ShapeCost:
         if shape not in self._shapes:
@@ -80,18 +98,16 @@ class Analyser:
         t, s, labels = shape
         rows = min(s, HEAD_ROWS)
         batch = empty_batch(t, rows, labels, self.block_size, self.config.window)
-        (one, temp), (two, _) = (_compiled_cost(p, batch) for p in self.programs)
+        (one, temp), (two, _) = (_compiled_cost(*p, batch) for p in self._programs)
         layer = Cost(two.flops - one.flops, two.bytes - one.bytes)
         return ShapeCost(one.plus(layer, -1), layer, self._head(labels), temp)
 
     def _head(self, labels: int) -> Cost:
-        program = self.programs[0]
+        weights = self._programs[0][1]["head"]
         h = jax.ShapeDtypeStruct((HEAD_ROWS, self.config.hidden_size), np.float32)
         ids = jax.ShapeDtypeStruct((HEAD_ROWS, labels), np.int32)
-        head = functools.partial(
-            label_scores, head=program.params["head"], cfg=self.config, dense=program.dense
-        )
-        return _cost(jax.jit(head).lower(h, ids).compile())
+        head = functools.partial(label_scores, cfg=self.config, dense=XLA)
+        return _cost(jax.jit(head).lower(h, ids, weights).compile())
 
     def _attention(self, inputs: PackedInputs) -> Cost:
         c = self.config
@@ -111,31 +127,77 @@ class Analyser:
         return cost
 
 
-def _program(checkpoint: Checkpoint, layers: int, dtype: str) -> DeviceProgram:
+def xla_layout(program: DeviceProgram) -> dict:
+    """The shapes of `program`'s weights as the XLA dense path lays them out."""
+    if program.dense is XLA:
+        return _abstract(program.params)
+    c, dtype = program.config, DTYPES[program.dtype]
+    e, i, d = c.hidden_size, c.intermediate_size, c.head_dim
+    matrices = {
+        "qkv": (e, (c.num_heads + 2 * c.num_kv_heads) * d),
+        "o": (c.num_heads * d, e),
+        "gate_up": (e, 2 * i),
+        "down": (i, e),
+    }
+    shared = {name: program.params[name] for name in ("embed", "final_norm", "layers")}
+    return {
+        **_abstract(shared),
+        "head": jax.ShapeDtypeStruct((c.num_labels or c.vocab_size, e), dtype),
+        "matrices": {
+            name: jax.ShapeDtypeStruct((c.num_layers, *shape), dtype)
+            for name, shape in matrices.items()
+        },
+    }
+
+
+def _one_layer(checkpoint: Checkpoint, dtype: str) -> DeviceProgram:
     cfg = checkpoint.config
-    cfg = msgspec.structs.replace(
-        cfg, num_layers=layers, sliding_layers=cfg.sliding_layers[:layers]
-    )
+    cfg = msgspec.structs.replace(cfg, num_layers=1, sliding_layers=cfg.sliding_layers[:1])
     params = dict(checkpoint.params)
-    params["layers"] = {name: x[:layers] for name, x in params["layers"].items()}
+    params["layers"] = {name: x[:1] for name, x in params["layers"].items()}
     small = Checkpoint(cfg, params, checkpoint.tokenizer, checkpoint.source)
     return DeviceProgram(small, dtype=dtype, dense="xla", attention="xla", kv_cache_bytes=0)
+
+
+def _stacks(params: dict) -> dict:
+    """The per-layer stacks: a leading layer axis."""
+    return {"layers": params["layers"], "matrices": params["matrices"]}
+
+
+def _layers(cfg: ModelConfig, params: dict, n: int) -> tuple[ModelConfig, dict]:
+    """The config and weight shapes of the model cut (or grown) to `n` layers."""
+    sliding = (list(cfg.sliding_layers) * n)[:n] if cfg.sliding_layers else []
+    cfg = msgspec.structs.replace(cfg, num_layers=n, sliding_layers=tuple(sliding))
+    resized = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct((n, *x.shape[1:]), x.dtype), _stacks(params)
+    )
+    return cfg, {**params, **resized}
+
+
+def _abstract(tree):
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+
+
+def _nbytes(x) -> int:
+    return int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize
 
 
 def _no_attention(q, k, v, meta, *, scale, softcap=0.0, pool=None):
     return q
 
 
-def _compiled_cost(program: DeviceProgram, batch: PackedInputs) -> tuple[Cost, int]:
+def _compiled_cost(cfg: ModelConfig, params: dict, batch: PackedInputs) -> tuple[Cost, int]:
+    """XLA's cost of the forward of `cfg` (layers unrolled, attention left out) and its
+    temporary bytes."""
     forward = functools.partial(
         label_logprobs,
-        cfg=program.config,
-        family=FAMILIES[program.config.family],
+        cfg=cfg,
+        family=FAMILIES[cfg.family],
         attention=_no_attention,
-        dense=program.dense,
+        dense=XLA,
         unroll=True,
     )
-    compiled = jax.jit(forward).lower(program.params, batch, None).compile()
+    compiled = jax.jit(forward).lower(params, batch, None).compile()
     return _cost(compiled), compiled.memory_analysis().temp_size_in_bytes
 
 

@@ -1,13 +1,16 @@
 """The bench's W1 and W2 requests as token-id sequences, laid out in batches by the engine's own
-planner: what a plan estimates is what the engine would run."""
+planner with its KV cache (so sequences longer than a batch are chunked as the engine chunks
+them): what a plan estimates is what the engine would run."""
 
 from typing import NamedTuple
 
 import numpy as np
 
-from engine import packing
+from engine import batching
 from engine.buckets import Buckets
+from engine.kv_cache import KVCache
 from engine.packing import PackedBatch
+from engine.program import DEFAULT_PAGE_SIZE, DEFAULT_POOL_TOKENS
 
 LABELS = 2  # " yes" / " no"
 
@@ -38,10 +41,28 @@ def w2(vocab: int, seed: int = 0) -> Workload:
 
 
 def batches(work: Workload, buckets: Buckets, token_budget: int) -> list[PackedBatch]:
-    """The packed batches the engine's planner makes of the workload (no KV cache)."""
+    """The packed batches the engine's planner makes of the workload, sent as one request to an
+    engine with an empty default-sized KV cache, each batch done before the next."""
     seqs = work.sequences
     labels = [[1, 2][:LABELS]] * len(seqs)
-    return [
-        packing.pack(seqs, labels, chunks, buckets)
-        for chunks in packing.plan(seqs, token_budget=token_budget, buckets=buckets)
-    ]
+    pages = DEFAULT_POOL_TOKENS // DEFAULT_PAGE_SIZE
+    cache = KVCache(pages, DEFAULT_PAGE_SIZE, max_context=buckets.max_context)
+    planned = batching.batches(
+        seqs, labels, token_budget=token_budget, buckets=buckets, cache=cache
+    )
+    out, idle = [], None
+    while (batch := next_or_none(planned, idle)) is not False:
+        idle = batch is None  # it waits for pages: every earlier batch is done by now
+        if batch is not None:
+            for context in filter(None, batch.contexts):
+                cache.commit(context)
+            out.append(batch)
+    return out
+
+
+def next_or_none(planned, idle):
+    """The planner's next batch (None: it waits for running batches), or False at the end."""
+    try:
+        return planned.send(idle)
+    except StopIteration:
+        return False
