@@ -238,7 +238,9 @@ class Engine:
         to_runners = []
         async with trio.open_nursery() as compiling:  # every runner compiles its grid at once
             for state in self.runners:
-                to_runner, runner_inbox = trio.open_memory_channel(1)  # one batch handed ahead
+                # room for the most a runner is handed (one running, one ahead): the scheduler
+                # counts a batch handed until it is done, taken from the channel or not
+                to_runner, runner_inbox = trio.open_memory_channel(scheduler.HANDED_AHEAD + 1)
                 to_runners.append(to_runner)
                 channels = (state, runner_inbox, to_scheduler.clone(), grid)
                 compiling.start_soon(functools.partial(nursery.start, run_runner, *channels))

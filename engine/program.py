@@ -50,13 +50,13 @@ def default_kv_cache_bytes(bytes_per_token: int) -> int:
     return min(memory // DEFAULT_POOL_SHARE, DEFAULT_POOL_TOKENS * bytes_per_token)
 
 
-def place_params(params: dict, dtype, dense, *, fused_silu: bool = True) -> dict:
+def place_params(params: dict, dtype, dense, *, kv_heads: int, fused_silu: bool = True) -> dict:
     """Device weights from host params (the layout of `engine.models.config`): the embedding in
     `dtype`; norms and biases in f32; q/k/v fused into one matrix and gate/up into one gated
     pair, these and the other matrices and the LM head prepared by the `dense` strategy. A tied
     head is prepared from the embedding already on the device, converted once."""
     layers = params["layers"]
-    qkv = np.concatenate([layers["wq"], layers["wk"], layers["wv"]], axis=-1)  # [L, E, (H+2Hkv)D]
+    qkv = fuse_qkv(layers["wq"], layers["wk"], layers["wv"], kv_heads)
     embed = to_device(params["embed"], dtype)
     return {
         "embed": embed,
@@ -72,12 +72,24 @@ def place_params(params: dict, dtype, dense, *, fused_silu: bool = True) -> dict
     }
 
 
+def fuse_qkv(wq: np.ndarray, wk: np.ndarray, wv: np.ndarray, kv_heads: int) -> np.ndarray:
+    """The fused projection [L, E, (H + 2 Hkv) D] from wq [L, E, H D], wk and wv [L, E, Hkv D],
+    by kv head: the G = H / Hkv query heads that read kv head j, then k and v of head j
+    (`engine.models.decoder.project` splits it). Any split of the columns into a number of
+    equal parts that divides Hkv (tensor parallelism) keeps whole heads with their k and v."""
+    lead = wq.shape[:-1]
+    by_head = [w.reshape(*lead, kv_heads, -1) for w in (wq, wk, wv)]  # [L, E, Hkv, G D | D | D]
+    return np.concatenate(by_head, axis=-1).reshape(*lead, -1)
+
+
 def _gate_up(layers: dict, dtype, dense, fused_silu: bool):
     """The MLP's gate and up matrices: the dense strategy's fused SiLU pair, or (another
-    activation) one plain matrix [L, E, 2I] whose product the forward splits."""
+    activation) one plain matrix [L, E, 2I] of gate and up columns side by side, whose product
+    the forward splits."""
     if fused_silu:
         return dense.prepare_gated(layers["w_gate"], layers["w_up"], dtype)
-    return dense.prepare(np.concatenate([layers["w_gate"], layers["w_up"]], axis=-1), dtype)
+    pair = np.stack([layers["w_gate"], layers["w_up"]], axis=-1)  # [L, E, I, 2]
+    return dense.prepare(pair.reshape(*pair.shape[:-2], -1), dtype)
 
 
 class DeviceProgram:
@@ -125,7 +137,13 @@ class DeviceProgram:
         )
         silu = checkpoint.config.mlp_activation == "silu"
         with self.placement.default_device():
-            params = place_params(checkpoint.params, DTYPES[dtype], self.dense, fused_silu=silu)
+            params = place_params(
+                checkpoint.params,
+                DTYPES[dtype],
+                self.dense,
+                kv_heads=self.config.num_kv_heads,
+                fused_silu=silu,
+            )
         self.params = self.placement.params(params)
         forward = functools.partial(
             label_logprobs,

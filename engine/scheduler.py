@@ -30,6 +30,7 @@ from engine.kv_cache import KVCache
 from engine.messages import Batch, BatchDone, Cancel, Rejected, Scored, Timings, Tokenized
 
 WINDOW_ITEMS = 4096  # queued items considered for one batch: bounds host work per batch
+HANDED_AHEAD = 1  # batches a runner is handed beyond the one it runs
 
 
 @dataclass
@@ -184,7 +185,7 @@ class SchedulerState:
         """The runner the next batch is for: a free one (the one whose cache holds most of the
         head request's prefix, then the one the window was planned for, then the least used),
         else one running a batch with none handed ahead; None when every runner has both."""
-        for load in (0, 1):
+        for load in range(HANDED_AHEAD + 1):
             ready = [r for r, n in enumerate(self.assigned) if n == load]
             if ready:
                 return max(ready, key=self._affinity)
@@ -405,8 +406,8 @@ async def run(
     """Apply inbound messages as they come while a second task feeds the runners; `on_change`
     is called after each burst of them is applied.
 
-    `batches` holds one channel per runner, each with room for one batch (the one handed
-    ahead); `results` must be unbounded (callers are woken without backpressure on the
+    `batches` holds one channel per runner, each with room for `HANDED_AHEAD + 1` batches;
+    `results` must be unbounded (callers are woken without backpressure on the
     scheduler).
     """
     work = trio.Event()
@@ -428,7 +429,7 @@ async def run(
                     results.send_nowait(out)
                 continue
             if batch is not None:
-                batches[runner].send_nowait(batch)  # room: it had at most one batch
+                batches[runner].send_nowait(batch)  # room: it was handed at most HANDED_AHEAD
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(dispatch)

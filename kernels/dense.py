@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kernels import cpu
-from kernels.host import concat_to_device, to_device
+from kernels.host import interleave_to_device, to_device
 
 
 class Dense(NamedTuple):
@@ -48,13 +48,14 @@ def _xla_matmul(x: jax.Array, w: jax.Array, layer: jax.Array) -> jax.Array:
 
 
 def _xla_prepare_gated(gate, up, dtype) -> jax.Array:
-    return concat_to_device([gate, up], dtype)  # [L, K, 2I]
+    # [L, K, 2I], gate and up columns side by side: any split of the columns into equal parts
+    # (tensor parallelism) keeps the pairs whole
+    return interleave_to_device([gate, up], dtype)
 
 
 def _xla_gated(x: jax.Array, w: jax.Array, layer: jax.Array) -> jax.Array:
-    y = _xla_matmul(x, w, layer)  # f32[M, 2I]
-    half = y.shape[1] // 2
-    return jax.nn.silu(y[:, :half]) * y[:, half:]
+    y = _xla_matmul(x, w, layer).reshape(x.shape[0], -1, 2)  # f32[M, I, gate/up]
+    return jax.nn.silu(y[..., 0]) * y[..., 1]
 
 
 def _xla_head(h: jax.Array, w: jax.Array) -> jax.Array:

@@ -36,14 +36,11 @@ def to_device(w, dtype=None) -> jax.Array:
     return jax.device_put(out)
 
 
-def concat_to_device(parts: Sequence, dtype) -> jax.Array:
-    """`jnp.asarray(np.concatenate(parts, axis=-1), dtype)`, each part converted into its place."""
+def interleave_to_device(parts: Sequence, dtype) -> jax.Array:
+    """`jnp.asarray(np.stack(parts, axis=-1).reshape(*lead, n * len(parts)), dtype)` for parts of
+    one shape [..., n]: column j of each part side by side, each converted into its place."""
     parts = [np.asarray(part) for part in parts]
-    lead = parts[0].shape[:-1]
-    out = aligned_empty((*lead, sum(part.shape[-1] for part in parts)), dtype)
-    start = 0
-    for part in parts:
-        stop = start + part.shape[-1]
-        np.copyto(out[..., start:stop], part, casting="unsafe")
-        start = stop
-    return jax.device_put(out)
+    out = aligned_empty((*parts[0].shape, len(parts)), dtype)
+    for i, part in enumerate(parts):
+        np.copyto(out[..., i], part, casting="unsafe")
+    return jax.device_put(out.reshape(*parts[0].shape[:-1], -1))

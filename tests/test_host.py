@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from kernels import cpu
-from kernels.host import ALIGNMENT, aligned_empty, concat_to_device, to_device
+from kernels.host import ALIGNMENT, aligned_empty, interleave_to_device, to_device
 
 
 def _bits(x) -> bytes:
@@ -58,11 +58,13 @@ def test_the_cpu_device_adopts_the_aligned_buffer():
     assert jax.device_put(host).unsafe_buffer_pointer() == host.ctypes.data
 
 
-def test_concat_to_device_equals_concatenate():
-    parts = [_weights(2, 8, 5, seed=1), _weights(2, 8, 7, seed=2), _weights(2, 8, 1, seed=3)]
+def test_interleave_to_device_puts_columns_side_by_side():
+    parts = [_weights(2, 8, 5, seed=1), _weights(2, 8, 5, seed=2), _weights(2, 8, 5, seed=3)]
     for dtype in (jnp.bfloat16, jnp.float32):
-        want = jnp.asarray(np.concatenate(parts, axis=-1), dtype)
-        assert _bits(concat_to_device(parts, dtype)) == _bits(want)
+        want = jnp.asarray(np.stack(parts, axis=-1).reshape(2, 8, 15), dtype)
+        got = interleave_to_device(parts, dtype)
+        assert got.shape == (2, 8, 15) and _bits(got) == _bits(want)
+        assert _bits(got[..., 4]) == _bits(jnp.asarray(parts[1][..., 1], dtype))
 
 
 # --- packing for the native dense kernel ---------------------------------------------------------

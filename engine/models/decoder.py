@@ -61,10 +61,12 @@ class Dense(Protocol):
 
 
 def project(qkv: jax.Array, cfg: ModelConfig) -> tuple[jax.Array, ...]:
-    """Split the fused projection f32[T, (H + 2 Hkv) D] into q f32[T, H*D], k and v."""
-    q_end = cfg.num_heads * cfg.head_dim
-    k_end = q_end + cfg.num_kv_heads * cfg.head_dim
-    return qkv[:, :q_end], qkv[:, q_end:k_end], qkv[:, k_end:]
+    """Split the fused projection f32[T, (H + 2 Hkv) D], laid out by kv head
+    (`engine.program.fuse_qkv`), into q f32[T, H*D], k and v f32[T, Hkv*D]."""
+    t, group = qkv.shape[0], cfg.num_heads // cfg.num_kv_heads
+    by_head = qkv.reshape(t, cfg.num_kv_heads, group + 2, cfg.head_dim)
+    flat = lambda x: x.reshape(t, -1)
+    return flat(by_head[:, :, :group]), flat(by_head[:, :, group]), flat(by_head[:, :, group + 1])
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
@@ -164,12 +166,12 @@ def _sandwich(y: jax.Array, p: Params, norm: str, cfg: ModelConfig) -> jax.Array
 
 def _mlp_gate(h: jax.Array, w, index: jax.Array, s: "Step") -> jax.Array:
     """act(h @ gate) * (h @ up) f32[T, I]: SiLU fused in the dense strategy's gated product, any
-    other activation after a plain product with [gate | up] (`place_params`)."""
+    other activation after a plain product with gate and up columns side by side
+    (`place_params`)."""
     if s.cfg.mlp_activation == "silu":
         return s.dense.gated(h, w, index)
-    y = s.dense.matmul(h, w, index)  # f32[T, 2I]
-    half = y.shape[1] // 2
-    return jax.nn.gelu(y[:, :half], approximate=True) * y[:, half:]
+    y = s.dense.matmul(h, w, index).reshape(h.shape[0], -1, 2)  # f32[T, I, gate/up]
+    return jax.nn.gelu(y[..., 0], approximate=True) * y[..., 1]
 
 
 def label_logprobs(
