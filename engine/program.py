@@ -101,8 +101,9 @@ class DeviceProgram:
     `kernels.select_dense`). The pool holds as many pages of `page_size` tokens as
     `kv_cache_bytes` pays for (none: no pool, and batches may not name context pages).
     `placement` puts the weights and pool on one device or shards them over several
-    (`engine.placement`); None leaves them on the default device. Several devices need the
-    "xla" dense path (None picks it).
+    (`engine.placement`); None is the first local device. Several devices need the "xla" dense
+    path (None picks it). The default pool is divided by `share`: the runners whose devices
+    share one memory (a CPU's host devices).
     """
 
     def __init__(

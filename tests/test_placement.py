@@ -15,7 +15,9 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+import trio
 
+from engine import EngineConfig, open_engine
 from engine.errors import InvalidInput
 from engine.loaders import load_checkpoint
 from engine.placement import Placement, device_groups
@@ -57,6 +59,18 @@ def test_one_device_is_the_default_placement() -> None:
     placement = Placement(jax.local_devices()[:1])
     assert placement.mesh is None and placement.size == 1
     assert device_groups(None, 1) == [jax.local_devices()]
+
+
+def test_an_engine_asked_for_more_devices_than_there_are_says_which_field(tiny_path) -> None:
+    config = EngineConfig(model=tiny_path, data_parallel=len(jax.devices()) + 1, progress=False)
+
+    async def start() -> None:
+        async with open_engine(config):
+            pass
+
+    with pytest.raises(InvalidInput) as e:
+        trio.run(start)
+    assert e.value.field == "data_parallel" and "devices" in str(e.value)
 
 
 def run_probe(model: str, *extra: str) -> list[dict]:
