@@ -1,6 +1,6 @@
 // Packed two-span attention for the CPU as an XLA FFI custom call (see attention_kernel.h).
 //
-// Token t attends to keys [prefix_start[t], prefix_end[t]) and [own_start[t], C + t] of a key
+// Token t attends to keys [prefix_start[t], prefix_end[t]) and [own_start[t], own_end[t]) of a key
 // space whose first C keys are read from KV pool pages through a page table. The handler
 // checks shapes and dtypes, then runs the widest instruction-set build of the kernel this CPU
 // supports on `threads` worker threads (all online cores by default).
@@ -37,6 +37,7 @@ struct Problem {
   const int32_t* prefix_start;  // spans in the key space: the context region, then the batch
   const int32_t* prefix_end;
   const int32_t* own_start;
+  const int32_t* own_end;  // exclusive; C + t + 1 for a causal (decoder) token
   int keys, context;  // C + T and C: query t is key C + t
   int page_size;
   const int32_t* pages;  // i32[C / page_size]: the context region's pages
@@ -184,6 +185,7 @@ ffi::Error Attention(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::
                      ffi::AnyBuffer pool_v, ffi::Buffer<ffi::S32> layer,
                      ffi::Buffer<ffi::S32> pages, ffi::Buffer<ffi::S32> prefix_start,
                      ffi::Buffer<ffi::S32> prefix_end, ffi::Buffer<ffi::S32> own_start,
+                     ffi::Buffer<ffi::S32> own_end,
                      ffi::Result<ffi::AnyBuffer> out, float scale, ffi::ThreadPool pool) {
   native_cpu::PoolScope scope(pool);
   auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
@@ -192,7 +194,7 @@ ffi::Error Attention(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::
     return ffi::Error::InvalidArgument(shape_error("k", k));
   if (vd.size() != 3 || vd[0] != kd[0] || vd[1] != kd[1] || vd[2] != kd[2])
     return ffi::Error::InvalidArgument(shape_error("v", v));
-  for (const auto* span : {&prefix_start, &prefix_end, &own_start})
+  for (const auto* span : {&prefix_start, &prefix_end, &own_start, &own_end})
     if (span->element_count() != size_t(qd[0]))
       return ffi::Error::InvalidArgument("packed_attention: spans must have T entries");
   auto dtype = q.element_type();
@@ -213,6 +215,7 @@ ffi::Error Attention(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::
             prefix_start.typed_data(),
             prefix_end.typed_data(),
             own_start.typed_data(),
+            own_end.typed_data(),
             context + int(qd[0]),
             context,
             page_size,
@@ -246,6 +249,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PackedAttentionHandler, packed_attention::Attentio
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()

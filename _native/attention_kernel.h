@@ -144,22 +144,22 @@ enum class Visible { kNone, kPartial, kAll };
 inline Visible classify(const Problem& p, int token, int key0) {
   int key1 = key0 + kKeyTile;  // exclusive
   int ps = p.prefix_start[token], pe = p.prefix_end[token], os = p.own_start[token];
-  int self = p.context + token;  // the token's own key
+  int oe = p.own_end[token];
   bool prefix_all = ps <= key0 && key1 <= pe;
-  bool own_all = os <= key0 && key1 - 1 <= self;
+  bool own_all = os <= key0 && key1 <= oe;
   if (prefix_all || own_all) return Visible::kAll;
   bool prefix_any = ps < pe && ps < key1 && key0 < pe;
-  bool own_any = os < key1 && key0 <= self;
+  bool own_any = os < key1 && key0 < oe;
   return prefix_any || own_any ? Visible::kPartial : Visible::kNone;
 }
 
 inline void mask_row(const Problem& p, int token, int key0, int c0, int c1, vf* row) {
   const vi lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   int ps = p.prefix_start[token], pe = p.prefix_end[token], os = p.own_start[token];
-  int self = p.context + token;
+  int oe = p.own_end[token];
   for (int c = c0; c < c1; ++c) {
     vi key = lane + (key0 + c * kLanes);
-    vi visible = ((key >= ps) & (key < pe)) | ((key >= os) & (key <= self));
+    vi visible = ((key >= ps) & (key < pe)) | ((key >= os) & (key < oe));
     row[c] = visible ? row[c] : splat(-INFINITY);
   }
 }
@@ -174,7 +174,7 @@ inline std::pair<int, int> visible_vectors(const Problem& p, int tok0, int tok1,
   };
   for (int t = tok0; t < tok1; ++t) {
     cover(p.prefix_start[t], p.prefix_end[t]);
-    cover(p.own_start[t], p.context + t + 1);
+    cover(p.own_start[t], p.own_end[t]);
   }
   if (lo >= hi) return {0, 0};
   return {(lo - key0) / kLanes, (hi - key0 + kLanes - 1) / kLanes};
@@ -185,7 +185,7 @@ inline void visited_tiles(const Problem& p, int tok0, int tok1, std::vector<int>
                           std::vector<std::pair<int, int>>* spans) {
   spans->clear();
   for (int t = tok0; t < tok1; ++t) {
-    spans->emplace_back(p.own_start[t], p.context + t + 1);
+    spans->emplace_back(p.own_start[t], p.own_end[t]);
     if (p.prefix_end[t] > p.prefix_start[t])
       spans->emplace_back(p.prefix_start[t], p.prefix_end[t]);
   }

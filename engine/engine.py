@@ -40,6 +40,7 @@ from engine.kv_cache import KVCache
 from engine.loaders import load_checkpoint
 from engine.messages import Cancel, Rejected, Scored, ScoreRequest, Timings
 from engine.models import ModelConfig
+from engine.pairs import PairOptions
 from engine.placement import Placement, device_groups
 from engine.program import (
     DEFAULT_PAGE_SIZE,
@@ -92,8 +93,9 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # devices each runner's weights and KV pool are sharded over (engine.placement)
     tensor_parallel: int = 1
 
-    def buckets(self, context: int, window: int = 0) -> Buckets:
-        """The padding grid for a model of `context` positions and sliding `window`;
+    def buckets(self, context: int, window: int = 0, bidirectional: bool = False) -> Buckets:
+        """The padding grid for a model of `context` positions and sliding `window` (an
+        encoder's when `bidirectional`);
         InvalidInput (a ValueError) naming the field that is inconsistent."""
         if not 0 <= self.batch_linger_ms <= 10_000:
             raise InvalidInput("batch_linger_ms", "must be between 0 and 10000")
@@ -109,6 +111,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             row_divisors=self.row_divisors,
             label_widths=self.label_widths,
             window=window,
+            bidirectional=bidirectional,
         )
 
 
@@ -117,6 +120,7 @@ class ScoreResult(msgspec.Struct, frozen=True, kw_only=True):
     prompt_tokens: int
     timings: Timings
     cached_tokens: int = 0  # of the prompt tokens, those read from the KV cache
+    truncated_tokens: int = 0  # input tokens a cross-encoder's pair truncation left out
 
 
 class RerankHit(msgspec.Struct, frozen=True, kw_only=True):
@@ -129,6 +133,7 @@ class RerankResult(msgspec.Struct, frozen=True, kw_only=True):
     prompt_tokens: int
     timings: Timings
     cached_tokens: int = 0  # of the prompt tokens, those read from the KV cache
+    truncated_tokens: int = 0  # input tokens a cross-encoder's pair truncation left out
 
 
 class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
@@ -180,7 +185,7 @@ class Engine:
         self.programs = [programs] if isinstance(programs, DeviceProgram) else list(programs)
         self.program = program = self.programs[0]
         context = program.config.max_position_embeddings
-        self.buckets = config.buckets(context, program.config.window)
+        self.buckets = config.buckets(context, program.config.window, program.config.bidirectional)
         self.max_sequence_tokens = self.buckets.max_sequence(context)
         family = program.config.family
         self.template = templates.template_for(family, tokenizer, source, config.reranker)
@@ -289,11 +294,15 @@ class Engine:
         scores = scores_from_logprobs(logprobs, apply_softmax=apply_softmax).tolist()
         return msgspec.structs.replace(result, scores=scores)
 
-    async def _logprobs(self, query, items, label_token_ids, item_first: bool, normaliser=False):
+    async def _logprobs(
+        self, query, items, label_token_ids, item_first: bool, normaliser=False, pairs=None
+    ):
         """Label log-probs f32[N, L] and the result (scores empty) carrying the usage; with
-        `normaliser` each row's negated log-normaliser follows its labels."""
+        `normaliser` each row's negated log-normaliser follows its labels; with `pairs`
+        (`engine.pairs.PairOptions`) each item is a cross-encoder's pair with the query."""
         start = trio.current_time()
-        scored = await self._submit(query, items, label_token_ids, item_first, normaliser)
+        request = (query, items, label_token_ids, item_first, normaliser, pairs)
+        scored = await self._submit(*request)
         timings = msgspec.structs.replace(scored.timings, total=trio.current_time() - start)
         width = len(label_token_ids) + normaliser
         logprobs = np.asarray(scored.logprobs, np.float32).reshape(-1, width)  # f32[N, L]
@@ -302,6 +311,7 @@ class Engine:
             prompt_tokens=scored.prompt_tokens,
             timings=timings,
             cached_tokens=scored.cached_tokens,
+            truncated_tokens=scored.truncated_tokens,
         )
         return logprobs, result
 
@@ -338,6 +348,7 @@ class Engine:
             prompt_tokens=result.prompt_tokens,
             timings=result.timings,
             cached_tokens=result.cached_tokens,
+            truncated_tokens=result.truncated_tokens,
         )
 
     async def score_pairs(
@@ -396,6 +407,7 @@ class Engine:
             scores=[[s] for s in scores],
             prompt_tokens=sum(r.prompt_tokens for r in results),
             cached_tokens=sum(r.cached_tokens for r in results),
+            truncated_tokens=sum(r.truncated_tokens for r in results),
             timings=max((r.timings for r in results), key=lambda t: t.total, default=Timings()),
         )
 
@@ -411,16 +423,28 @@ class Engine:
             raise e.renamed(DOCUMENTS) from None
         if options.cuts():
             documents = await trio.to_thread.run_sync(self._truncated, query, documents, options)
-        prompt, items = await self._rerank_inputs(query, documents, options.instruction)
+        labels, pairs = self._rerank_labels, self._pair_options(options)
+        if pairs is None:
+            prompt, items = await self._rerank_inputs(query, documents, options.instruction)
+        else:  # a cross-encoder reads the texts themselves, as a pair
+            prompt, items = query, list(documents)
         try:
-            labels = self._rerank_labels
             logprobs, result = await self._logprobs(
-                prompt, items, labels.ids, False, labels.normaliser
+                prompt, items, labels.ids, False, labels.normaliser, pairs
             )
         except InvalidInput as e:
             raise e.renamed(DOCUMENTS) from None
         heads = self.program.config.num_labels
         return relevance(logprobs, num_labels=heads, raw=raw).tolist(), result
+
+    def _pair_options(self, options: "_RerankOptions") -> PairOptions | None:
+        """A cross-encoder's pair truncation: to the model's max length (CrossEncoder's),
+        or the prompt limit asked for when that is shorter; None for a decoder."""
+        cfg = self.program.config
+        if not cfg.bidirectional:
+            return None
+        limit = min(cfg.max_length, options.fit or cfg.max_length)
+        return PairOptions(limit=limit, side=options.truncation_side)
 
     async def _rerank_inputs(self, query, documents, instruction):
         """The score call's query and items: texts joined whole, or a piecewise recipe's ids."""
@@ -449,7 +473,7 @@ class Engine:
 
     def _truncated(self, query, documents, options: "_RerankOptions"):
         limit = options.max_tokens_per_doc or self.max_sequence_tokens
-        if options.fit is not None:
+        if options.fit is not None and not self.program.config.bidirectional:
             room = truncation.room_for_document(
                 self.tokenizer, self.template, query, options.instruction, options.fit
             )
@@ -458,7 +482,9 @@ class Engine:
             self.tokenizer, documents, limit, side=options.truncation_side
         )
 
-    async def _submit(self, query, items, label_token_ids, item_first, normaliser) -> Scored:
+    async def _submit(
+        self, query, items, label_token_ids, item_first, normaliser, pairs=None
+    ) -> Scored:
         if self._closed:
             raise EngineClosed("engine shut down")
         if len(self._waiters) >= self.config.max_queued_requests:
@@ -475,6 +501,7 @@ class Engine:
                 label_token_ids=label_token_ids,
                 item_first=item_first,
                 normaliser=normaliser,
+                pairs=pairs,
                 arrived=trio.current_time(),
             )
         )

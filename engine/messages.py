@@ -11,6 +11,7 @@ import numpy as np
 
 from engine.errors import RejectKind
 from engine.models import PackedInputs
+from engine.pairs import PairOptions
 
 
 class Timings(msgspec.Struct, frozen=True, kw_only=True):
@@ -34,6 +35,9 @@ class ScoreRequest(msgspec.Struct, frozen=True, kw_only=True):
     # engine-internal: also read each row's negated log-normaliser, after the labels (the label
     # id one past the vocabulary), so that a label's log-prob minus it is the label's logit
     normaliser: bool = False
+    # engine-internal: each item is a (query, item) text pair for a cross-encoder, tokenised
+    # and truncated as `engine.pairs` says; None: query and item joined (sglang's semantics)
+    pairs: PairOptions | None = None
     arrived: float
 
 
@@ -45,6 +49,7 @@ class Tokenized(msgspec.Struct, frozen=True, kw_only=True):
     labels: list[int]
     arrived: float
     tokenize_s: float
+    truncated: int = 0  # tokens pair truncation took off (`engine.pairs`)
 
 
 class Rejected(msgspec.Struct, frozen=True, kw_only=True):
@@ -91,4 +96,5 @@ class Scored(msgspec.Struct, frozen=True, kw_only=True):
     logprobs: list[list[float]]
     prompt_tokens: int
     cached_tokens: int = 0  # of the prompt tokens, those read from the KV cache
+    truncated_tokens: int = 0  # tokens of the input that truncation left out
     timings: Timings

@@ -124,7 +124,9 @@ def plan(
     less: its padded bucket against two smaller ones (repeated prefixes included), each batch
     charged `BATCH_OVERHEAD_TOKENS` more.
     """
-    groups = group_by_prefix(seqs) if groups is None else groups
+    if groups is None:
+        alone = buckets.bidirectional  # an encoder's tokens depend on the whole sequence
+        groups = [Chunk(0, (i,)) for i in range(len(seqs))] if alone else group_by_prefix(seqs)
     lengths = [len(s) for s in seqs]
     limits = dict(token_budget=token_budget, max_rows=buckets.max_rows, cached=cached)
     batches = plan_batches(groups, lengths, **limits)
@@ -227,6 +229,9 @@ def pack(
         context_pages=np.concatenate([pages, np.zeros(c // page_size - len(pages), np.int32)]),
         page_size=page_size,
     )
+    if buckets.bidirectional:
+        own_end, rows = _whole_sequences(view, view_chunks, ostart, rows)
+        layout["own_end"] = np.concatenate([own_end + c, pad + 1])
     meta = make_meta(*spans, **layout)
     window_meta = make_meta(*spans, **layout, window=buckets.window) if buckets.window else None
     score_rows = np.zeros(s, np.int32)  # i32[S]
@@ -245,6 +250,20 @@ def pack(
     if reused is not None:
         cached = {m: min(c, reused.get(m, 0)) for m, c in cached.items()}
     return PackedBatch(inputs, order, n, contexts, [cached.get(m, 0) for m in order])
+
+
+def _whole_sequences(
+    view: Sequence[Tokens],
+    chunks: Sequence[Chunk],
+    ostart: np.ndarray,  # i32[N]
+    rows: np.ndarray,  # i32[R]: each sequence's last token
+) -> tuple[np.ndarray, np.ndarray]:  # own_end i32[N], rows i32[R]
+    """An encoder's layout: each token's own span ends with its sequence, and a sequence is
+    scored at its first token."""
+    if any(c.prefix_len or len(c.members) != 1 for c in chunks):
+        raise ValueError("an encoder's sequences are laid out alone, with no shared prefix")
+    lengths = np.array([len(view[c.members[0]]) for c in chunks], np.int32)
+    return np.repeat(np.cumsum(lengths, dtype=np.int32), lengths), ostart[rows]
 
 
 def laid_out(

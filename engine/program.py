@@ -11,7 +11,7 @@ import numpy as np
 
 from engine.errors import InvalidInput
 from engine.loaders import Checkpoint
-from engine.models import FAMILIES, Dense, ModelConfig, PackedInputs, label_logprobs
+from engine.models import FAMILIES, Dense, ModelConfig, PackedInputs, forward_of
 from engine.packing import empty_batch
 from engine.placement import Placement, put
 from kernels import select_attention, select_dense
@@ -72,6 +72,42 @@ def place_params(params: dict, dtype, dense, *, kv_heads: int, fused_silu: bool 
     }
 
 
+ENCODER_VECTORS = (  # kept in f32
+    *("attn_norm", "attn_norm_b", "mlp_norm", "mlp_norm_b"),
+    *("bq", "bk", "bv", "bo", "b_up", "b_gate", "b_down"),
+)
+ENCODER_TOP_VECTORS = (
+    *("embed_norm", "embed_norm_b", "final_norm", "final_norm_b"),
+    *("pool_dense_b", "pool_norm", "pool_norm_b", "classifier_b"),
+)
+
+
+def place_encoder_params(params: dict, dtype, dense, *, heads: int) -> dict:
+    """Device weights of a cross-encoder (`engine.models.encoder`): embedding tables in `dtype`,
+    norms and biases in f32, the fused q/k/v, the MLP (a gated one's pairs side by side), the
+    pooler dense and the classifier prepared by the `dense` strategy."""
+    layers = params["layers"]
+    tables = [n for n in ("embed", "positions", "token_types") if n in params]
+    up = (
+        _gate_up(layers, dtype, dense, fused_silu=False)
+        if "w_gate" in layers
+        else dense.prepare(layers["w_up"], dtype)
+    )
+    return {
+        **{n: to_device(params[n], dtype) for n in tables},
+        **{n: to_device(params[n], jnp.float32) for n in ENCODER_TOP_VECTORS if n in params},
+        "pool_dense": dense.prepare(params["pool_dense"][None], dtype),
+        "head": dense.prepare_head(params["head"], dtype),
+        "layers": {n: to_device(layers[n], jnp.float32) for n in ENCODER_VECTORS if n in layers},
+        "matrices": {
+            "qkv": dense.prepare(fuse_qkv(layers["wq"], layers["wk"], layers["wv"], heads), dtype),
+            "o": dense.prepare(layers["wo"], dtype),
+            "up": up,
+            "down": dense.prepare(layers["w_down"], dtype),
+        },
+    }
+
+
 def fuse_qkv(wq: np.ndarray, wk: np.ndarray, wv: np.ndarray, kv_heads: int) -> np.ndarray:
     """The fused projection [L, E, (H + 2 Hkv) D] from wq [L, E, H D], wk and wv [L, E, Hkv D],
     by kv head: the G = H / Hkv query heads that read kv head j, then k and v of head j
@@ -125,6 +161,10 @@ class DeviceProgram:
         self.placement = placement or Placement(jax.local_devices()[:1])
         backend = jax.default_backend()
         sharded = self.placement.size > 1
+        if sharded and self.config.bidirectional:
+            raise InvalidInput(
+                "tensor_parallel", "encoder models run whole on each device: use data_parallel"
+            )
         if sharded and dense not in (None, "xla"):
             raise InvalidInput("dense", "tensor parallelism needs the 'xla' dense path")
         dense = "xla" if sharded else dense
@@ -136,18 +176,11 @@ class DeviceProgram:
             dtype=DTYPES[dtype],
             softcap=self.config.attn_softcap,
         )
-        silu = checkpoint.config.mlp_activation == "silu"
         with self.placement.default_device():
-            params = place_params(
-                checkpoint.params,
-                DTYPES[dtype],
-                self.dense,
-                kv_heads=self.config.num_kv_heads,
-                fused_silu=silu,
-            )
+            params = self._place(checkpoint.params)
         self.params = self.placement.params(params)
         forward = functools.partial(
-            label_logprobs,
+            forward_of(self.config),
             cfg=self.config,
             family=FAMILIES[self.config.family],
             attention=self.attention,
@@ -157,6 +190,8 @@ class DeviceProgram:
         if page_size < 1:
             raise InvalidInput("page_size", f"must be at least 1, got {page_size}")
         self.page_size = page_size
+        if self.config.bidirectional:  # a token's keys depend on the whole pair: none to reuse
+            kv_cache_bytes = 0
         if kv_cache_bytes is None:  # runners that `share` one memory divide the default
             kv_cache_bytes = default_kv_cache_bytes(self.kv_bytes_per_token) // share
         page_bytes = page_size * self.kv_bytes_per_token
@@ -166,6 +201,13 @@ class DeviceProgram:
         # the pool is updated in place, and keeps its sharding from step to step
         outputs = (self.placement.replicated(), self.placement.pool_shardings(self.pool))
         self._forward = jax.jit(forward, donate_argnums=2, out_shardings=outputs)
+
+    def _place(self, params: dict) -> dict:
+        cfg, dtype = self.config, DTYPES[self.dtype]
+        if cfg.bidirectional:
+            return place_encoder_params(params, dtype, self.dense, heads=cfg.num_kv_heads)
+        silu = cfg.mlp_activation == "silu"
+        return place_params(params, dtype, self.dense, kv_heads=cfg.num_kv_heads, fused_silu=silu)
 
     @property
     def kv_bytes_per_token(self) -> int:

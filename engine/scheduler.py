@@ -382,6 +382,7 @@ class SchedulerState:
             logprobs=req.logprobs,
             prompt_tokens=prompt,
             cached_tokens=req.cached_tokens,
+            truncated_tokens=req.msg.truncated,
             timings=timings,
         )
 

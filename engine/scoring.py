@@ -68,6 +68,7 @@ class ScoringModel:
             self.config.max_position_embeddings,
             token_budget=token_budget,
             window=self.config.window,
+            bidirectional=self.config.bidirectional,
         )
         self._tokenizer_state = TokenizerState.for_model(
             checkpoint.tokenizer, self.config, self.buckets, max_items=None, cache_size=0

@@ -1,13 +1,15 @@
 """Tokenizer actor: validates score requests and turns them into token sequences.
 
 Everything pending is encoded in one `encode_batch` call in a worker thread, so the loop stays
-live; token ids are cached by text (bounded LRU). A bad request fails alone with a `Rejected`.
+live; token ids are cached by text (bounded LRU). A cross-encoder's pair requests are encoded
+as pairs (`engine.pairs`), one call per request. A bad request fails alone with a `Rejected`.
 A `Cancel` is passed on in its place among the requests, so it always follows its request.
 """
 
 import time
 from collections import OrderedDict
 
+import msgspec
 import tokenizers
 import trio
 
@@ -17,6 +19,7 @@ from engine.channels import drain
 from engine.errors import InputTooLarge, InvalidInput, rejection_kind
 from engine.messages import Cancel, Rejected, ScoreRequest, Tokenized
 from engine.models import ModelConfig
+from engine.pairs import Encoded, PairEncoder
 
 MAX_DRAIN = 256  # requests tokenised together at most; bounds one worker-thread call
 
@@ -57,6 +60,7 @@ class TokenizerState:
         max_items: int | None,
         max_labels: int,
         cache_size: int,
+        pairs: PairEncoder | None = None,
     ):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
@@ -64,6 +68,7 @@ class TokenizerState:
         self.max_items = max_items
         self.max_labels = max_labels
         self.cache = TokenCache(cache_size)
+        self.pairs = pairs  # a cross-encoder's pair tokenisation; None: pairs are refused
 
     @classmethod
     def for_model(
@@ -76,7 +81,12 @@ class TokenizerState:
         cache_size: int,
     ) -> "TokenizerState":
         """The state for a model of `config` batched on `buckets`: the longest sequence and the
-        label count those allow (`Buckets.max_sequence`, `Buckets.max_labels`)."""
+        label count those allow (`Buckets.max_sequence`, `Buckets.max_labels`), and pair
+        tokenisation for a cross-encoder."""
+        pairs = None
+        if config.bidirectional:
+            types = config.type_vocab_size
+            pairs = PairEncoder(tokenizer, vocab_size=config.vocab_size, type_vocab_size=types)
         return cls(
             tokenizer,
             vocab_size=config.vocab_size,
@@ -84,6 +94,7 @@ class TokenizerState:
             max_items=max_items,
             max_labels=buckets.max_labels,
             cache_size=cache_size,
+            pairs=pairs,
         )
 
     def process(self, requests: list[ScoreRequest | Cancel]) -> list[Tokenized | Rejected | Cancel]:
@@ -106,12 +117,22 @@ class TokenizerState:
                 raise InputTooLarge(
                     "label_token_ids", f"{len(labels)} labels exceed the limit of {self.max_labels}"
                 )
+            if r.pairs is not None:
+                return self._pairs(r, items)
             if inputs.is_text_request(r.query, items):
                 return inputs.texts_to_join(r.query, items, item_first=r.item_first)
             inputs.check_query_ids(r.query, self.vocab_size)
             return inputs.join_ids(r.query, items, item_first=r.item_first)
         except InvalidInput as e:
             return _rejected(r.id, e)
+
+    def _pairs(self, r: ScoreRequest, items: list) -> Encoded:
+        if self.pairs is None:
+            raise InvalidInput("query/items", "this model does not score text pairs")
+        if not (isinstance(r.query, str) and all(isinstance(it, str) for it in items)):
+            raise InvalidInput("query/items", "a pair's query and items must be text")
+        limit = min(r.pairs.limit, self.max_len)
+        return self.pairs.encode(r.query, items, msgspec.structs.replace(r.pairs, limit=limit))
 
     def _labels(self, r: ScoreRequest) -> list[int]:
         """The labels read at each score row: the caller's, and the normaliser when asked."""
@@ -130,9 +151,12 @@ class TokenizerState:
     def _finish(self, r, staged, encoded, elapsed: float) -> Tokenized | Rejected | Cancel:
         if isinstance(staged, Rejected | Cancel):
             return staged
+        truncated, id_space = 0, self.vocab_size
+        if isinstance(staged, Encoded):
+            (staged, truncated), id_space = staged, self.pairs.id_space
         seqs = [encoded[s] if isinstance(s, str) else s for s in staged]
         try:
-            inputs.check_sequences(seqs, vocab_size=self.vocab_size, max_len=self.max_len)
+            inputs.check_sequences(seqs, vocab_size=id_space, max_len=self.max_len)
         except InvalidInput as e:
             return _rejected(r.id, e)
         return Tokenized(
@@ -141,6 +165,7 @@ class TokenizerState:
             labels=self._labels(r),
             arrived=r.arrived,
             tokenize_s=elapsed,
+            truncated=truncated,
         )
 
 

@@ -12,7 +12,7 @@ from kernels.dense import STRATEGIES, Dense
 from kernels.metadata import AttentionMeta
 from kernels.pallas import attention_pallas, attention_pallas_auto
 from kernels.reference import attention_reference
-from kernels.schedule import build_block_schedule, make_meta, window_spans
+from kernels.schedule import build_block_schedule, local_spans, make_meta, window_spans
 from kernels.xla import attention_xla
 
 # "pallas" compiles on TPU and GPU and runs in the (slow) Pallas interpreter elsewhere.
@@ -88,6 +88,7 @@ __all__ = [
     "attention_reference",
     "attention_xla",
     "build_block_schedule",
+    "local_spans",
     "make_meta",
     "select_attention",
     "select_dense",

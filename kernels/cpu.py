@@ -73,7 +73,7 @@ def attention_cpu(
     softcap: float = 0.0,
     pool: LayerPool | None = None,
 ) -> jax.Array:  # [T, H, D] in q's dtype
-    """Attention over the prefix span and causal own span of every token, on the CPU.
+    """Attention over the prefix span and own span of every token, on the CPU.
 
     Query head h reads kv head `h // (H // Hkv)`; q, k and v share a dtype (bfloat16 or
     float32); D is 64 or 128. Scores, softmax and accumulation are f32. The context region's
@@ -104,6 +104,7 @@ def attention_cpu(
         meta.prefix_start,
         meta.prefix_end,
         meta.own_start,
+        meta.own_end,
         scale=np.float32(scale),
     )
 

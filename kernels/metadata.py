@@ -5,9 +5,11 @@ one key space of C + T positions: `[0, C)` is the batch's *context region*, keys
 earlier batches and read from the paged KV pool (`context_pages`, C a multiple of B), and
 `[C, C + T)` are the batch's own tokens, query t sitting at key C + t. Token t attends to at most
 two key spans: `[prefix_start[t], prefix_end[t])` (the shared prefix of its group, in the context
-region or the batch; empty when `prefix_start == prefix_end`) and `[own_start[t], C + t]` (its own
-sequence so far in this batch, causal). A sequence computed in chunks sees its earlier chunks as
-its prefix span, in the context region.
+region or the batch; empty when `prefix_start == prefix_end`) and `[own_start[t], own_end[t])`
+(its own sequence in this batch). A decoder's own span is causal, `own_end[t] = C + t + 1`: its
+sequence so far. An encoder's is the whole sequence, keys after the token's own included
+(bidirectional), with no prefix span. Every own span holds the token's own key C + t. A sequence
+computed in chunks sees its earlier chunks as its prefix span, in the context region.
 Padding tokens attend only to themselves, so no row is ever fully masked. Without a cache C = 0
 and the key space is the batch.
 
@@ -28,6 +30,7 @@ class AttentionMeta(NamedTuple):
     prefix_start: jax.Array  # i32[T], key space
     prefix_end: jax.Array  # i32[T], key space
     own_start: jax.Array  # i32[T], key space
+    own_end: jax.Array  # i32[T], key space, exclusive: C + t + 1 when causal
     block_kv: jax.Array  # i32[T // B, K]
     block_count: jax.Array  # i32[T // B]
     context_pages: jax.Array  # i32[C // page]: pool pages laid end to end as keys [0, C)

@@ -80,7 +80,7 @@ def attention_pallas(
     block_sizes: BlockSizes | None = None,
     platform: str | None = None,
 ) -> jax.Array:  # [T, H, D] in q's dtype
-    """Attention over the prefix span and causal own span, visiting only scheduled key blocks.
+    """Attention over the prefix span and own span, visiting only scheduled key blocks.
 
     Query head h reads kv head `h // (H // Hkv)`; q, k and v share a dtype (float32 or bfloat16);
     scores and softmax statistics are f32; `softcap` > 0 soft-caps the scaled scores (Gemma 2).
@@ -146,14 +146,14 @@ def supports(head_dim: int | None, dtype, backend: str) -> bool:
 
 
 def _visible(
-    spans: tuple[jax.Array, ...],  # 4 x i32[R, 1]: prefix_start, prefix_end, own_start, position
+    spans: tuple[jax.Array, ...],  # 4 x i32[R, 1]: prefix_start, prefix_end, own_start, own_end
     key_start: jax.Array,  # i32[]
     block_k: int,
 ) -> jax.Array:  # bool[R, block_k]: query row may see key column
-    prefix_start, prefix_end, own_start, position = spans
-    key = key_start + lax.broadcasted_iota(jnp.int32, (position.shape[0], block_k), 1)
+    prefix_start, prefix_end, own_start, own_end = spans
+    key = key_start + lax.broadcasted_iota(jnp.int32, (own_end.shape[0], block_k), 1)
     in_prefix = (key >= prefix_start) & (key < prefix_end)
-    in_own = (key >= own_start) & (key <= position)
+    in_own = (key >= own_start) & (key < own_end)
     return in_prefix | in_own
 
 
@@ -230,7 +230,7 @@ def _tpu_kernel(
     prefix_start_ref,  # i32[R, 1]
     prefix_end_ref,  # i32[R, 1]
     own_start_ref,  # i32[R, 1]
-    position_ref,  # i32[R, 1]
+    own_end_ref,  # i32[R, 1]
     k_ref,  # [Bk, D]
     v_ref,  # [Bk, D]
     o_ref,  # [R, D]
@@ -256,7 +256,7 @@ def _tpu_kernel(
     def _fold():
         key_start = _key_tile(block_kv_ref, count_ref, q_tile, step, tiles) * tiles.block_k
         spans = tuple(ref[...] for ref in (prefix_start_ref, prefix_end_ref, own_start_ref))
-        visible = _visible((*spans, position_ref[...]), key_start, tiles.block_k)
+        visible = _visible((*spans, own_end_ref[...]), key_start, tiles.block_k)
         state = _Softmax(*(ref[...] for ref in state_refs))
         state = _fold_tile(state, q_ref[...], k_ref[...], v_ref[...], visible, scale, softcap)
         for ref, value in zip(state_refs, state, strict=True):
@@ -312,7 +312,7 @@ def _run_tpu(
         meta.block_kv.reshape(-1),
         meta.block_count,
         q_rows,
-        *(_row_column(x, group, tiles.block_q) for x in _span_columns(meta, context_length(q, k))),
+        *(_row_column(x, group, tiles.block_q) for x in _span_columns(meta)),
         k.transpose(1, 0, 2),  # [Hkv, C + T, D]
         v.transpose(1, 0, 2),  # [Hkv, C + T, D]
     )
@@ -360,7 +360,7 @@ def _gpu_kernel(
     prefix_start_ref,  # i32[Bq, 1]
     prefix_end_ref,  # i32[Bq, 1]
     own_start_ref,  # i32[Bq, 1]
-    position_ref,  # i32[Bq, 1]
+    own_end_ref,  # i32[Bq, 1]
     k_ref,  # [C + T, D], the whole kv head
     v_ref,  # [C + T, D]
     o_ref,  # [Bq, D]
@@ -370,7 +370,7 @@ def _gpu_kernel(
     tiles: _Tiles,
 ):
     q_tile = pl.program_id(1)
-    refs = (prefix_start_ref, prefix_end_ref, own_start_ref, position_ref)
+    refs = (prefix_start_ref, prefix_end_ref, own_start_ref, own_end_ref)
     spans = tuple(ref[...] for ref in refs)
     q = q_ref[...]
 
@@ -416,18 +416,17 @@ def _run_gpu(
         meta.block_kv.reshape(-1),
         meta.block_count,
         q,
-        *_span_columns(meta, context_length(q, k)),
+        *_span_columns(meta),
         k,
         v,
     )
 
 
-def _span_columns(meta: AttentionMeta, context: int) -> tuple[jax.Array, ...]:  # 4 x i32[T, 1]
+def _span_columns(meta: AttentionMeta) -> tuple[jax.Array, ...]:  # 4 x i32[T, 1]
     t = meta.prefix_start.shape[0]
-    position = context + jnp.arange(t, dtype=jnp.int32)  # each query's key
     return tuple(
         jnp.asarray(x, jnp.int32).reshape(t, 1)
-        for x in (meta.prefix_start, meta.prefix_end, meta.own_start, position)
+        for x in (meta.prefix_start, meta.prefix_end, meta.own_start, meta.own_end)
     )
 
 
@@ -448,7 +447,7 @@ def _check_inputs(q, k, v, meta: AttentionMeta) -> None:
         raise ValueError(f"k/v shape {k.shape} does not fit q shape {q.shape}")
     if not q.dtype == k.dtype == v.dtype or q.dtype not in DTYPES:
         raise ValueError(f"q, k, v must share float32 or bfloat16, got {q.dtype}/{k.dtype}")
-    spans = (meta.prefix_start, meta.prefix_end, meta.own_start)
+    spans = (meta.prefix_start, meta.prefix_end, meta.own_start, meta.own_end)
     if any(x.shape != (t,) for x in spans):
         raise ValueError(f"spans must be i32[{t}], got {[x.shape for x in spans]}")
     n = meta.block_kv.shape[0] if meta.block_kv.ndim == 2 else 0

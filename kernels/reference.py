@@ -19,7 +19,7 @@ def attention_reference(
     softcap: float = 0.0,
     pool: LayerPool | None = None,
 ) -> jax.Array:  # [T, H, D] in q's dtype
-    """Attention of every token over its prefix span and causal own span, computed densely in f32.
+    """Attention of every token over its prefix span and own span, computed densely in f32.
 
     Query head h reads kv head `h // (H // Hkv)`; the context region's keys come from `pool`'s
     pages (`kernels.paging`); `softcap` > 0 soft-caps the scaled scores. Cost and memory are
@@ -41,8 +41,7 @@ def attention_reference(
 def dense_mask(meta: AttentionMeta, context: int = 0) -> jax.Array:  # bool[T, C + T]
     """`mask[t, s]` is True when query t (key C + t) may attend to key s."""
     t = meta.prefix_start.shape[0]
-    query = context + jnp.arange(t)[:, None]
     key = jnp.arange(context + t)[None, :]
     in_prefix = (key >= meta.prefix_start[:, None]) & (key < meta.prefix_end[:, None])
-    in_own = (key >= meta.own_start[:, None]) & (key <= query)
+    in_own = (key >= meta.own_start[:, None]) & (key < meta.own_end[:, None])
     return in_prefix | in_own

@@ -21,6 +21,7 @@ def build_block_schedule(
     block_size: int,
     width_buckets: Sequence[int],
     context: int = 0,
+    own_end: np.ndarray | None = None,  # i32[T]; None: causal, C + t + 1
 ) -> tuple[np.ndarray, np.ndarray]:
     """Key blocks each query block must visit, with `context` keys (C) before the batch.
 
@@ -29,9 +30,10 @@ def build_block_schedule(
     `width_buckets` that holds the widest row. Raises ValueError when T or C is not a multiple of
     `block_size`, when the spans are malformed, or when no bucket is wide enough.
     """
-    ps, pe, os_ = _validated_spans(prefix_start, prefix_end, own_start, block_size, context)
+    spans = _validated_spans(prefix_start, prefix_end, own_start, own_end, block_size, context)
+    ps = spans[0]
     n = (context + ps.shape[0]) // block_size
-    q, lo, hi = _block_intervals(ps, pe, os_, block_size, context)
+    q, lo, hi = _block_intervals(*spans, block_size)
     q, lo, hi = _merge_intervals(q, lo, hi, n)
     n = ps.shape[0] // block_size
     length = hi - lo + 1
@@ -50,30 +52,40 @@ def make_meta(
     context_pages: np.ndarray | None = None,  # i32[C // page]
     page_size: int = 0,
     window: int = 0,
+    own_end: np.ndarray | None = None,  # i32[T]; None: causal
 ) -> AttentionMeta:
     """Build the schedule and bundle it with the spans as numpy-backed int32 AttentionMeta.
 
     `context_pages` (pages of `page_size` tokens) make the context region; none: C = 0.
-    `window` > 0 makes the metadata of a sliding-window layer (`window_spans`).
+    `own_end` makes own spans that end there (bidirectional: an encoder's); None makes them
+    causal. `window` > 0 makes the metadata of a sliding-window layer: causal spans keep their
+    last `window` keys (`window_spans`), bidirectional ones the keys within `window // 2` of the
+    token (`local_spans`).
     """
     pages = np.zeros(0, np.int32) if context_pages is None else np.asarray(context_pages, np.int32)
-    if window:
-        context = pages.shape[0] * page_size
+    context = pages.shape[0] * page_size
+    if own_end is not None and window:
+        own_start, own_end = local_spans(own_start, own_end, window=window, context=context)
+    elif window:
         prefix_start, own_start = window_spans(
             prefix_start, prefix_end, own_start, window=window, context=context
         )
+    if own_end is None:
+        own_end = context + np.arange(len(own_start)) + 1
     block_kv, block_count = build_block_schedule(
         prefix_start,
         prefix_end,
         own_start,
         block_size=block_size,
         width_buckets=width_buckets,
-        context=pages.shape[0] * page_size,
+        context=context,
+        own_end=own_end,
     )
     return AttentionMeta(
         prefix_start=np.asarray(prefix_start, dtype=np.int32),
         prefix_end=np.asarray(prefix_end, dtype=np.int32),
         own_start=np.asarray(own_start, dtype=np.int32),
+        own_end=np.asarray(own_end, dtype=np.int32),
         block_kv=block_kv,
         block_count=block_count,
         context_pages=pages,
@@ -106,16 +118,42 @@ def window_spans(
     return (ps + from_prefix).astype(np.int32), (os_ + drop - from_prefix).astype(np.int32)
 
 
+def local_spans(
+    own_start: np.ndarray,  # i32[T]
+    own_end: np.ndarray,  # i32[T]
+    *,
+    window: int,
+    context: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:  # own_start, own_end i32[T]
+    """The own spans of a bidirectional sliding-window layer: each token sees the keys of its
+    span within `window // 2` positions of its own on either side (ModernBERT's local attention,
+    `|q - k| <= local_attention // 2`), by narrowing the span."""
+    if window < 2:
+        raise ValueError(f"a bidirectional window must be at least 2, got {window}")
+    os_, oe = np.asarray(own_start, np.int64), np.asarray(own_end, np.int64)
+    key = context + np.arange(os_.shape[0])
+    half = window // 2
+    return (
+        np.maximum(os_, key - half).astype(np.int32),
+        np.minimum(oe, key + half + 1).astype(np.int32),
+    )
+
+
 def _validated_spans(
     prefix_start: np.ndarray,  # i32[T]
     prefix_end: np.ndarray,  # i32[T]
     own_start: np.ndarray,  # i32[T]
+    own_end: np.ndarray | None,  # i32[T]; None: causal
     block_size: int,
     context: int,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # i64[T] each
     ps, pe, os_ = (np.asarray(a, dtype=np.int64) for a in (prefix_start, prefix_end, own_start))
-    if not ps.ndim == pe.ndim == os_.ndim == 1 or not ps.shape == pe.shape == os_.shape:
-        shapes = f"{ps.shape} {pe.shape} {os_.shape}"
+    pos = context + np.arange(ps.shape[0]) if ps.ndim == 1 else ps
+    oe = pos + 1 if own_end is None else np.asarray(own_end, dtype=np.int64)
+    if not ps.ndim == pe.ndim == os_.ndim == oe.ndim == 1 or not (
+        ps.shape == pe.shape == os_.shape == oe.shape
+    ):
+        shapes = f"{ps.shape} {pe.shape} {os_.shape} {oe.shape}"
         raise ValueError(f"spans must be 1-D of equal length, got {shapes}")
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
@@ -124,27 +162,26 @@ def _validated_spans(
         raise ValueError(f"token count {t} is not a positive multiple of block size {block_size}")
     if context < 0 or context % block_size:
         raise ValueError(f"context {context} is not a multiple of block size {block_size}")
-    pos = context + np.arange(t)
-    if np.any((os_ < 0) | (os_ > pos)):
-        raise ValueError("own_start must satisfy 0 <= own_start[t] <= C + t")
+    if np.any((os_ < 0) | (os_ > pos) | (oe <= pos) | (oe > context + t)):
+        raise ValueError("own spans must satisfy 0 <= own_start[t] <= C + t < own_end[t] <= C + T")
     if np.any((ps < 0) | (ps > pe) | (pe > context + t)):
         raise ValueError("prefix spans must satisfy 0 <= prefix_start <= prefix_end <= C + T")
-    return ps, pe, os_
+    return ps, pe, os_, oe
 
 
 def _block_intervals(
     ps: np.ndarray,  # i64[T]
     pe: np.ndarray,  # i64[T]
     os_: np.ndarray,  # i64[T]
+    oe: np.ndarray,  # i64[T]
     block_size: int,
-    context: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(query block, first key block, last key block) of every non-empty span, runs collapsed."""
     q_block = np.arange(ps.shape[0]) // block_size
     has_prefix = pe > ps
     q = np.concatenate([q_block, q_block[has_prefix]])
     lo = np.concatenate([os_ // block_size, ps[has_prefix] // block_size])
-    hi = np.concatenate([q_block + context // block_size, (pe[has_prefix] - 1) // block_size])
+    hi = np.concatenate([(oe - 1) // block_size, (pe[has_prefix] - 1) // block_size])
     # A linear pass instead of a sort: tokens of one sequence in one block share their intervals,
     # so dropping adjacent repeats leaves few enough intervals for the sort that follows.
     keep = np.ones(q.shape[0], dtype=bool)

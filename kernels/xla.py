@@ -12,7 +12,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from kernels.metadata import AttentionMeta, context_length
+from kernels.metadata import AttentionMeta
 from kernels.paging import LayerPool, with_context
 from kernels.softcap import soft_cap
 
@@ -33,7 +33,7 @@ class _QueryBlock(NamedTuple):
     prefix_start: jax.Array  # i32[B, 1]
     prefix_end: jax.Array  # i32[B, 1]
     own_start: jax.Array  # i32[B, 1]
-    position: jax.Array  # i32[B, 1]: each query's key, C + t
+    own_end: jax.Array  # i32[B, 1]
     kv_blocks: jax.Array  # i32[K]
     count: jax.Array  # i32[]
 
@@ -49,7 +49,7 @@ def attention_xla(
     pool: LayerPool | None = None,
     query_blocks_per_step: int | None = None,
 ) -> jax.Array:  # [T, H, D] in q's dtype
-    """Attention over the prefix span and causal own span, visiting only scheduled key blocks.
+    """Attention over the prefix span and own span, visiting only scheduled key blocks.
 
     Query head h reads kv head `h // (H // Hkv)`. Scores and the softmax are f32; the output has
     q's dtype; `softcap` > 0 soft-caps the scaled scores. Shapes (T, C, H, Hkv, D, K) are static
@@ -70,7 +70,7 @@ def attention_xla(
     def attend(query: _QueryBlock) -> jax.Array:  # f32[Hkv, G*B, D]
         return _attend_query_block(query, k_blocks, v_blocks, (scale, softcap), group=group)
 
-    queries = _query_blocks(q, meta, n, block, num_kv, context_length(q, k))
+    queries = _query_blocks(q, meta, n, block, num_kv)
     out = jax.lax.map(attend, queries, batch_size=per_step)
     out = out.reshape(n, num_kv, group, block, head_dim).transpose(0, 3, 1, 2, 4)
     return out.reshape(t, num_heads, head_dim).astype(q.dtype)
@@ -99,9 +99,8 @@ def _query_blocks(
     n: int,
     block: int,
     num_kv: int,
-    context: int,
 ) -> _QueryBlock:
-    t, num_heads, head_dim = q.shape
+    _, num_heads, head_dim = q.shape
     group = num_heads // num_kv
     # Row r = g * B + b of kv head h holds query head h * G + g of token b.
     rows = q.reshape(n, block, num_kv, group, head_dim).transpose(0, 2, 3, 1, 4)
@@ -111,7 +110,7 @@ def _query_blocks(
         prefix_start=column(meta.prefix_start),
         prefix_end=column(meta.prefix_end),
         own_start=column(meta.own_start),
-        position=column(context + jnp.arange(t, dtype=jnp.int32)),
+        own_end=column(meta.own_end),
         kv_blocks=meta.block_kv,
         count=meta.block_count,
     )
@@ -155,7 +154,7 @@ def _mask_bias(
 ) -> jax.Array:  # f32[B, B]: 0 where query row may see key column, _MASKED elsewhere
     key = kv_block * block + jnp.arange(block, dtype=jnp.int32)[None, :]
     in_prefix = (key >= query.prefix_start) & (key < query.prefix_end)
-    in_own = (key >= query.own_start) & (key <= query.position)
+    in_own = (key >= query.own_start) & (key < query.own_end)
     return jnp.where(in_prefix | in_own, 0.0, _MASKED).astype(jnp.float32)
 
 

@@ -15,6 +15,7 @@ from kernels import (
     AttentionMeta,
     attention_reference,
     attention_xla,
+    local_spans,
     make_meta,
     select_attention,
     window_spans,
@@ -32,26 +33,43 @@ def layout_spans(
 
     Padding fills up to a multiple of `block_size` after `extra_pad` more tokens.
     """
-    prefix_start, prefix_end, own_start = [], [], []
+    prefix_start, prefix_end, own_start, _ = _layout(groups, block_size, extra_pad)
+    return prefix_start, prefix_end, own_start
+
+
+def bidirectional_spans(
+    lengths: Sequence[int], block_size: int, extra_pad: int = 0
+) -> tuple[np.ndarray, ...]:
+    """(prefix_start, prefix_end, own_start, own_end) i32[T] of encoder sequences back to back:
+    each token sees its whole sequence; padding only itself."""
+    return _layout([(0, lengths)], block_size, extra_pad)
+
+
+def _layout(groups: Layout, block_size: int, extra_pad: int) -> tuple[np.ndarray, ...]:
+    prefix_start, prefix_end, own_start, own_end = [], [], [], []  # own_end: bidirectional
     for prefix_len, items in groups:
         group_start = len(own_start)
         for _ in range(prefix_len):
             prefix_start.append(group_start)
             prefix_end.append(group_start)
             own_start.append(group_start)
+            own_end.append(group_start + prefix_len)
         for item_len in items:
             item_start = len(own_start)
             for _ in range(item_len):
                 prefix_start.append(group_start)
                 prefix_end.append(group_start + prefix_len)
                 own_start.append(item_start)
+                own_end.append(item_start + item_len)
     used = len(own_start)
     total = -(-(used + extra_pad) // block_size) * block_size
     for t in range(used, total):
         prefix_start.append(t)
         prefix_end.append(t)
         own_start.append(t)
-    return tuple(np.asarray(a, dtype=np.int32) for a in (prefix_start, prefix_end, own_start))
+        own_end.append(t + 1)
+    spans = (prefix_start, prefix_end, own_start, own_end)
+    return tuple(np.asarray(a, dtype=np.int32) for a in spans)
 
 
 def layout_meta(
@@ -60,11 +78,17 @@ def layout_meta(
     extra_pad: int = 0,
     width_buckets: Sequence[int] = (),
     window: int = 0,
+    bidirectional: bool = False,
 ) -> AttentionMeta:
-    spans = layout_spans(groups, block_size, extra_pad)
+    """Metadata of `groups`; `bidirectional`: encoder sequences (groups without prefixes),
+    each token seeing its whole sequence."""
+    *spans, own_end = _layout(groups, block_size, extra_pad)
     n = spans[0].shape[0] // block_size
     buckets = width_buckets or range(1, n + 1)
-    return make_meta(*spans, block_size=block_size, width_buckets=buckets, window=window)
+    own_end = own_end if bidirectional else None
+    return make_meta(
+        *spans, block_size=block_size, width_buckets=buckets, window=window, own_end=own_end
+    )
 
 
 def random_qkv(
@@ -118,13 +142,22 @@ SCENARIOS = {
     "window_in_prefix": ([(40, [7] * 10)], 0, 16, 6, 2, 64, 12),
     "window_mixed_groups": (MIXED, 8, 32, 6, 2, 128, 10),
     "window_past_prefix": ([(5, [30, 2]), (0, [64])], 0, 16, 8, 1, 64, 16),
+    # encoder sequences: each token sees its whole sequence (own spans past the diagonal), and
+    # bidirectional local windows (ModernBERT: keys within window // 2 on either side)
+    "bidirectional_pairs": ([(0, [5, 17, 30, 1, 40])], 0, 16, 4, 4, 64, 0),
+    "bidirectional_long_gqa": ([(0, [150, 3, 70])], 10, 32, 6, 2, 128, 0),
+    "bidirectional_window": ([(0, [150, 20, 90])], 0, 16, 6, 2, 64, 32),
+    "bidirectional_window_gqa8": ([(0, [200, 7, 33])], 5, 32, 8, 1, 128, 40),
 }
 
 
 def scenario_meta(name: str, **meta_kwargs) -> tuple[AttentionMeta, tuple[int, int, int]]:
     """The scenario's metadata, and its (heads, kv_heads, head_dim)."""
     groups, extra_pad, block, heads, kv_heads, head_dim, window = SCENARIOS[name]
-    meta = layout_meta(groups, block, extra_pad, window=window, **meta_kwargs)
+    bidirectional = name.startswith("bidirectional")
+    meta = layout_meta(
+        groups, block, extra_pad, window=window, bidirectional=bidirectional, **meta_kwargs
+    )
     return meta, (heads, kv_heads, head_dim)
 
 
@@ -177,7 +210,8 @@ def brute_force_attention(
         keys = [
             s
             for s in range(t)
-            if meta.prefix_start[i] <= s < meta.prefix_end[i] or meta.own_start[i] <= s <= i
+            if meta.prefix_start[i] <= s < meta.prefix_end[i]
+            or meta.own_start[i] <= s < meta.own_end[i]
         ]
         for h in range(heads):
             scores = np.array([q[i, h] @ k[s, h // group] for s in keys]) * scale
@@ -197,6 +231,33 @@ def test_reference_matches_brute_force() -> None:
     got = attention_reference(q, k, v, meta, scale=0.3, softcap=0.5)
     want = brute_force_attention(q, k, v, meta, 0.3, softcap=0.5)
     np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
+
+
+def test_bidirectional_reference_matches_brute_force() -> None:
+    meta = layout_meta([(0, [6, 1, 9])], 8, extra_pad=3, bidirectional=True)
+    q, k, v = random_qkv(meta.prefix_start.shape[0], 6, 2, 16, jnp.float32, seed=4)
+    want = brute_force_attention(q, k, v, meta, 0.3)
+    np.testing.assert_allclose(
+        np.asarray(attention_reference(q, k, v, meta, scale=0.3)), want, atol=1e-5
+    )
+    # the first token of a sequence sees the whole sequence, not only itself
+    causal = layout_meta([(0, [6, 1, 9])], 8, extra_pad=3)
+    first = np.asarray(attention_reference(q, k, v, causal, scale=0.3))[0]
+    assert not np.allclose(want[0], first, atol=1e-3)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 60), min_size=1, max_size=6),
+    window=st.integers(2, 50),
+    pad=st.integers(0, 20),
+)
+def test_local_spans_keep_the_keys_within_half_a_window(lengths, window: int, pad: int) -> None:
+    _, _, own_start, own_end = bidirectional_spans(lengths, 16, pad)
+    start, end = local_spans(own_start, own_end, window=window)
+    for t in range(len(own_start)):
+        keys = {s for s in range(own_start[t], own_end[t]) if abs(s - t) <= window // 2}
+        assert set(range(start[t], end[t])) == keys
 
 
 PROPERTY_T, PROPERTY_BLOCK = 128, 16

@@ -13,6 +13,7 @@ from safetensors import safe_open
 from tqdm import tqdm
 
 from engine.loaders.checkpoint import Checkpoint, CheckpointError
+from engine.loaders.hf_encoder import encoder_params, with_max_length
 from engine.models import FAMILIES, MODEL_TYPES, gemma
 
 # our name -> Hugging Face name under `model.layers.{i}.`, transposed when a matrix
@@ -44,7 +45,7 @@ _SANDWICH_NAMES = {
 
 def load_hf_dir(path: str | Path, *, progress: bool = True) -> Checkpoint:
     """Load a Hugging Face model directory of family llama, qwen2, qwen3, gemma, gemma2 or
-    gemma3 (text)."""
+    gemma3 (text), or a cross-encoder of family bert, xlm-roberta or modernbert."""
     root = Path(path)
     hf = _read_json(root / "config.json")
     family = FAMILIES.get(MODEL_TYPES.get(hf.get("model_type")))
@@ -60,7 +61,11 @@ def load_hf_dir(path: str | Path, *, progress: bool = True) -> Checkpoint:
     except ValueError as e:
         raise CheckpointError(f"{root / 'config.json'}: {e}") from e
     tensors = _TensorFiles(root)
-    params = _params(tensors, cfg, progress)
+    if cfg.bidirectional:
+        cfg = with_max_length(cfg, root)
+        params = encoder_params(tensors, cfg, progress)
+    else:
+        params = _params(tensors, cfg, progress)
     tok_path = root / "tokenizer.json"
     if not tok_path.is_file():
         raise CheckpointError(f"{root}: missing tokenizer.json")

@@ -1,13 +1,24 @@
-"""Model families: each a config parser and a q/k/v projection over the shared decoder."""
+"""Model families: each a config parser and a q/k/v projection over the shared decoder, or
+(cross-encoders) over the shared encoder."""
 
-from engine.models import gemma, llama, qwen2, qwen3
+from collections.abc import Callable
+
+from engine.models import bert, gemma, llama, modernbert, qwen2, qwen3, xlm_roberta
 from engine.models.config import ModelConfig, RopeScaling
 from engine.models.decoder import Dense, Family, PackedInputs, label_logprobs
+from engine.models.encoder import pair_logits
 
-FAMILIES: dict[str, Family] = {
-    f.name: f for f in (llama.FAMILY, qwen2.FAMILY, qwen3.FAMILY, *gemma.FAMILIES)
-}
+DECODERS = (llama.FAMILY, qwen2.FAMILY, qwen3.FAMILY, *gemma.FAMILIES)
+ENCODERS = (bert.FAMILY, xlm_roberta.FAMILY, modernbert.FAMILY)
+FAMILIES: dict[str, Family] = {f.name: f for f in (*DECODERS, *ENCODERS)}
 MODEL_TYPES = {**{name: name for name in FAMILIES}, "gemma3_text": "gemma3"}  # config.json's
+
+
+def forward_of(cfg: ModelConfig) -> Callable:
+    """The forward of a packed batch for this architecture: label log-probs (decoders) or a
+    classifier's logits of each pair (encoders); both `label_logprobs`'s signature."""
+    return pair_logits if cfg.bidirectional else label_logprobs
+
 
 __all__ = [
     "FAMILIES",
@@ -17,5 +28,6 @@ __all__ = [
     "ModelConfig",
     "PackedInputs",
     "RopeScaling",
+    "forward_of",
     "label_logprobs",
 ]

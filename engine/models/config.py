@@ -57,7 +57,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     # (`*ForSequenceClassification`); the score rows then give its raw logits
     num_labels: int = 0
     embed_scale: bool = False  # Gemma: embeddings times sqrt(hidden_size)
-    mlp_activation: str = "silu"  # "silu", or "gelu_tanh" (Gemma's GeGLU)
+    mlp_activation: str = "silu"  # "silu", "gelu_tanh" (Gemma's GeGLU) or "gelu" (erf)
     # Gemma 2 and 3: sliding-window layers see only their last `sliding_window` keys
     sliding_window: int = 0
     sliding_layers: tuple[bool, ...] = ()  # per layer: a sliding-window layer (none: all global)
@@ -66,6 +66,17 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     final_softcap: float = 0.0  # language-model logits soft-capped at this (0: not)
     query_scale: float = 0.0  # attention score scale (0: head_dim ** -0.5)
     sandwich_norms: bool = False  # attention and MLP outputs normed before the residual add
+    # encoders (BERT, XLM-RoBERTa, ModernBERT; `engine.models.encoder`): every token of a
+    # sequence sees the whole sequence, LayerNorms (eps `rms_norm_eps`), a classifier head
+    bidirectional: bool = False
+    post_norm: bool = False  # BERT's LayerNorm after each residual add (else before each block)
+    position_table: bool = False  # learned absolute positions (else RoPE)
+    position_offset: int = 0  # first position id (XLM-RoBERTa: padding_idx + 1)
+    type_vocab_size: int = 0  # token-type (segment) embeddings; ids coded `type * vocab + id`
+    gated_mlp: bool = True  # act(x @ gate) * (x @ up); False: BERT's act(x @ up)
+    pooling: str = "cls"  # the classifier reads the first token ("cls") or the mean ("mean")
+    pooler: str = "tanh"  # "tanh": dense, tanh (BERT); "gelu_norm": dense, GELU, LayerNorm
+    max_length: int = 0  # pairs are truncated to this many tokens (CrossEncoder's default)
 
     @property
     def attention_scale(self) -> float:

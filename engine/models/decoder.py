@@ -139,13 +139,13 @@ def _layer(carry: tuple[jax.Array, KVPool | None], xs: tuple[jax.Array, ...], s:
     t, cfg, m = x.shape[0], s.cfg, s.matrices
     h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
     q, k, v = s.family.project_qkv(s.dense.matmul(h, m["qkv"], index), p, cfg)
-    cos, sin = s.rope if s.local_rope is None else _pick(sliding, s.local_rope, s.rope)
+    cos, sin = s.rope if s.local_rope is None else pick_sliding(sliding, s.local_rope, s.rope)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     dt = s.dtype
     k, v = k.astype(dt), v.astype(dt)
     if pool is not None:  # written first: later tokens of this batch may read them from pages
         pool = s.write_kv(pool.at_layer(index), s.cache_slots, k, v)
-    meta = s.meta if s.window_meta is None else _pick(sliding, s.window_meta, s.meta)
+    meta = s.meta if s.window_meta is None else pick_sliding(sliding, s.window_meta, s.meta)
     scale, cap = cfg.attention_scale, cfg.attn_softcap
     o = s.attention(q.astype(dt), k, v, meta, scale=scale, softcap=cap, pool=pool)
     x = x + _sandwich(s.dense.matmul(o.reshape(t, -1), m["o"], index), p, "post_attn_norm", cfg)
@@ -154,7 +154,7 @@ def _layer(carry: tuple[jax.Array, KVPool | None], xs: tuple[jax.Array, ...], s:
     return (x + _sandwich(y, p, "post_mlp_norm", cfg), pool), None
 
 
-def _pick(sliding: jax.Array, local, default):
+def pick_sliding(sliding: jax.Array, local, default):
     """`local` on a sliding-window layer, `default` elsewhere (pytrees of equal shapes)."""
     return jax.tree.map(lambda a, b: jnp.where(sliding, a, b), local, default)
 

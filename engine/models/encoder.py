@@ -1,0 +1,214 @@
+"""The encoder stack shared by the cross-encoder families (BERT, XLM-RoBERTa, ModernBERT): each
+packed sequence is one query/document pair whose tokens see the whole pair and nothing else
+(bidirectional own spans, `kernels.metadata`); the classifier reads each pair's first token
+or its mean at the score rows.
+
+Activations, LayerNorms and biases stay in f32; matmuls go through the `Dense` strategy with f32
+accumulation, as in the decoder. What differs between families is in `ModelConfig`: learned
+absolute positions with a token-type table and LayerNorm after each residual add (BERT,
+XLM-RoBERTa), or RoPE with pre-norm blocks, a gated MLP and alternating local layers
+(ModernBERT). Weights a family lacks (ModernBERT's biases) are zeros, so one path serves all.
+
+Host parameters, beyond the decoder's layout (`engine.models.config`), `[in, out]` matrices:
+
+    embed [V, E]    positions [P, E] (position_table)    token_types [Tt, E] (type_vocab_size)
+    embed_norm, embed_norm_b [E]     final_norm, final_norm_b [E] (pre-norm models)
+    layers: attn_norm(_b), mlp_norm(_b) [N, E]; wq, wk, wv, wo, bq, bk, bv, bo;
+            w_up [N, E, I], b_up [N, I], w_gate, b_gate (gated_mlp); w_down [N, I, E], b_down
+    pool_dense [E, E], pool_dense_b [E], pool_norm(_b) [E] ("gelu_norm")
+    classifier [num_labels, E], classifier_b [num_labels]
+"""
+
+import functools
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import msgspec
+
+from engine.models import qwen2
+from engine.models.config import ModelConfig, num_labels_from_hf
+from engine.models.decoder import (
+    Dense,
+    PackedInputs,
+    Rope,
+    apply_rope,
+    pick_sliding,
+    rope_frequencies,
+)
+
+ACTIVATIONS = {
+    "gelu": functools.partial(jax.nn.gelu, approximate=False),
+    "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
+    "silu": jax.nn.silu,
+    "relu": jax.nn.relu,
+}
+HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
+HF_ACTIVATIONS |= {"relu": "relu", "silu": "silu"}
+
+
+def config_from_hf(hf: dict, *, family: str, **flags) -> ModelConfig:
+    """A bidirectional ModelConfig from the fields encoder configs share; ValueError for a
+    checkpoint without a sequence-classification head or an unknown activation."""
+    if not num_labels_from_hf(hf):
+        raise ValueError(
+            f"{family}: only *ForSequenceClassification checkpoints (cross-encoders) are served, "
+            f"got architectures {hf.get('architectures')}"
+        )
+    act = hf.get("hidden_activation") or hf.get("hidden_act") or "gelu"
+    if act not in HF_ACTIVATIONS:
+        raise ValueError(f"unsupported hidden activation {act!r} for {family}")
+    heads = hf["num_attention_heads"]
+    fields = dict(
+        family=family,
+        vocab_size=hf["vocab_size"],
+        hidden_size=hf["hidden_size"],
+        num_layers=hf["num_hidden_layers"],
+        num_heads=heads,
+        num_kv_heads=heads,
+        head_dim=hf["hidden_size"] // heads,
+        intermediate_size=hf["intermediate_size"],
+        rms_norm_eps=float(hf.get("layer_norm_eps", hf.get("norm_eps", 1e-12))),
+        rope_theta=0.0,
+        max_position_embeddings=hf.get("max_position_embeddings", 512),
+        tie_word_embeddings=False,
+        num_labels=num_labels_from_hf(hf),
+        mlp_activation=HF_ACTIVATIONS[act],
+        bidirectional=True,
+    )
+    return msgspec.convert(fields | flags, ModelConfig)
+
+
+def layer_norm(x: jax.Array, weight: jax.Array, bias: jax.Array, eps: float) -> jax.Array:
+    x = x.astype(jnp.float32)
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+    return (x - mean) * jax.lax.rsqrt(var + eps) * weight + bias
+
+
+def _norm(x: jax.Array, p: dict, name: str, cfg: ModelConfig) -> jax.Array:
+    return layer_norm(x, p[name], p[name + "_b"], cfg.rms_norm_eps)
+
+
+class Step(NamedTuple):
+    """What one layer reads besides the residual stream (see `decoder.Step`)."""
+
+    cfg: ModelConfig
+    attention: Callable
+    dense: Dense
+    meta: Any  # kernels.AttentionMeta of the whole pairs
+    window_meta: Any  # the local layers' (None: no layer is local)
+    rope: Rope | None  # None: learned positions
+    local_rope: Rope | None  # local layers' own RoPE (None: as global ones)
+    dtype: Any
+    matrices: dict  # "qkv", "o", "up", "down": prepared stacks over layers
+
+
+def _layer(x: jax.Array, xs: tuple, s: Step):
+    index, sliding, normed, p = xs  # normed: this layer norms its attention input (pre-norm)
+    cfg, m, t = s.cfg, s.matrices, x.shape[0]
+    h = x
+    if not cfg.post_norm:
+        h = jnp.where(normed, _norm(x, p, "attn_norm", cfg), x)  # ModernBERT's first: identity
+    q, k, v = qwen2.project_qkv(s.dense.matmul(h, m["qkv"], index), p, cfg)
+    if s.rope is not None:
+        cos, sin = s.rope if s.local_rope is None else pick_sliding(sliding, s.local_rope, s.rope)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    meta = s.meta if s.window_meta is None else pick_sliding(sliding, s.window_meta, s.meta)
+    dt = s.dtype
+    o = s.attention(q.astype(dt), k.astype(dt), v.astype(dt), meta, scale=cfg.attention_scale)
+    x = x + s.dense.matmul(o.reshape(t, -1), m["o"], index) + p["bo"]
+    if cfg.post_norm:
+        x = _norm(x, p, "attn_norm", cfg)
+    h = x if cfg.post_norm else _norm(x, p, "mlp_norm", cfg)
+    x = x + s.dense.matmul(_mlp_hidden(h, index, p, s), m["down"], index) + p["b_down"]
+    return (_norm(x, p, "mlp_norm", cfg) if cfg.post_norm else x), None
+
+
+def _mlp_hidden(h: jax.Array, index: jax.Array, p: dict, s: Step) -> jax.Array:  # f32[T, I]
+    act = ACTIVATIONS[s.cfg.mlp_activation]
+    if not s.cfg.gated_mlp:
+        return act(s.dense.matmul(h, s.matrices["up"], index) + p["b_up"])
+    y = s.dense.matmul(h, s.matrices["up"], index).reshape(h.shape[0], -1, 2)  # [T, I, gate/up]
+    return act(y[..., 0] + p["b_gate"]) * (y[..., 1] + p["b_up"])
+
+
+def embed(params: dict, inputs: PackedInputs, cfg: ModelConfig) -> jax.Array:  # f32[T, E]
+    """Word (+ token-type, + position) embeddings, normed. Token ids come coded as
+    `type * vocab_size + id` when the model has several token types (`engine.pairs`)."""
+    tokens = inputs.tokens
+    coded = cfg.type_vocab_size > 1  # one type (XLM-RoBERTa): its row is added to every token
+    x = params["embed"][tokens % cfg.vocab_size if coded else tokens].astype(jnp.float32)
+    if cfg.type_vocab_size:
+        types = tokens // cfg.vocab_size if coded else jnp.zeros_like(tokens)
+        x = x + params["token_types"][types].astype(jnp.float32)
+    if cfg.position_table:
+        x = x + params["positions"][inputs.positions + cfg.position_offset].astype(jnp.float32)
+    return layer_norm(x, params["embed_norm"], params["embed_norm_b"], cfg.rms_norm_eps)
+
+
+def pair_logits(
+    params: dict,
+    inputs: PackedInputs,
+    pool=None,
+    *,
+    cfg: ModelConfig,
+    family=None,
+    attention: Callable,
+    dense: Dense,
+    write_kv: Callable | None = None,
+    unroll: bool = False,
+) -> tuple[jax.Array, None]:
+    """The classifier's logits f32[S, L] of `label_ids` (label indices) at each score row, the
+    first token of a pair, and no pool (encoders keep none). The signature is
+    `decoder.label_logprobs`'s, so a device program runs either."""
+    if pool is not None:
+        raise ValueError("an encoder keeps no KV cache")
+    x = embed(params, inputs, cfg)
+    rope = local = None
+    if not cfg.position_table:
+        inv = rope_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        rope = Rope.at(inputs.positions, inv)
+        if cfg.local_rope_theta:
+            local_inv = rope_frequencies(cfg.head_dim, cfg.local_rope_theta, None)
+            local = Rope.at(inputs.positions, local_inv)
+    window_meta = inputs.window_meta if cfg.window else None
+    if cfg.window and window_meta is None:
+        raise ValueError("this model has local attention layers: the batch needs window_meta")
+    m = params["matrices"]
+    dtype = params["embed"].dtype
+    step = Step(cfg, attention, dense, inputs.meta, window_meta, rope, local, dtype, m)
+    n = cfg.num_layers
+    sliding = jnp.asarray(cfg.sliding_layers or (False,) * n)
+    # ModernBERT's first layer takes the normed embeddings as they are
+    normed = jnp.arange(n) > 0 if cfg.family == "modernbert" else jnp.ones(n, bool)
+    xs = (jnp.arange(n, dtype=jnp.int32), sliding, normed, params["layers"])
+    x, _ = jax.lax.scan(lambda c, xs: _layer(c, xs, step), x, xs, unroll=unroll)
+    if not cfg.post_norm:
+        x = layer_norm(x, params["final_norm"], params["final_norm_b"], cfg.rms_norm_eps)
+    pooled = _pool(x, inputs, cfg)  # [S, E]
+    logits = _classify(pooled, params, cfg, dense)  # [S, num_labels]
+    return jnp.take_along_axis(logits, inputs.label_ids, axis=1), None
+
+
+def _pool(x: jax.Array, inputs: PackedInputs, cfg: ModelConfig) -> jax.Array:  # f32[S, E]
+    """The first token of each score row's pair, or the mean of its tokens: the pair is the
+    row's own span in the unwindowed metadata (encoders have no context region)."""
+    if cfg.pooling == "cls":
+        return x[inputs.score_rows]
+    start = inputs.meta.own_start[inputs.score_rows][:, None]  # i32[S, 1]
+    end = inputs.meta.own_end[inputs.score_rows][:, None]
+    key = jnp.arange(x.shape[0])[None, :]
+    weights = ((key >= start) & (key < end)).astype(jnp.float32) / (end - start)  # [S, T]
+    return jnp.matmul(weights, x, precision=jax.lax.Precision.HIGHEST)
+
+
+def _classify(pooled: jax.Array, params: dict, cfg: ModelConfig, dense: Dense) -> jax.Array:
+    h = dense.matmul(pooled, params["pool_dense"], jnp.int32(0)) + params["pool_dense_b"]
+    if cfg.pooler == "tanh":
+        h = jnp.tanh(h)
+    else:
+        h = ACTIVATIONS["gelu"](h)
+        h = layer_norm(h, params["pool_norm"], params["pool_norm_b"], cfg.rms_norm_eps)
+    return dense.head(h, params["head"]) + params["classifier_b"]

@@ -1,0 +1,89 @@
+"""Query/document pairs as a cross-encoder reads them, tokenised exactly as sentence-transformers'
+`CrossEncoder` does: the two texts encoded as a pair by the model's own tokenizer (its special
+tokens and separators, token type ids), truncated "longest_first" to the model's max length
+(tokens come off the longer text first), at the end of each text unless told otherwise.
+
+A model with several token types gets ids coded `type * vocab_size + id`, which the encoder's
+embedding splits again (`engine.models.encoder.embed`): the packed batch carries one id per
+token, whatever the model.
+"""
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import msgspec
+import tokenizers
+
+from engine.errors import InvalidInput
+
+SIDES = ("right", "left")
+MAX_CUTTERS = 16  # truncating tokenizers kept, by limit and side
+
+
+class PairOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """How a score request's items become pairs with its query: truncated to `limit` tokens,
+    cutting each text's end ("right") or start ("left")."""
+
+    limit: int
+    side: str = "right"
+
+
+class Encoded(NamedTuple):
+    sequences: list[list[int]]  # coded ids, one per pair
+    truncated: int  # tokens the truncation took off, all pairs together
+
+
+class PairEncoder:
+    """Pairs of texts to coded token ids for one model (see the module docstring)."""
+
+    def __init__(self, tokenizer: tokenizers.Tokenizer, *, vocab_size: int, type_vocab_size: int):
+        self.whole = _copy(tokenizer)
+        self.whole.no_truncation()
+        self.vocab_size = vocab_size
+        self.coded = type_vocab_size > 1
+        self.id_space = vocab_size * type_vocab_size if self.coded else vocab_size  # coded ids
+        self._cutters: dict[tuple[int, str], tokenizers.Tokenizer] = {}
+
+    def encode(self, query: str, items: Sequence[str], options: PairOptions) -> Encoded:
+        """Each (query, item) pair's coded ids, truncated as `options` say; InvalidInput
+        naming `items[i]` for a token outside the model's vocabulary."""
+        pairs = [(query, item) for item in items]
+        encodings = self.whole.encode_batch(pairs)
+        over = [i for i, e in enumerate(encodings) if len(e.ids) > options.limit]
+        truncated = 0
+        if over:
+            try:
+                cut = self._cutter(options).encode_batch([pairs[i] for i in over])
+            except Exception as e:  # a limit below the pair's special tokens
+                raise InvalidInput("max_prompt_tokens", f"cannot truncate the pairs: {e}") from e
+            for i, e in zip(over, cut, strict=True):
+                truncated += len(encodings[i].ids) - len(e.ids)
+                encodings[i] = e
+        return Encoded([self._coded(i, e) for i, e in enumerate(encodings)], truncated)
+
+    def _coded(self, index: int, e: tokenizers.Encoding) -> list[int]:
+        if e.ids and max(e.ids) >= self.vocab_size:
+            raise InvalidInput(
+                f"items[{index}]", f"token id outside the vocabulary [0, {self.vocab_size})"
+            )
+        if not self.coded:
+            return e.ids
+        return [t * self.vocab_size + i for i, t in zip(e.ids, e.type_ids, strict=True)]
+
+    def _cutter(self, options: PairOptions) -> tokenizers.Tokenizer:
+        key = (options.limit, options.side)
+        if key not in self._cutters:
+            if len(self._cutters) >= MAX_CUTTERS:
+                self._cutters.clear()
+            cutter = _copy(self.whole)
+            cutter.enable_truncation(
+                options.limit, strategy="longest_first", direction=options.side
+            )
+            self._cutters[key] = cutter
+        return self._cutters[key]
+
+
+def _copy(tokenizer: tokenizers.Tokenizer) -> tokenizers.Tokenizer:
+    copy = tokenizers.Tokenizer.from_str(tokenizer.to_str())
+    copy.no_padding()
+    return copy
