@@ -63,8 +63,9 @@ def _model_facts(engine: Engine) -> dict:
         "context_length": cfg.max_position_embeddings,
         "kv_bytes_per_token": engine.program.kv_bytes_per_token,
         "head": "sequence-classification" if cfg.num_labels else "language-model",
+        "architecture": "cross-encoder" if cfg.bidirectional else "decoder",
         "num_labels": cfg.num_labels,
-        "rerank_template": engine.template.name,
+        "rerank_template": "cross-encoder" if cfg.bidirectional else engine.template.name,
         "endpoints": scoring_endpoints(engine),
     }
 

@@ -45,6 +45,9 @@ class ScoreRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 class PromptTokensDetails(msgspec.Struct, kw_only=True):
     cached_tokens: int = 0  # prompt tokens read from the KV cache instead of computed
+    # input tokens a cross-encoder's pair truncation left out (its max length), not counted in
+    # prompt_tokens
+    truncated_tokens: int = 0
 
 
 class Usage(msgspec.Struct, kw_only=True):
@@ -106,7 +109,10 @@ class RerankUsage(msgspec.Struct, kw_only=True):
 def usage_of(kind, result):
     """The token usage (`kind`: `Usage` or `RerankUsage`) of an engine result, cached prompt
     tokens spelled as OpenAI does."""
-    details = PromptTokensDetails(cached_tokens=result.cached_tokens)
+    details = PromptTokensDetails(
+        cached_tokens=result.cached_tokens,
+        truncated_tokens=getattr(result, "truncated_tokens", 0),
+    )
     tokens = result.prompt_tokens
     return kind(prompt_tokens=tokens, total_tokens=tokens, prompt_tokens_details=details)
 
@@ -164,8 +170,12 @@ class ModelCard(msgspec.Struct, kw_only=True):
     # "language-model" (label-token scores and rerank) or "sequence-classification" (rerank and
     # vLLM's /score only: /v1/score is a 400)
     head: str | None = None
+    # "decoder" (causal, query and item joined) or "cross-encoder" (bidirectional, each
+    # query/document pair encoded as a pair)
+    architecture: str | None = None
     num_labels: int | None = None  # the classification head's labels; 0 for a language model
-    rerank_template: str | None = None  # the rerank recipe (`EngineConfig.reranker`)
+    # the rerank recipe (`EngineConfig.reranker`); "cross-encoder": the pair as it is
+    rerank_template: str | None = None
     endpoints: list[str] | None = None  # the scoring routes this model answers
     object: str = "model"
     owned_by: str = "llm-scoring-engine"
@@ -190,6 +200,7 @@ class ModelInfo(msgspec.Struct, kw_only=True):
     max_sequence_tokens: int
     kv_bytes_per_token: int
     head: str  # "language-model" or "sequence-classification" (no /v1/score)
+    architecture: str  # "decoder" or "cross-encoder"
     num_labels: int  # the classification head's labels; 0 for a language model
     rerank_template: str  # the rerank recipe (`EngineConfig.reranker`)
     endpoints: list[str]  # the scoring routes this model answers

@@ -24,7 +24,9 @@ class TeiInfo(msgspec.Struct, kw_only=True):
     max_input_length: int  # the longest query + document prompt, in tokens
     max_batch_tokens: int  # the token budget of one packed batch
     max_client_batch_size: int  # texts per request
-    auto_truncate: bool  # false: an over-long text is an error unless `truncate` is true
+    # false: an over-long text is an error unless `truncate` is true; a cross-encoder's pairs
+    # are always truncated to its max length
+    auto_truncate: bool
     tokenization_workers: int
     version: str
     model_sha: str | None = None
@@ -49,7 +51,7 @@ async def info(service: Service, request: Request, version: str) -> Response:
         max_input_length=engine.max_sequence_tokens,
         max_batch_tokens=config.token_budget,
         max_client_batch_size=config.max_items_per_request,
-        auto_truncate=False,
+        auto_truncate=engine.model_config.bidirectional,  # cross-encoders cut as CrossEncoder
         tokenization_workers=1,
         version=version,
     )

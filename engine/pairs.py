@@ -52,10 +52,12 @@ class PairEncoder:
         over = [i for i, e in enumerate(encodings) if len(e.ids) > options.limit]
         truncated = 0
         if over:
-            try:
-                cut = self._cutter(options).encode_batch([pairs[i] for i in over])
-            except Exception as e:  # a limit below the pair's special tokens
-                raise InvalidInput("max_prompt_tokens", f"cannot truncate the pairs: {e}") from e
+            least = self.whole.num_special_tokens_to_add(True) + 2  # a token of each text
+            if options.limit < least:
+                raise InvalidInput(
+                    "max_prompt_tokens", f"a pair needs at least {least} tokens for this model"
+                )
+            cut = self._cutter(options).encode_batch([pairs[i] for i in over])
             for i, e in zip(over, cut, strict=True):
                 truncated += len(encodings[i].ids) - len(e.ids)
                 encodings[i] = e

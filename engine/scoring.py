@@ -159,10 +159,11 @@ def _collect(out: np.ndarray, result: jax.Array, order: list[int]) -> None:
 def check_language_model(cfg) -> None:
     """InvalidInput unless the model has a language-model head: label-token scores need one."""
     if cfg.num_labels:
+        kind = f" (a {cfg.family} cross-encoder)" if cfg.bidirectional else ""
         raise InvalidInput(
             "label_token_ids",
-            f"this model has a sequence-classification head of {cfg.num_labels} label(s), not a "
-            "language-model head: label-token scores are unavailable (rerank works)",
+            f"this model has a sequence-classification head of {cfg.num_labels} label(s){kind}, "
+            "not a language-model head: label-token scores are unavailable (rerank works)",
         )
 
 

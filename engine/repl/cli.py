@@ -26,7 +26,8 @@ DEFAULT_LABELS = (" yes", " no")
 
 
 def make_session(engine: Engine) -> Session:
-    """A session for this engine's tokenizer, labelled " yes" / " no" where those are tokens."""
+    """A session for this engine's tokenizer, labelled " yes" / " no" where those are tokens,
+    in rerank mode for a model with a classification head."""
     tokenizer = engine.tokenizer
     session = Session(
         lambda text: tokenizer.encode(text, add_special_tokens=False).ids,
@@ -34,6 +35,8 @@ def make_session(engine: Engine) -> Session:
     )
     with contextlib.suppress(ValueError):  # not single tokens here: the user picks labels
         session.set_labels(DEFAULT_LABELS)
+    # a classification head (a cross-encoder) has no label-token scores: rerank is what it does
+    session.rerank = bool(engine.model_config.num_labels)
     return session
 
 
@@ -42,9 +45,13 @@ def _describe(engine: Engine, started: float) -> str:
     s = engine.stats()
     compiled = f"{s.compiles} programs compiled" if cfg.precompile else "compiling on demand"
     return (
-        f"ready: {cfg.model or 'default model'} ({engine.model_config.family}, {cfg.dtype}, "
+        f"ready: {cfg.model or 'default model'} ({_kind(engine.model_config)}, {cfg.dtype}, "
         f"{compiled}, {time.perf_counter() - started:.1f}s); :help lists the commands"
     )
+
+
+def _kind(cfg) -> str:
+    return f"{cfg.family} cross-encoder" if cfg.bidirectional else cfg.family
 
 
 async def run(config: EngineConfig) -> None:

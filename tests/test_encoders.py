@@ -1,0 +1,314 @@
+"""Cross-encoders (BERT, XLM-RoBERTa, ModernBERT) against transformers and sentence-transformers'
+CrossEncoder on tiny random checkpoints saved as real Hugging Face directories: scores, pair
+tokenisation and truncation, packed batches against pair-by-pair scoring, and the service."""
+
+import numpy as np
+import pytest
+import torch
+import transformers
+import trio
+from sentence_transformers import CrossEncoder
+
+from api.app import create_app
+from api.routes import RERANK_PATHS
+from api.settings import settings_from_env
+from bench.encoders import write_encoder
+from engine import EngineConfig, InvalidInput, open_engine
+from engine.loaders import load_checkpoint
+from engine.pairs import PairEncoder, PairOptions
+from tests.conftest import CORPUS
+from tests.test_api_support import serving, tiny_env
+
+MAX_LENGTH = 96  # the tokenizers' model_max_length: long pairs are truncated to it
+# head_dim 64: the native CPU attention kernel takes it too
+TINY = dict(
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    max_position_embeddings=128,
+    vocab_size=300,
+    initializer_range=0.1,
+)
+ENCODERS = {
+    # name: (config class, fields, tokenizer kind)
+    "bert": ("BertConfig", dict(TINY, type_vocab_size=2), "bert"),
+    "bert-3labels": ("BertConfig", dict(TINY, type_vocab_size=2, num_labels=3), "bert"),
+    "xlm-roberta": (
+        "XLMRobertaConfig",
+        dict(TINY, type_vocab_size=1, max_position_embeddings=130),
+        "xlm-roberta",
+    ),
+    # windows of 16 (keys within 8 on either side): the pairs are far longer
+    "modernbert": (
+        "ModernBertConfig",
+        dict(TINY, num_hidden_layers=3, local_attention=16, global_attn_every_n_layers=2),
+        "modernbert",
+    ),
+    "modernbert-mean": (
+        "ModernBertConfig",
+        dict(TINY, local_attention=16, global_attn_every_n_layers=2, classifier_pooling="mean"),
+        "modernbert",
+    ),
+}
+QUERY = "Is this document relevant to the query?"
+LONG = "The quick brown fox jumps over the lazy dog near the river bank. " * 12
+
+
+def documents() -> list[str]:
+    """Varied documents: short, empty-ish, unicode, code, and longer than the max length."""
+    return [*CORPUS[:6], "x", LONG, CORPUS[4] * 5, " ".join(CORPUS[:3]) * 2]
+
+
+@pytest.fixture(scope="module", params=sorted(ENCODERS))
+def encoder(request, tmp_path_factory):
+    cls, fields, kind = ENCODERS[request.param]
+    path = tmp_path_factory.mktemp("encoders") / request.param
+    seed = sum(map(ord, request.param))
+    write_encoder(
+        path,
+        cls,
+        fields,
+        kind,
+        seed=seed,
+        corpus=CORPUS,
+        model_max_length=MAX_LENGTH,
+        vocab=300,
+        perturb=0.3,
+    )
+    return path
+
+
+def config(path, **overrides) -> EngineConfig:
+    fields = dict(model=str(path), dtype="float32", progress=False, precompile=False)
+    return EngineConfig(**{**fields, "compile_cache_dir": None, **overrides})
+
+
+def rerank(path, query, docs, **options):
+    """Each document's relevance in document order, and the result."""
+
+    async def main():
+        async with open_engine(config(path, **options.pop("engine", {}))) as engine:
+            return await engine.rerank(query, docs, **options)
+
+    result = trio.run(main)
+    by_index = {h.index: h.relevance_score for h in result.results}
+    return np.array([by_index[i] for i in range(len(docs))]), result
+
+
+def hf_logits(path, query: str, docs: list[str]) -> np.ndarray:
+    """transformers' `*ForSequenceClassification` logits f32[N, labels], tokenised as
+    CrossEncoder does."""
+    tok = transformers.AutoTokenizer.from_pretrained(path)
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(path).eval()
+    batch = tok(
+        [query] * len(docs),
+        docs,
+        padding=True,
+        truncation="longest_first",
+        max_length=MAX_LENGTH,
+        return_tensors="pt",
+    )
+    with torch.no_grad():
+        return model(**batch).logits.numpy()
+
+
+def test_scores_equal_transformers_and_cross_encoder(encoder):
+    docs = documents()
+    raw, result = rerank(encoder, QUERY, docs, raw_scores=True)
+    scores, _ = rerank(encoder, QUERY, docs)
+    logits = hf_logits(encoder, QUERY, docs)  # [N, labels]
+    np.testing.assert_allclose(raw, logits[:, -1], atol=1e-5)
+    ce = CrossEncoder(str(encoder), device="cpu")
+    assert ce.max_seq_length == MAX_LENGTH
+    predicted = np.asarray(ce.predict([(QUERY, d) for d in docs], batch_size=4))
+    if logits.shape[1] == 1:  # CrossEncoder's default: the sigmoid of the one logit
+        np.testing.assert_allclose(scores, predicted, atol=1e-6)
+    else:  # its logits; ours: the softmax's last label
+        np.testing.assert_allclose(predicted, logits, atol=1e-5)
+        softmax = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+        np.testing.assert_allclose(scores, softmax[:, -1], atol=1e-6)
+    assert result.truncated_tokens > 0  # the long documents were cut
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_pairs_tokenise_and_truncate_as_transformers(encoder, side):
+    checkpoint = load_checkpoint(encoder, progress=False)
+    cfg = checkpoint.config
+    pairs = PairEncoder(
+        checkpoint.tokenizer, vocab_size=cfg.vocab_size, type_vocab_size=cfg.type_vocab_size
+    )
+    tok = transformers.AutoTokenizer.from_pretrained(encoder, truncation_side=side)
+    queries = [QUERY, LONG, "", "a"]  # a query longer than the limit too
+    for query in queries:
+        docs = documents()
+        got = pairs.encode(query, docs, PairOptions(limit=cfg.max_length, side=side))
+        want = tok([query] * len(docs), docs, truncation="longest_first", max_length=MAX_LENGTH)
+        full = tok([query] * len(docs), docs)
+        types = want.get("token_type_ids") if cfg.type_vocab_size > 1 else None
+        for i, seq in enumerate(got.sequences):
+            ids = [t % cfg.vocab_size for t in seq]
+            assert ids == want["input_ids"][i]
+            if types is not None:
+                assert [t // cfg.vocab_size for t in seq] == types[i]
+        cut = sum(len(f) - len(w) for f, w in zip(full["input_ids"], want["input_ids"]))
+        assert got.truncated == cut
+
+
+def test_packed_batches_equal_pair_by_pair(encoder):
+    rng = np.random.default_rng(3)
+    words = " ".join(CORPUS).split()
+    docs = [" ".join(rng.choice(words, int(rng.integers(1, 60)))) for _ in range(64)]
+    # a small budget: several batches, bucket padding, pairs of 5-96 tokens side by side
+
+    async def main():
+        async with open_engine(config(encoder, token_budget=512, block_size=32)) as engine:
+            together = await engine.rerank(QUERY, docs, raw_scores=True)
+            alone = [
+                (await engine.rerank(QUERY, [d], raw_scores=True)).results[0].relevance_score
+                for d in docs[:16]
+            ]
+            return together, alone, engine.stats()
+
+    together, alone, stats = trio.run(main)
+    got = {h.index: h.relevance_score for h in together.results}
+    np.testing.assert_allclose([got[i] for i in range(16)], alone, atol=1e-5)
+    assert stats.batches >= 16 + 3  # the 64 pairs took several batches
+    np.testing.assert_allclose(
+        [got[i] for i in range(64)], hf_logits(encoder, QUERY, docs)[:, -1], atol=1e-5
+    )
+
+
+@pytest.mark.parametrize("attention", ["reference", "cpu", "pallas"])
+def test_attention_implementations_agree(encoder, attention):
+    from kernels import ATTENTION
+
+    if attention not in ATTENTION:
+        pytest.skip("the native CPU kernel was not built")
+    docs = documents()[:6]
+    want, _ = rerank(encoder, QUERY, docs, raw_scores=True, engine={"attention": "xla"})
+    got, _ = rerank(encoder, QUERY, docs, raw_scores=True, engine={"attention": attention})
+    np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_bfloat16_stays_near_float32(encoder):
+    docs = documents()
+    f32, _ = rerank(encoder, QUERY, docs, raw_scores=True)
+    bf16, _ = rerank(encoder, QUERY, docs, raw_scores=True, engine={"dtype": "bfloat16"})
+    assert np.abs(bf16 - f32).max() < 0.05 * max(1.0, np.abs(f32).max())
+
+
+def test_prompt_limit_and_document_limit(encoder):
+    docs = documents()
+
+    async def main():
+        async with open_engine(config(encoder)) as engine:
+            short = await engine.rerank(QUERY, docs, raw_scores=True, max_prompt_tokens=40)
+            cut = await engine.rerank(QUERY, docs, raw_scores=True, max_tokens_per_doc=12)
+            with pytest.raises(InvalidInput, match="^max_prompt_tokens: a pair needs at least"):
+                await engine.rerank(QUERY, docs, max_prompt_tokens=2)
+            return short, cut
+
+    short, cut = trio.run(main)
+    scores = lambda r: [
+        {h.index: h.relevance_score for h in r.results}[i] for i in range(len(docs))
+    ]
+    np.testing.assert_allclose(
+        scores(short), hf_logits_at(encoder, QUERY, docs, 40)[:, -1], atol=1e-5
+    )
+    assert short.prompt_tokens <= 40 * len(docs) and short.truncated_tokens > 0
+    # documents cut to 12 tokens first (as text), then paired whole: nothing left to truncate
+    tok = load_checkpoint(encoder, progress=False).tokenizer
+    texts = [tok.decode(tok.encode(d, add_special_tokens=False).ids[:12]) for d in docs]
+    assert cut.truncated_tokens == 0
+    assert max(len(tok.encode(QUERY, t).ids) for t in texts) <= MAX_LENGTH
+
+
+def hf_logits_at(path, query, docs, max_length: int) -> np.ndarray:
+    tok = transformers.AutoTokenizer.from_pretrained(path)
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(path).eval()
+    batch = tok(
+        [query] * len(docs),
+        docs,
+        padding=True,
+        truncation="longest_first",
+        max_length=max_length,
+        return_tensors="pt",
+    )
+    with torch.no_grad():
+        return model(**batch).logits.numpy()
+
+
+def test_the_service_reranks_as_the_engine_and_refuses_label_scores(encoder):
+    docs = documents()[:5]
+    want, result = rerank(encoder, QUERY, docs, raw_scores=True)
+    app = create_app(settings_from_env(tiny_env(encoder)))
+    for client in serving(app, "asyncio"):
+        info = client.get("/get_model_info").json()
+        assert info["architecture"] == "cross-encoder"
+        assert info["rerank_template"] == "cross-encoder"
+        assert info["head"] == "sequence-classification"
+        assert info["endpoints"] == [*RERANK_PATHS, "/invocations"]  # no /v1/score
+        card = client.get("/v1/models").json()["data"][0]
+        assert (card["architecture"], card["family"]) == ("cross-encoder", info["family"])
+        body = {"query": QUERY, "documents": docs, "return_documents": False}
+        r = client.post("/v1/rerank", json=body)
+        assert r.status_code == 200, r.text
+        got = {h["index"]: h["relevance_score"] for h in r.json()["results"]}
+        scores, _ = rerank(encoder, QUERY, docs)
+        np.testing.assert_allclose([got[i] for i in range(5)], scores, atol=1e-6)
+        usage = r.json()["usage"]
+        assert usage["prompt_tokens"] == result.prompt_tokens
+        assert usage["prompt_tokens_details"]["truncated_tokens"] == result.truncated_tokens
+        r = client.post("/rerank", json={"query": QUERY, "texts": docs, "raw_scores": True})
+        assert r.status_code == 200, r.text
+        got = {h["index"]: h["score"] for h in r.json()}
+        np.testing.assert_allclose([got[i] for i in range(5)], want, atol=1e-6)
+        r = client.post("/v1/score", json={"query": QUERY, "items": docs, "label_token_ids": [1]})
+        assert r.status_code == 400
+        error = r.json()["error"]
+        assert error["param"] == "label_token_ids" and "cross-encoder" in error["message"]
+        r = client.post("/v1/rerank", json={"query": QUERY, "documents": []})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "documents"
+
+
+def test_an_encoder_without_a_classification_head_is_refused(tmp_path):
+    import json
+
+    from engine.loaders import CheckpointError
+
+    cls, fields, kind = ENCODERS["bert"]
+    path = write_encoder(
+        tmp_path / "bert",
+        cls,
+        fields,
+        kind,
+        seed=1,
+        corpus=CORPUS,
+        model_max_length=MAX_LENGTH,
+        vocab=300,
+    )
+    hf = json.loads((path / "config.json").read_text())
+    hf["architectures"] = ["BertModel"]
+    (path / "config.json").write_text(json.dumps(hf))
+    with pytest.raises(CheckpointError, match="only \\*ForSequenceClassification"):
+        load_checkpoint(path, progress=False)
+
+
+def test_packing_lays_each_pair_alone_and_scores_its_first_token():
+    from engine.buckets import make_buckets
+    from engine.packing import pack, plan
+
+    seqs = [[5, 6, 7], [5, 6, 8, 9], [5, 6, 7]]  # shared prefixes: still laid out alone
+    buckets = make_buckets(128, token_budget=64, block_size=16, bidirectional=True)
+    (chunks,) = plan(seqs, token_budget=64, buckets=buckets)
+    batch = pack(seqs, [[0]] * 3, chunks, buckets)
+    meta, inputs = batch.inputs.meta, batch.inputs
+    assert batch.real_tokens == 10
+    assert inputs.score_rows[:3].tolist() == [0, 3, 7]  # each pair's first token
+    assert meta.own_start[:10].tolist() == [0, 0, 0, 3, 3, 3, 3, 7, 7, 7]
+    assert meta.own_end[:10].tolist() == [3, 3, 3, 7, 7, 7, 7, 10, 10, 10]
+    assert (meta.prefix_end == meta.prefix_start).all()
+    t = meta.own_end.shape[0]
+    assert meta.own_end[10:].tolist() == list(range(11, t + 1))  # padding sees itself
+    assert inputs.positions[:10].tolist() == [0, 1, 2, 0, 1, 2, 3, 0, 1, 2]
