@@ -43,18 +43,22 @@ class ScoreRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model: str | None = None  # accepted for compatibility; the served model answers
 
 
-class PromptTokensDetails(msgspec.Struct, kw_only=True):
-    cached_tokens: int = 0  # prompt tokens read from the KV cache instead of computed
+class PromptTokensDetails(msgspec.Struct, kw_only=True, omit_defaults=True):
+    cached_tokens: int  # prompt tokens read from the KV cache instead of computed
     # input tokens a cross-encoder's pair truncation left out (its max length), not counted in
-    # prompt_tokens
-    truncated_tokens: int = 0
+    # prompt_tokens; only there when a pair was truncated
+    truncated_tokens: int | None = None
+
+
+def _no_details() -> PromptTokensDetails:
+    return PromptTokensDetails(cached_tokens=0)
 
 
 class Usage(msgspec.Struct, kw_only=True):
     prompt_tokens: int
     total_tokens: int
     completion_tokens: int = 0
-    prompt_tokens_details: PromptTokensDetails = msgspec.field(default_factory=PromptTokensDetails)
+    prompt_tokens_details: PromptTokensDetails = msgspec.field(default_factory=_no_details)
 
 
 class ScoreResponse(msgspec.Struct, kw_only=True):
@@ -103,7 +107,7 @@ class RerankRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class RerankUsage(msgspec.Struct, kw_only=True):
     prompt_tokens: int
     total_tokens: int
-    prompt_tokens_details: PromptTokensDetails = msgspec.field(default_factory=PromptTokensDetails)
+    prompt_tokens_details: PromptTokensDetails = msgspec.field(default_factory=_no_details)
 
 
 def usage_of(kind, result):
@@ -111,7 +115,7 @@ def usage_of(kind, result):
     tokens spelled as OpenAI does."""
     details = PromptTokensDetails(
         cached_tokens=result.cached_tokens,
-        truncated_tokens=getattr(result, "truncated_tokens", 0),
+        truncated_tokens=getattr(result, "truncated_tokens", 0) or None,
     )
     tokens = result.prompt_tokens
     return kind(prompt_tokens=tokens, total_tokens=tokens, prompt_tokens_details=details)
@@ -215,6 +219,7 @@ class BucketGrid(msgspec.Struct, kw_only=True):
     label_widths: list[int]  # padded label counts; the last is the limit
     contexts: list[int]  # context-region sizes: keys a batch reads from the KV pool
     window: int = 0  # the model's sliding window (0: none): batches carry its spans too
+    bidirectional: bool = False  # a cross-encoder's: each pair alone, every token seeing all of it
 
 
 class KVPool(msgspec.Struct, kw_only=True):

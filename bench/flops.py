@@ -4,10 +4,16 @@ Per real token: 2 x the non-embedding matmul parameters (q/k/v/o projections and
 attention: 2 x 2 x keys-seen x head_dim x heads per layer (QK^T and PV, causal: a token sees its
 own position and those before it). The LM head (2 x hidden x vocab) counts only for score rows;
 the embedding lookup counts nothing. Norms, RoPE, softmax and biases are left out (<1%).
+
+An encoder (cross-encoder) is counted by `encoder_flops`: the same dense FLOPs per token, but
+each token attends to its whole pair (a local layer: its window), and the head is the pooler's
+dense layer and the classifier on one row per pair.
 """
 
 from collections.abc import Sequence
 from typing import NamedTuple
+
+import numpy as np
 
 from engine.models import ModelConfig
 
@@ -24,7 +30,7 @@ class Cost(NamedTuple):
     def of(cls, cfg: ModelConfig) -> "Cost":
         e, d = cfg.hidden_size, cfg.head_dim
         attn = e * cfg.num_heads * d * 2 + e * cfg.num_kv_heads * d * 2  # wq, wo; wk, wv
-        mlp = 3 * e * cfg.intermediate_size
+        mlp = (3 if cfg.gated_mlp else 2) * e * cfg.intermediate_size  # BERT's: up, down
         params = cfg.num_layers * (attn + mlp)
         return cls(
             params, 2 * params, 4 * d * cfg.num_heads * cfg.num_layers, 2 * e * cfg.vocab_size
@@ -45,6 +51,28 @@ class Cost(NamedTuple):
     def sequences(self, seqs: Sequence[Sequence[int]]) -> float:
         """FLOPs of scoring each sequence alone (nothing shared)."""
         return sum(self.chunk(0, [len(s)]) for s in seqs)
+
+
+def encoder_flops(cfg: ModelConfig, lengths: Sequence[int]) -> float:
+    """FLOPs of a cross-encoder scoring pairs of `lengths` tokens, each alone: 2 x params per
+    token, attention 4 x hidden per (token, key) per layer with every token seeing its whole
+    pair (in a local layer the keys within `sliding_window // 2` on either side), and the head
+    (pooler dense E x E, classifier E x labels) on one row per pair."""
+    cost = Cost.of(cfg)
+    per_key = cost.per_key // cfg.num_layers  # one layer's
+    local = sum(cfg.sliding_layers) if cfg.window else 0
+    head = 2 * cfg.hidden_size * (cfg.hidden_size + cfg.num_labels)
+    total = 0
+    for n in lengths:
+        keys = (cfg.num_layers - local) * n * n + local * window_keys(n, cfg.sliding_window // 2)
+        total += cost.per_token * n + per_key * keys + head
+    return float(total)
+
+
+def window_keys(n: int, half: int) -> int:
+    """(token, key) pairs of `n` tokens that each see the keys within `half` on either side."""
+    i = np.arange(n)
+    return int((np.minimum(i + half, n - 1) - np.maximum(i - half, 0) + 1).sum())
 
 
 def common_prefix(seqs: Sequence[Sequence[int]]) -> int:

@@ -6,14 +6,15 @@
 The baseline is transformers (torch CPU, same weights and dtype, `torch.set_num_threads` = cores)
 on the same token ids, sorted by length and left-padded into batches with correct positions and
 `logits_to_keep=1`; batch size 1 (no padding) and 8/16/32 are timed and the best is the baseline.
-Prints one summary line; writes the JSON report and a bar chart beside it.
+Prints one summary line; writes the JSON report and a bar chart beside it. A cross-encoder
+(`--shape minilm-l6`, `--shape bge-reranker-v2-m3`, or `--model` of one) runs `bench.w1_encoder`.
 """
 
 from functools import partial
 
 import numpy as np
 
-from bench import common, sides
+from bench import common, sides, w1_encoder
 from bench.flops import Cost
 from bench.parity import label_ids
 from bench.peak import measure_peaks
@@ -25,6 +26,8 @@ QUICK = dict(docs=8, doc_tokens=(20, 40), batch_sizes=[1, 4], repeats=1, gemm=[5
 
 def main(argv=None) -> dict:
     args = parse(argv)
+    if w1_encoder.is_encoder(args):
+        return w1_encoder.main(argv)
     path, peaks = common.model_path(args), measure_peaks(args.gemm)
     eng = sides.run_engine(sides.engine_config(args, path), partial(build, args), args.repeats)
     _, items, labels = eng["request"]
@@ -111,6 +114,8 @@ def summary(report: dict) -> str:
 
 def chart(report: dict, png) -> None:
     """The bar chart of a W1 report: engine and transformers per batch size, items/s."""
+    if report.get("kind") == w1_encoder.KIND:
+        return w1_encoder.chart(report, png)
     engine, baseline, dtype = report["engine"], report["baseline"], report["dtype"]
     bars = {"engine": engine["items_per_s"]}
     bars |= {

@@ -481,7 +481,7 @@ def test_a_bug_in_the_service_is_500_with_a_log_line(client, caplog, monkeypatch
 
 
 MODEL_FACTS = ("family", "dtype", "vocab_size", "context_length", "kv_bytes_per_token", "head")
-MODEL_FACTS += ("num_labels", "rerank_template", "endpoints")
+MODEL_FACTS += ("architecture", "num_labels", "rerank_template", "endpoints")
 
 
 # every scoring route: a language-model head and a recipe whose labels are single tokens
@@ -506,6 +506,7 @@ def test_models(client):
         "context_length": 512,
         "kv_bytes_per_token": 2 * 2 * 2 * 16 * 4,  # K and V, layers, kv heads, head dim, f32
         "head": "language-model",
+        "architecture": "decoder",
         "num_labels": 0,
         "rerank_template": "plain",
         "endpoints": ENDPOINTS,
@@ -529,6 +530,7 @@ def test_model_info(client, tiny_path):
         "max_sequence_tokens": 512,
         "kv_bytes_per_token": 2 * 2 * 2 * 16 * 4,  # K and V, layers, kv heads, head dim, f32
         "head": "language-model",
+        "architecture": "decoder",
         "num_labels": 0,
         "rerank_template": "plain",
         "endpoints": ENDPOINTS,
@@ -569,6 +571,7 @@ def test_server_info(client, tiny_path):
         "label_widths": [4, 32, 256],
         "contexts": [0, 1024],
         "window": 0,
+        "bidirectional": False,
     }
     assert info["kv_bytes_per_token"] == 512 and info["max_sequence_tokens"] == 512
     # the default pool: what 2^18 tokens need (less than an eighth of this host's memory)

@@ -5,6 +5,7 @@ import json
 import math
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -189,3 +190,73 @@ def test_w4_chunked_traffic_cache_on_and_off(tiny, tmp_path):
     assert off["sequential"]["cache_hit_tokens"] == off["sequential"]["cached_tokens"] == 0
     assert report["max_logprob_deviation_on_vs_off"] < 1e-4  # same scores, f32
     positive(report["on_over_off"], "sequential", "parallel", "rerank")
+
+
+@pytest.fixture(scope="module")
+def tiny_cross_encoder(tmp_path_factory):
+    """A tiny BERT cross-encoder (head_dim 64, norms and biases moved off 1 and 0)."""
+    from bench.encoders import write_encoder
+    from tests.conftest import CORPUS
+
+    fields = dict(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=128,
+        type_vocab_size=2,
+        vocab_size=300,
+        initializer_range=0.1,
+    )
+    path = tmp_path_factory.mktemp("cross-encoder") / "bert-tiny"
+    return write_encoder(
+        path,
+        "BertConfig",
+        fields,
+        "bert",
+        seed=3,
+        corpus=CORPUS,
+        model_max_length=128,
+        vocab=300,
+        perturb=0.3,
+    )
+
+
+def test_w1_cross_encoder(tiny_cross_encoder, tmp_path, capsys):
+    out = tmp_path / "w1.json"
+    w1.main(["--model", str(tiny_cross_encoder), *QUICK, "--json", str(out)])  # dispatched
+    report = json.loads(out.read_text())
+    assert (report["workload"], report["kind"], report["family"]) == ("w1", "cross-encoder", "bert")
+    assert report["items"] == 8 and report["model"] == "bert-tiny"
+    positive(report, "engine_items_per_s", "baseline_items_per_s", "ratio")
+    positive(report["engine"], "tokens_per_s", "mfu", "flops")
+    positive(report["baseline"], "tokens_per_s", "mfu", "flops")
+    assert report["engine"]["flops"] == report["baseline"]["flops"]  # the same pairs, whole
+    assert set(report["baseline"]["per_batch_size"]) == {"4", "8"}
+    low, high = report["engine_score_range"]
+    assert high - low > 1e-2  # scores far apart, so that agreeing says something
+    assert report["max_abs_score_diff_vs_baseline"] < 1e-4  # CrossEncoder's raw logits, f32
+    recorded = {k: v for k, v in report.items() if k != "argv"}
+    assert not [s for s in strings(recorded) if s.startswith("/")]
+    assert capsys.readouterr().out.count("\n") == 1  # one summary line
+    png = out.with_suffix(".png")
+    assert png.stat().st_size > 1000
+    png.unlink()
+    entry.main(["chart", str(out)])  # redrawn from the report alone
+    assert png.stat().st_size > 1000
+
+
+def test_encoder_flops_see_the_whole_pair_or_the_window():
+    from bench.flops import encoder_flops, window_keys
+
+    bert = msgspec.structs.replace(
+        CFG, family="bert", num_kv_heads=2, num_labels=1, bidirectional=True, gated_mlp=False
+    )
+    # per layer: wq, wk, wv, wo 8x8, MLP up and down 8x16; attention 4 x 8 per (token, key)
+    assert Cost.of(bert).params == 2 * (4 * 64 + 2 * 128)
+    head = 2 * 8 * (8 + 1)  # pooler dense and classifier, once per pair
+    assert encoder_flops(bert, [3]) == 2 * 1024 * 3 + 32 * 2 * 9 + head
+    assert encoder_flops(bert, [3, 2]) == encoder_flops(bert, [3]) + encoder_flops(bert, [2])
+    assert window_keys(5, 1) == 2 + 3 + 3 + 3 + 2 and window_keys(3, 8) == 9
+    local = msgspec.structs.replace(bert, sliding_window=2, sliding_layers=(True, False))
+    assert encoder_flops(local, [3]) == 2 * 1024 * 3 + 32 * (9 + 7) + head

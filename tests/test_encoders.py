@@ -240,8 +240,9 @@ def hf_logits_at(path, query, docs, max_length: int) -> np.ndarray:
 
 
 def test_the_service_reranks_as_the_engine_and_refuses_label_scores(encoder):
-    docs = documents()[:5]
+    docs = documents()[4:9]  # one longer than the max length
     want, result = rerank(encoder, QUERY, docs, raw_scores=True)
+    assert result.truncated_tokens > 0
     app = create_app(settings_from_env(tiny_env(encoder)))
     for client in serving(app, "asyncio"):
         info = client.get("/get_model_info").json()

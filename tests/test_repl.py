@@ -22,15 +22,18 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_default_labels_are_yes_and_no_where_those_are_single_tokens():
-    def engine_with(vocab):
+    def engine_with(vocab, num_labels=0):
         encode = lambda text: SimpleNamespace(ids=vocab.get(text, [1, 2]))
         return SimpleNamespace(
             tokenizer=SimpleNamespace(encode=lambda text, add_special_tokens: encode(text)),
-            model_config=SimpleNamespace(vocab_size=100),
+            model_config=SimpleNamespace(vocab_size=100, num_labels=num_labels),
         )
 
     assert make_session(engine_with(VOCAB)).labels == [("' yes'", 6), ("' no'", 8)]
     assert make_session(engine_with({" yes": [6]})).labels == []
+    assert not make_session(engine_with(VOCAB)).rerank
+    # a classification head (a cross-encoder) has no label scores: the session reranks
+    assert make_session(engine_with(VOCAB, num_labels=1)).rerank
 
 
 # --- end to end: the real program ---------------------------------------------------------
