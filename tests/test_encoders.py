@@ -151,7 +151,8 @@ def test_pairs_tokenise_and_truncate_as_transformers(encoder, side):
             assert ids == want["input_ids"][i]
             if types is not None:
                 assert [t // cfg.vocab_size for t in seq] == types[i]
-        cut = sum(len(f) - len(w) for f, w in zip(full["input_ids"], want["input_ids"]))
+        lengths = zip(full["input_ids"], want["input_ids"], strict=True)
+        cut = sum(len(f) - len(w) for f, w in lengths)
         assert got.truncated == cut
 
 
@@ -205,7 +206,7 @@ def test_prompt_limit_and_document_limit(encoder):
         async with open_engine(config(encoder)) as engine:
             short = await engine.rerank(QUERY, docs, raw_scores=True, max_prompt_tokens=40)
             cut = await engine.rerank(QUERY, docs, raw_scores=True, max_tokens_per_doc=12)
-            with pytest.raises(InvalidInput, match="^max_prompt_tokens: a pair needs at least"):
+            with pytest.raises(InvalidInput, match=r"^max_prompt_tokens: a pair needs at least"):
                 await engine.rerank(QUERY, docs, max_prompt_tokens=2)
             return short, cut
 
