@@ -474,9 +474,9 @@ def test_missing_metadata_key(tmp_path):
 
 
 def test_unsupported_tokenizer_model(tmp_path):
-    _write_model(tmp_path / "t5vocab.gguf", SPECS["qwen3"], tokenizer_model="t5")
-    with pytest.raises(CheckpointError, match=r"t5vocab\.gguf.*tokenizer model 't5'"):
-        load_gguf(tmp_path / "t5vocab.gguf")
+    _write_model(tmp_path / "rwkv-vocab.gguf", SPECS["qwen3"], tokenizer_model="rwkv")
+    with pytest.raises(CheckpointError, match=r"rwkv-vocab\.gguf.*tokenizer model 'rwkv'"):
+        load_gguf(tmp_path / "rwkv-vocab.gguf")
 
 
 def test_unsupported_tensor_type(tmp_path):

@@ -1,4 +1,5 @@
-"""Loading llama.cpp GGUF files (llama, qwen2, qwen3) into a `Checkpoint`.
+"""Loading llama.cpp GGUF files (llama, qwen2, qwen3; XLM-RoBERTa cross-encoders filed as
+"bert", `engine.loaders.gguf_encoder`) into a `Checkpoint`.
 
 The container is parsed by `engine.loaders.gguf_file`. Tensors are dequantised one at a time to
 float32 with `gguf.quants.dequantize` and written straight into preallocated, layer-stacked
@@ -47,16 +48,22 @@ _QK_NORM_TENSORS = {
 
 
 def load_gguf(path: str | os.PathLike, *, progress: bool = True) -> Checkpoint:
-    """Load a llama/qwen2/qwen3 GGUF file: config from metadata, float32 parameters in the layout
-    of `engine.models.config`, and the tokenizer rebuilt from metadata.
+    """Load a llama/qwen2/qwen3 GGUF file, or an XLM-RoBERTa cross-encoder's: config from
+    metadata, float32 parameters in the layout of `engine.models.config` (or of
+    `engine.models.encoder`), and the tokenizer rebuilt from metadata.
 
     Raises `CheckpointError` naming the file for anything unsupported or missing.
     """
+    from engine.loaders import gguf_encoder  # which reads its tensors with this module's helpers
+
     source = os.fspath(path)
     reader = read_gguf(source)
     tensors = {tensor.name: tensor for tensor in reader.tensors}
-    config = _config(reader, tensors, source)
-    params = _params(tensors, config, source, progress)
+    if metadata_value(reader, "general.architecture", source) == gguf_encoder.ARCHITECTURE:
+        config, params = gguf_encoder.encoder_checkpoint(reader, tensors, source, progress)
+    else:
+        config = _config(reader, tensors, source)
+        params = _params(tensors, config, source, progress)
     tokenizer = tokenizer_from_gguf(reader, source)
     return Checkpoint(config=config, params=params, tokenizer=tokenizer, source=source)
 
@@ -69,7 +76,7 @@ def _config(reader: GGUFFile, tensors: dict[str, GGUFTensor], source: str) -> Mo
     if arch not in _DEFAULT_ROPE_THETA:
         raise CheckpointError(
             f"{source}: unsupported architecture {arch!r} (general.architecture); "
-            f"supported: {sorted(_DEFAULT_ROPE_THETA)}"
+            f"supported: {sorted([*_DEFAULT_ROPE_THETA, 'bert'])}"
         )
 
     def value(key: str, *default):
@@ -130,7 +137,7 @@ def _head_dim(reader: GGUFFile, arch: str, hidden: int, num_heads: int, source: 
 
 def _vocab_size(tensors: dict[str, GGUFTensor], source: str) -> int:
     """Rows of the embedding table (ggml shape is [E, V])."""
-    embed = _require(tensors, "token_embd.weight", source)
+    embed = require_tensor(tensors, "token_embd.weight", source)
     return int(embed.shape[-1])
 
 
@@ -227,7 +234,7 @@ def _params(
 ) -> dict[str, np.ndarray | dict[str, np.ndarray]]:
     slots = _slots(config)
     for name in slots:
-        _require(tensors, name, source)
+        require_tensor(tensors, name, source)
     if config.num_labels:  # a reranker's language-model head, if kept, is not used
         tensors = {name: t for name, t in tensors.items() if name != "output.weight"}
     unexpected = sorted(set(tensors) - set(slots))
@@ -242,12 +249,12 @@ def _params(
         tensors.values(), desc=label, unit="tensor", file=sys.stderr, disable=not progress
     ):
         slot = slots[tensor.name]
-        weight = _dequantized(tensor, slot.shape, source)  # f32[out, in] or f32[n]
+        weight = dequantized(tensor, slot.shape, source)  # f32[out, in] or f32[n]
         if config.family == "llama" and slot.param in ("wq", "wk"):
             heads = config.num_heads if slot.param == "wq" else config.num_kv_heads
             weight = _unpermute_rows(weight, heads)
         if slot.layer is None:
-            params[slot.param] = _owned(weight, tensor)
+            params[slot.param] = owned(weight, tensor)
         else:
             # f32[N, in, out] for matrices, f32[N, n] for vectors
             layers[slot.param][slot.layer] = weight.T if slot.matrix else weight
@@ -267,14 +274,14 @@ def _allocate_layers(config: ModelConfig, slots: dict[str, _Slot]) -> dict[str, 
     }
 
 
-def _require(tensors: dict[str, GGUFTensor], name: str, source: str) -> GGUFTensor:
+def require_tensor(tensors: dict[str, GGUFTensor], name: str, source: str) -> GGUFTensor:
     tensor = tensors.get(name)
     if tensor is None:
         raise CheckpointError(f"{source}: missing tensor {name!r}")
     return tensor
 
 
-def _dequantized(tensor: GGUFTensor, shape: tuple[int, ...], source: str) -> np.ndarray:
+def dequantized(tensor: GGUFTensor, shape: tuple[int, ...], source: str) -> np.ndarray:
     """The tensor as float32 in HF orientation: ggml lists dims innermost first, so reversed."""
     hf_shape = tensor.shape[::-1]
     if hf_shape != shape:
@@ -307,7 +314,7 @@ def _dequantize(data: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
     return np.concatenate(parts, axis=1)
 
 
-def _owned(weight: np.ndarray, tensor: GGUFTensor) -> np.ndarray:
+def owned(weight: np.ndarray, tensor: GGUFTensor) -> np.ndarray:
     """An array independent of the memory-mapped file (F32 tensors dequantise to a view of it)."""
     if np.may_share_memory(weight, tensor.data):
         return np.array(weight, dtype=np.float32)

@@ -6,6 +6,9 @@ tokenizer built here gives the same ids as transformers' `AutoTokenizer.from_pre
 gguf_file=...)`; `reference="llama.cpp"` follows llama.cpp where the two differ: SmolLM2's
 `smollm` pre-tokenizer splits digits off one by one before the GPT-2 regex, and SentencePiece
 vocabularies honour `add_space_prefix` and prefix "▁" after special tokens too.
+
+SentencePiece Unigram vocabularies (`t5`: XLM-RoBERTa's, in llama.cpp's cross-encoder files) are
+rebuilt as the original `tokenizer.json` tokenises, pairs included (`<s> A </s></s> B </s>`).
 """
 
 import os
@@ -13,8 +16,16 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from gguf import TokenType
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, pre_tokenizers, processors
-from tokenizers.models import BPE
+from tokenizers import (
+    AddedToken,
+    Regex,
+    Tokenizer,
+    decoders,
+    normalizers,
+    pre_tokenizers,
+    processors,
+)
+from tokenizers.models import BPE, Unigram
 
 from engine.loaders.checkpoint import CheckpointError
 from engine.loaders.gguf_file import GGUFFile
@@ -50,10 +61,12 @@ def tokenizer_from_gguf(
 ) -> Tokenizer:
     """The tokenizer described by a GGUF file's `tokenizer.ggml.*` metadata.
 
-    Supports `tokenizer.ggml.model` `gpt2` (byte-level BPE) and `llama` (SentencePiece BPE with
-    byte fallback). Control and user-defined tokens are matched whole; BOS/EOS are added by a
-    `TemplateProcessing` post-processor exactly when `add_bos_token`/`add_eos_token` say so
-    (absent: no BOS for `gpt2`, BOS for `llama`, as llama.cpp and transformers do).
+    Supports `tokenizer.ggml.model` `gpt2` (byte-level BPE), `llama` (SentencePiece BPE with
+    byte fallback) and `t5` (SentencePiece Unigram, as in cross-encoder files). Control and
+    user-defined tokens are matched whole; BOS/EOS are added by a `TemplateProcessing`
+    post-processor exactly when `add_bos_token`/`add_eos_token` say so (absent: no BOS for
+    `gpt2`, BOS for `llama`, as llama.cpp and transformers do); `t5` vocabularies get a
+    cross-encoder's pair template (`_pair_post_processor`).
 
     `reference` picks whose ids to reproduce where transformers and llama.cpp disagree (see the
     module docstring); the default matches transformers.
@@ -71,18 +84,22 @@ def tokenizer_from_gguf(
     if model == "gpt2":
         vocab = _spelled_vocab(tokens)
         tokenizer = _byte_level_tokenizer(reader, path, vocab, reference)
-        add_bos_default = False
+        post = _post_processor(reader, path, tokens, add_bos_default=False)
     elif model == "llama":
         vocab = {token: index for index, token in enumerate(tokens)}
         tokenizer = _sentencepiece_tokenizer(reader, path, tokens, vocab, reference)
-        add_bos_default = True
+        post = _post_processor(reader, path, tokens, add_bos_default=True)
+    elif model == "t5":
+        vocab = {token: index for index, token in enumerate(tokens)}
+        tokenizer = _unigram_tokenizer(reader, path, tokens, token_types or [])
+        post = _pair_post_processor(reader, path, tokens)
     else:
         raise CheckpointError(
             f"{os.fspath(path)}: unsupported tokenizer model {model!r} (tokenizer.ggml.model); "
-            "supported: 'gpt2', 'llama'"
+            "supported: 'gpt2', 'llama', 't5'"
         )
     _add_whole_tokens(reader, path, tokenizer, tokens, token_types or [], vocab)
-    tokenizer.post_processor = _post_processor(reader, path, tokens, add_bos_default)
+    tokenizer.post_processor = post
     return tokenizer
 
 
@@ -271,6 +288,78 @@ def _merges_from_scores(
     return [(left, right) for left, right, _ in candidates]
 
 
+# --- SentencePiece Unigram ("t5") ---------------------------------------------------------------
+
+
+def _unigram_tokenizer(
+    reader: GGUFFile, path: str | os.PathLike, tokens: list[str], token_types: list[int]
+) -> Tokenizer:
+    """The pipeline transformers' XLMRobertaTokenizer builds around the same pieces, scores and
+    charsmap: the charsmap normalises, whitespace splits the text into words (runs of
+    whitespace count as one, none is kept at either end, as llama.cpp's
+    `remove_extra_whitespaces` does), each word gets a "▁" prefix when `add_space_prefix` is
+    set (absent: set), and Unigram picks the best-scored pieces.
+    """
+    scores = metadata_value(reader, "tokenizer.ggml.scores", path)
+    if len(scores) != len(tokens):
+        raise CheckpointError(
+            f"{os.fspath(path)}: tokenizer.ggml.scores has {len(scores)} entries "
+            f"for {len(tokens)} tokens"
+        )
+    pieces = _unigram_pieces(tokens, scores, token_types)
+    byte_fallback = TokenType.BYTE in token_types
+    unk_id = _unknown_id(reader, path, token_types)
+    try:
+        model = Unigram(pieces, unk_id=unk_id, byte_fallback=byte_fallback)
+    except Exception as error:  # tokenizers raises a bare Exception
+        raise CheckpointError(
+            f"{os.fspath(path)}: invalid tokenizer vocabulary: {error}"
+        ) from error
+    tokenizer = Tokenizer(model)
+    charsmap = metadata_value(reader, "tokenizer.ggml.precompiled_charsmap", path, None)
+    if charsmap:
+        try:
+            tokenizer.normalizer = normalizers.Precompiled(bytes(charsmap))
+        except Exception as error:  # tokenizers raises a bare Exception
+            raise CheckpointError(
+                f"{os.fspath(path)}: invalid tokenizer.ggml.precompiled_charsmap: {error}"
+            ) from error
+    add_prefix = metadata_value(reader, "tokenizer.ggml.add_space_prefix", path, True)
+    scheme = "always" if add_prefix else "never"
+    metaspace = pre_tokenizers.Metaspace(replacement=_METASPACE, prepend_scheme=scheme)
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), metaspace])
+    tokenizer.decoder = decoders.Metaspace(replacement=_METASPACE, prepend_scheme=scheme)
+    return tokenizer
+
+
+def _unigram_pieces(
+    tokens: list[str], scores: list[float], token_types: list[int]
+) -> list[tuple[str, float]]:
+    """(piece, score) by id.
+
+    Entries llama.cpp's converter pads the vocabulary with (UNUSED, `[PAD{id}]`, score -10000)
+    are not in the original tokenizer. Kept as they are they would lower the least score, from
+    which Unigram prices unknown characters (least score - 10), and so change how text with
+    unknown characters splits; they are scored as the least real piece instead and spelled with
+    a space, which no pre-tokenized word contains, so they never match.
+    """
+    unused = {i for i, kind in enumerate(token_types) if kind == TokenType.UNUSED}
+    real = [score for i, score in enumerate(scores) if i not in unused]
+    least = min(real, default=0.0)
+    return [
+        (f" {token}", least) if i in unused else (token, float(score))
+        for i, (token, score) in enumerate(zip(tokens, scores, strict=True))
+    ]
+
+
+def _unknown_id(reader: GGUFFile, path: str | os.PathLike, token_types: list[int]) -> int | None:
+    """`unknown_token_id`, else the first token typed UNKNOWN, else none."""
+    token_id = metadata_value(reader, "tokenizer.ggml.unknown_token_id", path, None)
+    if token_id is not None:
+        return int(token_id)
+    return next((i for i, kind in enumerate(token_types) if kind == TokenType.UNKNOWN), None)
+
+
 # --- added tokens and post-processing ------------------------------------------------------------
 
 _NAMED_SPECIAL_IDS = (
@@ -316,7 +405,7 @@ def _add_whole_tokens(
 
 
 def _post_processor(
-    reader: GGUFFile, path: str | os.PathLike, tokens: list[str], add_bos_default: bool
+    reader: GGUFFile, path: str | os.PathLike, tokens: list[str], *, add_bos_default: bool
 ) -> processors.PostProcessor | None:
     """BOS/EOS around each sequence as the file asks; None when neither is added."""
     add_bos = metadata_value(reader, "tokenizer.ggml.add_bos_token", path, add_bos_default)
@@ -341,10 +430,44 @@ def _post_processor(
     )
 
 
+# llama.cpp spells the separator's key so (gguf-py `Keys.Tokenizer.SEP_ID`)
+_SPECIAL_ID_KEYS = {
+    "bos": "tokenizer.ggml.bos_token_id",
+    "eos": "tokenizer.ggml.eos_token_id",
+    "sep": "tokenizer.ggml.seperator_token_id",
+}
+
+
+def _pair_post_processor(
+    reader: GGUFFile, path: str | os.PathLike, tokens: list[str]
+) -> processors.PostProcessor:
+    """A cross-encoder's template, as llama.cpp's `format_prompt_rerank` lays a pair out:
+    `[BOS] A [EOS] [SEP] B [EOS]`, each special where its `add_*_token` flag says so, one text
+    `[BOS] A [EOS]`; type ids are 0 throughout, as llama.cpp feeds them. A flag that is absent
+    (files converted before gguf-py wrote them) counts as set when the file names the token, as
+    llama.cpp's rerank formatting then added all three. XLM-RoBERTa's (`<s>`, `</s>`, `</s>`)
+    give transformers' `<s> A </s></s> B </s>`.
+    """
+
+    def flag(name: str) -> bool:
+        named = metadata_value(reader, _SPECIAL_ID_KEYS[name], path, None) is not None
+        return bool(metadata_value(reader, f"tokenizer.ggml.add_{name}_token", path, named))
+
+    added = {name: flag(name) for name in _SPECIAL_ID_KEYS}
+    specials = [_special_token(reader, path, tokens, name) for name in added if added[name]]
+
+    def marks(name: str) -> list[str]:
+        return [f"{name.upper()}:0"] if added[name] else []
+
+    single = [*marks("bos"), "$A:0", *marks("eos")]
+    pair = [*single, *marks("sep"), "$B:0", *marks("eos")]
+    return processors.TemplateProcessing(single=single, pair=pair, special_tokens=specials)
+
+
 def _special_token(
     reader: GGUFFile, path: str | os.PathLike, tokens: list[str], name: str
 ) -> dict[str, Any]:
-    key = f"tokenizer.ggml.{name}_token_id"
+    key = _SPECIAL_ID_KEYS[name]
     token_id = metadata_value(reader, key, path, None)
     if token_id is None or not 0 <= token_id < len(tokens):
         raise CheckpointError(
