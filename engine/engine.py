@@ -189,7 +189,7 @@ class Engine:
         self.max_sequence_tokens = self.buckets.max_sequence(context)
         family = program.config.family
         self.template = templates.template_for(family, tokenizer, source, config.reranker)
-        self._rerank_labels = _rerank_labels(program.config, self.template, tokenizer)
+        self._rerank_labels = templates.rerank_labels(program.config, self.template, tokenizer)
         self.tokenization = tokenizer_actor.TokenizerState.for_model(
             tokenizer,
             program.config,
@@ -447,16 +447,12 @@ class Engine:
         return PairOptions(limit=limit, side=options.truncation_side)
 
     async def _rerank_inputs(self, query, documents, instruction):
-        """The score call's query and items: texts joined whole, or a piecewise recipe's ids."""
-        t = self.template
-        if not t.piecewise:
-            return t.query_text(query, instruction), [t.document_text(d) for d in documents]
-
-        def ids():
-            items = [t.document_ids(self.tokenizer, d, instruction) for d in documents]
-            return t.query_ids(self.tokenizer, query, instruction), items
-
-        return await trio.to_thread.run_sync(ids)
+        """The score call's query and items (`templates.rerank_inputs`), off the event loop
+        when the recipe tokenises."""
+        inputs = functools.partial(
+            templates.rerank_inputs, self.template, self.tokenizer, query, documents, instruction
+        )
+        return await trio.to_thread.run_sync(inputs) if self.template.piecewise else inputs()
 
     def _fit(self, truncate: bool, max_prompt_tokens: int | None) -> int | None:
         """The prompt length documents are cut to fit, if any."""
@@ -569,24 +565,6 @@ class Engine:
             "kv_pages_used": sum(tree.num_pages - tree.free_pages for tree in trees),
             "kv_pages_free": sum(tree.free_pages for tree in trees),
         }
-
-
-class _RerankLabels(NamedTuple):
-    ids: list[int]
-    normaliser: bool  # one label's logit: its log-prob less the log-normaliser
-
-
-def _rerank_labels(cfg: ModelConfig, template, tokenizer) -> _RerankLabels | str:
-    """The labels a rerank reads at each score row: the template's yes/no tokens (its yes token
-    and the normaliser when it has no "no"), or every row of a classification head; a string
-    says why the model cannot rerank (score still works)."""
-    if cfg.num_labels:
-        return _RerankLabels(list(range(cfg.num_labels)), False)
-    try:
-        ids = templates.label_ids(template, tokenizer)
-    except ValueError as e:
-        return str(e)
-    return _RerankLabels(list(ids), template.no is None)
 
 
 class _RerankOptions(NamedTuple):

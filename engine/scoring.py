@@ -11,12 +11,13 @@ import jax
 import numpy as np
 import tokenizers
 
-from engine import batching, inputs
+from engine import batching, inputs, templates
 from engine.buckets import DEFAULT_TOKEN_BUDGET, make_buckets
-from engine.errors import InvalidInput, rejection_error
+from engine.errors import InvalidInput, Unsupported, rejection_error
 from engine.loaders import Checkpoint, load_checkpoint
 from engine.messages import Rejected, ScoreRequest, Tokenized
 from engine.models import ModelConfig
+from engine.pairs import PairOptions
 from engine.program import DeviceProgram
 from engine.tokenizer_actor import TokenizerState
 
@@ -73,6 +74,8 @@ class ScoringModel:
         self._tokenizer_state = TokenizerState.for_model(
             checkpoint.tokenizer, self.config, self.buckets, max_items=None, cache_size=0
         )
+        family = self.config.family
+        self.template = templates.template_for(family, self.tokenizer, checkpoint.source)
 
     @property
     def dtype(self) -> str:
@@ -100,6 +103,43 @@ class ScoringModel:
         logprobs = self.label_logprobs(seqs, [request.labels] * len(seqs))  # f32[N, L]
         return scores_from_logprobs(logprobs, apply_softmax=apply_softmax).tolist()
 
+    def rerank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        *,
+        instruction: str | None = None,
+        raw_scores: bool = False,
+    ) -> list[float]:
+        """Each document's relevance to `query`, in document order, as `Engine.rerank` scores
+        it: a decoder under its rerank recipe, a cross-encoder on the (query, document) pair
+        truncated to its max length as CrossEncoder does. Unsupported when the model cannot
+        rerank; InvalidInput naming the field for bad input."""
+        cfg = self.config
+        labels = templates.rerank_labels(cfg, self.template, self.tokenizer)
+        if isinstance(labels, str):
+            raise Unsupported(f"rerank is unavailable for this model: {labels}")
+        pairs = PairOptions(limit=cfg.max_length) if cfg.bidirectional else None
+        if pairs is None:
+            query, documents = templates.rerank_inputs(
+                self.template, self.tokenizer, query, documents, instruction
+            )
+        request = ScoreRequest(
+            id=0,
+            query=query,
+            items=documents,
+            label_token_ids=labels.ids,
+            normaliser=labels.normaliser,
+            pairs=pairs,
+            arrived=0.0,
+        )
+        tokenized = self._tokenized(request)
+        seqs = tokenized.sequences
+        if not seqs:
+            return []
+        outputs = self.label_logprobs(seqs, [tokenized.labels] * len(seqs))  # f32[N, L]
+        return relevance(outputs, num_labels=cfg.num_labels, raw=raw_scores).tolist()
+
     def tokenize(
         self,
         query: inputs.Query,
@@ -118,6 +158,9 @@ class ScoringModel:
             item_first=item_first,
             arrived=0.0,
         )
+        return self._tokenized(request)
+
+    def _tokenized(self, request: ScoreRequest) -> Tokenized:
         (out,) = self._tokenizer_state.process([request])
         if isinstance(out, Rejected):
             raise rejection_error(out.kind, out.message, out.field)

@@ -187,3 +187,35 @@ def label_ids(template: Template, tokenizer: tokenizers.Tokenizer) -> tuple[int,
             f"rerank template {template.name!r}: the tokenizer has no {template.prefix!r} token"
         )
     return tuple(i[0] for i in ids)
+
+
+def rerank_inputs(
+    template: Template, tokenizer: tokenizers.Tokenizer, query: str, documents, instruction
+) -> tuple:
+    """A rerank's score call, query and items: the recipe's texts (joined whole when
+    tokenised), or a piecewise recipe's ids."""
+    t = template
+    if not t.piecewise:
+        return t.query_text(query, instruction), [t.document_text(d) for d in documents]
+    items = [t.document_ids(tokenizer, d, instruction) for d in documents]
+    return t.query_ids(tokenizer, query, instruction), items
+
+
+class RerankLabels(NamedTuple):
+    """The labels a rerank reads at each score row."""
+
+    ids: list[int]
+    normaliser: bool  # one label's logit: its log-prob less the log-normaliser
+
+
+def rerank_labels(cfg, template: Template, tokenizer) -> RerankLabels | str:
+    """The labels a rerank reads at each score row: the template's yes/no tokens (its yes token
+    and the normaliser when it has no "no"), or every row of a classification head; a string
+    says why the model cannot rerank (score still works)."""
+    if cfg.num_labels:
+        return RerankLabels(list(range(cfg.num_labels)), False)
+    try:
+        ids = label_ids(template, tokenizer)
+    except ValueError as e:
+        return str(e)
+    return RerankLabels(list(ids), template.no is None)

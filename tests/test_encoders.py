@@ -13,7 +13,7 @@ from api.app import create_app
 from api.routes import RERANK_PATHS
 from api.settings import settings_from_env
 from bench.encoders import write_encoder
-from engine import EngineConfig, InvalidInput, open_engine
+from engine import EngineConfig, InvalidInput, load_model, open_engine
 from engine.loaders import load_checkpoint
 from engine.pairs import PairEncoder, PairOptions
 from tests.conftest import CORPUS
@@ -129,6 +129,11 @@ def test_scores_equal_transformers_and_cross_encoder(encoder):
         softmax = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
         np.testing.assert_allclose(scores, softmax[:, -1], atol=1e-6)
     assert result.truncated_tokens > 0  # the long documents were cut
+    offline = load_model(encoder, dtype="float32", progress=False)
+    np.testing.assert_allclose(offline.rerank(QUERY, docs), scores, atol=1e-6)
+    np.testing.assert_allclose(offline.rerank(QUERY, docs, raw_scores=True), raw, atol=1e-6)
+    with pytest.raises(InvalidInput, match=r"^label_token_ids: this model has"):
+        offline.score(QUERY, docs, [1])
 
 
 @pytest.mark.parametrize("side", ["right", "left"])

@@ -136,3 +136,27 @@ def test_smollm2_matches_transformers(smol_pair):
     np.testing.assert_allclose(soft, scores_from_logprobs(ref, apply_softmax=True), atol=1e-4)
     batched = model.score(PAIRS[0][0], [it + SUFFIX for _, it in PAIRS[:2]], labels)
     np.testing.assert_allclose(np.log(batched), ref[:2], atol=1e-3)
+
+
+def test_rerank_scores_as_the_engine_does(tiny, tiny_checkpoints):
+    import trio
+
+    from engine import EngineConfig, open_engine
+
+    query, docs = "Is the river near?", [" the river is green", " stone house", ""]
+
+    async def main():
+        config = EngineConfig(
+            model=str(tiny_checkpoints["qwen2"]),
+            dtype="float32",
+            progress=False,
+            precompile=False,
+            compile_cache_dir=None,
+        )
+        async with open_engine(config) as engine:
+            return [await engine.rerank(query, docs, raw_scores=raw) for raw in (False, True)]
+
+    for raw, result in zip((False, True), trio.run(main), strict=True):
+        want = [{h.index: h.relevance_score for h in result.results}[i] for i in range(3)]
+        np.testing.assert_allclose(tiny.rerank(query, docs, raw_scores=raw), want, atol=1e-5)
+    assert tiny.rerank(query, []) == []
