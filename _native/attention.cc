@@ -236,7 +236,7 @@ ffi::Error Attention(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::
   } else {
     return ffi::Error::InvalidArgument("packed_attention: dtype must be bfloat16 or float32");
   }
-  if (!ok) return ffi::Error::InvalidArgument("packed_attention: head_dim must be 64 or 128");
+  if (!ok) return ffi::Error::InvalidArgument("packed_attention: head_dim must be 32, 64 or 128");
   return ffi::Error::Success();
 }
 

@@ -520,7 +520,9 @@ void run_head_dim(const Problem& p, const In* q, const In* k, const In* v, In* o
 
 template <typename In>
 bool run(const Problem& p, const In* q, const In* k, const In* v, In* out) {
-  if (p.head_dim == 64) {
+  if (p.head_dim == 32) {  // MiniLM cross-encoders
+    run_head_dim<In, 32>(p, q, k, v, out);
+  } else if (p.head_dim == 64) {
     run_head_dim<In, 64>(p, q, k, v, out);
   } else if (p.head_dim == 128) {
     run_head_dim<In, 128>(p, q, k, v, out);

@@ -23,7 +23,7 @@ except ImportError:  # a source checkout without the compiled extension
     _cpu = None
 
 TARGET = "packed_attention"
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (32, 64, 128)
 DTYPES = (np.dtype(jax.numpy.bfloat16), np.dtype(np.float32))
 AVAILABLE = _cpu is not None
 if AVAILABLE:
@@ -76,7 +76,7 @@ def attention_cpu(
     """Attention over the prefix span and own span of every token, on the CPU.
 
     Query head h reads kv head `h // (H // Hkv)`; q, k and v share a dtype (bfloat16 or
-    float32); D is 64 or 128. Scores, softmax and accumulation are f32. The context region's
+    float32); D is 32, 64 or 128. Scores, softmax and accumulation are f32. The context region's
     keys are read in place from `pool`'s pages through `meta.context_pages`. It has no score
     soft-capping (`softcap` must be 0; Gemma 2's attention takes another implementation).
     """

@@ -148,6 +148,7 @@ SCENARIOS = {
     "bidirectional_long_gqa": ([(0, [150, 3, 70])], 10, 32, 6, 2, 128, 0),
     "bidirectional_window": ([(0, [150, 20, 90])], 0, 16, 6, 2, 64, 32),
     "bidirectional_window_gqa8": ([(0, [200, 7, 33])], 5, 32, 8, 1, 128, 40),
+    "bidirectional_minilm": ([(0, [150, 3, 70])], 0, 16, 12, 12, 32, 0),  # head_dim 32
 }
 
 

@@ -67,8 +67,8 @@ def test_matches_reference(isa: str, scenario: str, dtype) -> None:
 
 @pytest.mark.parametrize(
     "heads,kv_heads,head_dim",
-    [(14, 2, 64), (16, 8, 128), (4, 4, 64), (32, 1, 128)],
-    ids=["gqa7", "qwen3", "mha", "mqa32"],
+    [(14, 2, 64), (16, 8, 128), (4, 4, 64), (32, 1, 128), (12, 12, 32), (6, 2, 32)],
+    ids=["gqa7", "qwen3", "mha", "mqa32", "minilm", "gqa3-d32"],
 )
 def test_head_layouts_and_ragged_token_count(heads: int, kv_heads: int, head_dim: int) -> None:
     # 150 tokens: not a multiple of the 64-key tile nor of the query tile (64 // group tokens);
@@ -150,10 +150,11 @@ def test_isa_knobs() -> None:
 
 def test_unsupported_inputs_are_refused() -> None:
     meta = layout_meta([(0, [64])], 64)
-    q, k, v = random_qkv(64, 2, 1, 32, jnp.float32)
-    with pytest.raises(ValueError, match="head_dim in \\(64, 128\\)"):
+    q, k, v = random_qkv(64, 2, 1, 48, jnp.float32)
+    with pytest.raises(ValueError, match="head_dim in \\(32, 64, 128\\)"):
         cpu.attention_cpu(q, k, v, meta, scale=1.0)
-    assert not cpu.supports(32, jnp.float32)
+    assert not cpu.supports(48, jnp.float32)
+    assert cpu.supports(32, jnp.float32)
     assert not cpu.supports(64, jnp.float16)
     assert cpu.supports(128, jnp.bfloat16)
     q, k, v = random_qkv(64, 2, 1, 64, jnp.float32)
