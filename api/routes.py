@@ -106,6 +106,8 @@ async def server_info(service: Service, request: Request) -> Response:
     engine = service.host.engine if service.host else None
     roofline = None
     if engine and request.query_params.get("roofline", "0").lower() in ("1", "true"):
+        if engine.model_config.bidirectional:
+            raise ApiError(400, "roofline: the plan models decoders; this is a cross-encoder")
         roofline = await anyio.to_thread.run_sync(service.roofline, engine)
     info = schemas.ServerInfo(
         version=_version(),

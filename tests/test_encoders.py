@@ -277,6 +277,15 @@ def test_the_service_reranks_as_the_engine_and_refuses_label_scores(encoder):
         assert error["param"] == "label_token_ids" and "cross-encoder" in error["message"]
         r = client.post("/v1/rerank", json={"query": QUERY, "documents": []})
         assert r.status_code == 400 and r.json()["error"]["param"] == "documents"
+        r = client.post("/score", json={"queries": QUERY, "documents": docs})  # vLLM's
+        assert r.status_code == 200, r.text
+        got = {d["index"]: d["score"] for d in r.json()["data"]}
+        np.testing.assert_allclose([got[i] for i in range(5)], scores, atol=1e-6)
+        server = client.get("/get_server_info").json()
+        assert server["buckets"]["bidirectional"] and server["plan"]["cpu"]["weight_bytes"] > 0
+        r = client.get("/get_server_info?roofline=1")
+        assert r.status_code == 400 and "cross-encoder" in r.json()["error"]["message"]
+        assert client.get("/info").json()["auto_truncate"] is True  # TEI's: pairs are cut
 
 
 def test_an_encoder_without_a_classification_head_is_refused(tmp_path):

@@ -56,7 +56,9 @@ def plan(
 ) -> dict:
     """The plan of a checkpoint (in `dtype`) or of a loaded device program (in its own) on each
     device kind: `capacity`, the largest batch, and W1 and W2 roofline estimates
-    (`progress(text)` is told of each compile)."""
+    (`progress(text)` is told of each compile). ValueError for a cross-encoder."""
+    if source.config.bidirectional:
+        raise ValueError("engine.plan models decoders; cross-encoders are not planned yet")
     if isinstance(source, DeviceProgram):
         analyser, dtype = Analyser.of_program(source, block_size), source.dtype
     else:
