@@ -27,7 +27,12 @@ def parser(description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
     model = p.add_mutually_exclusive_group()
     model.add_argument("--model", default=None, help="a .gguf file or HF directory")
-    model.add_argument("--shape", default=None, help="random weights of this shape: qwen3-0.6b")
+    model.add_argument(
+        "--shape",
+        default=None,
+        help="random weights of this shape: qwen3-0.6b, or the cross-encoders minilm-l6 and "
+        "bge-reranker-v2-m3",
+    )
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--json", default=None, help="report file (default: bench/results/...)")
     p.add_argument("--quick", action="store_true", help="the smallest run: for tests")
@@ -230,6 +235,15 @@ def fmt_side(side: dict, dtype: str, digits: int = 2) -> str:
 
 def fmt_peaks(peaks: dict) -> str:
     return f"peaks bf16 {peaks['bfloat16']:.0f} / f32 {peaks['float32']:.0f} GFLOP/s"
+
+
+def rerank_batch_options(p: argparse.ArgumentParser, batch_sizes: list[int]) -> None:
+    """W1's workload options: one query and its documents, the baseline's batch sizes."""
+    p.add_argument("--docs", type=int, default=64)
+    p.add_argument("--query-tokens", type=int, default=25)
+    p.add_argument("--doc-tokens", type=int, nargs=2, default=(130, 230))
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=batch_sizes)
+    p.add_argument("--repeats", type=int, default=3)
 
 
 def parse_args(parser, argv, quick: dict):

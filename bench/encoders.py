@@ -9,8 +9,6 @@ trained on the bench's text:
 """
 
 import json
-import os
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -181,26 +179,12 @@ def write_encoder(
     return path
 
 
-def encoder_shape_dir(name: str, *, seed: int = 0, root: Path | None = None) -> Path:
-    """The cross-encoder checkpoint of shape `name`, written on first use and reused after."""
+def write_encoder_shape(path: Path, name: str, seed: int) -> None:
+    """The cross-encoder checkpoint of shape `name` (`ENCODER_SHAPES`) at `path`."""
     from bench.shapes import bench_corpus
 
-    if name not in ENCODER_SHAPES:
-        raise ValueError(f"--shape: {name!r} is not one of {sorted(ENCODER_SHAPES)}")
-    root = root or Path(tempfile.gettempdir()) / "llm-scoring-bench"
-    path = root / f"{name}-seed{seed}"
-    if (path / "model.safetensors").is_file() and (path / "tokenizer_config.json").is_file():
-        return path
     cls_name, fields, kind, max_length = ENCODER_SHAPES[name]
-    partial = root / f".{name}-seed{seed}-{os.getpid()}"
+    corpus = bench_corpus(seed)
     write_encoder(
-        partial,
-        cls_name,
-        fields,
-        kind,
-        seed=seed,
-        corpus=bench_corpus(seed),
-        model_max_length=max_length,
+        path, cls_name, fields, kind, seed=seed, corpus=corpus, model_max_length=max_length
     )
-    partial.replace(path)
-    return path

@@ -37,15 +37,22 @@ TOKENIZER_VOCAB = 4096
 
 
 def shape_dir(name: str, *, seed: int = 0, root: Path | None = None) -> Path:
-    """The checkpoint directory of shape `name`, written on first use and reused after."""
-    if name not in SHAPES:
-        raise ValueError(f"--shape: {name!r} is not one of {sorted(SHAPES)}")
+    """The checkpoint directory of shape `name` (a decoder's, or a cross-encoder's of
+    `bench.encoders`), written on first use and reused after."""
+    from bench.encoders import ENCODER_SHAPES, write_encoder_shape
+
+    writers = {
+        **dict.fromkeys(SHAPES, write_checkpoint),
+        **dict.fromkeys(ENCODER_SHAPES, write_encoder_shape),
+    }
+    if name not in writers:
+        raise ValueError(f"--shape: {name!r} is not one of {sorted(writers)}")
     root = root or Path(tempfile.gettempdir()) / "llm-scoring-bench"
     path = root / f"{name}-seed{seed}"
     if (path / "model.safetensors").is_file() and (path / "tokenizer.json").is_file():
         return path
     partial = root / f".{name}-seed{seed}-{os.getpid()}"
-    write_checkpoint(partial, name, seed)
+    writers[name](partial, name, seed)
     partial.replace(path)
     return path
 

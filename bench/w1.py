@@ -62,11 +62,7 @@ def main(argv=None) -> dict:
 
 def parse(argv):
     p = common.parser(__doc__.split("\n\n")[0])
-    p.add_argument("--docs", type=int, default=64)
-    p.add_argument("--query-tokens", type=int, default=25)
-    p.add_argument("--doc-tokens", type=int, nargs=2, default=(130, 230))
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 16, 32])
-    p.add_argument("--repeats", type=int, default=3)
+    common.rerank_batch_options(p, [1, 8, 16, 32])
     return common.parse_args(p, argv, QUICK)
 
 

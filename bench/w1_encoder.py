@@ -23,9 +23,10 @@ import trio
 from tqdm import trange
 
 from bench import common, sides
-from bench.encoders import ENCODER_SHAPES, encoder_shape_dir
+from bench.encoders import ENCODER_SHAPES
 from bench.flops import encoder_flops
 from bench.peak import measure_peaks
+from bench.shapes import shape_dir
 from bench.workloads import rerank_pairs
 from engine import open_engine
 from engine.messages import ScoreRequest
@@ -92,18 +93,14 @@ def main(argv=None) -> dict:
 
 def parse(argv):
     p = common.parser(__doc__.split("\n\n")[0])
-    p.add_argument("--docs", type=int, default=64)
-    p.add_argument("--query-tokens", type=int, default=25)
-    p.add_argument("--doc-tokens", type=int, nargs=2, default=(130, 230))
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[8, 16, 32, 64])
-    p.add_argument("--repeats", type=int, default=3)
+    common.rerank_batch_options(p, [8, 16, 32, 64])
     return common.parse_args(p, argv, QUICK)
 
 
 def model_path(args) -> Path:
     if args.shape:
         print(f"building/reusing random-weight cross-encoder of shape {args.shape} ...", flush=True)
-        return encoder_shape_dir(args.shape, seed=args.seed)
+        return shape_dir(args.shape, seed=args.seed)
     return Path(args.model)
 
 

@@ -96,9 +96,9 @@ def rerank(path, query, docs, **options):
     return np.array([by_index[i] for i in range(len(docs))]), result
 
 
-def hf_logits(path, query: str, docs: list[str]) -> np.ndarray:
+def hf_logits(path, query: str, docs: list[str], max_length: int = MAX_LENGTH) -> np.ndarray:
     """transformers' `*ForSequenceClassification` logits f32[N, labels], tokenised as
-    CrossEncoder does."""
+    CrossEncoder does (truncated to `max_length`)."""
     tok = transformers.AutoTokenizer.from_pretrained(path)
     model = transformers.AutoModelForSequenceClassification.from_pretrained(path).eval()
     batch = tok(
@@ -106,7 +106,7 @@ def hf_logits(path, query: str, docs: list[str]) -> np.ndarray:
         docs,
         padding=True,
         truncation="longest_first",
-        max_length=MAX_LENGTH,
+        max_length=max_length,
         return_tensors="pt",
     )
     with torch.no_grad():
@@ -220,7 +220,7 @@ def test_prompt_limit_and_document_limit(encoder):
         {h.index: h.relevance_score for h in r.results}[i] for i in range(len(docs))
     ]
     np.testing.assert_allclose(
-        scores(short), hf_logits_at(encoder, QUERY, docs, 40)[:, -1], atol=1e-5
+        scores(short), hf_logits(encoder, QUERY, docs, max_length=40)[:, -1], atol=1e-5
     )
     assert short.prompt_tokens <= 40 * len(docs) and short.truncated_tokens > 0
     # documents cut to 12 tokens first (as text), then paired whole: nothing left to truncate
@@ -228,21 +228,6 @@ def test_prompt_limit_and_document_limit(encoder):
     texts = [tok.decode(tok.encode(d, add_special_tokens=False).ids[:12]) for d in docs]
     assert cut.truncated_tokens == 0
     assert max(len(tok.encode(QUERY, t).ids) for t in texts) <= MAX_LENGTH
-
-
-def hf_logits_at(path, query, docs, max_length: int) -> np.ndarray:
-    tok = transformers.AutoTokenizer.from_pretrained(path)
-    model = transformers.AutoModelForSequenceClassification.from_pretrained(path).eval()
-    batch = tok(
-        [query] * len(docs),
-        docs,
-        padding=True,
-        truncation="longest_first",
-        max_length=max_length,
-        return_tensors="pt",
-    )
-    with torch.no_grad():
-        return model(**batch).logits.numpy()
 
 
 def test_the_service_reranks_as_the_engine_and_refuses_label_scores(encoder):

@@ -127,7 +127,8 @@ def num_labels_from_hf(hf: dict) -> int:
 def config_from_hf(
     hf: dict, *, family: str, default_theta: float, tie_default: bool = False, **flags
 ) -> ModelConfig:
-    """A ModelConfig from the fields every family's `config.json` shares, type-checked.
+    """A ModelConfig from the fields every family's `config.json` shares, type-checked;
+    `flags` set the rest and override any of them.
 
     Raises KeyError or TypeError for a missing field, ValueError for a field of the wrong type.
     """
@@ -147,6 +148,5 @@ def config_from_hf(
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", tie_default)),
         rope_scaling=rope_scaling_from_hf(hf),
         num_labels=num_labels_from_hf(hf),
-        **flags,
     )
-    return msgspec.convert(fields, ModelConfig)
+    return msgspec.convert(fields | flags, ModelConfig)

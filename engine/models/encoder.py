@@ -25,9 +25,8 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import msgspec
 
-from engine.models import qwen2
+from engine.models import config, qwen2
 from engine.models.config import ModelConfig, num_labels_from_hf
 from engine.models.decoder import (
     Dense,
@@ -59,25 +58,17 @@ def config_from_hf(hf: dict, *, family: str, **flags) -> ModelConfig:
     act = hf.get("hidden_activation") or hf.get("hidden_act") or "gelu"
     if act not in HF_ACTIVATIONS:
         raise ValueError(f"unsupported hidden activation {act!r} for {family}")
-    heads = hf["num_attention_heads"]
-    fields = dict(
+    eps = float(hf.get("layer_norm_eps", hf.get("norm_eps", 1e-12)))
+    return config.config_from_hf(
+        {"max_position_embeddings": 512, **hf},
         family=family,
-        vocab_size=hf["vocab_size"],
-        hidden_size=hf["hidden_size"],
-        num_layers=hf["num_hidden_layers"],
-        num_heads=heads,
-        num_kv_heads=heads,
-        head_dim=hf["hidden_size"] // heads,
-        intermediate_size=hf["intermediate_size"],
-        rms_norm_eps=float(hf.get("layer_norm_eps", hf.get("norm_eps", 1e-12))),
-        rope_theta=0.0,
-        max_position_embeddings=hf.get("max_position_embeddings", 512),
+        default_theta=0.0,
+        rms_norm_eps=eps,
         tie_word_embeddings=False,
-        num_labels=num_labels_from_hf(hf),
         mlp_activation=HF_ACTIVATIONS[act],
         bidirectional=True,
+        **flags,
     )
-    return msgspec.convert(fields | flags, ModelConfig)
 
 
 def layer_norm(x: jax.Array, weight: jax.Array, bias: jax.Array, eps: float) -> jax.Array:
