@@ -29,6 +29,17 @@ TINY = {
     "initializer_range": 0.15,
 }
 
+# the tiny cross-encoders' shape (head_dim 64: the native CPU attention kernel takes it)
+TINY_ENCODER = dict(
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    max_position_embeddings=128,
+    vocab_size=300,
+    initializer_range=0.1,
+)
+
 FAMILY_CONFIGS = {
     "llama-tied": ("LlamaConfig", {"tie_word_embeddings": True, "rope_theta": 10000.0}),
     "llama-untied": ("LlamaConfig", {"tie_word_embeddings": False, "rope_theta": 500000.0}),

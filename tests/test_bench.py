@@ -196,18 +196,9 @@ def test_w4_chunked_traffic_cache_on_and_off(tiny, tmp_path):
 def tiny_cross_encoder(tmp_path_factory):
     """A tiny BERT cross-encoder (head_dim 64, norms and biases moved off 1 and 0)."""
     from bench.encoders import write_encoder
-    from tests.conftest import CORPUS
+    from tests.conftest import CORPUS, TINY_ENCODER
 
-    fields = dict(
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        max_position_embeddings=128,
-        type_vocab_size=2,
-        vocab_size=300,
-        initializer_range=0.1,
-    )
+    fields = dict(TINY_ENCODER, type_vocab_size=2)
     path = tmp_path_factory.mktemp("cross-encoder") / "bert-tiny"
     return write_encoder(
         path,

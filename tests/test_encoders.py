@@ -16,20 +16,11 @@ from bench.encoders import write_encoder
 from engine import EngineConfig, InvalidInput, load_model, open_engine
 from engine.loaders import load_checkpoint
 from engine.pairs import PairEncoder, PairOptions
-from tests.conftest import CORPUS
+from tests.conftest import CORPUS, TINY_ENCODER
 from tests.test_api_support import serving, tiny_env
 
 MAX_LENGTH = 96  # the tokenizers' model_max_length: long pairs are truncated to it
-# head_dim 64: the native CPU attention kernel takes it too
-TINY = dict(
-    hidden_size=128,
-    intermediate_size=256,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    max_position_embeddings=128,
-    vocab_size=300,
-    initializer_range=0.1,
-)
+TINY = TINY_ENCODER
 ENCODERS = {
     # name: (config class, fields, tokenizer kind)
     "bert": ("BertConfig", dict(TINY, type_vocab_size=2), "bert"),

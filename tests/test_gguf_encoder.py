@@ -26,21 +26,19 @@ from engine.loaders import CheckpointError, load_checkpoint
 from engine.loaders.gguf_file import read_gguf
 from engine.loaders.gguf_tokenizer import tokenizer_from_gguf
 from engine.pairs import PairEncoder, PairOptions
-from tests.conftest import CORPUS
+from tests.conftest import CORPUS, TINY_ENCODER
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("torch")  # write_encoder saves a transformers model
 
-FIELDS = dict(
+FIELDS = dict(  # hidden 64: the refusal cases name these shapes
+    TINY_ENCODER,
     hidden_size=64,
-    num_hidden_layers=2,
     num_attention_heads=4,
     intermediate_size=128,
     max_position_embeddings=130,
     type_vocab_size=1,
-    vocab_size=300,
     layer_norm_eps=1e-5,
-    initializer_range=0.1,
 )
 MAX_LENGTH = 128  # model_max_length: all 130 - 2 positions, which is what a GGUF gives
 
