@@ -1,7 +1,7 @@
 """The clients people already run, unchanged, against a real hypercorn server on 127.0.0.1: the
 Cohere SDK (v1 and v2 clients), the Voyage SDK, and the `rerankers` library's API rankers for
 every provider whose wire format is served (Cohere, Jina, Voyage, Mixedbread, TEI). Each call's
-ranking and scores equal `Engine.rerank` on the same model."""
+ranking and scores equal `Engine.rerank` on the same model, a decoder and a cross-encoder."""
 
 import cohere
 import numpy as np
@@ -10,25 +10,38 @@ import trio
 import voyageai
 from rerankers.models import api_rankers
 
+from bench.encoders import write_encoder
 from engine import open_engine
+from tests.conftest import CORPUS, TINY_ENCODER
 from tests.test_api_support import DOCS, hypercorn_server, tiny_config, tiny_env
 
 QUERY = "Where does the fox jump?"
 KEY = "secret-key"
 
 
+@pytest.fixture(scope="module", params=["decoder", "cross-encoder"])
+def model(request, tiny_checkpoints, tmp_path_factory):
+    """The tiny Llama, and a tiny BERT cross-encoder: the clients see the same API."""
+    if request.param == "decoder":
+        return tiny_checkpoints["llama-untied"]
+    path = tmp_path_factory.mktemp("clients") / "bert"
+    fields = dict(TINY_ENCODER, type_vocab_size=2)
+    write_encoder(path, "BertConfig", fields, "bert", seed=5, corpus=CORPUS, model_max_length=96)
+    return path
+
+
 @pytest.fixture(scope="module")
-def server(tiny_checkpoints, tmp_path_factory):
+def server(model, tmp_path_factory):
     log = tmp_path_factory.mktemp("clients") / "hypercorn.log"
-    env = tiny_env(tiny_checkpoints["llama-untied"], SCORING_API_KEY=KEY)
+    env = tiny_env(model, SCORING_API_KEY=KEY)
     with hypercorn_server("asyncio", env, log) as server:
         yield server
 
 
 @pytest.fixture(scope="module")
-def expected(tiny_checkpoints):
+def expected(model):
     """`Engine.rerank` of QUERY over DOCS, and of the same with raw scores: index -> score."""
-    config = tiny_config(tiny_checkpoints["llama-untied"])
+    config = tiny_config(model)
 
     async def main():
         async with open_engine(config) as engine:
