@@ -167,6 +167,37 @@ def test_piped_script(tiny_path, reference, tmp_path):
     assert "in_flight:" in done.stdout and "after quit" not in done.stdout
 
 
+def test_a_cross_encoder_reranks_from_the_start(tmp_path):
+    from bench.encoders import write_encoder
+    from engine import load_model
+    from tests.conftest import CORPUS, TINY_ENCODER
+
+    path = tmp_path / "bert"
+    fields = dict(TINY_ENCODER, type_vocab_size=2)
+    write_encoder(path, "BertConfig", fields, "bert", seed=3, corpus=CORPUS, model_max_length=64)
+    docs = [d.strip() for d in ITEMS]
+    script = [f"? {QUERY}", *docs, "", ":rerank off", *docs, "", ":quit"]
+    done = subprocess.run(
+        repl_args(str(path)),
+        input="\n".join(script) + "\n",
+        capture_output=True,
+        text=True,
+        env=repl_env(tmp_path),
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "bert cross-encoder" in done.stderr  # the ready line says what is loaded
+    (found,) = tables(done.stdout)  # reranked at once; the score attempt is an error
+    want = load_model(path, dtype="float32", progress=False).rerank(QUERY, docs)
+    order = sorted(range(3), key=lambda i: -want[i])
+    got = rerank_rows(found)
+    assert [i for i, _ in got] == order
+    np.testing.assert_allclose([s for _, s in got], [want[i] for i in order], rtol=1e-5)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "label-token scores are unavailable" in errors[0]
+
+
 # Make the pty the controlling terminal (so Ctrl-C sends SIGINT), then become the program. Done
 # in the child rather than with preexec_fn, which forks the multithreaded (JAX) test process.
 # SIGINT is made deliverable first, as at a person's terminal: a test run started in the
