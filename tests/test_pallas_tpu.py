@@ -113,7 +113,7 @@ def test_tpu_interpret_mode_runs_only_the_tpu_form() -> None:
 
 # name -> (kernel function, its text, the buggy text)
 MUTATIONS = {
-    "own_span_drops_the_diagonal": ("_visible", "key <= position", "key < position"),
+    "own_span_drops_the_diagonal": ("_visible", "key < own_end", "key < own_end - 1"),
     "accumulator_not_rescaled": ("_fold_tile", "state.acc * rescale + pv", "state.acc + pv"),
     "scratch_never_initialised": ("_tpu_kernel", "@pl.when(step == 0)", "@pl.when(step < 0)"),
     "key_steps_split_over_cores": (
