@@ -607,6 +607,10 @@ async def open_engine(config: EngineConfig | None = None) -> AsyncIterator[Engin
     checkpoint = await trio.to_thread.run_sync(
         functools.partial(load_checkpoint, config.model, progress=config.progress)
     )
+    if config.reranker is not None and checkpoint.config.bidirectional:
+        raise InvalidInput(
+            "reranker", "this is a cross-encoder: it reads each pair as it is, with no recipe"
+        )
     groups = device_groups(config.data_parallel, config.tensor_parallel)
     make = functools.partial(
         DeviceProgram,

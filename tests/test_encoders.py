@@ -264,6 +264,15 @@ def test_the_service_reranks_as_the_engine_and_refuses_label_scores(encoder):
         assert client.get("/info").json()["auto_truncate"] is True  # TEI's: pairs are cut
 
 
+def test_a_rerank_recipe_is_refused_for_a_cross_encoder(encoder):
+    async def main():
+        async with open_engine(config(encoder, reranker="qwen3-reranker")):
+            pass
+
+    with pytest.raises(InvalidInput, match=r"^reranker: this is a cross-encoder"):
+        trio.run(main)
+
+
 def test_an_encoder_without_a_classification_head_is_refused(tmp_path):
     import json
 
