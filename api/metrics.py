@@ -150,5 +150,11 @@ class CountRequests:
         try:
             await self.app(scope, receive, counting_send)
         finally:
-            route = scope["path"] if scope["path"] in self.routes else "other"
-            self.metrics.count(route, status)
+            path = route_path(scope)
+            self.metrics.count(path if path in self.routes else "other", status)
+
+
+def route_path(scope) -> str:
+    """The path the routes match: behind a proxy's prefix (`root_path`), the path without it."""
+    path, root = scope["path"], scope.get("root_path", "")
+    return path[len(root) :] if root and path.startswith(root + "/") else path

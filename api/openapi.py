@@ -46,6 +46,7 @@ ONE_OF = {
 # the bodies of answers that have no Struct
 ANY_JSON = {"content": {"application/json": {"schema": {"type": "object"}}}}
 PLAIN_TEXT = {"content": {"text/plain": {"schema": {"type": "string"}}}}
+HTML = {"content": {"text/html": {"schema": {"type": "string"}}}}
 NO_BODY: dict = {}
 
 # a Struct of `api.schemas` (or a list of them), one of the contents above, or a tuple of
@@ -76,6 +77,8 @@ class Endpoint(NamedTuple):
     error_body: Body = schemas.ErrorResponse  # TEI's routes: ours or TEI's
     answers: tuple[Answer, ...] = ()
     open_access: bool = False  # served without the API key
+    # the answer to a request without the key, instead of the JSON 401 when it gives one
+    unauthorized: Callable[[Request], Response | None] | None = None
 
 
 def openapi(title: str, version: str, endpoints: Sequence[Endpoint]) -> dict:

@@ -13,10 +13,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from api import rerank_answers, schemas, tei, tokens, vllm_score
+from api import dashboard, rerank_answers, schemas, tei, tokens, vllm_score
 from api.errors import ApiError, internal_error
 from api.metrics import CONTENT_TYPE
-from api.openapi import ANY_JSON, NO_BODY, PLAIN_TEXT, Answer, Endpoint, openapi
+from api.openapi import ANY_JSON, HTML, NO_BODY, PLAIN_TEXT, Answer, Endpoint, openapi
 from api.scoring import invocations, json_response, rerank, score, vllm_score_route
 from api.service import Service
 from api.settings import model_path
@@ -213,14 +213,21 @@ def _version() -> str:
 
 
 def route(e: Endpoint) -> Route:
-    """The Starlette route of `e`: authorisation first (unless open), and an unexpected
-    exception logged and answered as a 500."""
+    """The Starlette route of `e`: authorisation first (unless open; a refusal is answered by
+    `e.unauthorized` when it gives an answer), and an unexpected exception logged and answered
+    as a 500."""
 
     @functools.wraps(e.handler)
     async def handle(request: Request) -> Response:
         service: Service = request.app.state.service
         if not e.open_access:
-            service.authorize(request)
+            try:
+                service.authorize(request)
+            except ApiError:
+                answer = e.unauthorized(request) if e.unauthorized else None
+                if answer is None:
+                    raise
+                return answer
         try:
             return await e.handler(service, request)
         except ApiError:
@@ -360,6 +367,15 @@ ENDPOINTS = (
     ),
     Endpoint(
         "/metrics", "GET", metrics, "Prometheus metrics (text format)", PLAIN_TEXT, errors=(401,)
+    ),
+    Endpoint(
+        "/dashboard",
+        "GET",
+        dashboard.page,
+        "The live dashboard, drawn from /metrics (a browser without the key: a page asking it)",
+        HTML,
+        errors=(401,),
+        unauthorized=dashboard.key_form,
     ),
     Endpoint(
         "/start_profile",

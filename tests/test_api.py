@@ -689,6 +689,7 @@ def test_openapi_is_generated_from_the_route_table(client):
         "/get_model_info",
         "/get_server_info",
         "/metrics",
+        "/dashboard",
         "/start_profile",
         "/stop_profile",
         "/openapi.json",
