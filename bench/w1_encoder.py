@@ -26,7 +26,6 @@ from bench import common, sides
 from bench.encoders import ENCODER_SHAPES
 from bench.flops import encoder_flops
 from bench.peak import measure_peaks
-from bench.shapes import shape_dir
 from bench.workloads import rerank_pairs
 from engine import open_engine
 from engine.messages import ScoreRequest
@@ -51,7 +50,7 @@ def is_encoder(args) -> bool:
 
 def main(argv=None) -> dict:
     args = parse(argv)
-    path, peaks = model_path(args), measure_peaks(args.gemm)
+    path, peaks = common.model_path(args), measure_peaks(args.gemm)
     eng = run_engine(sides.engine_config(args, path), args)
     query, docs = eng["request"]
     n = len(docs)
@@ -95,13 +94,6 @@ def parse(argv):
     p = common.parser(__doc__.split("\n\n")[0])
     common.rerank_batch_options(p, [8, 16, 32, 64])
     return common.parse_args(p, argv, QUICK)
-
-
-def model_path(args) -> Path:
-    if args.shape:
-        print(f"building/reusing random-weight cross-encoder of shape {args.shape} ...", flush=True)
-        return shape_dir(args.shape, seed=args.seed)
-    return Path(args.model)
 
 
 def run_engine(config, args) -> dict:

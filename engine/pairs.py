@@ -16,7 +16,6 @@ import tokenizers
 
 from engine.errors import InvalidInput
 
-SIDES = ("right", "left")
 MAX_CUTTERS = 16  # truncating tokenizers kept, by limit and side
 
 

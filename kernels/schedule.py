@@ -147,14 +147,11 @@ def _validated_spans(
     block_size: int,
     context: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # i64[T] each
-    ps, pe, os_ = (np.asarray(a, dtype=np.int64) for a in (prefix_start, prefix_end, own_start))
-    pos = context + np.arange(ps.shape[0]) if ps.ndim == 1 else ps
-    oe = pos + 1 if own_end is None else np.asarray(own_end, dtype=np.int64)
-    if not ps.ndim == pe.ndim == os_.ndim == oe.ndim == 1 or not (
-        ps.shape == pe.shape == os_.shape == oe.shape
-    ):
-        shapes = f"{ps.shape} {pe.shape} {os_.shape} {oe.shape}"
-        raise ValueError(f"spans must be 1-D of equal length, got {shapes}")
+    given = (prefix_start, prefix_end, own_start) + (() if own_end is None else (own_end,))
+    spans = [np.asarray(a, dtype=np.int64) for a in given]
+    if any(a.ndim != 1 for a in spans) or len({a.shape for a in spans}) != 1:
+        raise ValueError(f"spans must be 1-D of equal length, got {[a.shape for a in spans]}")
+    ps, pe, os_ = spans[:3]
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
     t = ps.shape[0]
@@ -162,6 +159,8 @@ def _validated_spans(
         raise ValueError(f"token count {t} is not a positive multiple of block size {block_size}")
     if context < 0 or context % block_size:
         raise ValueError(f"context {context} is not a multiple of block size {block_size}")
+    pos = context + np.arange(t)
+    oe = spans[3] if own_end is not None else pos + 1
     if np.any((os_ < 0) | (os_ > pos) | (oe <= pos) | (oe > context + t)):
         raise ValueError("own spans must satisfy 0 <= own_start[t] <= C + t < own_end[t] <= C + T")
     if np.any((ps < 0) | (ps > pe) | (pe > context + t)):

@@ -60,6 +60,19 @@ def repl_env(home: Path) -> dict[str, str]:
     return {**os.environ, "JAX_PLATFORMS": "cpu", "HOME": str(home), "COLUMNS": "100"}
 
 
+def run_script(path: str, script: list[str], home: Path) -> subprocess.CompletedProcess:
+    """The REPL on `path` fed `script` through a pipe, one line each."""
+    return subprocess.run(
+        repl_args(path),
+        input="\n".join(script) + "\n",
+        capture_output=True,
+        text=True,
+        env=repl_env(home),
+        cwd=ROOT,
+        timeout=300,
+    )
+
+
 def tables(text: str) -> list[list[str]]:
     """The row lines of each table in `text` (a table: a header line, then numbered rows)."""
     found, rows = [], None
@@ -119,15 +132,7 @@ def test_piped_script(tiny_path, reference, tmp_path):
         ":quit",
         "after quit",
     ]
-    done = subprocess.run(
-        repl_args(tiny_path),
-        input="\n".join(script) + "\n",
-        capture_output=True,
-        text=True,
-        env=repl_env(tmp_path),
-        cwd=ROOT,
-        timeout=300,
-    )
+    done = run_script(tiny_path, script, tmp_path)
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr and "score>" not in done.stdout  # no prompts on a pipe
     assert "ready:" in done.stderr
@@ -177,15 +182,7 @@ def test_a_cross_encoder_reranks_from_the_start(tmp_path):
     write_encoder(path, "BertConfig", fields, "bert", seed=3, corpus=CORPUS, model_max_length=64)
     docs = [d.strip() for d in ITEMS]
     script = [f"? {QUERY}", *docs, "", ":rerank off", *docs, "", ":quit"]
-    done = subprocess.run(
-        repl_args(str(path)),
-        input="\n".join(script) + "\n",
-        capture_output=True,
-        text=True,
-        env=repl_env(tmp_path),
-        cwd=ROOT,
-        timeout=300,
-    )
+    done = run_script(str(path), script, tmp_path)
     assert done.returncode == 0, done.stderr
     assert "bert cross-encoder" in done.stderr  # the ready line says what is loaded
     (found,) = tables(done.stdout)  # reranked at once; the score attempt is an error
