@@ -41,6 +41,7 @@ class EngineHost:
         self.config = config
         self.engine: Engine | None = None
         self.error: str | None = None  # why the engine failed to start or stopped
+        self.settled = threading.Event()  # set once the engine is ready or has failed to start
         self._calls: trio.Nursery | None = None
 
     @property
@@ -75,6 +76,7 @@ class EngineHost:
                 )
                 self._calls = calls
                 self.engine = engine  # last: other threads take a set engine as ready
+                self.settled.set()
                 try:
                     await trio.sleep_forever()
                 finally:
@@ -83,6 +85,8 @@ class EngineHost:
         except Exception as e:  # a failed load must leave /health answering, not kill the server
             self.error = _reason(e)
             log.error("engine stopped: %s", self.error, exc_info=e)
+        finally:
+            self.settled.set()
 
 
 class ThreadedEngineHost(EngineHost):

@@ -69,6 +69,7 @@ class _EngineCollector(Collector):
         if s is None:
             return
         yield _gauge("scoring_queue_depth", "Requests waiting to be batched", s.queue_depth)
+        yield _gauge("scoring_queued_tokens", "Tokens of the requests waiting", s.queued_tokens)
         yield _gauge("scoring_requests_in_flight", "Requests inside the engine", s.in_flight)
         yield _counter("scoring_batches", "Batches run on the device", s.batches)
         runners = CounterMetricFamily(

@@ -103,20 +103,7 @@ class Service:
 
     async def body(self, request: Request) -> bytes:
         """The request's body, read whole up to the size limit (413 past it)."""
-        limit = self.settings.server.max_body_bytes
-        length = request.headers.get("content-length", "")
-        if length.isdigit() and int(length) > limit:
-            raise _too_large(int(length), limit)
-        chunks, size = [], 0
-        try:
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise _too_large(size, limit)
-                chunks.append(chunk)
-        except ClientDisconnect:
-            raise ApiError(CLIENT_CLOSED, "client closed the request") from None
-        return b"".join(chunks)
+        return await read_body(request, self.settings.server.max_body_bytes)
 
     async def call(
         self,
@@ -169,6 +156,24 @@ async def until_disconnected(request: Request, call: Callable[[], Awaitable[T]])
     if result is None:
         raise ApiError(CLIENT_CLOSED, "client closed the request")
     return result.unwrap()
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """`request`'s body, read whole up to `limit` bytes (ApiError 413 past it, 499 when the
+    client leaves)."""
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit:
+        raise _too_large(int(length), limit)
+    chunks, size = [], 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(size, limit)
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ApiError(CLIENT_CLOSED, "client closed the request") from None
+    return b"".join(chunks)
 
 
 def _too_large(size: int, limit: int) -> ApiError:

@@ -139,6 +139,7 @@ class RerankResult(msgspec.Struct, frozen=True, kw_only=True):
 class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
     in_flight: int
     queue_depth: int
+    queued_tokens: int = 0  # tokens of the requests waiting to be batched
     batches: int
     failed_batches: int
     real_tokens: int
@@ -540,6 +541,7 @@ class Engine:
         return EngineStats(
             in_flight=len(self._waiters),
             queue_depth=self.scheduler.queue_depth(),
+            queued_tokens=self.scheduler.queued_tokens,
             batches=sum(r.batches for r in runs),
             failed_batches=sum(r.failed for r in runs),
             real_tokens=s.real_tokens,

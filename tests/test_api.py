@@ -634,6 +634,7 @@ def test_metrics(client):
     device = after[("scoring_stage_seconds_sum", (("stage", "device"),))]
     assert device >= float(r.headers["x-device-time"]) / 1e3 - 1e-6
     assert after[("scoring_queue_depth", ())] == 0
+    assert after[("scoring_queued_tokens", ())] == 0
     assert after[("scoring_requests_in_flight", ())] == 0
     assert after[("scoring_batch_tokens_total", (("kind", "real"),))] == stats.real_tokens
     assert after[("scoring_batch_tokens_total", (("kind", "padded"),))] == stats.padded_tokens
