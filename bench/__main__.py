@@ -4,6 +4,7 @@ python -m bench w1 --dtype bfloat16          # rerank batch, engine vs transform
 python -m bench w2 --shape qwen3-0.6b        # 2000-token prompt + 500 items
 python -m bench w3                           # HTTP serving, concurrency sweep
 python -m bench w4                           # W2 in 16 requests: the KV cache on vs off
+python -m bench w4-ray                       # W4 users on Ray Serve: routers compared
 python -m bench long --shape qwen3-0.6b # one 30,000-token sequence, chunked prefill
 python -m bench soak                         # 256 clients for 60 s, every answer checked
 python -m bench w1 --help                    # a workload's own options
@@ -20,7 +21,9 @@ WORKLOADS = {
     "w2": ("bench.w2", "2000-token prompt + 500 items of 20 tokens, vs two baselines"),
     "w3": ("bench.w3", "HTTP serving, concurrency 1/8/64/256, vs transformers"),
     "w4": ("bench.w4", "W2 as 16 requests, sequential and 4 at a time, KV cache on vs off"),
+    "w4-ray": ("bench.w4_ray", "W4 users through Ray Serve: prefix affinity vs hashing vs default"),
     "long": ("bench.long", "one 30,000-token sequence through chunked prefill: time, peak memory"),
+    "dashboard": ("bench.dashboard_shot", "a screenshot of /dashboard under W3 load (chromium)"),
     "soak": ("bench.soak", "HTTP soak: 256 clients for 60 s, answers checked, RSS/FD watched"),
     "score-offline": ("bench.score_offline", "ScoringModel.score vs transformers, f32 + bf16"),
     "engine-offline": ("bench.engine_offline", "Engine vs ScoringModel, per-stage timings"),

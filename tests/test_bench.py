@@ -192,6 +192,33 @@ def test_w4_chunked_traffic_cache_on_and_off(tiny, tmp_path):
     positive(report["on_over_off"], "sequential", "parallel", "rerank")
 
 
+def test_w4_on_ray_serve_with_each_router(tiny, tmp_path):
+    from bench import w4_ray
+
+    out = tmp_path / "w4-ray.json"
+    w4_ray.main(["--model", tiny, *QUICK, "--json", str(out)])
+    report = json.loads(out.read_text())
+    assert out.with_suffix(".png").stat().st_size > 1000
+    sides = report["sides"]
+    assert list(sides) == ["prefix", "hash", "default"]
+    for side in sides.values():
+        positive(side, "items_per_s", "prompt_tokens_computed", "startup_s")
+        assert sum(side["requests_per_replica"]) == 2 * 4  # --quick: 2 users, 4 requests each
+    # affinity and hashing keep each user on one replica, whose cache gives its prompt back
+    for router in ("prefix", "hash"):
+        assert sides[router]["most_replicas_per_user"] == 1 and sides[router]["cached_tokens"] > 0
+    assert report["max_logprob_deviation_between_routers"] < 1e-4  # same scores, f32
+    positive(report["over_default"]["prefix"], "items_per_s", "prompt_tokens_computed")
+
+
+def test_dashboard_screenshot_under_load(tiny, tmp_path):
+    from bench import dashboard_shot
+
+    png = tmp_path / "dashboard.png"
+    report = dashboard_shot.main(["--model", tiny, *QUICK, "--png", str(png)])
+    assert png.stat().st_size > 10_000 and report["requests"] > 0 and report["errors"] == 0
+
+
 @pytest.fixture(scope="module")
 def tiny_cross_encoder(tmp_path_factory):
     """A tiny BERT cross-encoder (head_dim 64, norms and biases moved off 1 and 0)."""

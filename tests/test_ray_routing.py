@@ -91,6 +91,18 @@ def test_rank_prefers_the_deepest_holder_unless_overloaded():
     assert rank(key, [], loads.get, table) == []
 
 
+def test_a_short_shared_start_is_no_reason_to_prefer_a_replica():
+    table = PrefixTable()
+    header = "You are a careful judge of relevance. " * 7  # one block shared by every user
+    users = [key_of({"query": header + f"user {i}: " * 600}) for i in range(2)]
+    assert users[0][0] == users[1][0] and len(users[0]) == MAX_BLOCKS
+    table.routed(users[0], "r1")
+    loads = {"r1": 1, "r2": 0}
+    assert rank(users[1], ["r1", "r2"], loads.get, table)[0] == ["r2"]  # 1 block of 16 held
+    assert rank(users[1], ["r1", "r2"], loads.get, table, min_match=0.0)[0] == ["r1"]
+    assert rank(users[0], ["r1", "r2"], loads.get, table)[0] == ["r1"]  # all of it held
+
+
 def test_new_prefixes_spread_over_idle_replicas():
     table = PrefixTable()
     replicas = ["r1", "r2", "r3"]

@@ -5,11 +5,13 @@ import concurrent.futures
 import contextlib
 import os
 import re
+import threading
 
 import httpx2
 import pytest
 
 from api.ray_serve import build_app
+from bench.w4_ray import local_serve
 from tests.test_api_support import (
     DOCS,
     NO,
@@ -17,7 +19,6 @@ from tests.test_api_support import (
     assert_rerank,
     assert_scores,
     expected_scores,
-    free_port,
     rerank_cases,
     rerank_references,
     score_cases,
@@ -48,21 +49,11 @@ def environment(values: dict[str, str]):
 
 @pytest.fixture(scope="module")
 def url(tiny_path):
-    with environment(tiny_env(tiny_path)):
-        ray.init(
-            num_cpus=2,
-            include_dashboard=False,
-            _node_ip_address="127.0.0.1",
-            log_to_driver=False,
-        )
-        try:
-            port = free_port()
-            serve.start(http_options={"host": "127.0.0.1", "port": port})
-            serve.run(build_app(OPTIONS), name=APP, route_prefix="/")
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            serve.shutdown()
-            ray.shutdown()
+    # replicas push their autoscaling figures every second (Ray's default: 10 s)
+    env = tiny_env(tiny_path, RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S="1")
+    with environment(env), local_serve(cpus=2) as url:
+        serve.run(build_app(OPTIONS), name=APP, route_prefix="/")
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -136,14 +127,13 @@ def in_flight_at(client, query: str) -> tuple[str, int]:
     return replica_of(r), int(float(value))
 
 
-def wait_in_flight(client, query: str, replica: str | None = None) -> str:
-    """Once the replica holding `query` (`replica` when given) has work in its engine, that
-    replica."""
+def wait_in_flight(client, query: str) -> str:
+    """Once the replica holding `query` has work in its engine, that replica."""
     seen = []
 
     def busy() -> bool:
         seen.append(in_flight_at(client, query))
-        return seen[-1][1] > 0 and replica in (None, seen[-1][0])
+        return seen[-1][1] > 0
 
     assert wait_until(busy, timeout=300), seen[-3:]
     return seen[-1][0]
@@ -200,3 +190,29 @@ def test_a_redeploy_to_one_replica_drains_the_replicas_it_stops(client, referenc
     assert wait_until(lambda: running_replicas() == 1, timeout=600)
     last = client.post("/v1/score", json=score_body(0))
     assert last.status_code == 200 and replica_of(last) not in busy
+
+
+def test_autoscaling_adds_a_replica_when_tokens_queue(client, reference):
+    options = {"min_replicas": 1, "max_replicas": 2, "target_queued_tokens": 1}
+    options |= {"upscale_delay_s": 0, "look_back_period_s": 2}
+    serve.run(build_app({**OPTIONS, **options}), name=APP, route_prefix="/")
+    assert running_replicas() == 1
+    body, stop = held_body("autoscaled"), threading.Event()
+
+    def load() -> list:
+        answers = []
+        while not stop.is_set():
+            answers.append(client.post("/v1/score", json=body))
+        return answers
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        clients = [pool.submit(load) for _ in range(4)]
+        try:
+            assert wait_until(lambda: running_replicas() == 2, timeout=600)
+        finally:
+            stop.set()
+        answers = [r for c in clients for r in c.result()]
+    expected = expected_scores(reference, body)
+    for r in answers:
+        assert r.status_code == 200, r.text
+        assert_scores(r.json()["scores"], expected)

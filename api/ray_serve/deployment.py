@@ -34,10 +34,13 @@ class RayOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     target_queued_tokens: int | None = None
     upscale_delay_s: float = 10.0
     downscale_delay_s: float = 120.0
+    look_back_period_s: float = 30.0  # the window the replicas' queue figures are averaged over
     # "prefix": to the replica holding the longest prefix of the query (replicas report what
     # they hold); "hash": rendezvous hashing of the query; "default": Ray's power of two choices
     router: Literal["prefix", "hash", "default"] = "prefix"
     imbalance: int = 8  # ongoing requests past the least-loaded replica that count as overloaded
+    # the share of a query's prefix blocks a replica must hold to be preferred ("prefix" router)
+    min_match: float = 0.5
     routing_stats_period_s: float = 1.0  # how often replicas report their cached prefixes
     summary_size: int | None = None  # prefix hashes a replica reports; None: its KV pool's size
     max_ongoing_requests: int = 256  # requests one replica takes at once (its engine batches them)
@@ -100,6 +103,7 @@ def _scaling(options: RayOptions, token_budget: int) -> dict:
         max_replicas=options.max_replicas,
         upscale_delay_s=options.upscale_delay_s,
         downscale_delay_s=options.downscale_delay_s,
+        look_back_period_s=options.look_back_period_s,
         policy=policy,
     )
     return {"autoscaling_config": config}
@@ -110,7 +114,11 @@ def _routing(options: RayOptions) -> dict:
         return {}
     config = RequestRouterConfig(
         request_router_class=PrefixAffinityRouter,
-        request_router_kwargs={"strategy": options.router, "imbalance": options.imbalance},
+        request_router_kwargs={
+            "strategy": options.router,
+            "imbalance": options.imbalance,
+            "min_match": options.min_match,
+        },
         request_routing_stats_period_s=options.routing_stats_period_s,
     )
     return {"request_router_config": config}

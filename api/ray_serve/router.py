@@ -16,13 +16,19 @@ class PrefixAffinityRouter(RequestRouter):
     """Ranks replicas by `routing.rank`: the deepest holder of the request's prefix (from the
     replicas' `record_routing_stats` reports and this router's own routing since), or under
     `strategy="hash"` the prefix's rendezvous-hash owner; `imbalance` ongoing requests past the
-    least-loaded replica's count as overloaded."""
+    least-loaded replica's count as overloaded; a holder of less than `min_match` of the key's
+    blocks is no holder."""
 
     def initialize_state(
-        self, strategy: Strategy = "prefix", imbalance: int = 8, table_size: int = 65536
+        self,
+        strategy: Strategy = "prefix",
+        imbalance: int = 8,
+        min_match: float = 0.5,
+        table_size: int = 65536,
     ) -> None:
         self.strategy = strategy
         self.imbalance = imbalance
+        self.min_match = min_match
         self.table = PrefixTable(table_size)
         self._reports: dict[ReplicaID, dict] = {}  # the report last read, per replica
 
@@ -43,6 +49,7 @@ class PrefixAffinityRouter(RequestRouter):
             self.table,
             strategy=self.strategy,
             imbalance=self.imbalance,
+            min_match=self.min_match,
         )
         if ranks:
             # recorded now: Ray tells `on_request_routed` only under strict max_ongoing_requests;

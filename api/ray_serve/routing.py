@@ -119,31 +119,38 @@ def rank(
     *,
     strategy: Strategy = "prefix",
     imbalance: int = 8,
+    min_match: float = 0.5,
 ) -> list[list[R]]:
     """The replicas to try for one request: the chosen one alone, then the rest least loaded
     first (ties in random order, so new prefixes spread).
 
-    The chosen one is the preferred replica (the deepest holder of the key's prefix, or the key's
-    rendezvous-hash owner under `strategy="hash"`) unless its load exceeds the least load by more
-    than `imbalance` requests; else the least-loaded replica.
+    The chosen one is the preferred replica unless its load exceeds the least load by more than
+    `imbalance` requests; else the least-loaded replica. Preferred: the deepest holder of the
+    key's prefix when it holds at least `min_match` of the key's blocks (a shared system prompt
+    alone is not worth sending everything to one replica), or under `strategy="hash"` the key's
+    rendezvous-hash owner.
     """
     by_load = sorted(replicas, key=lambda r: (load(r), random.random()))
     if not by_load:
         return []
-    chosen = _preferred(key, by_load, table, strategy)
+    chosen = _preferred(key, by_load, table, strategy, min_match)
     if chosen is None or load(chosen) > load(by_load[0]) + imbalance:
         chosen = by_load[0]
     return [[chosen], [r for r in by_load if r != chosen]]
 
 
-def _preferred(key: Key, by_load: list[R], table: PrefixTable, strategy: Strategy) -> R | None:
+def _preferred(
+    key: Key, by_load: list[R], table: PrefixTable, strategy: Strategy, min_match: float
+) -> R | None:
     if not key:
         return None
     if strategy == "hash":
         return max(by_load, key=lambda r: _owner_weight(key[-1], r))
     depths = [table.depth(key, r) for r in by_load]
     deepest = max(depths)
-    return by_load[depths.index(deepest)] if deepest else None  # least loaded of the deepest
+    if deepest == 0 or deepest < min_match * len(key):
+        return None
+    return by_load[depths.index(deepest)]  # the least loaded of the deepest
 
 
 def _owner_weight(h: int, replica: Hashable) -> bytes:
