@@ -20,7 +20,7 @@ extensions = [
 extensions.append(
     Extension(
         "_native._cpu",
-        ["_native/_cpu.pyx", "_native/attention.cc", "_native/dense.cc"],
+        ["_native/_cpu.pyx", "_native/attention.cc", "_native/dense.cc", "_native/dense_int8.cc"],
         include_dirs=["_native", os.path.join(os.path.dirname(jaxlib.__file__), "include")],
         language="c++",
         extra_compile_args=["-O3", "-std=c++17", "-fno-math-errno", "-Wno-psabi"],
@@ -29,6 +29,8 @@ extensions.append(
             "_native/attention_kernel.h",
             "_native/cpu_pool.h",
             "_native/dense.h",
+            "_native/dense_int8.h",
+            "_native/dense_int8_kernel.h",
         ],
     )
 )

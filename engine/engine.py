@@ -55,11 +55,14 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     """Everything that configures an engine. Immutable; every field has a working default."""
 
     model: str | None = None  # a .gguf file or HF directory; None is the default model
-    dtype: str = "bfloat16"  # weight dtype: "bfloat16" or "float32"
+    # weight dtype: "bfloat16" or "float32"; or "int8": bf16 with the layer matrices quantised
+    # to int8 at load and multiplied in int8 (README "int8 compute")
+    dtype: str = "bfloat16"
     # "reference" | "xla" | "cpu" | "pallas"; None picks by backend (cpu on CPU, pallas on TPU/GPU)
     attention: str | None = None
     # layer matmuls: "xla" | "cpu" (bf16 weights packed once for the native AVX512-BF16 kernel);
-    # None picks "cpu" for bf16 where that kernel runs
+    # under dtype "int8": "int8" (the native VNNI kernel) | "int8-xla"; None picks the native
+    # kernel where it runs
     dense: str | None = None
     token_budget: int = DEFAULT_TOKEN_BUDGET  # most real tokens in one packed batch
     block_size: int = DEFAULT_BLOCK_SIZE  # attention block (tokens); buckets are multiples of it

@@ -18,7 +18,9 @@ from kernels import select_attention, select_dense
 from kernels.host import to_device
 from kernels.paging import LayerPool, empty_pool, write
 
-DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
+# the weight dtype of each compute mode; "int8" keeps bf16 but for the layer matrices, which its
+# dense strategies quantise to int8 at load (kernels.quant)
+DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32, "int8": jnp.bfloat16}
 DEFAULT_PAGE_SIZE = 16  # tokens per KV pool page: the prefix cache's granularity
 DEFAULT_POOL_SHARE = 8  # the default pool takes 1/8 of the device's (or host's) memory
 DEFAULT_POOL_TOKENS = 1 << 18  # ... and never more than this many tokens need
@@ -132,8 +134,9 @@ class DeviceProgram:
     """Weights on the device, the paged KV pool, and the compiled forward: `run` one packed batch
     to label log-probs.
 
-    `dtype` is the weight dtype ("bfloat16" or "float32"); `attention` and `dense` name the
-    implementations (None: the backend's default; see `kernels.select_attention` and
+    `dtype` is the weight dtype ("bfloat16" or "float32"), or "int8" (bf16, with the layer
+    matrices quantised to int8 and multiplied in int8: `kernels.quant`); `attention` and `dense`
+    name the implementations (None: the backend's default; see `kernels.select_attention` and
     `kernels.select_dense`). The pool holds as many pages of `page_size` tokens as
     `kv_cache_bytes` pays for (none: no pool, and batches may not name context pages).
     `placement` puts the weights and pool on one device or shards them over several
@@ -165,10 +168,17 @@ class DeviceProgram:
             raise InvalidInput(
                 "tensor_parallel", "encoder models run whole on each device: use data_parallel"
             )
+        if sharded and dtype == "int8":
+            raise InvalidInput("dtype", "int8 runs whole on each device: use data_parallel")
         if sharded and dense not in (None, "xla"):
             raise InvalidInput("dense", "tensor parallelism needs the 'xla' dense path")
         dense = "xla" if sharded else dense
-        self.dense: Dense = select_dense(dense, backend, dtype=DTYPES[dtype])
+        try:
+            self.dense: Dense = select_dense(
+                dense, backend, dtype=DTYPES[dtype], int8=dtype == "int8"
+            )
+        except ValueError as e:
+            raise InvalidInput("dense", str(e)) from None
         self.attention = select_attention(
             attention,
             backend,

@@ -47,25 +47,47 @@ def select_attention(
 
 
 DENSE = tuple(STRATEGIES)  # "cpu": bf16 layer matrices packed for the native kernel
+INT8_DENSE = ("int8", "int8-xla")  # the strategies of the int8 compute mode
 
 
-def select_dense(name: str | None, backend: str, *, dtype) -> Dense:
+def select_dense(name: str | None, backend: str, *, dtype, int8: bool = False) -> Dense:
     """The dense matmul strategy called `name`, or the default for `backend` when `name` is None.
 
-    The default is "cpu" (`kernels.cpu.dense_cpu`) for bfloat16 weights on a CPU backend where the
-    native kernel runs (it needs AVX512-BF16), "xla" otherwise. Raises ValueError for an unknown
-    name or "cpu" where it cannot run.
+    In the int8 compute mode (`int8`) the strategies are "int8" (the native AVX512-VNNI kernel,
+    the default on a CPU backend where it runs) and "int8-xla" (the same arithmetic in XLA, the
+    default elsewhere). Otherwise the default is "cpu" (`kernels.cpu.dense_cpu`) for bfloat16
+    weights on a CPU backend where the native kernel runs (it needs AVX512-BF16), "xla"
+    otherwise. Raises ValueError for an unknown name, a strategy of the other mode, or a native
+    one where it cannot run.
     """
+    if int8:
+        return _select_int8(name, backend)
     runs = backend == "cpu" and np.dtype(dtype) == jnp.bfloat16 and cpu.DENSE_AVAILABLE
     if name is None:
         name = "cpu" if runs else "xla"
     if name not in DENSE:
         raise ValueError(f"unknown dense {name!r}; known: {list(DENSE)}")
+    if name in INT8_DENSE:
+        raise ValueError(f"dense {name!r} is the int8 compute mode's: use dtype 'int8'")
     if name == "cpu" and not runs:
         raise ValueError(
             "dense 'cpu' needs the CPU backend, bfloat16 weights, the native extension and an "
             f"AVX512-BF16 CPU (backend {backend}, dtype {np.dtype(dtype)}, "
             f"kernel available: {cpu.DENSE_AVAILABLE})"
+        )
+    return STRATEGIES[name]
+
+
+def _select_int8(name: str | None, backend: str) -> Dense:
+    runs = backend == "cpu" and cpu.INT8_AVAILABLE
+    if name is None:
+        name = "int8" if runs else "int8-xla"
+    if name not in INT8_DENSE:
+        raise ValueError(f"dtype 'int8' computes with dense {list(INT8_DENSE)}, not {name!r}")
+    if name == "int8" and not runs:
+        raise ValueError(
+            "dense 'int8' needs the CPU backend, the native extension and an AVX512-VNNI or "
+            f"AVX2 CPU (backend {backend}, kernel available: {cpu.INT8_AVAILABLE})"
         )
     return STRATEGIES[name]
 
@@ -80,6 +102,7 @@ def _default_name(backend: str, head_dim: int | None, dtype, softcap: float) -> 
 __all__ = [
     "ATTENTION",
     "DENSE",
+    "INT8_DENSE",
     "AttentionMeta",
     "Dense",
     "attention_cpu",

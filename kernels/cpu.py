@@ -16,6 +16,7 @@ import numpy as np
 from kernels.host import aligned_empty
 from kernels.metadata import AttentionMeta
 from kernels.paging import LayerPool, bits_dtype
+from kernels.quant import ACT_BLOCK
 
 try:
     from _native import _cpu
@@ -180,3 +181,98 @@ def gated_cpu(
     out = jax.ShapeDtypeStruct((m, w.shape[1] * 8), jax.numpy.bfloat16)
     call = jax.ffi.ffi_call(GATED_TARGET, out)
     return call(x.astype(jax.numpy.bfloat16), w, jax.numpy.asarray(layer, np.int32))
+
+
+INT8_TARGET, INT8_GATED_TARGET = "dense_int8", "gated_int8"
+INT8_AVAILABLE = AVAILABLE and _cpu.int8_isa() is not None
+if INT8_AVAILABLE:
+    jax.ffi.register_ffi_target(INT8_TARGET, _cpu.int8_handler(), platform="cpu")
+    jax.ffi.register_ffi_target(INT8_GATED_TARGET, _cpu.int8_gated_handler(), platform="cpu")
+
+
+def int8_supports(k: int, n: int) -> bool:
+    """Whether the native int8 kernel takes a [K, N] weight (it needs AVX2 or AVX512-VNNI)."""
+    return INT8_AVAILABLE and k % 4 == 0 and n % 16 == 0
+
+
+def int8_isas() -> tuple[str, ...]:
+    """Builds of the int8 kernel this CPU can run, narrowest first: "avx2" (the VNNI dot
+    product emulated exactly), "avxvnni", "avx512vnni"."""
+    return _native_module().int8_isas()
+
+
+def set_int8_isa(name: str | None) -> None:
+    """Run int8 build `name` from now on (for tests and comparisons); None picks the widest."""
+    _native_module().set_int8_isa(name)
+
+
+def int8_isa() -> str | None:
+    """The build int8 calls use now."""
+    return _native_module().int8_isa()
+
+
+def pack_int8(q) -> np.ndarray:
+    """int8 weights [..., K, N] packed for `dense_int8` as u8 [..., N/16, K/4, 64]: q + 128,
+    per 16-column group and quad of rows, each column's four bytes. Aligned for
+    `kernels.host.to_device`."""
+    q = np.asarray(q)
+    *lead, k, n = q.shape
+    out = aligned_empty((*lead, n // 16, k // 4, 16, 4), np.uint8)
+    _pack_int8_into(out, q)
+    return out.reshape(*lead, n // 16, k // 4, 64)
+
+
+def pack_int8_gated(q_gate, q_up) -> np.ndarray:
+    """int8 gate and up weights [..., K, I] packed for `gated_int8` as u8 [..., 2I/16, K/4, 64]:
+    `pack_int8` of each, their 16-column groups interleaved (gate, up, gate, up, ...)."""
+    gate, up = np.asarray(q_gate), np.asarray(q_up)
+    *lead, k, i = gate.shape
+    out = aligned_empty((*lead, i // 16, 2, k // 4, 16, 4), np.uint8)
+    _pack_int8_into(out[..., 0, :, :, :], gate)
+    _pack_int8_into(out[..., 1, :, :, :], up)
+    return out.reshape(*lead, 2 * (i // 16), k // 4, 64)
+
+
+def _pack_int8_into(out: np.ndarray, q: np.ndarray) -> None:
+    """`q` [..., K, N] plus 128 written to `out` [..., N/16, K/4, 16, 4]."""
+    *lead, k, n = q.shape
+    rows = (q.astype(np.int16) + 128).astype(np.uint8).reshape(*lead, k // 4, 4, n // 16, 16)
+    out[...] = np.moveaxis(rows, (-4, -3, -2, -1), (-3, -1, -4, -2))
+
+
+def dense_int8(
+    x: jax.Array,  # [M, K], cast to bf16
+    w: jax.Array,  # u8[L, N/16, K/4, 64] from `pack_int8`
+    scale: jax.Array,  # f32[L, N]
+    layer: jax.Array,  # i32[]: which of the L matrices
+    block: int = ACT_BLOCK,
+) -> jax.Array:  # f32[M, N]
+    """`x @ (q * scale)[layer]` on the CPU with x quantised per row block of `block`: the
+    arithmetic of `kernels.quant.int8_matmul`, int32 sums of VNNI dot products."""
+    m, k = x.shape
+    if w.ndim != 4 or w.shape[2] * 4 != k or w.shape[3] != 64:
+        raise ValueError(f"dense_int8: weights of shape {w.shape} do not take x of shape {x.shape}")
+    out = jax.ShapeDtypeStruct((m, w.shape[1] * 16), np.float32)
+    return _int8_call(INT8_TARGET, out, x, w, scale, layer, block)
+
+
+def gated_int8(
+    x: jax.Array,  # [M, K], cast to bf16
+    w: jax.Array,  # u8[L, 2I/16, K/4, 64] from `pack_int8_gated`
+    scale: jax.Array,  # f32[L, 2I]: gate and up scales, 16-column groups interleaved
+    layer: jax.Array,  # i32[]
+    block: int = ACT_BLOCK,
+) -> jax.Array:  # bf16[M, I]
+    """`silu(x @ W_gate) * (x @ W_up)` of layer `layer` in int8 (as `dense_int8`), rounded to
+    bf16 once: the SwiGLU input of the down projection."""
+    m, k = x.shape
+    if w.ndim != 4 or w.shape[1] % 2 or w.shape[2] * 4 != k or w.shape[3] != 64:
+        raise ValueError(f"gated_int8: weights of shape {w.shape} do not take x of shape {x.shape}")
+    out = jax.ShapeDtypeStruct((m, w.shape[1] * 8), jax.numpy.bfloat16)
+    return _int8_call(INT8_GATED_TARGET, out, x, w, scale, layer, block)
+
+
+def _int8_call(target, out, x, w, scale, layer, block: int) -> jax.Array:
+    call = jax.ffi.ffi_call(target, out)
+    layer = jax.numpy.asarray(layer, np.int32)
+    return call(x.astype(jax.numpy.bfloat16), w, scale, layer, block=np.int64(block))

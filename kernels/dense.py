@@ -7,6 +7,10 @@ the prepared form; the forward never looks inside. Two exist:
 - `XLA`: the matrices in the weight dtype, `jnp.matmul` with f32 accumulation; any backend.
 - `CPU`: bf16 matrices packed once for the native AVX512-BF16 kernel (`kernels.cpu`); a matrix
   the kernel cannot take (odd K, N not a multiple of 16) stays in the XLA form.
+- `INT8_XLA`: layer matrices quantised once to int8 per column, activations per row block on
+  the fly (`kernels.quant`), int32 sums in XLA; the LM head stays in the weight dtype.
+- `INT8`: the same arithmetic in the native AVX512-VNNI kernel (`kernels.cpu.dense_int8`), the
+  head packed as `CPU` packs it; a matrix the kernel cannot take stays in the `INT8_XLA` form.
 """
 
 from collections.abc import Callable
@@ -16,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels import cpu
+from kernels import cpu, quant
 from kernels.host import interleave_to_device, to_device
 
 
@@ -120,4 +124,87 @@ CPU = Dense(
     "cpu", _cpu_prepare, _cpu_matmul, _cpu_prepare_gated, _cpu_gated, _cpu_prepare_head, _cpu_head
 )
 
-STRATEGIES = {d.name: d for d in (XLA, CPU)}
+
+class Int8(NamedTuple):
+    """A stack of matrices quantised per column (`kernels.quant.quantize_columns`)."""
+
+    q: jax.Array  # i8[L, K, N]
+    scale: jax.Array  # f32[L, N]
+
+
+class Int8Packed(NamedTuple):
+    """`Int8` packed for `kernels.cpu.dense_int8` / `gated_int8`."""
+
+    data: jax.Array  # u8[L, N/16, K/4, 64]: q + 128
+    scale: jax.Array  # f32[L, N]
+
+
+def _int8_prepare(w, dtype) -> Int8:
+    q, scale = quant.quantize_columns(w)
+    return Int8(to_device(q), to_device(scale))
+
+
+def _int8_matmul(x: jax.Array, w: Int8, layer: jax.Array) -> jax.Array:
+    return quant.int8_matmul(x, w.q[layer], w.scale[layer])
+
+
+def _int8_prepare_gated(gate, up, dtype) -> Int8:
+    pair = np.stack([np.asarray(gate), np.asarray(up)], axis=-1)  # [L, K, I, gate/up]
+    return _int8_prepare(pair.reshape(*pair.shape[:-2], -1), dtype)
+
+
+def _int8_gated(x: jax.Array, w: Int8, layer: jax.Array) -> jax.Array:
+    y = _int8_matmul(x, w, layer).reshape(x.shape[0], -1, 2)  # f32[M, I, gate/up]
+    return jax.nn.silu(y[..., 0]) * y[..., 1]
+
+
+INT8_XLA = Dense(
+    "int8-xla",
+    _int8_prepare,
+    _int8_matmul,
+    _int8_prepare_gated,
+    _int8_gated,
+    _xla_prepare,
+    _xla_head,
+)
+
+
+def _vnni_prepare(w, dtype) -> Int8Packed | Int8:
+    if not cpu.int8_supports(*w.shape[-2:]):
+        return _int8_prepare(w, dtype)
+    q, scale = quant.quantize_columns(w)
+    return Int8Packed(jax.device_put(cpu.pack_int8(q)), to_device(scale))
+
+
+def _vnni_matmul(x: jax.Array, w: Int8Packed | Int8, layer: jax.Array) -> jax.Array:
+    if isinstance(w, Int8Packed):
+        return cpu.dense_int8(x, w.data, w.scale, layer)
+    return _int8_matmul(x, w, layer)
+
+
+def _vnni_prepare_gated(gate, up, dtype) -> Int8Packed | Int8:
+    if not cpu.int8_supports(*gate.shape[-2:]):
+        return _int8_prepare_gated(gate, up, dtype)
+    (qg, sg), (qu, su) = quant.quantize_columns(gate), quant.quantize_columns(up)
+    scale = np.stack([sg.reshape(*sg.shape[:-1], -1, 16), su.reshape(*su.shape[:-1], -1, 16)], -2)
+    packed = cpu.pack_int8_gated(qg, qu)
+    return Int8Packed(jax.device_put(packed), to_device(scale.reshape(*sg.shape[:-1], -1)))
+
+
+def _vnni_gated(x: jax.Array, w: Int8Packed | Int8, layer: jax.Array) -> jax.Array:
+    if isinstance(w, Int8Packed):
+        return cpu.gated_int8(x, w.data, w.scale, layer)
+    return _int8_gated(x, w, layer)
+
+
+INT8 = Dense(
+    "int8",
+    _vnni_prepare,
+    _vnni_matmul,
+    _vnni_prepare_gated,
+    _vnni_gated,
+    _cpu_prepare_head,
+    _cpu_head,
+)
+
+STRATEGIES = {d.name: d for d in (XLA, CPU, INT8, INT8_XLA)}

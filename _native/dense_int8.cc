@@ -1,0 +1,223 @@
+// Dense int8 matmul with pre-packed weights for the CPU, as an XLA FFI custom call.
+//
+// out f32[M, N] = a bf16[M, K] @ W, W being layer `layer` of a stack of int8 weights quantised
+// per column (`kernels/quant.py`): stored as u8 q + 128 packed [L, N/16, K/4, 64] (per 16-column
+// group and quad of rows k..k+3, each column's four bytes: the operand layout of the VNNI u8 x s8
+// dot product), with f32 column scales [L, N]. The activations are quantised per row block on
+// the fly; each block's sums are exact in int32, then weighted by the block's scale in f32. The
+// weights' +128 adds `128 * sum(q_x)` of a block to every column of the row, which is taken
+// back from the block's int32 sums. The gated form computes a SwiGLU MLP's bf16(silu(a @ W_gate) * (a @ W_up)) from
+// gate and up packed with their 16-column groups interleaved.
+//
+// Builds: AVX512-VNNI (512-bit), AVX-VNNI (256-bit) and AVX2 (256-bit, the dot product emulated
+// exactly); the widest the CPU runs is used unless `set_isa` says otherwise. All give the same
+// results to f32 rounding.
+
+#include "dense_int8.h"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cpu_pool.h"
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace dense_int8 {
+
+struct Problem {
+  int64_t m, n, k;       // n: columns of the packed weights (gate and up together when gated)
+  int64_t blocks, block;  // activation blocks per row, and their width (the last may be shorter)
+  const uint16_t* a;     // bf16[m, k]
+  const uint8_t* w;      // [n / 16, k / 4, 64]: q + 128
+  const float* wscale;   // [n]
+  int8_t* q;             // [m, k]: the quantised activations
+  float* scales;         // [m, blocks]: their scales
+  int32_t* offsets;      // [m, blocks]: 128 * the sum of the block's q
+  void* out;             // f32[m, n], or bf16[m, n / 2] when gated
+};
+
+enum Isa { kAvx2 = 0, kAvxVnni = 1, kAvx512Vnni = 2 };
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define DENSE_INT8_NATIVE 1
+
+#define DENSE_INT8_WIDE 1
+#define DENSE_INT8_VNNI 1
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,avx512vnni,fma")
+namespace avx512vnni {
+#include "dense_int8_kernel.h"
+}  // namespace avx512vnni
+#pragma GCC pop_options
+#undef DENSE_INT8_WIDE
+#undef DENSE_INT8_VNNI
+
+#define DENSE_INT8_WIDE 0
+#define DENSE_INT8_VNNI 1
+#pragma GCC push_options
+#pragma GCC target("avx2,avxvnni,fma")
+namespace avxvnni {
+#include "dense_int8_kernel.h"
+}  // namespace avxvnni
+#pragma GCC pop_options
+#undef DENSE_INT8_VNNI
+
+#define DENSE_INT8_VNNI 0
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace avx2 {
+#include "dense_int8_kernel.h"
+}  // namespace avx2
+#pragma GCC pop_options
+#undef DENSE_INT8_WIDE
+#undef DENSE_INT8_VNNI
+
+#else
+#define DENSE_INT8_NATIVE 0
+#endif
+
+bool cpu_has(int isa) {
+#if DENSE_INT8_NATIVE
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  switch (isa) {
+    case kAvx2:
+      return avx2;
+    case kAvxVnni:
+      return avx2 && __builtin_cpu_supports("avxvnni");
+    case kAvx512Vnni:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+  }
+#endif
+  return false;
+}
+
+std::atomic<int> g_isa{-1};  // -1: the widest this CPU has
+
+int chosen_isa() {
+  const int isa = g_isa.load();
+  if (isa >= 0) return isa;
+  for (int widest = kAvx512Vnni; widest >= kAvx2; --widest)
+    if (cpu_has(widest)) return widest;
+  return -1;
+}
+
+template <bool kGated>
+void run(const Problem& p) {
+#if DENSE_INT8_NATIVE
+  switch (chosen_isa()) {
+    case kAvx512Vnni:
+      return kGated ? avx512vnni::run<avx512vnni::StoreGated>(p)
+                    : avx512vnni::run<avx512vnni::StoreF32>(p);
+    case kAvxVnni:
+      return kGated ? avxvnni::run<avxvnni::StoreGated>(p) : avxvnni::run<avxvnni::StoreF32>(p);
+    default:
+      return kGated ? avx2::run<avx2::StoreGated>(p) : avx2::run<avx2::StoreF32>(p);
+  }
+#endif
+}
+
+std::string dims(const ffi::AnyBuffer& buffer) {
+  std::string text;
+  for (int64_t d : buffer.dimensions()) text += (text.empty() ? "" : ", ") + std::to_string(d);
+  return "[" + text + "]";
+}
+
+// Checks the operands; an error message, or "" when they are right.
+std::string check(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w, const ffi::AnyBuffer& scale,
+                  const ffi::Buffer<ffi::S32>& layer, int64_t block, const ffi::AnyBuffer& out,
+                  bool gated) {
+  if (chosen_isa() < 0) return "this CPU has neither AVX2 nor AVX512-VNNI";
+  auto ad = a.dimensions(), wd = w.dimensions(), sd = scale.dimensions(), od = out.dimensions();
+  const auto out_type = gated ? ffi::DataType::BF16 : ffi::DataType::F32;
+  if (a.element_type() != ffi::DataType::BF16 || w.element_type() != ffi::DataType::U8 ||
+      scale.element_type() != ffi::DataType::F32 || out.element_type() != out_type)
+    return std::string("a must be bfloat16, w uint8, scale float32 and out ") +
+           (gated ? "bfloat16" : "float32");
+  if (ad.size() != 2 || ad[1] % 4 != 0) return "a has shape " + dims(a);
+  if (wd.size() != 4 || wd[2] * 4 != ad[1] || wd[3] != 64 || (gated && wd[1] % 2 != 0))
+    return "w has shape " + dims(w) + " for a of " + dims(a);
+  if (sd.size() != 2 || sd[0] != wd[0] || sd[1] != wd[1] * 16)
+    return "scale has shape " + dims(scale) + " for w of " + dims(w);
+  const int64_t columns = gated ? wd[1] * 8 : wd[1] * 16;
+  if (od.size() != 2 || od[0] != ad[0] || od[1] != columns) return "out has shape " + dims(out);
+  if (block < 4 || block % 4 != 0) return "block " + std::to_string(block) + " is not 4 k";
+  if (layer.element_count() != 1) return "layer must be a scalar";
+  const int32_t index = layer.typed_data()[0];
+  if (index < 0 || index >= wd[0])
+    return "layer " + std::to_string(index) + " outside the stack of " + std::to_string(wd[0]);
+  return "";
+}
+
+// The quantised activations of one call (per calling thread, grown as needed).
+struct Scratch {
+  std::vector<int8_t> q;
+  std::vector<float> scales;
+  std::vector<int32_t> offsets;
+};
+
+template <bool kGated>
+ffi::Error Dense(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::AnyBuffer scale,
+                 ffi::Buffer<ffi::S32> layer, ffi::Result<ffi::AnyBuffer> out, int64_t block,
+                 ffi::ThreadPool pool) {
+  std::string error = check(a, w, scale, layer, block, *out, kGated);
+  if (!error.empty()) return ffi::Error::InvalidArgument("dense_int8: " + error);
+  native_cpu::PoolScope scope(pool);
+  auto ad = a.dimensions(), wd = w.dimensions();
+  const int64_t m = ad[0], k = ad[1], n = wd[1] * 16, blocks = (k + block - 1) / block;
+  const int32_t index = layer.typed_data()[0];
+  thread_local Scratch scratch;
+  scratch.q.resize(m * k);
+  scratch.scales.resize(m * blocks);
+  scratch.offsets.resize(m * blocks);
+  Problem p{m,
+            n,
+            k,
+            blocks,
+            block,
+            static_cast<const uint16_t*>(a.untyped_data()),
+            static_cast<const uint8_t*>(w.untyped_data()) + index * wd[1] * wd[2] * wd[3],
+            static_cast<const float*>(scale.untyped_data()) + index * n,
+            scratch.q.data(),
+            scratch.scales.data(),
+            scratch.offsets.data(),
+            out->untyped_data()};
+  run<kGated>(p);
+  return ffi::Error::Success();
+}
+
+}  // namespace dense_int8
+
+#define DENSE_INT8_BINDING          \
+  ffi::Ffi::Bind()                  \
+      .Arg<ffi::AnyBuffer>()        \
+      .Arg<ffi::AnyBuffer>()        \
+      .Arg<ffi::AnyBuffer>()        \
+      .Arg<ffi::Buffer<ffi::S32>>() \
+      .Ret<ffi::AnyBuffer>()        \
+      .Attr<int64_t>("block")       \
+      .Ctx<ffi::ThreadPool>()
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(DenseInt8Handler, dense_int8::Dense<false>, DENSE_INT8_BINDING);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GatedInt8Handler, dense_int8::Dense<true>, DENSE_INT8_BINDING);
+
+void* dense_int8_handler() { return reinterpret_cast<void*>(&DenseInt8Handler); }
+
+void* gated_int8_handler() { return reinterpret_cast<void*>(&GatedInt8Handler); }
+
+int dense_int8_cpu_has(int isa) { return dense_int8::cpu_has(isa); }
+
+void dense_int8_set_isa(int isa) { dense_int8::g_isa = isa; }
+
+int dense_int8_isa() { return dense_int8::chosen_isa(); }

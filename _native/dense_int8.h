@@ -1,0 +1,13 @@
+// C entry points of the CPU int8 dense custom call, for the Cython wrapper.
+#pragma once
+
+// The XLA FFI handlers (XLA_FFI_Handler*) of the plain and the gated (SwiGLU) form.
+void* dense_int8_handler();
+void* gated_int8_handler();
+
+// Instruction-set builds, by index: 0 AVX2, 1 AVX-VNNI, 2 AVX512-VNNI.
+int dense_int8_cpu_has(int isa);
+// Use build `isa` from now on; -1: the widest this CPU runs.
+void dense_int8_set_isa(int isa);
+// The build calls use now; -1 when this CPU runs none.
+int dense_int8_isa();

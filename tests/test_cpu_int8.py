@@ -1,0 +1,193 @@
+"""The native int8 dense kernel (every instruction-set build this CPU runs) against a float64
+model of the same quantised arithmetic and XLA's twin, and the int8 compute mode's models."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from engine import load_model
+from engine.errors import InvalidInput
+from kernels import cpu, quant, select_dense
+from kernels.dense import Int8, Int8Packed
+from tests.test_quant import f32_quantize_rows, f64_int8_matmul
+
+pytestmark = pytest.mark.skipif(not cpu.INT8_AVAILABLE, reason="needs the native int8 kernel")
+
+ISAS = cpu.int8_isas() if cpu.INT8_AVAILABLE else ()
+
+
+@pytest.fixture(params=ISAS)
+def isa(request):
+    cpu.set_int8_isa(request.param)
+    yield request.param
+    cpu.set_int8_isa(None)
+
+
+@jax.jit
+def native(x, w, scale, layer):
+    return cpu.dense_int8(x, w, scale, layer)
+
+
+def operands(rng, m, k, n, layers=1):
+    x = jnp.asarray(rng.standard_normal((m, k)) * 2, jnp.bfloat16)
+    q, scale = quant.quantize_columns(rng.standard_normal((layers, k, n)))
+    return x, q, scale
+
+
+# rows cover every register-tile height of both widths and beyond; columns every panel width
+# (1..3 groups of 16 at 512 bits, 1 at 256) and several panels; K from one quad, through K
+# that ends inside a vector (100) and inside an activation block (576), to a model's hidden size
+SHAPES = [
+    (1, 4, 16),
+    (2, 64, 32),
+    (3, 100, 48),
+    (4, 128, 64),
+    (5, 132, 80),
+    (9, 256, 96),
+    (23, 576, 192),
+    (130, 576, 576),
+    (257, 1536, 576),
+]
+
+
+@pytest.mark.parametrize(("m", "k", "n"), SHAPES)
+def test_equals_a_float64_model_and_xla(isa, m, k, n):
+    rng = np.random.default_rng(m * k + n)
+    x, q, scale = operands(rng, m, k, n)
+    out = native(x, jnp.asarray(cpu.pack_int8(q)), jnp.asarray(scale), 0)
+    assert out.shape == (m, n) and out.dtype == jnp.float32
+    truth = f64_int8_matmul(np.asarray(x, np.float32), q[0], scale[0], quant.ACT_BLOCK)
+    # int32 sums are exact: what is left is a few f32 roundings of each block's weighted sum
+    atol = 1e-6 * np.abs(truth).max()
+    np.testing.assert_allclose(out, truth, rtol=0, atol=atol)
+    twin = jax.jit(quant.int8_matmul)(x, jnp.asarray(q[0]), jnp.asarray(scale[0]))
+    np.testing.assert_allclose(out, twin, rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize(("m", "k", "i"), [(1, 4, 16), (4, 64, 48), (7, 100, 16), (300, 576, 1536)])
+def test_gated_equals_silu_gate_times_up(isa, m, k, i):
+    rng = np.random.default_rng(m + k + i)
+    x = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
+    (qg, sg), (qu, su) = (quant.quantize_columns(rng.standard_normal((2, k, i))) for _ in "gu")
+    scale = np.stack([sg.reshape(2, -1, 16), su.reshape(2, -1, 16)], axis=-2).reshape(2, -1)
+    out = jax.jit(cpu.gated_int8)(x, jnp.asarray(cpu.pack_int8_gated(qg, qu)), scale, 1)
+    assert out.shape == (m, i) and out.dtype == jnp.bfloat16
+    xf = np.asarray(x, np.float32)
+    g = f64_int8_matmul(xf, qg[1], sg[1], quant.ACT_BLOCK)
+    u = f64_int8_matmul(xf, qu[1], su[1], quant.ACT_BLOCK)
+    truth = g / (1 + np.exp(-g)) * u
+    # one bf16 rounding of an f32 result
+    atol = 1e-5 * np.abs(truth).max()
+    np.testing.assert_allclose(np.asarray(out, np.float64), truth, rtol=2**-8, atol=atol)
+
+
+def test_the_builds_agree_bit_for_bit():
+    rng = np.random.default_rng(2)
+    x, q, scale = operands(rng, 37, 576, 96)
+    w, s = jnp.asarray(cpu.pack_int8(q)), jnp.asarray(scale)
+    outs = {}
+    try:
+        for name in ISAS:
+            cpu.set_int8_isa(name)
+            outs[name] = np.asarray(
+                jax.jit(lambda x, w, s: cpu.dense_int8(x, w, s, 0) + 0)(x, w, s)
+            )
+    finally:
+        cpu.set_int8_isa(None)
+    for out in outs.values():
+        np.testing.assert_array_equal(out, outs[ISAS[-1]])
+
+
+def test_extreme_activations_quantise_as_defined(isa):
+    # a zero row, a row with one huge outlier, tiny values: q and scales as the definition says
+    x = np.random.default_rng(3).standard_normal((4, 256)).astype(np.float32)
+    x[0] = 0
+    x[1, 7] = 3e4
+    x[2] *= 1e-30
+    q, scale = quant.quantize_columns(np.random.default_rng(4).standard_normal((1, 256, 32)))
+    out = native(jnp.asarray(x, jnp.bfloat16), jnp.asarray(cpu.pack_int8(q)), scale, 0)
+    truth = f64_int8_matmul(x, q[0], scale[0], quant.ACT_BLOCK)
+    assert not np.asarray(out)[0].any()
+    for row in range(1, 4):
+        np.testing.assert_allclose(out[row], truth[row], atol=1e-6 * np.abs(truth[row]).max())
+    assert f32_quantize_rows(x, quant.ACT_BLOCK)[1][1, 1] < 1  # the outlier's block alone
+
+
+def test_the_layer_index_picks_the_matrix():
+    rng = np.random.default_rng(5)
+    x, q, scale = operands(rng, 33, 64, 48, layers=3)
+    packed = jnp.asarray(cpu.pack_int8(q))
+    assert packed.shape == (3, 3, 16, 64) and packed.dtype == jnp.uint8
+    for layer in range(3):
+        truth = f64_int8_matmul(np.asarray(x, np.float32), q[layer], scale[layer], 128)
+        np.testing.assert_allclose(native(x, packed, scale, layer), truth, atol=1e-4)
+
+
+def test_thread_count_does_not_change_results():
+    rng = np.random.default_rng(6)
+    x, q, scale = operands(rng, 300, 576, 96)
+    w = jnp.asarray(cpu.pack_int8(q))
+    every = native(x, w, scale, 0)
+    try:
+        cpu.set_threads(1)
+        one = jax.jit(lambda x, w, s: cpu.dense_int8(x, w, s, 0) + 0)(x, w, scale)
+    finally:
+        cpu.set_threads(0)
+    np.testing.assert_array_equal(every, one)
+
+
+def test_unsupported_shapes_and_layers_are_refused():
+    rng = np.random.default_rng(7)
+    x, q, scale = operands(rng, 8, 64, 32, layers=2)
+    w = jnp.asarray(cpu.pack_int8(q))
+    with pytest.raises(ValueError, match="do not take x"):
+        cpu.dense_int8(jnp.ones((8, 66), jnp.bfloat16), w, scale, 0)
+    with pytest.raises(Exception, match="layer 2 outside the stack of 2"):
+        native(x, w, scale, 2).block_until_ready()
+    with pytest.raises(Exception, match=r"scale has shape \[2, 16\]"):
+        native(x, w, scale[:, :16], 0).block_until_ready()
+    with pytest.raises(Exception, match="block 6 is not 4 k"):
+        jax.jit(lambda x: cpu.dense_int8(x, w, scale, 0, block=6))(x).block_until_ready()
+    with pytest.raises(ValueError, match="do not take x"):
+        cpu.gated_int8(x, w[:, :1], scale, 0)
+    assert cpu.int8_supports(576, 1536)
+    assert not cpu.int8_supports(574, 1536) and not cpu.int8_supports(576, 1530)
+    with pytest.raises(ValueError, match="isa must be one of"):
+        cpu.set_int8_isa("sse2")
+
+
+def test_select_dense_in_the_int8_mode():
+    assert select_dense(None, "cpu", dtype=jnp.bfloat16, int8=True).name == "int8"
+    assert select_dense(None, "gpu", dtype=jnp.bfloat16, int8=True).name == "int8-xla"
+    assert select_dense("int8-xla", "cpu", dtype=jnp.bfloat16, int8=True).name == "int8-xla"
+    with pytest.raises(ValueError, match="dtype 'int8' computes with dense"):
+        select_dense("cpu", "cpu", dtype=jnp.bfloat16, int8=True)
+    with pytest.raises(ValueError, match="needs the CPU backend"):
+        select_dense("int8", "gpu", dtype=jnp.bfloat16, int8=True)
+    with pytest.raises(ValueError, match="use dtype 'int8'"):
+        select_dense("int8", "cpu", dtype=jnp.bfloat16)
+    with pytest.raises(InvalidInput, match="dense: dtype 'int8' computes"):
+        load_model(None, dtype="int8", dense="xla", progress=False)
+
+
+FAMILIES = ["llama-untied", "llama-tied", "qwen2", "qwen3", "gemma", "gemma2"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_model_in_int8_scores_like_its_xla_twin(tiny_checkpoints, family):
+    native_model = load_model(tiny_checkpoints[family], dtype="int8", progress=False)
+    twin = load_model(tiny_checkpoints[family], dtype="int8", dense="int8-xla", progress=False)
+    assert (native_model.program.dense.name, twin.program.dense.name) == ("int8", "int8-xla")
+    matrices = native_model.program.params["matrices"]
+    assert all(isinstance(m, Int8Packed) for m in matrices.values())
+    assert all(isinstance(m, Int8) for m in twin.program.params["matrices"].values())
+    rng = np.random.default_rng(7)
+    query = [int(t) for t in rng.integers(0, 384, 30)]
+    items = [[int(t) for t in rng.integers(0, 384, n)] for n in (1, 9, 40, 70)]
+    got = native_model.score(query, items, [1, 2, 3])
+    np.testing.assert_allclose(got, twin.score(query, items, [1, 2, 3]), rtol=1e-5)
+    # and int8 is an approximation of the f32 model, not something else
+    f32 = load_model(tiny_checkpoints[family], dtype="float32", progress=False)
+    deviation = np.abs(np.log(got) - np.log(f32.score(query, items, [1, 2, 3]))).max()
+    assert 0 < deviation < 0.5
