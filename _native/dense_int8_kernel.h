@@ -36,7 +36,12 @@ inline VF from_bits(VI v) { return _mm512_castsi512_ps(v); }
 inline VF round_even(VF x) {
   return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
-inline VI dot(VI acc, VI w, VI x) { return _mm512_dpbusd_epi32(acc, w, x); }
+// acc += w (u8) . x (s8) per lane. In asm: GCC copies the accumulator of the intrinsic out and
+// back on every call in a loop, two extra moves per dot product
+inline VI dot(VI acc, VI w, VI x) {
+  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(w), "v"(x));
+  return acc;
+}
 inline float hmax(VF v) { return _mm512_reduce_max_ps(v); }
 inline int32_t hsum(VI v) { return _mm512_reduce_add_epi32(v); }
 // 16 bf16 values (raw 16-bit words) as f32
@@ -78,7 +83,10 @@ inline VI bits(VF v) { return _mm256_castps_si256(v); }
 inline VF from_bits(VI v) { return _mm256_castsi256_ps(v); }
 inline VF round_even(VF x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 #if DENSE_INT8_VNNI
-inline VI dot(VI acc, VI w, VI x) { return _mm256_dpbusd_avx_epi32(acc, w, x); }
+inline VI dot(VI acc, VI w, VI x) {  // in asm, as the 512-bit build says
+  asm("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(w), "x"(x));
+  return acc;
+}
 #else
 // u8 w times s8 x, four products summed per 32-bit lane, exactly: even and odd bytes widened to
 // 16 bits (w zero-extended, x sign-extended), where pairs of products fit the 32-bit sums
@@ -179,7 +187,7 @@ inline void store_bf16(uint16_t* p, VF v) {
 
 // Writes the f32 results: groups g of a row go to columns 16 g.
 struct StoreF32 {
-  static constexpr int kRows = DENSE_INT8_WIDE ? 4 : 2, kGroups = DENSE_INT8_WIDE ? 3 : 1;
+  static constexpr int kRows = DENSE_INT8_WIDE ? 8 : 2, kGroups = DENSE_INT8_WIDE ? 3 : 1;
   template <int G>
   static void row(const VF* acc, void* out, int64_t ld, int64_t row, int64_t group) {
     float* o = static_cast<float*>(out) + row * ld + group * 16;

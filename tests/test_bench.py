@@ -211,6 +211,24 @@ def test_w4_on_ray_serve_with_each_router(tiny, tmp_path):
     positive(report["over_default"]["prefix"], "items_per_s", "prompt_tokens_computed")
 
 
+def test_int8_beside_bf16_and_f32(tiny, tmp_path):
+    from bench import int8
+
+    out = tmp_path / "int8.json"
+    report = int8.main(["--model", tiny, *QUICK, "--json", str(out)])
+    assert out.with_suffix(".png").stat().st_size > 1000
+    assert json.loads(out.read_text())["workloads"].keys() == {"w1", "w2"}
+    for workload in report["workloads"].values():
+        sides = workload["sides"]
+        assert list(sides) == ["float32", "bfloat16", "int8", "transformers-bfloat16"]
+        assert sides["float32"]["max_abs_logprob_dev_vs_f32"] == 0
+        assert sides["float32"]["spearman_vs_f32"] == pytest.approx(1)
+        # int8 approximates f32, more coarsely than bf16 on this random model's scores
+        assert 0 < sides["int8"]["mean_abs_logprob_dev_vs_f32"] < 1
+        assert sides["transformers-bfloat16"]["max_abs_logprob_dev_vs_f32"] < 1
+        positive(workload, "int8_over_bf16", "int8_over_transformers_bf16")
+
+
 def test_dashboard_screenshot_under_load(tiny, tmp_path):
     from bench import dashboard_shot
 

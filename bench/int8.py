@@ -1,0 +1,154 @@
+"""int8 compute beside bf16: W1 and W2 through the engine in f32, bf16 and int8, and transformers
+in bf16, in one run.
+
+    python -m bench int8 [--model PATH] [--workloads w1 w2] [--repeats 3] [--quick]
+
+Each workload is one `Engine.score` request (W1: a query and 64 documents of 130-230 tokens;
+W2: a 2000-token prompt and 500 items of 20 tokens), timed as `python -m bench w1` / `w2` time
+it (warm-up, then the best of `--repeats` passes with the KV cache flushed). Reported per mode:
+items/s and the ratio to bf16; the label log-probs' deviation from the f32 engine (largest and
+mean |d log-prob|); and the Spearman rank correlation with the f32 engine of the rerank score
+P(yes) / (P(yes) + P(no)). transformers bf16 (W1: left-padded batches, the best of 1/8/16/32;
+W2: the prompt once, then the items on its KV cache in batches of 32) is timed beside and
+compared the same way. Prints one line per workload; writes the JSON report and a chart.
+"""
+
+from functools import partial
+
+import numpy as np
+
+from bench import common, sides, w1, w2
+from bench.parity import spearman
+
+MODES = ("float32", "bfloat16", "int8")
+QUICK = dict(
+    docs=8,
+    doc_tokens=(20, 40),
+    prompt_tokens=100,
+    shared_tokens=20,
+    items=8,
+    batch_sizes=[4],
+    repeats=1,
+)
+
+
+def parse(argv):
+    p = common.parser(__doc__.split("\n\n")[0])
+    p.add_argument("--workloads", nargs="+", default=["w1", "w2"], choices=["w1", "w2"])
+    common.rerank_batch_options(p, [1, 8, 16, 32])  # W1's
+    p.add_argument("--prompt-tokens", type=int, default=2000)  # W2's
+    p.add_argument("--shared-tokens", type=int, default=100)
+    p.add_argument("--items", type=int, default=500)
+    p.add_argument("--item-tokens", type=int, default=20)
+    return common.parse_args(p, argv, QUICK)
+
+
+def main(argv=None) -> dict:
+    args = parse(argv)
+    path = common.model_path(args)
+    results = {name: run_workload(args, path, name) for name in args.workloads}
+    cfg = next(iter(results.values())).pop("config")
+    report = {
+        "workload": "int8",
+        "description": "W1 and W2 in f32, bf16 and int8 compute, beside transformers bf16",
+        **common.environment(args, path, cfg),
+        "dtype": "int8",
+        "workloads": results,
+    }
+    for r in results.values():
+        r.pop("config", None)
+    common.publish(report, args, common.model_tag(args, path), chart, summary(report))
+    return report
+
+
+def run_workload(args, path, name: str) -> dict:
+    build = partial(w1.build if name == "w1" else w2.build, args)
+    runs = {}
+    for mode in MODES:
+        args.dtype = mode
+        runs[mode] = sides.run_engine(sides.engine_config(args, path), build, args.repeats)
+    query, items, labels = runs["float32"]["request"]
+    hf = sides.load_baseline(path, "bfloat16")
+    base_s, base_logprobs = baseline(args, hf, name, runs["float32"], query, items, labels)
+    del hf
+    reference = runs["float32"]["logprobs"]
+    sides_out = {
+        mode: {
+            "items_per_s": len(items) / run["best_s"],
+            "times_s": run["times_s"],
+            **deviation(run["logprobs"], reference),
+        }
+        for mode, run in runs.items()
+    }
+    sides_out["transformers-bfloat16"] = {
+        "items_per_s": len(items) / base_s,
+        **deviation(base_logprobs, reference),
+    }
+    bf16 = sides_out["bfloat16"]["items_per_s"]
+    return {
+        "items": len(items),
+        "sides": sides_out,
+        "int8_over_bf16": sides_out["int8"]["items_per_s"] / bf16,
+        "int8_over_transformers_bf16": sides_out["int8"]["items_per_s"]
+        / sides_out["transformers-bfloat16"]["items_per_s"],
+        "config": runs["float32"]["config"],
+    }
+
+
+def baseline(args, hf, name, run, query, items, labels) -> tuple[float, np.ndarray]:
+    """transformers bf16 on the workload: (best seconds, log-probs in item order)."""
+    progress = not args.no_progress
+    if name == "w1":
+        base = sides.run_padded_baseline(
+            hf, run["seqs"], labels, args.batch_sizes, args.repeats, progress
+        )
+    else:
+        bs = [max(args.batch_sizes)]
+        base = sides.run_prefix_baseline(hf, query, items, labels, bs, args.repeats, progress)
+    best = sides.best_batch(base)
+    return base[best]["best_s"], base[best]["logprobs"]
+
+
+def deviation(logprobs: np.ndarray, reference: np.ndarray) -> dict:
+    """|d log-prob| from the f32 engine, and the rank correlation of the rerank scores."""
+    diff = np.abs(np.asarray(logprobs) - reference)
+    return {
+        "max_abs_logprob_dev_vs_f32": float(diff.max()),
+        "mean_abs_logprob_dev_vs_f32": float(diff.mean()),
+        "spearman_vs_f32": spearman(relevance(logprobs), relevance(reference)),
+    }
+
+
+def relevance(logprobs: np.ndarray) -> np.ndarray:
+    """P(yes) / (P(yes) + P(no)) from the log-probs of (yes, no)."""
+    p = np.exp(np.asarray(logprobs, np.float64)[:, :2])
+    return p[:, 0] / p.sum(axis=1)
+
+
+def summary(report: dict) -> str:
+    parts = []
+    for name, r in report["workloads"].items():
+        sides_ = r["sides"]
+        modes = ", ".join(
+            f"{m} {s['items_per_s']:.2f} items/s (dev {s['mean_abs_logprob_dev_vs_f32']:.3g}, "
+            f"rho {s['spearman_vs_f32']:.4f})"
+            for m, s in sides_.items()
+        )
+        parts.append(f"{name}: {modes}; int8/bf16 {r['int8_over_bf16']:.2f}x")
+    return "; ".join(parts)
+
+
+def chart(report: dict, png) -> None:
+    bars = {
+        f"{name} {'engine ' if not m.startswith('transformers') else ''}{m}": s["items_per_s"]
+        for name, r in report["workloads"].items()
+        for m, s in r["sides"].items()
+    }
+    notes = "; ".join(
+        f"{name}: int8/bf16 {r['int8_over_bf16']:.2f}x, mean |dlogprob| vs f32 int8 "
+        f"{r['sides']['int8']['mean_abs_logprob_dev_vs_f32']:.3g} / bf16 "
+        f"{r['sides']['bfloat16']['mean_abs_logprob_dev_vs_f32']:.3g}"
+        for name, r in report["workloads"].items()
+    )
+    title = f"int8 compute, {common.report_tag(report)}, {report['cores']} CPU cores"
+    common.bar_chart(png, title, bars, "items/s", notes)
