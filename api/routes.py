@@ -108,6 +108,8 @@ async def server_info(service: Service, request: Request) -> Response:
     if engine and request.query_params.get("roofline", "0").lower() in ("1", "true"):
         if engine.model_config.bidirectional:
             raise ApiError(400, "roofline: the plan models decoders; this is a cross-encoder")
+        if engine.program.dtype == "int8":
+            raise ApiError(400, "roofline: the plan models bf16 and f32 compute; this is int8")
         roofline = await anyio.to_thread.run_sync(service.roofline, engine)
     info = schemas.ServerInfo(
         version=_version(),

@@ -30,7 +30,8 @@ def parse_bytes(text: str) -> int:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m engine.plan", description=__doc__.split("\n")[0])
     p.add_argument("--model", default=None, help="a .gguf file or HF directory (default: SmolLM2)")
-    p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
+    # the device kinds' peaks are bf16 and f32 figures: the int8 mode is not planned
+    p.add_argument("--dtype", default="bfloat16", choices=sorted(set(DTYPES) - {"int8"}))
     p.add_argument("--device", nargs="+", default=list(KINDS), choices=KINDS)
     p.add_argument("--memory", type=parse_bytes, help="memory size instead of the device's")
     p.add_argument("--token-budget", type=int, default=DEFAULT_TOKEN_BUDGET)
