@@ -31,6 +31,7 @@ extensions.append(
             "_native/dense.h",
             "_native/dense_int8.h",
             "_native/dense_int8_kernel.h",
+            "_native/dense_tiles.h",
         ],
     )
 )

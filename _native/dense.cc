@@ -20,6 +20,7 @@
 
 #include "cpu_pool.h"
 #include "dense.h"
+#include "dense_tiles.h"
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -105,57 +106,18 @@ void tile(const Problem& p, int64_t row, int64_t group) {
   for (int r = 0; r < R; ++r) Store::template row<G>(acc[r], p.out, p.n, row + r, group);
 }
 
-using Tile = void (*)(const Problem&, int64_t, int64_t);
-
-// Tiles<Store>::get(r, g) computes r rows by g groups, for every r and g up to the tile size.
 template <class Store>
-struct Tiles {
-  template <int G, int... R>
-  static constexpr std::array<Tile, sizeof...(R)> rows(std::integer_sequence<int, R...>) {
-    return {&tile<Store, R + 1, G>...};
-  }
-  template <int... G>
-  static constexpr auto table(std::integer_sequence<int, G...>) {
-    return std::array<std::array<Tile, Store::kRows>, sizeof...(G)>{
-        rows<G + 1>(std::make_integer_sequence<int, Store::kRows>{})...};
-  }
-  static Tile get(int r, int g) {
-    static const auto TABLE = table(std::make_integer_sequence<int, Store::kGroups>{});
-    return TABLE[g - 1][r - 1];
+struct Make {
+  template <int R, int G>
+  static constexpr dense_tiles::Tile<Problem> of() {
+    return &tile<Store, R, G>;
   }
 };
 
-// Rows [r0, r1) by column panels [p0, p1): each panel of weights stays in L2 while the rows'
-// register tiles stream past it.
-template <class Store>
-void block(const Problem& p, int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
-  const int64_t groups = p.n / 16;
-  for (int64_t panel = p0; panel < p1; ++panel) {
-    const int64_t g0 = panel * Store::kGroups;
-    const int g = int(std::min<int64_t>(Store::kGroups, groups - g0));
-    for (int64_t r = r0; r < r1; r += Store::kRows) {
-      const int rows = int(std::min<int64_t>(Store::kRows, r1 - r));
-      Tiles<Store>::get(rows, g)(p, r, g0);
-    }
-  }
-}
-
 template <class Store>
 void run(const Problem& p) {
-  const int64_t groups = p.n / 16;
-  const int64_t panels = (groups + Store::kGroups - 1) / Store::kGroups;
-  // about 256 KiB of activations per block, beside one weight panel, within L2
-  const int64_t block_rows = std::clamp<int64_t>(
-      (128 * 1024 / p.k) / Store::kRows * Store::kRows, Store::kRows, 64 * Store::kRows);
-  const int64_t row_blocks = (p.m + block_rows - 1) / block_rows;
-  // small batches split the columns too, so every thread has work
-  const int64_t wanted = 4 * native_cpu::thread_count();
-  const int64_t splits = std::clamp<int64_t>((wanted + row_blocks - 1) / row_blocks, 1, panels);
-  native_cpu::parallel_for(int(row_blocks * splits), [&](int item) {
-    const int64_t rb = item / splits, s = item % splits;
-    const int64_t r0 = rb * block_rows, r1 = std::min(p.m, r0 + block_rows);
-    block<Store>(p, r0, r1, s * panels / splits, (s + 1) * panels / splits);
-  });
+  // about 256 KiB of bf16 activations per row block
+  dense_tiles::run<Problem, Store, Make<Store>>(p, p.m, p.n / 16, 2 * p.k, 256 * 1024, 64);
 }
 
 #pragma GCC pop_options

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "cpu_pool.h"
+#include "dense_tiles.h"
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif

@@ -1,0 +1,74 @@
+// The register-tile table and cache blocking the dense kernels share (dense.cc, dense_int8.cc).
+//
+// A kernel brings its Problem, a Store (the epilogue, with its largest tile kRows x kGroups) and
+// Make, whose `of<R, G>()` is its function computing R rows by G 16-column groups from
+// (problem, first row, first group). `run` covers an m x (16 groups) output with such tiles on
+// the thread pool.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <utility>
+
+#include "cpu_pool.h"
+
+namespace dense_tiles {
+
+template <class Problem>
+using Tile = void (*)(const Problem&, int64_t, int64_t);
+
+// Tiles<...>::get(r, g) computes r rows by g groups, for every r and g up to the tile size.
+template <class Problem, class Store, class Make>
+struct Tiles {
+  template <int G, int... R>
+  static constexpr std::array<Tile<Problem>, sizeof...(R)> rows(std::integer_sequence<int, R...>) {
+    return {Make::template of<R + 1, G>()...};
+  }
+  template <int... G>
+  static constexpr auto table(std::integer_sequence<int, G...>) {
+    return std::array<std::array<Tile<Problem>, Store::kRows>, sizeof...(G)>{
+        rows<G + 1>(std::make_integer_sequence<int, Store::kRows>{})...};
+  }
+  static Tile<Problem> get(int r, int g) {
+    static const auto TABLE = table(std::make_integer_sequence<int, Store::kGroups>{});
+    return TABLE[g - 1][r - 1];
+  }
+};
+
+// Rows [r0, r1) by column panels [p0, p1) of Store::kGroups groups: each panel of weights stays
+// in cache while the rows' register tiles stream past it.
+template <class Problem, class Store, class Make>
+void block(const Problem& p, int64_t groups, int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
+  for (int64_t panel = p0; panel < p1; ++panel) {
+    const int64_t g0 = panel * Store::kGroups;
+    const int g = int(std::min<int64_t>(Store::kGroups, groups - g0));
+    for (int64_t r = r0; r < r1; r += Store::kRows) {
+      const int rows = int(std::min<int64_t>(Store::kRows, r1 - r));
+      Tiles<Problem, Store, Make>::get(rows, g)(p, r, g0);
+    }
+  }
+}
+
+// All m rows by `groups` groups: rows in blocks of about `block_bytes` of activations
+// (`row_bytes` a row, at most `max_tiles` tiles high), beside one weight panel in L2; small
+// batches split the columns too, so every thread has work.
+template <class Problem, class Store, class Make>
+void run(const Problem& p, int64_t m, int64_t groups, int64_t row_bytes, int64_t block_bytes,
+         int64_t max_tiles) {
+  const int64_t panels = (groups + Store::kGroups - 1) / Store::kGroups;
+  const int64_t block_rows = std::clamp<int64_t>(
+      (block_bytes / row_bytes) / Store::kRows * Store::kRows, Store::kRows,
+      max_tiles * Store::kRows);
+  const int64_t row_blocks = (m + block_rows - 1) / block_rows;
+  const int64_t wanted = 4 * native_cpu::thread_count();
+  const int64_t splits = std::clamp<int64_t>((wanted + row_blocks - 1) / row_blocks, 1, panels);
+  native_cpu::parallel_for(int(row_blocks * splits), [&](int item) {
+    const int64_t rb = item / splits, s = item % splits;
+    const int64_t r0 = rb * block_rows, r1 = std::min(m, r0 + block_rows);
+    block<Problem, Store, Make>(p, groups, r0, r1, s * panels / splits,
+                                (s + 1) * panels / splits);
+  });
+}
+
+}  // namespace dense_tiles
