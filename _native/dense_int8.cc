@@ -6,8 +6,9 @@
 // dot product), with f32 column scales [L, N]. The activations are quantised per row block on
 // the fly; each block's sums are exact in int32, then weighted by the block's scale in f32. The
 // weights' +128 adds `128 * sum(q_x)` of a block to every column of the row, which is taken
-// back from the block's int32 sums. The gated form computes a SwiGLU MLP's bf16(silu(a @ W_gate) * (a @ W_up)) from
-// gate and up packed with their 16-column groups interleaved.
+// back from the block's int32 sums. The gated form computes a SwiGLU MLP's
+// bf16(silu(a @ W_gate) * (a @ W_up)) from gate and up packed with their 16-column groups
+// interleaved.
 //
 // Builds: AVX512-VNNI (512-bit), AVX-VNNI (256-bit) and AVX2 (256-bit, the dot product emulated
 // exactly); the widest the CPU runs is used unless `set_isa` says otherwise. All give the same
