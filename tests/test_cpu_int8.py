@@ -7,10 +7,13 @@ import numpy as np
 import pytest
 import trio
 
+from api.app import create_app
+from api.settings import settings_from_env
 from engine import EngineConfig, load_model, open_engine
 from engine.errors import InvalidInput
 from kernels import cpu, quant, select_dense
 from kernels.dense import Int8, Int8Packed
+from tests.test_api_support import serving, tiny_env
 from tests.test_quant import f32_quantize_rows, f64_int8_matmul
 
 pytestmark = pytest.mark.skipif(not cpu.INT8_AVAILABLE, reason="needs the native int8 kernel")
@@ -222,3 +225,19 @@ def test_the_engine_in_int8_scores_like_the_offline_model(tiny_checkpoints):
     # K/V read from the bf16 pool round differently from the batch's (as in bf16 mode, where the
     # same request moves by 0.0075 here), and int8's rounding of activations magnifies that
     assert np.abs(np.log(second.scores) - np.log(want)).max() < 0.1
+
+
+def test_the_service_in_int8(tiny_checkpoints):
+    path = tiny_checkpoints["llama-untied"]
+    body = {"query": [5, 6, 7, 8] * 5, "items": [[9, 10], [11] * 30], "label_token_ids": [1, 2]}
+    want = load_model(path, dtype="int8", progress=False).score(
+        body["query"], body["items"], body["label_token_ids"]
+    )
+    app = create_app(settings_from_env(tiny_env(path, SCORING_DTYPE="int8")))
+    for client in serving(app, "asyncio"):
+        assert client.get("/get_model_info").json()["dtype"] == "int8"
+        r = client.post("/v1/score", json=body)
+        assert r.status_code == 200, r.text
+        np.testing.assert_allclose(r.json()["scores"], want, rtol=1e-5)
+        r = client.get("/get_server_info?roofline=1")
+        assert r.status_code == 400 and "this is int8" in r.json()["error"]["message"]
