@@ -39,7 +39,7 @@ def operands(rng, m, k, n, layers=1):
     return x, q, scale
 
 
-# rows cover every register-tile height of both widths (1..8 at 512 bits, 1..2 at 256) and
+# rows cover every register-tile height of both widths (1..4 at 512 bits, 1..2 at 256) and
 # several tiles and row blocks; columns every panel width (1..3 groups of 16 at 512 bits) and
 # several panels; K from one quad, through K that ends inside a vector (100, 132) and inside an
 # activation block (576), to a model's intermediate size
