@@ -140,7 +140,7 @@ def summary(report: dict) -> str:
 
 def chart(report: dict, png) -> None:
     bars = {
-        f"{name} {'engine ' if not m.startswith('transformers') else ''}{m}": s["items_per_s"]
+        f"{m if m.startswith('transformers') else 'engine ' + m} {name.upper()}": s["items_per_s"]
         for name, r in report["workloads"].items()
         for m, s in r["sides"].items()
     }
