@@ -104,6 +104,9 @@ def _scaling(options: RayOptions, token_budget: int) -> dict:
         upscale_delay_s=options.upscale_delay_s,
         downscale_delay_s=options.downscale_delay_s,
         look_back_period_s=options.look_back_period_s,
+        # Ray wants a few figures per look-back window (a shorter window than its default
+        # interval is refused by newer releases)
+        metrics_interval_s=min(10.0, options.look_back_period_s / 2),
         policy=policy,
     )
     return {"autoscaling_config": config}
