@@ -154,7 +154,8 @@ std::string check(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w, const ffi::A
     return "scale has shape " + dims(scale) + " for w of " + dims(w);
   const int64_t columns = gated ? wd[1] * 8 : wd[1] * 16;
   if (od.size() != 2 || od[0] != ad[0] || od[1] != columns) return "out has shape " + dims(out);
-  if (block < 4 || block % 4 != 0) return "block " + std::to_string(block) + " is not 4 k";
+  if (block < 4 || block % 4 != 0)
+    return "block " + std::to_string(block) + " is not a positive multiple of 4";
   if (layer.element_count() != 1) return "layer must be a scalar";
   const int32_t index = layer.typed_data()[0];
   if (index < 0 || index >= wd[0])

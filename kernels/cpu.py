@@ -233,6 +233,15 @@ def pack_int8_gated(q_gate, q_up) -> np.ndarray:
     return out.reshape(*lead, 2 * (i // 16), k // 4, 64)
 
 
+def interleave_int8_scales(scale_gate, scale_up) -> np.ndarray:
+    """Gate and up column scales [..., I] as `gated_int8` takes them, f32 [..., 2I]: their
+    16-column groups interleaved as `pack_int8_gated` interleaves the weights."""
+    gate, up = np.asarray(scale_gate, np.float32), np.asarray(scale_up, np.float32)
+    *lead, i = gate.shape
+    pairs = np.stack([gate.reshape(*lead, i // 16, 16), up.reshape(*lead, i // 16, 16)], -2)
+    return pairs.reshape(*lead, 2 * i)
+
+
 def _pack_int8_into(out: np.ndarray, q: np.ndarray) -> None:
     """`q` [..., K, N] plus 128 written to `out` [..., N/16, K/4, 16, 4]."""
     *lead, k, n = q.shape
@@ -259,7 +268,7 @@ def dense_int8(
 def gated_int8(
     x: jax.Array,  # [M, K], cast to bf16
     w: jax.Array,  # u8[L, 2I/16, K/4, 64] from `pack_int8_gated`
-    scale: jax.Array,  # f32[L, 2I]: gate and up scales, 16-column groups interleaved
+    scale: jax.Array,  # f32[L, 2I] from `interleave_int8_scales`
     layer: jax.Array,  # i32[]
     block: int = ACT_BLOCK,
 ) -> jax.Array:  # bf16[M, I]

@@ -186,9 +186,8 @@ def _vnni_prepare_gated(gate, up, dtype) -> Int8Packed | Int8:
     if not cpu.int8_supports(*gate.shape[-2:]):
         return _int8_prepare_gated(gate, up, dtype)
     (qg, sg), (qu, su) = quant.quantize_columns(gate), quant.quantize_columns(up)
-    scale = np.stack([sg.reshape(*sg.shape[:-1], -1, 16), su.reshape(*su.shape[:-1], -1, 16)], -2)
     packed = cpu.pack_int8_gated(qg, qu)
-    return Int8Packed(jax.device_put(packed), to_device(scale.reshape(*sg.shape[:-1], -1)))
+    return Int8Packed(jax.device_put(packed), to_device(cpu.interleave_int8_scales(sg, su)))
 
 
 def _vnni_gated(x: jax.Array, w: Int8Packed | Int8, layer: jax.Array) -> jax.Array:

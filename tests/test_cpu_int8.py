@@ -78,7 +78,7 @@ def test_gated_equals_silu_gate_times_up(isa, m, k, i):
     rng = np.random.default_rng(m + k + i)
     x = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
     (qg, sg), (qu, su) = (quant.quantize_columns(rng.standard_normal((2, k, i))) for _ in "gu")
-    scale = np.stack([sg.reshape(2, -1, 16), su.reshape(2, -1, 16)], axis=-2).reshape(2, -1)
+    scale = cpu.interleave_int8_scales(sg, su)
     out = jax.jit(cpu.gated_int8)(x, jnp.asarray(cpu.pack_int8_gated(qg, qu)), scale, 1)
     assert out.shape == (m, i) and out.dtype == jnp.bfloat16
     xf = np.asarray(x, np.float32)
@@ -155,7 +155,7 @@ def test_unsupported_shapes_and_layers_are_refused():
         native(x, w, scale, 2).block_until_ready()
     with pytest.raises(Exception, match=r"scale has shape \[2, 16\]"):
         native(x, w, scale[:, :16], 0).block_until_ready()
-    with pytest.raises(Exception, match="block 6 is not 4 k"):
+    with pytest.raises(Exception, match="block 6 is not a positive multiple of 4"):
         jax.jit(lambda x: cpu.dense_int8(x, w, scale, 0, block=6))(x).block_until_ready()
     with pytest.raises(ValueError, match="do not take x"):
         cpu.gated_int8(x, w[:, :1], scale, 0)
