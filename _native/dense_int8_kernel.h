@@ -43,6 +43,10 @@ inline VI dot(VI acc, VI w, VI x) {
   return acc;
 }
 inline float hmax(VF v) { return _mm512_reduce_max_ps(v); }
+// rounded to the nearest integer, ties to even, whatever the rounding mode
+inline VI to_nearest_i(VF v) {
+  return _mm512_cvt_roundps_epi32(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
 inline int32_t hsum(VI v) { return _mm512_reduce_add_epi32(v); }
 // 16 bf16 values (raw 16-bit words) as f32
 inline VF load_bf16(const uint16_t* p) {
@@ -101,6 +105,7 @@ inline VI dot(VI acc, VI w, VI x) {
   return _mm256_add_epi32(acc, _mm256_madd_epi16(odd_w, odd_x));
 }
 #endif
+inline VI to_nearest_i(VF v) { return to_i(round_even(v)); }
 inline float hmax(VF v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
@@ -137,34 +142,110 @@ inline float bf16_to_f32(uint16_t h) {
   return f;
 }
 
-// Row `row` of a, quantised block by block into q, with each block's scale and offset.
-inline void quantize_row(const Problem& p, int64_t row) {
+
+// Lanes v quantised by `inverse` into q, their sum added to `sum`.
+inline void quantize_vec(VF v, VF inverse, int8_t* q, VI& sum) {
+  const VI qi = to_nearest_i(mul_f(v, inverse));
+  store_i8(q, qi);
+  sum = add_i(sum, qi);
+}
+
+// The block's scale and offset from its largest magnitude and the sum of its q.
+inline void block_stats(const Problem& p, int64_t row, int64_t b, float amax, int32_t sum) {
+  p.scales[row * p.blocks + b] = amax > 0 ? amax * (1.0f / 127.0f) : 1.0f;
+  p.offsets[row * p.blocks + b] = 128 * sum;  // what the weights' +128 adds to the block
+}
+
+inline float inverse_of(float amax) { return amax > 0 ? 127.0f / amax : 0.0f; }
+
+// The largest magnitude of 128 bf16 values (at 512 bits: their bits less the sign, compared as
+// 16-bit integers, which orders them as their values).
+#if DENSE_INT8_WIDE
+inline float held_amax(const uint16_t* x) {
+  const VI magnitude = _mm512_set1_epi16(0x7FFF);
+  VI m = and_i(load_i(x), magnitude);
+  for (int i = 1; i < 4; ++i) m = _mm512_max_epu16(m, and_i(load_i(x + 32 * i), magnitude));
+  m = _mm512_max_epu16(m, _mm512_srli_epi32(m, 16));  // each lane's two halves
+  const uint32_t top = uint32_t(_mm512_reduce_max_epi32(and_i(m, set1_i(0xFFFF))));
+  float f;
+  const uint32_t b = top << 16;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+#else
+inline float held_amax(const uint16_t* x) {
+  const VI magnitude = set1_i(0x7FFFFFFF);
+  VF vmax = zero_f();
+  for (int i = 0; i < 128 / kLanes; ++i)
+    vmax = max_f(vmax, from_bits(and_i(bits(load_bf16(x + i * kLanes)), magnitude)));
+  return hmax(vmax);
+}
+#endif
+
+// A block of exactly kHeld lanes (the usual 128): no tails, its q stored 64 at a time.
+constexpr int kHeld = 128;
+inline void quantize_held(const Problem& p, int64_t row, int64_t b) {
+  constexpr int V = kHeld / kLanes;
+  const int64_t k0 = b * p.block;
+  const uint16_t* x = p.a + row * p.k + k0;
+  const float amax = held_amax(x);
+  const VF inverse = set1_f(inverse_of(amax));
+  int8_t* q = p.q + row * p.k + k0;
+#if DENSE_INT8_WIDE
+  // 64 values a store: int32 lanes narrowed by saturating packs (exact: |q| <= 127), which
+  // interleave 128-bit lanes, put back in order by one permutation; their sum by a dot product
+  // with ones
+  const VI order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const VI ones = _mm512_set1_epi8(1);
+  VI vsum = zero_i();
+  for (int h = 0; h < V / 4; ++h) {
+    VI qi[4];
+    for (int i = 0; i < 4; ++i)
+      qi[i] = to_nearest_i(mul_f(load_bf16(x + (4 * h + i) * kLanes), inverse));
+    const VI packed = _mm512_packs_epi16(_mm512_packs_epi32(qi[0], qi[1]),
+                                         _mm512_packs_epi32(qi[2], qi[3]));
+    const VI bytes = _mm512_permutexvar_epi32(order, packed);
+    _mm512_storeu_si512(q + 64 * h, bytes);
+    vsum = dot(vsum, ones, bytes);
+  }
+#else
+  VI vsum = zero_i();
+  for (int i = 0; i < V; ++i) quantize_vec(load_bf16(x + i * kLanes), inverse, q + i * kLanes, vsum);
+#endif
+  block_stats(p, row, b, amax, hsum(vsum));
+}
+
+// Any other block: two passes over memory, the tail lane by lane.
+inline void quantize_block(const Problem& p, int64_t row, int64_t b) {
   const uint16_t* x = p.a + row * p.k;
   int8_t* q = p.q + row * p.k;
+  const int64_t k0 = b * p.block, k1 = std::min(p.k, k0 + p.block);
+  const int64_t vec_end = k0 + (k1 - k0) / kLanes * kLanes;
+  const VI magnitude = set1_i(0x7FFFFFFF);
+  VF vmax = zero_f();
+  for (int64_t k = k0; k < vec_end; k += kLanes)
+    vmax = max_f(vmax, from_bits(and_i(bits(load_bf16(x + k)), magnitude)));
+  float amax = hmax(vmax);
+  for (int64_t k = vec_end; k < k1; ++k) amax = std::max(amax, std::fabs(bf16_to_f32(x[k])));
+  const float inverse = inverse_of(amax);
+  VI vsum = zero_i();
+  for (int64_t k = k0; k < vec_end; k += kLanes)
+    quantize_vec(load_bf16(x + k), set1_f(inverse), q + k, vsum);
+  int32_t sum = hsum(vsum);
+  for (int64_t k = vec_end; k < k1; ++k) {
+    q[k] = int8_t(std::nearbyint(bf16_to_f32(x[k]) * inverse));
+    sum += q[k];
+  }
+  block_stats(p, row, b, amax, sum);
+}
+
+// Row `row` of a, quantised block by block into q, with each block's scale and offset.
+inline void quantize_row(const Problem& p, int64_t row) {
   for (int64_t b = 0; b < p.blocks; ++b) {
-    const int64_t k0 = b * p.block, k1 = std::min(p.k, k0 + p.block);
-    const int64_t vec_end = k0 + (k1 - k0) / kLanes * kLanes;
-    const VI magnitude = set1_i(0x7FFFFFFF);
-    VF vmax = zero_f();
-    for (int64_t k = k0; k < vec_end; k += kLanes)
-      vmax = max_f(vmax, from_bits(and_i(bits(load_bf16(x + k)), magnitude)));
-    float amax = hmax(vmax);
-    for (int64_t k = vec_end; k < k1; ++k) amax = std::max(amax, std::fabs(bf16_to_f32(x[k])));
-    const float inverse = amax > 0 ? 127.0f / amax : 0.0f;
-    const VF vinv = set1_f(inverse);
-    VI vsum = zero_i();
-    for (int64_t k = k0; k < vec_end; k += kLanes) {
-      const VI qi = to_i(round_even(mul_f(load_bf16(x + k), vinv)));
-      store_i8(q + k, qi);
-      vsum = add_i(vsum, qi);
-    }
-    int32_t sum = hsum(vsum);
-    for (int64_t k = vec_end; k < k1; ++k) {
-      q[k] = int8_t(std::nearbyint(bf16_to_f32(x[k]) * inverse));
-      sum += q[k];
-    }
-    p.scales[row * p.blocks + b] = amax > 0 ? amax * (1.0f / 127.0f) : 1.0f;
-    p.offsets[row * p.blocks + b] = 128 * sum;  // what the weights' +128 adds to the block
+    if (p.block == kHeld && (b + 1) * kHeld <= p.k)
+      quantize_held(p, row, b);
+    else
+      quantize_block(p, row, b);
   }
 }
 
@@ -187,9 +268,7 @@ inline void store_bf16(uint16_t* p, VF v) {
   store_u16(p, shr_i(add_i(b, add_i(set1_i(0x7FFF), odd)), 16));
 }
 
-// Writes the f32 results: groups g of a row go to columns 16 g. 4 x 3 at 512 bits: the int32
-// sums and their f32 totals (24 registers) stay in registers with the weights and the broadcast
-// (8 x 3 with the totals on the stack ran ~10% slower).
+// Writes the f32 results: groups g of a row go to columns 16 g.
 struct StoreF32 {
   static constexpr int kRows = DENSE_INT8_WIDE ? 4 : 2, kGroups = DENSE_INT8_WIDE ? 3 : 1;
   template <int G>
@@ -219,14 +298,13 @@ struct StoreGated {
 typedef int32_t __attribute__((may_alias)) Quad;  // four int8 values read as one lane
 
 // Rows [row, row + R) by the G column groups starting at `group`: int32 sums per activation
-// block (less the block's offset), weighted by the block's scale into f32, then by the column
-// scales.
+// block (less the block's offset), weighted by the block's scale into f32 totals, then by the
+// column scales. The totals live in memory, touched once a block: with them in registers GCC
+// ran out and copied accumulators around the dot products (5-10% slower).
 template <class Store, int R, int G>
 void tile(const Problem& p, int64_t row, int64_t group) {
   constexpr int J = G * kVecs;
-  VF sums[R][J];
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < J; ++j) sums[r][j] = zero_f();
+  alignas(64) float totals[R][J][kLanes];
   const int64_t quads = p.k / 4, stride = quads * 64;
   const uint8_t* w = p.w + group * stride;
   for (int64_t b = 0; b < p.blocks; ++b) {
@@ -247,14 +325,17 @@ void tile(const Problem& p, int64_t row, int64_t group) {
     for (int r = 0; r < R; ++r) {
       const VF s = set1_f(p.scales[(row + r) * p.blocks + b]);
       const VI offset = set1_i(p.offsets[(row + r) * p.blocks + b]);
-      for (int j = 0; j < J; ++j)
-        sums[r][j] = fmadd(to_f(sub_i(acc[r][j], offset)), s, sums[r][j]);
+      for (int j = 0; j < J; ++j) {
+        const VF part = to_f(sub_i(acc[r][j], offset));
+        store_f(totals[r][j], b == 0 ? mul_f(part, s) : fmadd(part, s, load_f(totals[r][j])));
+      }
     }
   }
   for (int r = 0; r < R; ++r) {
+    VF sums[J];
     for (int j = 0; j < J; ++j)
-      sums[r][j] = mul_f(sums[r][j], load_f(p.wscale + group * 16 + j * kLanes));
-    Store::template row<G>(sums[r], p.out, p.n, row + r, group);
+      sums[j] = mul_f(load_f(totals[r][j]), load_f(p.wscale + group * 16 + j * kLanes));
+    Store::template row<G>(sums, p.out, p.n, row + r, group);
   }
 }
 
