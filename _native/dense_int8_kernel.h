@@ -349,11 +349,9 @@ struct Make {
 
 template <class Store>
 void run(const Problem& p) {
-  constexpr int64_t kQuantRows = 16;  // rows quantised per work item
-  native_cpu::parallel_for(int((p.m + kQuantRows - 1) / kQuantRows), [&](int item) {
-    const int64_t r1 = std::min(p.m, (item + 1) * kQuantRows);
-    for (int64_t r = item * kQuantRows; r < r1; ++r) quantize_row(p, r);
-  });
-  // about 128 KiB of int8 activations per row block
-  dense_tiles::run<Problem, Store, Make<Store>>(p, p.m, p.n / 16, p.k, 128 * 1024, 128);
+  // about 128 KiB of int8 activations per row block, each row quantised just before its tiles
+  dense_tiles::run<Problem, Store, Make<Store>>(
+      p, p.m, p.n / 16, p.k, 128 * 1024, 128, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) quantize_row(p, r);
+      });
 }

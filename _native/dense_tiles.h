@@ -52,10 +52,12 @@ void block(const Problem& p, int64_t groups, int64_t r0, int64_t r1, int64_t p0,
 
 // All m rows by `groups` groups: rows in blocks of about `block_bytes` of activations
 // (`row_bytes` a row, at most `max_tiles` tiles high), beside one weight panel in L2; small
-// batches split the columns too, so every thread has work.
-template <class Problem, class Store, class Make>
+// batches split the columns too, so every thread has work. `prepare(r0, r1)` readies rows
+// [r0, r1) before any tile reads them: inside each row block's work item, while its rows are
+// in cache, when the columns are not split; in a pass of its own before the tiles when they are.
+template <class Problem, class Store, class Make, class Prepare>
 void run(const Problem& p, int64_t m, int64_t groups, int64_t row_bytes, int64_t block_bytes,
-         int64_t max_tiles) {
+         int64_t max_tiles, const Prepare& prepare) {
   const int64_t panels = (groups + Store::kGroups - 1) / Store::kGroups;
   const int64_t block_rows = std::clamp<int64_t>(
       (block_bytes / row_bytes) / Store::kRows * Store::kRows, Store::kRows,
@@ -63,12 +65,27 @@ void run(const Problem& p, int64_t m, int64_t groups, int64_t row_bytes, int64_t
   const int64_t row_blocks = (m + block_rows - 1) / block_rows;
   const int64_t wanted = 4 * native_cpu::thread_count();
   const int64_t splits = std::clamp<int64_t>((wanted + row_blocks - 1) / row_blocks, 1, panels);
+  if (splits > 1) {
+    constexpr int64_t kRowsPerItem = 16;
+    native_cpu::parallel_for(int((m + kRowsPerItem - 1) / kRowsPerItem), [&](int item) {
+      prepare(item * kRowsPerItem, std::min(m, (item + 1) * kRowsPerItem));
+    });
+  }
   native_cpu::parallel_for(int(row_blocks * splits), [&](int item) {
     const int64_t rb = item / splits, s = item % splits;
     const int64_t r0 = rb * block_rows, r1 = std::min(m, r0 + block_rows);
+    if (splits == 1) prepare(r0, r1);
     block<Problem, Store, Make>(p, groups, r0, r1, s * panels / splits,
                                 (s + 1) * panels / splits);
   });
+}
+
+// `run` with rows that need no preparing.
+template <class Problem, class Store, class Make>
+void run(const Problem& p, int64_t m, int64_t groups, int64_t row_bytes, int64_t block_bytes,
+         int64_t max_tiles) {
+  run<Problem, Store, Make>(p, m, groups, row_bytes, block_bytes, max_tiles,
+                            [](int64_t, int64_t) {});
 }
 
 }  // namespace dense_tiles
