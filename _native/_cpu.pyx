@@ -17,6 +17,7 @@ cdef extern from "dense.h":
     void* packed_dense_handler()
     void* packed_gated_handler()
     int packed_dense_supported()
+    long long packed_dense_stream_bytes()
 
 
 cdef extern from "dense_int8.h":
@@ -49,6 +50,11 @@ def gated_handler():
 def dense_supported():
     """Whether this CPU runs the dense kernel (it needs AVX512-BF16)."""
     return bool(packed_dense_supported())
+
+
+def stream_bytes():
+    """The size (bytes) from which the dense kernels stream an f32 output past the caches."""
+    return packed_dense_stream_bytes()
 
 
 def set_threads(int threads):

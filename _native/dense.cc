@@ -35,6 +35,7 @@ struct Problem {
   const uint16_t* a;  // [m, k]
   const uint16_t* w;  // [n / 16, k / 2, 32]
   void* out;          // f32[m, n], or bf16[m, n / 2] when gated
+  bool stream;        // f32 out written with streaming stores (dense_tiles::streams)
 };
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -48,9 +49,11 @@ typedef int32_t __attribute__((may_alias)) Pair;  // two bf16 values read as one
 struct StoreF32 {
   static constexpr int kRows = 8, kGroups = 3;  // 24 accumulators
   template <int G>
-  static void row(const __m512* acc, void* out, int64_t ld, int64_t row, int64_t group) {
+  static void row(const __m512* acc, void* out, int64_t ld, int64_t row, int64_t group,
+                  bool stream) {
     float* o = static_cast<float*>(out) + row * ld + group * 16;
-    for (int g = 0; g < G; ++g) _mm512_storeu_ps(o + g * 16, acc[g]);
+    for (int g = 0; g < G; ++g)
+      stream ? _mm512_stream_ps(o + g * 16, acc[g]) : _mm512_storeu_ps(o + g * 16, acc[g]);
   }
 };
 
@@ -72,7 +75,7 @@ inline __m512 exp_ps(__m512 x) {
 struct StoreGated {
   static constexpr int kRows = 6, kGroups = 4;  // 24 accumulators, two output groups
   template <int G>
-  static void row(const __m512* acc, void* out, int64_t ld, int64_t row, int64_t group) {
+  static void row(const __m512* acc, void* out, int64_t ld, int64_t row, int64_t group, bool) {
     uint16_t* o = static_cast<uint16_t*>(out) + row * (ld / 2) + group / 2 * 16;
     for (int g = 0; g + 1 < G; g += 2) {
       const __m512 gate = acc[g], up = acc[g + 1];
@@ -103,7 +106,8 @@ void tile(const Problem& p, int64_t row, int64_t group) {
       for (int g = 0; g < G; ++g) acc[r][g] = _mm512_dpbf16_ps(acc[r][g], x, b[g]);
     }
   }
-  for (int r = 0; r < R; ++r) Store::template row<G>(acc[r], p.out, p.n, row + r, group);
+  for (int r = 0; r < R; ++r)
+    Store::template row<G>(acc[r], p.out, p.n, row + r, group, p.stream);
 }
 
 template <class Store>
@@ -171,7 +175,8 @@ ffi::Error Dense(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::Buffer<ffi::S32> layer
   const int64_t per_layer = wd[1] * wd[2] * wd[3];
   Problem p{ad[0], wd[1] * 16, ad[1], static_cast<const uint16_t*>(a.untyped_data()),
             static_cast<const uint16_t*>(w.untyped_data()) + layer.typed_data()[0] * per_layer,
-            out->untyped_data()};
+            out->untyped_data(),
+            !kGated && dense_tiles::streams(out->untyped_data(), ad[0] * wd[1] * 16 * 4)};
   if (kGated) {
     run<StoreGated>(p);
   } else {
@@ -201,3 +206,5 @@ void* packed_dense_handler() { return reinterpret_cast<void*>(&PackedDenseHandle
 void* packed_gated_handler() { return reinterpret_cast<void*>(&PackedGatedHandler); }
 
 int packed_dense_supported() { return packed_dense::cpu_supported(); }
+
+long long packed_dense_stream_bytes() { return dense_tiles::kStreamBytes; }

@@ -9,3 +9,6 @@ void* packed_gated_handler();
 
 // Whether this CPU runs the kernel (it needs AVX512-BF16).
 int packed_dense_supported();
+
+// The size from which the kernels write an f32 output with streaming stores (bytes).
+long long packed_dense_stream_bytes();

@@ -47,6 +47,7 @@ struct Problem {
   float* scales;         // [m, blocks]: their scales
   int32_t* offsets;      // [m, blocks]: 128 * the sum of the block's q
   void* out;             // f32[m, n], or bf16[m, n / 2] when gated
+  bool stream;           // f32 out written with streaming stores (dense_tiles::streams)
 };
 
 enum Isa { kAvx2 = 0, kAvxVnni = 1, kAvx512Vnni = 2 };
@@ -195,7 +196,8 @@ ffi::Error Dense(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::AnyBuffer scale,
             scratch.q.data(),
             scratch.scales.data(),
             scratch.offsets.data(),
-            out->untyped_data()};
+            out->untyped_data(),
+            !kGated && dense_tiles::streams(out->untyped_data(), m * n * 4)};
   run<kGated>(p);
   return ffi::Error::Success();
 }

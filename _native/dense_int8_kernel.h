@@ -17,6 +17,7 @@ inline VF set1_f(float x) { return _mm512_set1_ps(x); }
 inline VI load_i(const void* p) { return _mm512_loadu_si512(p); }
 inline VF load_f(const float* p) { return _mm512_loadu_ps(p); }
 inline void store_f(float* p, VF v) { _mm512_storeu_ps(p, v); }
+inline void stream_f(float* p, VF v) { _mm512_stream_ps(p, v); }  // p 64-byte aligned
 inline VI add_i(VI a, VI b) { return _mm512_add_epi32(a, b); }
 inline VI sub_i(VI a, VI b) { return _mm512_sub_epi32(a, b); }
 inline VI and_i(VI a, VI b) { return _mm512_and_si512(a, b); }
@@ -69,6 +70,7 @@ inline VF set1_f(float x) { return _mm256_set1_ps(x); }
 inline VI load_i(const void* p) { return _mm256_loadu_si256((const __m256i*)p); }
 inline VF load_f(const float* p) { return _mm256_loadu_ps(p); }
 inline void store_f(float* p, VF v) { _mm256_storeu_ps(p, v); }
+inline void stream_f(float* p, VF v) { _mm256_stream_ps(p, v); }  // p 32-byte aligned
 inline VI add_i(VI a, VI b) { return _mm256_add_epi32(a, b); }
 inline VI sub_i(VI a, VI b) { return _mm256_sub_epi32(a, b); }
 inline VI and_i(VI a, VI b) { return _mm256_and_si256(a, b); }
@@ -272,9 +274,10 @@ inline void store_bf16(uint16_t* p, VF v) {
 struct StoreF32 {
   static constexpr int kRows = DENSE_INT8_WIDE ? 4 : 2, kGroups = DENSE_INT8_WIDE ? 3 : 1;
   template <int G>
-  static void row(const VF* acc, void* out, int64_t ld, int64_t row, int64_t group) {
+  static void row(const VF* acc, void* out, int64_t ld, int64_t row, int64_t group, bool stream) {
     float* o = static_cast<float*>(out) + row * ld + group * 16;
-    for (int j = 0; j < G * kVecs; ++j) store_f(o + j * kLanes, acc[j]);
+    for (int j = 0; j < G * kVecs; ++j)
+      stream ? stream_f(o + j * kLanes, acc[j]) : store_f(o + j * kLanes, acc[j]);
   }
 };
 
@@ -283,7 +286,7 @@ struct StoreF32 {
 struct StoreGated {
   static constexpr int kRows = DENSE_INT8_WIDE ? 3 : 1, kGroups = DENSE_INT8_WIDE ? 4 : 2;
   template <int G>
-  static void row(const VF* acc, void* out, int64_t ld, int64_t row, int64_t group) {
+  static void row(const VF* acc, void* out, int64_t ld, int64_t row, int64_t group, bool) {
     uint16_t* o = static_cast<uint16_t*>(out) + row * (ld / 2) + group / 2 * 16;
     for (int g = 0; g + 1 < G; g += 2) {
       for (int v = 0; v < kVecs; ++v) {
@@ -335,7 +338,7 @@ void tile(const Problem& p, int64_t row, int64_t group) {
     VF sums[J];
     for (int j = 0; j < J; ++j)
       sums[j] = mul_f(load_f(totals[r][j]), load_f(p.wscale + group * 16 + j * kLanes));
-    Store::template row<G>(sums, p.out, p.n, row + r, group);
+    Store::template row<G>(sums, p.out, p.n, row + r, group, p.stream);
   }
 }
 

@@ -12,8 +12,21 @@
 #include <utility>
 
 #include "cpu_pool.h"
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace dense_tiles {
+
+// f32 outputs at least this large are written with streaming stores, past the caches: they
+// cannot stay cached for their reader anyway, and an ordinary store first reads every line it
+// writes from memory (measured: the int8 kernel 5-7% faster at 11,264 x 576 and x 960).
+constexpr int64_t kStreamBytes = int64_t(16) << 20;
+
+// Whether an f32 output of `bytes` at `out` (rows of 16-float groups) is streamed.
+inline bool streams(const void* out, int64_t bytes) {
+  return bytes >= kStreamBytes && (reinterpret_cast<uintptr_t>(out) & 63) == 0;
+}
 
 template <class Problem>
 using Tile = void (*)(const Problem&, int64_t, int64_t);
@@ -77,6 +90,9 @@ void run(const Problem& p, int64_t m, int64_t groups, int64_t row_bytes, int64_t
     if (splits == 1) prepare(r0, r1);
     block<Problem, Store, Make>(p, groups, r0, r1, s * panels / splits,
                                 (s + 1) * panels / splits);
+#if defined(__x86_64__)
+    _mm_sfence();  // streamed stores land before the item counts as done
+#endif
   });
 }
 

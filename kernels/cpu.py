@@ -111,6 +111,9 @@ def attention_cpu(
 
 
 DENSE_TARGET, GATED_TARGET = "packed_dense", "packed_gated"
+# f32 outputs of at least this many bytes are written with streaming stores by the dense and
+# int8 kernels (past the caches, which could not keep them for their reader anyway)
+STREAM_BYTES = _cpu.stream_bytes() if AVAILABLE else 0
 DENSE_AVAILABLE = AVAILABLE and _cpu.dense_supported()
 if DENSE_AVAILABLE:
     jax.ffi.register_ffi_target(DENSE_TARGET, _cpu.dense_handler(), platform="cpu")

@@ -102,6 +102,19 @@ def test_thread_count_does_not_change_results():
     np.testing.assert_array_equal(every, one)
 
 
+def test_outputs_past_the_stream_size_are_the_same():
+    # 8192 x 512 f32 is 16 MiB: the kernel writes it with streaming stores; each half is
+    # written as usual
+    rng = np.random.default_rng(8)
+    x, w = bf16(rng, 8192, 32), bf16(rng, 1, 32, 512)
+    assert 8192 * 512 * 4 >= cpu.STREAM_BYTES > 4096 * 512 * 4
+    packed = jnp.asarray(cpu.pack_dense(w))
+    whole = np.asarray(native(x, packed, 0))
+    halves = [np.asarray(native(x[:4096], packed, 0)), np.asarray(native(x[4096:], packed, 0))]
+    np.testing.assert_array_equal(whole, np.concatenate(halves))
+    np.testing.assert_allclose(whole, exact(x, w[0]), rtol=1e-5, atol=1e-5)
+
+
 def test_bad_shapes_and_layers_are_refused():
     rng = np.random.default_rng(6)
     x, w = bf16(rng, 8, 64), jnp.asarray(cpu.pack_dense(bf16(rng, 2, 64, 32)))

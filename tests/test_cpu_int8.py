@@ -145,6 +145,19 @@ def test_thread_count_does_not_change_results():
     np.testing.assert_array_equal(every, one)
 
 
+def test_outputs_past_the_stream_size_are_the_same():
+    # 8192 x 512 f32 is 16 MiB: written with streaming stores; each half as usual
+    rng = np.random.default_rng(9)
+    x, q, scale = operands(rng, 8192, 64, 512)
+    assert 8192 * 512 * 4 >= cpu.STREAM_BYTES > 4096 * 512 * 4
+    w = jnp.asarray(cpu.pack_int8(q))
+    whole = np.asarray(native(x, w, scale, 0))
+    halves = [np.asarray(native(x[:4096], w, scale, 0)), np.asarray(native(x[4096:], w, scale, 0))]
+    np.testing.assert_array_equal(whole, np.concatenate(halves))
+    truth = f64_int8_matmul(np.asarray(x, np.float32), q[0], scale[0], quant.ACT_BLOCK)
+    np.testing.assert_allclose(whole, truth, rtol=0, atol=1e-6 * np.abs(truth).max())
+
+
 def test_unsupported_shapes_and_layers_are_refused():
     rng = np.random.default_rng(7)
     x, q, scale = operands(rng, 8, 64, 32, layers=2)
