@@ -144,7 +144,6 @@ inline float bf16_to_f32(uint16_t h) {
   return f;
 }
 
-
 // Lanes v quantised by `inverse` into q, their sum added to `sum`.
 inline void quantize_vec(VF v, VF inverse, int8_t* q, VI& sum) {
   const VI qi = to_nearest_i(mul_f(v, inverse));
@@ -160,9 +159,9 @@ inline void block_stats(const Problem& p, int64_t row, int64_t b, float amax, in
 
 inline float inverse_of(float amax) { return amax > 0 ? 127.0f / amax : 0.0f; }
 
-// The largest magnitude of 128 bf16 values (at 512 bits: their bits less the sign, compared as
-// 16-bit integers, which orders them as their values).
 #if DENSE_INT8_WIDE
+// The largest magnitude of 128 bf16 values: their bits less the sign, compared as 16-bit
+// integers, which orders them as their values.
 inline float held_amax(const uint16_t* x) {
   const VI magnitude = _mm512_set1_epi16(0x7FFF);
   VI m = and_i(load_i(x), magnitude);
@@ -174,33 +173,21 @@ inline float held_amax(const uint16_t* x) {
   std::memcpy(&f, &b, 4);
   return f;
 }
-#else
-inline float held_amax(const uint16_t* x) {
-  const VI magnitude = set1_i(0x7FFFFFFF);
-  VF vmax = zero_f();
-  for (int i = 0; i < 128 / kLanes; ++i)
-    vmax = max_f(vmax, from_bits(and_i(bits(load_bf16(x + i * kLanes)), magnitude)));
-  return hmax(vmax);
-}
-#endif
 
-// A block of exactly kHeld lanes (the usual 128): no tails, its q stored 64 at a time.
+// A block of exactly kHeld lanes (the usual 128) at 512 bits: no tails, its q stored 64 at a
+// time, narrowed by saturating packs (exact: |q| <= 127), which interleave 128-bit lanes, put
+// back in order by one permutation; their sum by a dot product with ones.
 constexpr int kHeld = 128;
 inline void quantize_held(const Problem& p, int64_t row, int64_t b) {
-  constexpr int V = kHeld / kLanes;
   const int64_t k0 = b * p.block;
   const uint16_t* x = p.a + row * p.k + k0;
   const float amax = held_amax(x);
   const VF inverse = set1_f(inverse_of(amax));
   int8_t* q = p.q + row * p.k + k0;
-#if DENSE_INT8_WIDE
-  // 64 values a store: int32 lanes narrowed by saturating packs (exact: |q| <= 127), which
-  // interleave 128-bit lanes, put back in order by one permutation; their sum by a dot product
-  // with ones
   const VI order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   const VI ones = _mm512_set1_epi8(1);
   VI vsum = zero_i();
-  for (int h = 0; h < V / 4; ++h) {
+  for (int h = 0; h < kHeld / 64; ++h) {
     VI qi[4];
     for (int i = 0; i < 4; ++i)
       qi[i] = to_nearest_i(mul_f(load_bf16(x + (4 * h + i) * kLanes), inverse));
@@ -210,14 +197,11 @@ inline void quantize_held(const Problem& p, int64_t row, int64_t b) {
     _mm512_storeu_si512(q + 64 * h, bytes);
     vsum = dot(vsum, ones, bytes);
   }
-#else
-  VI vsum = zero_i();
-  for (int i = 0; i < V; ++i) quantize_vec(load_bf16(x + i * kLanes), inverse, q + i * kLanes, vsum);
-#endif
   block_stats(p, row, b, amax, hsum(vsum));
 }
+#endif
 
-// Any other block: two passes over memory, the tail lane by lane.
+// Any block: two passes over memory, the tail lane by lane.
 inline void quantize_block(const Problem& p, int64_t row, int64_t b) {
   const uint16_t* x = p.a + row * p.k;
   int8_t* q = p.q + row * p.k;
@@ -244,10 +228,13 @@ inline void quantize_block(const Problem& p, int64_t row, int64_t b) {
 // Row `row` of a, quantised block by block into q, with each block's scale and offset.
 inline void quantize_row(const Problem& p, int64_t row) {
   for (int64_t b = 0; b < p.blocks; ++b) {
-    if (p.block == kHeld && (b + 1) * kHeld <= p.k)
+#if DENSE_INT8_WIDE
+    if (p.block == kHeld && (b + 1) * kHeld <= p.k) {
       quantize_held(p, row, b);
-    else
-      quantize_block(p, row, b);
+      continue;
+    }
+#endif
+    quantize_block(p, row, b);
   }
 }
 
