@@ -62,12 +62,15 @@ def create_app(settings: Settings | None = None) -> Starlette:
 
 
 def _configure_logging(level: str) -> None:
-    # only when nothing else (the server, pytest) has set up logging, so lines are not doubled
-    log.setLevel(level.upper())
-    if not log.hasHandlers():
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        log.addHandler(handler)
+    # the server's lines and the engine's (its start-up choices); a handler only when nothing
+    # else (the server, pytest) has set up logging, so lines are not doubled
+    for logger in (log, logging.getLogger("engine")):
+        logger.setLevel(level.upper())
+        if not logger.hasHandlers():
+            handler = logging.StreamHandler(sys.stderr)
+            form = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+            handler.setFormatter(logging.Formatter(form))
+            logger.addHandler(handler)
 
 
 app = create_app()

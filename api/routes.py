@@ -122,6 +122,7 @@ async def server_info(service: Service, request: Request) -> Response:
         buckets=schemas.BucketGrid(**engine.buckets._asdict()) if engine else None,
         kv_bytes_per_token=engine.program.kv_bytes_per_token if engine else None,
         kv_pool=_kv_pool(engine) if engine else None,
+        dense=engine.program.dense_choice if engine else None,
         plan=_plan(engine) if engine else None,
         roofline=roofline,
         max_sequence_tokens=engine.max_sequence_tokens if engine else None,

@@ -10,7 +10,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from api.settings import ServerConfig
-from engine import EngineConfig, EngineStats
+from engine import DenseChoice, EngineConfig, EngineStats
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 
@@ -256,6 +256,9 @@ class ServerInfo(msgspec.Struct, kw_only=True):
     buckets: BucketGrid | None
     kv_bytes_per_token: int | None
     kv_pool: KVPool | None
+    # the measured dense strategy's choice per weight shape and each candidate's GFLOP/s on this
+    # machine (null for a forced `dense`, and off the CPU)
+    dense: DenseChoice | None
     # per device kind ("cpu" is this host; h100, h200, tpu-v5e, tpu-v6e): `python -m engine.plan`
     plan: dict[str, DevicePlan] | None
     # with `?roofline=1`: the whole `python -m engine.plan` report of the loaded model, W1/W2

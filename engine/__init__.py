@@ -19,12 +19,13 @@ from engine.errors import (
 )
 from engine.loaders import Checkpoint, CheckpointError, default_model_path, load_checkpoint
 from engine.messages import Timings
-from engine.program import DeviceProgram
+from engine.program import DenseChoice, DeviceProgram
 from engine.scoring import ScoringModel, load_model
 
 __all__ = [
     "Checkpoint",
     "CheckpointError",
+    "DenseChoice",
     "DeviceProgram",
     "Engine",
     "EngineClosed",

@@ -7,6 +7,7 @@ and wakes each caller when the scheduler reports its request finished or rejecte
 
 import functools
 import itertools
+import logging
 import math
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -50,6 +51,8 @@ from engine.program import (
 )
 from engine.scoring import check_language_model, relevance, scores_from_logprobs
 
+log = logging.getLogger("engine")
+
 
 class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Everything that configures an engine. Immutable; every field has a working default."""
@@ -61,8 +64,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # "reference" | "xla" | "cpu" | "pallas"; None picks by backend (cpu on CPU, pallas on TPU/GPU)
     attention: str | None = None
     # layer matmuls: "xla" | "cpu" (bf16 weights packed once for the native AVX512-BF16 kernel);
-    # under dtype "int8": "int8" (the native VNNI kernel) | "int8-xla"; None picks the native
-    # kernel where it runs
+    # under dtype "int8": "int8" (the native VNNI kernel) | "int8-xla"; None: each weight shape
+    # by the fastest of those that run, measured on this CPU once (kept in compile_cache_dir)
     dense: str | None = None
     token_budget: int = DEFAULT_TOKEN_BUDGET  # most real tokens in one packed batch
     block_size: int = DEFAULT_BLOCK_SIZE  # attention block (tokens); buckets are multiples of it
@@ -626,11 +629,14 @@ async def open_engine(config: EngineConfig | None = None) -> AsyncIterator[Engin
         kv_cache_bytes=config.kv_cache_bytes,
         page_size=config.kv_page_size,
         share=len(groups) if jax.default_backend() == "cpu" else 1,  # one host memory
+        dense_cache_dir=config.compile_cache_dir,
     )
     programs = [
         await trio.to_thread.run_sync(functools.partial(make, placement=Placement(group)))
         for group in groups
     ]
+    if programs[0].dense_choice is not None:
+        log.info("%s", programs[0].dense_choice.summary())
     engine = Engine(config, checkpoint.tokenizer, programs, checkpoint.source)
     del checkpoint  # the host copy of the weights: the program holds them on the device
     async with trio.open_nursery() as nursery:

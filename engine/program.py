@@ -15,6 +15,7 @@ from engine.models import FAMILIES, Dense, ModelConfig, PackedInputs, forward_of
 from engine.packing import empty_batch
 from engine.placement import Placement, put
 from kernels import select_attention, select_dense
+from kernels.dense_choice import DenseChoice
 from kernels.host import to_device
 from kernels.paging import LayerPool, empty_pool, write
 
@@ -142,7 +143,8 @@ class DeviceProgram:
     `placement` puts the weights and pool on one device or shards them over several
     (`engine.placement`); None is the first local device. Several devices need the "xla" dense
     path (None picks it). The default pool is divided by `share`: the runners whose devices
-    share one memory (a CPU's host devices).
+    share one memory (a CPU's host devices). The measured dense strategy keeps its choices
+    under `dense_cache_dir` (None: measured once per process).
     """
 
     def __init__(
@@ -156,6 +158,7 @@ class DeviceProgram:
         page_size: int = DEFAULT_PAGE_SIZE,
         placement: Placement | None = None,
         share: int = 1,
+        dense_cache_dir: str | None = None,
     ):
         if dtype not in DTYPES:
             raise InvalidInput("dtype", f"{dtype!r} is not one of {sorted(DTYPES)}")
@@ -175,7 +178,11 @@ class DeviceProgram:
         dense = "xla" if sharded else dense
         try:
             self.dense: Dense = select_dense(
-                dense, backend, dtype=DTYPES[dtype], int8=dtype == "int8"
+                dense,
+                backend,
+                dtype=DTYPES[dtype],
+                int8=dtype == "int8",
+                cache_dir=dense_cache_dir,
             )
         except ValueError as e:
             raise InvalidInput("dense", str(e)) from None
@@ -218,6 +225,12 @@ class DeviceProgram:
             return place_encoder_params(params, dtype, self.dense, heads=cfg.num_kv_heads)
         silu = cfg.mlp_activation == "silu"
         return place_params(params, dtype, self.dense, kv_heads=cfg.num_kv_heads, fused_silu=silu)
+
+    @property
+    def dense_choice(self) -> DenseChoice | None:
+        """What the measured dense strategy chose for each weight shape (None for a forced
+        strategy)."""
+        return self.dense.choice.report() if self.dense.choice is not None else None
 
     @property
     def kv_bytes_per_token(self) -> int:

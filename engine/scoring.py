@@ -18,7 +18,7 @@ from engine.loaders import Checkpoint, load_checkpoint
 from engine.messages import Rejected, ScoreRequest, Tokenized
 from engine.models import ModelConfig
 from engine.pairs import PairOptions
-from engine.program import DeviceProgram
+from engine.program import DeviceProgram, default_compile_cache_dir
 from engine.tokenizer_actor import TokenizerState
 
 
@@ -37,7 +37,8 @@ def load_model(
     `attention` forces an implementation by name ("reference", "xla", "cpu"), `None` picks by
     backend (the fused native kernel on CPU when it supports the head dim); `dense` forces the
     layer matmul path ("xla", or "cpu": bf16 weights packed once for the native kernel), `None`
-    picks "cpu" for bf16 on a CPU that runs it; `token_budget` bounds the tokens of one packed
+    multiplies each weight shape by the fastest path on this CPU (measured once, kept in the
+    compile cache directory: `kernels.dense_choice`); `token_budget` bounds the tokens of one packed
     batch; `progress` shows a loading bar.
     """
     return ScoringModel(
@@ -61,7 +62,13 @@ class ScoringModel:
         dense: str | None = None,
         token_budget: int = DEFAULT_TOKEN_BUDGET,
     ):
-        self.program = DeviceProgram(checkpoint, dtype=dtype, attention=attention, dense=dense)
+        self.program = DeviceProgram(
+            checkpoint,
+            dtype=dtype,
+            attention=attention,
+            dense=dense,
+            dense_cache_dir=default_compile_cache_dir(),
+        )
         self.config: ModelConfig = checkpoint.config
         self.tokenizer: tokenizers.Tokenizer = checkpoint.tokenizer
         self.token_budget = token_budget

@@ -6,7 +6,7 @@ from collections.abc import Callable
 import jax.numpy as jnp
 import numpy as np
 
-from kernels import cpu, pallas
+from kernels import cpu, dense_choice, pallas
 from kernels.cpu import attention_cpu
 from kernels.dense import STRATEGIES, Dense
 from kernels.metadata import AttentionMeta
@@ -50,21 +50,30 @@ DENSE = tuple(STRATEGIES)  # "cpu": bf16 layer matrices packed for the native ke
 INT8_DENSE = ("int8", "int8-xla")  # the strategies of the int8 compute mode
 
 
-def select_dense(name: str | None, backend: str, *, dtype, int8: bool = False) -> Dense:
+def select_dense(
+    name: str | None,
+    backend: str,
+    *,
+    dtype,
+    int8: bool = False,
+    cache_dir: str | None = None,
+) -> Dense:
     """The dense matmul strategy called `name`, or the default for `backend` when `name` is None.
 
-    In the int8 compute mode (`int8`) the strategies are "int8" (the native AVX512-VNNI kernel,
-    the default on a CPU backend where it runs) and "int8-xla" (the same arithmetic in XLA, the
-    default elsewhere). Otherwise the default is "cpu" (`kernels.cpu.dense_cpu`) for bfloat16
-    weights on a CPU backend where the native kernel runs (it needs AVX512-BF16), "xla"
-    otherwise. Raises ValueError for an unknown name, a strategy of the other mode, or a native
-    one where it cannot run.
+    Where more than one strategy runs (a CPU backend with the native kernels, bfloat16 weights
+    or the int8 mode), the default is the measured one (`kernels.dense_choice.measured`): each
+    weight shape multiplied by the fastest eligible strategy on this machine, the choices kept
+    under `cache_dir` (None: measured once per process). Elsewhere it is "xla", or "int8-xla"
+    in the int8 mode (`int8`). The fixed strategies are "xla", "cpu" (the native AVX512-BF16
+    kernel, bf16 weights), and in the int8 mode "int8" (the native VNNI kernel) and "int8-xla"
+    (the same arithmetic in XLA). Raises ValueError for an unknown name, a strategy of the other
+    mode, or a native one where it cannot run.
     """
     if int8:
-        return _select_int8(name, backend)
+        return _select_int8(name, backend, cache_dir)
     runs = backend == "cpu" and np.dtype(dtype) == jnp.bfloat16 and cpu.DENSE_AVAILABLE
     if name is None:
-        name = "cpu" if runs else "xla"
+        return dense_choice.measured("bfloat16", cache_dir) if runs else STRATEGIES["xla"]
     if name not in DENSE:
         raise ValueError(f"unknown dense {name!r}; known: {list(DENSE)}")
     if name in INT8_DENSE:
@@ -78,10 +87,10 @@ def select_dense(name: str | None, backend: str, *, dtype, int8: bool = False) -
     return STRATEGIES[name]
 
 
-def _select_int8(name: str | None, backend: str) -> Dense:
+def _select_int8(name: str | None, backend: str, cache_dir: str | None) -> Dense:
     runs = backend == "cpu" and cpu.INT8_AVAILABLE
     if name is None:
-        name = "int8" if runs else "int8-xla"
+        return dense_choice.measured("int8", cache_dir) if runs else STRATEGIES["int8-xla"]
     if name not in INT8_DENSE:
         raise ValueError(f"dtype 'int8' computes with dense {list(INT8_DENSE)}, not {name!r}")
     if name == "int8" and not runs:

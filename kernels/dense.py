@@ -11,10 +11,12 @@ the prepared form; the forward never looks inside. Two exist:
   the fly (`kernels.quant`), int32 sums in XLA; the LM head stays in the weight dtype.
 - `INT8`: the same arithmetic in the native AVX512-VNNI kernel (`kernels.cpu.dense_int8`), the
   head packed as `CPU` packs it; a matrix the kernel cannot take stays in the `INT8_XLA` form.
+
+`chosen` mixes them per weight shape (the default, `kernels.dense_choice` measures which).
 """
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +42,7 @@ class Dense(NamedTuple):
     gated: Callable
     prepare_head: Callable
     head: Callable
+    choice: Any = None  # what picked each shape's strategy (`chosen`); None for a fixed one
 
 
 def _xla_prepare(w, dtype) -> jax.Array:
@@ -207,3 +210,25 @@ INT8 = Dense(
 )
 
 STRATEGIES = {d.name: d for d in (XLA, CPU, INT8, INT8_XLA)}
+
+
+def chosen(pick: Callable[[str, int, int], str], *, int8: bool = False) -> Dense:
+    """A strategy that prepares each matrix as the strategy `pick(kind, K, N)` names ("matmul"
+    for a [.., K, N] stack, "gated" for gate and up [.., K, N], "head" for [N, K]) and multiplies
+    each prepared form as its own strategy does. In the int8 mode (`int8`) the layer matrices
+    are "int8" or "int8-xla" and the head "cpu" or "xla"; otherwise all are "cpu" or "xla".
+    """
+    base = INT8 if int8 else CPU  # multiplies both forms of its mode, packed or not
+
+    def prepare(w, dtype):
+        return STRATEGIES[pick("matmul", *w.shape[-2:])].prepare(w, dtype)
+
+    def prepare_gated(gate, up, dtype):
+        return STRATEGIES[pick("gated", *gate.shape[-2:])].prepare_gated(gate, up, dtype)
+
+    def prepare_head(w, dtype):
+        return STRATEGIES[pick("head", *w.shape[::-1])].prepare_head(w, dtype)
+
+    return Dense(
+        "measured", prepare, base.matmul, prepare_gated, base.gated, prepare_head, base.head, pick
+    )

@@ -552,6 +552,7 @@ def test_server_info(client, tiny_path):
         "buckets",
         "kv_bytes_per_token",
         "kv_pool",
+        "dense",
         "plan",
         "roofline",
         "max_sequence_tokens",
@@ -582,6 +583,7 @@ def test_server_info(client, tiny_path):
         "bytes": 2**18 * 512,
         "prefix_cache": True,
     }
+    assert info["dense"] is None  # f32: XLA's dot is the one strategy, nothing was measured
     weights = engine_of(client).program.weight_bytes
     assert list(info["plan"]) == ["cpu", "h100", "h200", "tpu-v5e", "tpu-v6e"]
     assert info["plan"]["h100"] == {

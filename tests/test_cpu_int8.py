@@ -179,7 +179,8 @@ def test_unsupported_shapes_and_layers_are_refused():
 
 
 def test_select_dense_in_the_int8_mode():
-    assert select_dense(None, "cpu", dtype=jnp.bfloat16, int8=True).name == "int8"
+    assert select_dense(None, "cpu", dtype=jnp.bfloat16, int8=True).name == "measured"
+    assert select_dense("int8", "cpu", dtype=jnp.bfloat16, int8=True).name == "int8"
     assert select_dense(None, "gpu", dtype=jnp.bfloat16, int8=True).name == "int8-xla"
     assert select_dense("int8-xla", "cpu", dtype=jnp.bfloat16, int8=True).name == "int8-xla"
     with pytest.raises(ValueError, match="dtype 'int8' computes with dense"):
@@ -197,7 +198,7 @@ FAMILIES = ["llama-untied", "llama-tied", "qwen2", "qwen3", "gemma", "gemma2"]
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_model_in_int8_scores_like_its_xla_twin(tiny_checkpoints, family):
-    native_model = load_model(tiny_checkpoints[family], dtype="int8", progress=False)
+    native_model = load_model(tiny_checkpoints[family], dtype="int8", dense="int8", progress=False)
     twin = load_model(tiny_checkpoints[family], dtype="int8", dense="int8-xla", progress=False)
     assert (native_model.program.dense.name, twin.program.dense.name) == ("int8", "int8-xla")
     matrices = native_model.program.params["matrices"]
@@ -226,7 +227,7 @@ def test_the_engine_in_int8_scores_like_the_offline_model(tiny_checkpoints):
 
     async def twice():
         async with open_engine(config) as engine:
-            assert engine.program.dense.name == "int8"
+            assert engine.program.dense.name == "measured"  # as offline: one choice a process
             first = await engine.score(query, items, [1, 2])
             second = await engine.score(query, items, [1, 2])  # the query from the KV cache
             return first, second
@@ -252,5 +253,18 @@ def test_the_service_in_int8(tiny_checkpoints):
         r = client.post("/v1/score", json=body)
         assert r.status_code == 200, r.text
         np.testing.assert_allclose(r.json()["scores"], want, rtol=1e-5)
+        dense = client.get("/get_server_info").json()["dense"]  # what was measured, and chosen
+        assert dense["mode"] == "int8" and dense["cores"] >= 1
+        shapes = {(s["kind"], s["k"], s["n"]): s for s in dense["shapes"]}
+        assert set(shapes) == {
+            ("matmul", 64, 128),  # qkv: 4 query heads and 2 + 2 kv heads of 16
+            ("matmul", 64, 64),  # o
+            ("gated", 64, 128),
+            ("matmul", 128, 64),  # down
+            ("head", 64, 384),
+        }
+        for s in shapes.values():
+            assert s["chosen"] in (("cpu", "xla") if s["kind"] == "head" else ("int8", "int8-xla"))
+            assert all(t["gflops"] > 0 and t["eligible"] for t in s["candidates"].values())
         r = client.get("/get_server_info?roofline=1")
         assert r.status_code == 400 and "this is int8" in r.json()["error"]["message"]

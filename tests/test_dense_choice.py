@@ -1,0 +1,187 @@
+"""The dense strategy chosen by measurement (kernels/dense_choice.py): the choice logic on fake
+timings (so it is checked on every CPU), the cache, the accuracy check on real kernels, and
+models on the measured strategy against the f32 model."""
+
+import jax.numpy as jnp
+import msgspec
+import numpy as np
+import pytest
+
+from engine import load_model
+from kernels import cpu, dense, dense_choice
+from kernels.dense_choice import Chooser, Timing, fastest
+
+# the most a bf16 model's label log-probs may move from its f32 twin on these tiny checkpoints,
+# whatever the strategy: every one measured 0.021-0.028 here (XLA, native, measured); twice that
+BF16_BOUND = 0.05
+
+
+def timing(*seconds: float, error: float = 0.0) -> Timing:
+    per_count = dict(zip(("256", "2048"), seconds, strict=False))
+    return Timing(seconds=per_count, gflops=1.0, error=error, eligible=error <= 1)
+
+
+def test_the_fastest_eligible_candidate_wins():
+    assert fastest({"xla": timing(1.0, 8.0), "cpu": timing(1.2, 6.0)}) == "cpu"
+    assert fastest({"xla": timing(1.0, 8.0), "cpu": timing(0.5, 9.0)}) == "cpu"  # per row
+    assert fastest({"xla": timing(1.0, 8.0), "cpu": timing(2.0, 16.0)}) == "xla"
+    # far off the accuracy bound: never chosen, however fast
+    assert fastest({"xla": timing(1.0, 8.0), "cpu": timing(0.1, 0.8, error=3.0)}) == "xla"
+    # one not timed at the larger count (far slower at the smaller) cannot win on a partial sum
+    assert fastest({"xla": timing(1.0, 8.0), "cpu": timing(2.5)}) == "xla"
+    # none eligible: the one nearest its bound
+    both_off = {"xla": timing(1.0, 8.0, error=4.0), "cpu": timing(0.5, 4.0, error=2.0)}
+    assert fastest(both_off) == "cpu"
+
+
+class FakeMeasure:
+    """Measurements by table: (kind, k, n) -> {name: Timing}; counts its calls."""
+
+    def __init__(self, table: dict):
+        self.table, self.calls = table, []
+
+    def __call__(self, mode, kind, k, n, names):
+        self.calls.append((mode, kind, k, n, tuple(names)))
+        return {name: self.table[kind, k, n][name] for name in names}
+
+
+@pytest.fixture
+def two_candidates(monkeypatch):
+    """Both bf16 strategies runnable for every even K and N a multiple of 16 (as on a CPU with
+    the native kernel), whatever this CPU has."""
+    monkeypatch.setattr(cpu, "dense_supports", lambda k, n: k % 2 == 0 and n % 16 == 0)
+
+
+def test_a_chooser_measures_each_shape_once_and_caches_it(tmp_path, two_candidates):
+    fake = FakeMeasure(
+        {
+            ("matmul", 64, 96): {"xla": timing(1, 8), "cpu": timing(2, 16)},
+            ("gated", 64, 128): {"xla": timing(2, 16), "cpu": timing(1, 8)},
+        }
+    )
+    chooser = Chooser("bfloat16", measure=fake)
+    chooser.use(str(tmp_path))
+    assert chooser.pick("matmul", 64, 96) == "xla"
+    assert chooser.pick("gated", 64, 128) == "cpu"
+    assert chooser.pick("matmul", 64, 96) == "xla"
+    assert [c[1:4] for c in fake.calls] == [("matmul", 64, 96), ("gated", 64, 128)]
+    # a shape only one strategy takes (N not a multiple of 16) is not measured
+    assert chooser.pick("matmul", 64, 90) == "xla" and len(fake.calls) == 2
+    # a later start reads the file and measures nothing
+    later = FakeMeasure({})
+    again = Chooser("bfloat16", measure=later)
+    again.use(str(tmp_path))
+    assert again.pick("gated", 64, 128) == "cpu" and again.pick("matmul", 64, 96) == "xla"
+    assert later.calls == [] and again.seconds == 0
+    [file] = (tmp_path / "dense-choice").iterdir()
+    assert file.name.startswith("bfloat16-") and file.suffix == ".json"
+
+
+def test_another_machine_or_a_broken_file_measures_again(tmp_path, two_candidates, monkeypatch):
+    table = {("matmul", 64, 96): {"xla": timing(1, 8), "cpu": timing(2, 16)}}
+    first = Chooser("bfloat16", measure=FakeMeasure(table))
+    first.use(str(tmp_path))
+    first.pick("matmul", 64, 96)
+    [file] = (tmp_path / "dense-choice").iterdir()
+    file.write_text("{not json")
+    fake = FakeMeasure(table)
+    broken = Chooser("bfloat16", measure=fake)
+    broken.use(str(tmp_path))
+    assert broken.pick("matmul", 64, 96) == "xla" and len(fake.calls) == 1
+    assert msgspec.json.decode(file.read_bytes())["shapes"][0]["chosen"] == "xla"  # rewritten
+    facts = {**dense_choice.machine(), "cpu": "Another CPU"}
+    monkeypatch.setattr(dense_choice, "machine", lambda: facts)
+    fake = FakeMeasure(table)
+    other = Chooser("bfloat16", measure=fake)
+    other.use(str(tmp_path))
+    other.pick("matmul", 64, 96)
+    assert len(fake.calls) == 1 and len(list((tmp_path / "dense-choice").iterdir())) == 2
+
+
+def test_the_report_names_the_shapes_of_one_model(two_candidates):
+    table = {
+        ("matmul", 64, 96): {"xla": timing(1, 8), "cpu": timing(2, 16)},
+        ("head", 64, 384): {"xla": timing(3, 24), "cpu": timing(1, 8)},
+    }
+    chooser = Chooser("bfloat16", measure=FakeMeasure(table))
+    first, second = dense_choice.Picks(chooser), dense_choice.Picks(chooser)
+    assert first("matmul", 64, 96) == "xla" and first("head", 64, 384) == "cpu"
+    assert second("head", 64, 384) == "cpu"
+    report = first.report()
+    assert [(s.kind, s.k, s.n, s.chosen) for s in report.shapes] == [
+        ("matmul", 64, 96, "xla"),
+        ("head", 64, 384, "cpu"),
+    ]
+    assert report.mode == "bfloat16" and not report.cached and report.seconds >= 0
+    assert set(report.shapes[0].candidates) == {"xla", "cpu"}
+    assert second.report().cached  # its one shape was known already
+    assert "head 64x384: cpu" in report.summary() and report.cpu in report.summary()
+
+
+def test_chosen_prepares_each_shape_as_picked(two_candidates, monkeypatch):
+    monkeypatch.setattr(cpu, "pack_dense", lambda w: ("packed", np.shape(w)))
+    monkeypatch.setattr(dense.jax, "device_put", lambda x: x)
+    picks = {("matmul", 64, 96): "cpu", ("matmul", 96, 64): "xla", ("head", 64, 384): "cpu"}
+    strategy = dense.chosen(lambda kind, k, n: picks[kind, k, n])
+    assert strategy.name == "measured"
+    ones = np.ones
+    assert isinstance(strategy.prepare(ones((2, 64, 96)), jnp.bfloat16), dense.Packed)
+    plain = strategy.prepare(ones((2, 96, 64)), jnp.bfloat16)
+    assert not isinstance(plain, dense.Packed) and plain.shape == (2, 96, 64)
+    assert isinstance(strategy.prepare_head(ones((384, 64)), jnp.bfloat16), dense.Packed)
+    # the int8 mode picks among its own strategies for layers, bf16 ones for the head
+    int8 = dense.chosen(lambda kind, k, n: "int8-xla", int8=True)
+    assert isinstance(int8.prepare(ones((2, 64, 96)), jnp.bfloat16), dense.Int8)
+    assert int8.matmul is dense.INT8.matmul and int8.head is dense.CPU.head
+
+
+def broken_strategy(rounding) -> dense.Dense:
+    """XLA's strategy with its products passed through `rounding`."""
+    xla = dense.XLA
+    return xla._replace(
+        name="broken",
+        matmul=lambda x, w, layer: rounding(xla.matmul(x, w, layer)),
+        gated=lambda x, w, layer: rounding(xla.gated(x, w, layer)),
+        head=lambda h, w: rounding(xla.head(h, w)),
+    )
+
+
+def test_measuring_real_kernels_checks_their_products(monkeypatch):
+    names = ("xla", "cpu") if cpu.dense_supports(64, 96) else ("xla",)
+    for kind in dense_choice.KINDS:
+        timings = dense_choice.measure_shape("bfloat16", kind, 64, 96, names)
+        assert set(timings) == set(names)
+        for t in timings.values():
+            assert t.eligible and 0 <= t.error <= 1, (kind, t)
+            assert t.gflops > 0 and set(t.seconds) <= {"64", "256", "2048"}
+    # products rounded to bf16 (a bf16 accumulation would be worse) are out of bounds
+    to_bf16 = lambda y: y.astype(jnp.bfloat16).astype(jnp.float32)
+    monkeypatch.setitem(dense.STRATEGIES, "broken", broken_strategy(to_bf16))
+    timings = dense_choice.measure_shape("bfloat16", "matmul", 256, 96, ("xla", "broken"))
+    assert timings["xla"].eligible and not timings["broken"].eligible
+    assert timings["broken"].error > 1
+
+
+@pytest.mark.skipif(not cpu.INT8_AVAILABLE, reason="needs the native int8 kernel")
+def test_measuring_int8_holds_the_native_kernel_to_its_xla_twin():
+    for kind in ("matmul", "gated"):
+        timings = dense_choice.measure_shape("int8", kind, 128, 96, ("int8-xla", "int8"))
+        assert timings["int8-xla"].error == 0  # the reference itself
+        assert timings["int8"].eligible, timings
+
+
+@pytest.mark.parametrize("family", ["llama-untied", "qwen2", "qwen3"])
+@pytest.mark.parametrize("strategy", [None, "xla", "cpu"])
+def test_every_strategy_scores_within_the_bf16_bound_of_f32(tiny_checkpoints, family, strategy):
+    if strategy == "cpu" and not cpu.DENSE_AVAILABLE:
+        pytest.skip("needs the AVX512-BF16 kernel")
+    f32 = load_model(tiny_checkpoints[family], dtype="float32", progress=False)
+    model = load_model(tiny_checkpoints[family], dtype="bfloat16", dense=strategy, progress=False)
+    measured = model.program.dense_choice
+    assert (measured is not None) == (strategy is None and cpu.DENSE_AVAILABLE)
+    rng = np.random.default_rng(7)
+    query = [int(t) for t in rng.integers(0, 384, 30)]
+    items = [[int(t) for t in rng.integers(0, 384, n)] for n in (1, 9, 40, 70)]
+    got, want = (np.log(m.score(query, items, [1, 2, 3])) for m in (model, f32))
+    deviation = np.abs(got - want).max()
+    assert 0 < deviation < BF16_BOUND  # bf16, and no further from f32 than bf16 goes
