@@ -1,10 +1,13 @@
 """Builds the native hot paths in `_native/`; everything else is declared in pyproject.toml.
 
 The Cython modules are plain C. `_cpu` is C++ (the CPU attention and dense custom calls) and
-compiles against the XLA FFI headers that jaxlib ships.
+compiles against the XLA FFI headers that jaxlib ships. `_onednn` (oneDNN's matmul as a custom
+call) also needs oneDNN's headers and library, from the `onednn-devel-cpu-gomp` and
+`onednn-cpu-gomp` packages; without them it is left out and the engine runs without it.
 """
 
 import os
+from importlib import metadata
 
 import jaxlib
 import numpy
@@ -35,5 +38,45 @@ extensions.append(
         ],
     )
 )
+
+
+
+def onednn_dirs() -> tuple[str, str] | None:
+    """oneDNN's include and library directories, from its packages' installed files."""
+    try:
+        files = {
+            name: metadata.distribution(name).files or []
+            for name in ("onednn-devel-cpu-gomp", "onednn-cpu-gomp")
+        }
+    except metadata.PackageNotFoundError:
+        return None
+    headers = [f for f in files["onednn-devel-cpu-gomp"] if str(f).endswith("dnnl/dnnl.hpp")]
+    libraries = [f for f in files["onednn-cpu-gomp"] if f.name == "libdnnl.so"]
+    if not headers or not libraries:
+        return None
+    header = metadata.distribution("onednn-devel-cpu-gomp").locate_file(headers[0])
+    library = metadata.distribution("onednn-cpu-gomp").locate_file(libraries[0])
+    return str(header.parents[2]), str(library.parent)  # include/oneapi/dnnl/dnnl.hpp
+
+
+if (found := onednn_dirs()) is not None:
+    include, lib = found
+    extensions.append(
+        Extension(
+            "_native._onednn",
+            ["_native/_onednn.pyx", "_native/dense_onednn.cc"],
+            include_dirs=[
+                "_native",
+                include,
+                numpy.get_include(),
+                os.path.join(os.path.dirname(jaxlib.__file__), "include"),
+            ],
+            library_dirs=[lib],
+            libraries=[":libdnnl.so.3"],
+            language="c++",
+            extra_compile_args=["-O2", "-std=c++17"],
+            depends=["_native/dense_onednn.h"],
+        )
+    )
 
 setup(ext_modules=cythonize(extensions, language_level=3))

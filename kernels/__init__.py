@@ -6,7 +6,7 @@ from collections.abc import Callable
 import jax.numpy as jnp
 import numpy as np
 
-from kernels import cpu, dense_choice, pallas
+from kernels import cpu, dense_choice, onednn, pallas
 from kernels.cpu import attention_cpu
 from kernels.dense import STRATEGIES, Dense
 from kernels.metadata import AttentionMeta
@@ -46,7 +46,7 @@ def select_attention(
     return ATTENTION[name]
 
 
-DENSE = tuple(STRATEGIES)  # "cpu": bf16 layer matrices packed for the native kernel
+DENSE = tuple(STRATEGIES)  # "cpu" and "onednn": bf16 layer matrices packed once at load
 INT8_DENSE = ("int8", "int8-xla")  # the strategies of the int8 compute mode
 
 
@@ -65,24 +65,29 @@ def select_dense(
     weight shape multiplied by the fastest eligible strategy on this machine, the choices kept
     under `cache_dir` (None: measured once per process). Elsewhere it is "xla", or "int8-xla"
     in the int8 mode (`int8`). The fixed strategies are "xla", "cpu" (the native AVX512-BF16
-    kernel, bf16 weights), and in the int8 mode "int8" (the native VNNI kernel) and "int8-xla"
+    kernel, bf16 weights), "onednn" (oneDNN's matmul on weights it packed, AMX where the CPU
+    has it; bf16 weights), and in the int8 mode "int8" (the native VNNI kernel) and "int8-xla"
     (the same arithmetic in XLA). Raises ValueError for an unknown name, a strategy of the other
     mode, or a native one where it cannot run.
     """
     if int8:
         return _select_int8(name, backend, cache_dir)
-    runs = backend == "cpu" and np.dtype(dtype) == jnp.bfloat16 and cpu.DENSE_AVAILABLE
+    bf16_cpu = backend == "cpu" and np.dtype(dtype) == jnp.bfloat16
+    runs = {"xla": True, "cpu": bf16_cpu and cpu.DENSE_AVAILABLE}
+    runs["onednn"] = bf16_cpu and onednn.AVAILABLE
     if name is None:
-        return dense_choice.measured("bfloat16", cache_dir) if runs else STRATEGIES["xla"]
+        several = sum(runs.values()) > 1
+        return dense_choice.measured("bfloat16", cache_dir) if several else STRATEGIES["xla"]
     if name not in DENSE:
         raise ValueError(f"unknown dense {name!r}; known: {list(DENSE)}")
     if name in INT8_DENSE:
         raise ValueError(f"dense {name!r} is the int8 compute mode's: use dtype 'int8'")
-    if name == "cpu" and not runs:
+    if not runs[name]:
+        needs = {"cpu": "an AVX512-BF16 CPU", "onednn": "the oneDNN extension"}[name]
         raise ValueError(
-            "dense 'cpu' needs the CPU backend, bfloat16 weights, the native extension and an "
-            f"AVX512-BF16 CPU (backend {backend}, dtype {np.dtype(dtype)}, "
-            f"kernel available: {cpu.DENSE_AVAILABLE})"
+            f"dense {name!r} needs the CPU backend, bfloat16 weights, and {needs} (backend "
+            f"{backend}, dtype {np.dtype(dtype)}, native kernel: {cpu.DENSE_AVAILABLE}, "
+            f"oneDNN: {onednn.AVAILABLE})"
         )
     return STRATEGIES[name]
 

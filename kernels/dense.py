@@ -11,6 +11,8 @@ the prepared form; the forward never looks inside. Two exist:
   the fly (`kernels.quant`), int32 sums in XLA; the LM head stays in the weight dtype.
 - `INT8`: the same arithmetic in the native AVX512-VNNI kernel (`kernels.cpu.dense_int8`), the
   head packed as `CPU` packs it; a matrix the kernel cannot take stays in the `INT8_XLA` form.
+- `ONEDNN`: bf16 matrices packed once in the layout oneDNN picks for this CPU (AMX tiles where
+  it has them: `kernels.onednn`); the gated pair as XLA's, its activation in XLA.
 
 `chosen` mixes them per weight shape (the default, `kernels.dense_choice` measures which).
 """
@@ -22,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels import cpu, quant
+from kernels import cpu, onednn, quant
 from kernels.host import interleave_to_device, to_device
 
 
@@ -128,6 +130,68 @@ CPU = Dense(
 )
 
 
+@jax.tree_util.register_pytree_node_class
+class OneDnnPacked:
+    """A stack of matrices packed for `kernels.onednn.dense`, with their column count (static:
+    the output's shape)."""
+
+    def __init__(self, data: jax.Array, n: int):
+        self.data = data  # u8[L, bytes]
+        self.n = n
+
+    def tree_flatten(self):
+        return (self.data,), self.n
+
+    @classmethod
+    def tree_unflatten(cls, n, children):
+        return cls(children[0], n)
+
+
+def _onednn_prepare(w, dtype) -> OneDnnPacked | jax.Array:
+    k, n = w.shape[-2:]
+    if np.dtype(dtype) != jnp.bfloat16 or not onednn.supports(k, n):
+        return _xla_prepare(w, dtype)
+    return OneDnnPacked(jax.device_put(onednn.pack(w)), n)
+
+
+def _onednn_matmul(x: jax.Array, w: OneDnnPacked | jax.Array, layer: jax.Array) -> jax.Array:
+    if isinstance(w, OneDnnPacked):
+        return onednn.dense(x, w.data, layer, w.n)
+    return _xla_matmul(x, w, layer)
+
+
+def _onednn_prepare_gated(gate, up, dtype) -> OneDnnPacked | jax.Array:
+    pair = np.stack([np.asarray(gate), np.asarray(up)], axis=-1)  # [L, K, I, gate/up]
+    return _onednn_prepare(pair.reshape(*pair.shape[:-2], -1), dtype)  # as _xla_prepare_gated
+
+
+def _onednn_gated(x: jax.Array, w: OneDnnPacked | jax.Array, layer: jax.Array) -> jax.Array:
+    y = _onednn_matmul(x, w, layer).reshape(x.shape[0], -1, 2)  # f32[M, I, gate/up]
+    return jax.nn.silu(y[..., 0]) * y[..., 1]
+
+
+def _onednn_prepare_head(w, dtype) -> OneDnnPacked | jax.Array:
+    packed = _onednn_prepare(np.asarray(w).T[None], dtype)  # [1, E, V]
+    return packed if isinstance(packed, OneDnnPacked) else _xla_prepare(w, dtype)
+
+
+def _onednn_head(h: jax.Array, w: OneDnnPacked | jax.Array) -> jax.Array:
+    if isinstance(w, OneDnnPacked):
+        return onednn.dense(h, w.data, jnp.int32(0), w.n)
+    return _xla_head(h, w)
+
+
+ONEDNN = Dense(
+    "onednn",
+    _onednn_prepare,
+    _onednn_matmul,
+    _onednn_prepare_gated,
+    _onednn_gated,
+    _onednn_prepare_head,
+    _onednn_head,
+)
+
+
 class Int8(NamedTuple):
     """A stack of matrices quantised per column (`kernels.quant.quantize_columns`)."""
 
@@ -209,16 +273,17 @@ INT8 = Dense(
     _cpu_head,
 )
 
-STRATEGIES = {d.name: d for d in (XLA, CPU, INT8, INT8_XLA)}
+STRATEGIES = {d.name: d for d in (XLA, CPU, ONEDNN, INT8, INT8_XLA)}
+# the strategy that multiplies each prepared form (the rest are XLA's)
+FORMS = {Packed: CPU, OneDnnPacked: ONEDNN, Int8Packed: INT8, Int8: INT8_XLA}
 
 
-def chosen(pick: Callable[[str, int, int], str], *, int8: bool = False) -> Dense:
+def chosen(pick: Callable[[str, int, int], str]) -> Dense:
     """A strategy that prepares each matrix as the strategy `pick(kind, K, N)` names ("matmul"
     for a [.., K, N] stack, "gated" for gate and up [.., K, N], "head" for [N, K]) and multiplies
-    each prepared form as its own strategy does. In the int8 mode (`int8`) the layer matrices
-    are "int8" or "int8-xla" and the head "cpu" or "xla"; otherwise all are "cpu" or "xla".
+    each prepared form as its own strategy does (`FORMS`). The int8 mode picks "int8" or
+    "int8-xla" for the layer matrices and a bf16 strategy for the head.
     """
-    base = INT8 if int8 else CPU  # multiplies both forms of its mode, packed or not
 
     def prepare(w, dtype):
         return STRATEGIES[pick("matmul", *w.shape[-2:])].prepare(w, dtype)
@@ -229,6 +294,17 @@ def chosen(pick: Callable[[str, int, int], str], *, int8: bool = False) -> Dense
     def prepare_head(w, dtype):
         return STRATEGIES[pick("head", *w.shape[::-1])].prepare_head(w, dtype)
 
-    return Dense(
-        "measured", prepare, base.matmul, prepare_gated, base.gated, prepare_head, base.head, pick
-    )
+    def matmul(x, w, layer):
+        return _owner(w).matmul(x, w, layer)
+
+    def gated(x, w, layer):
+        return _owner(w).gated(x, w, layer)
+
+    def head(h, w):
+        return _owner(w).head(h, w)
+
+    return Dense("measured", prepare, matmul, prepare_gated, gated, prepare_head, head, pick)
+
+
+def _owner(w) -> Dense:
+    return FORMS.get(type(w), XLA)

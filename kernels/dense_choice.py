@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import msgspec
 import numpy as np
 
-from kernels import cpu
+from kernels import cpu, onednn
 from kernels.dense import STRATEGIES, Dense, chosen
 
 ROWS = (256, 2048)  # token rows the layer matrices are timed at: a small batch and a large one
@@ -110,6 +110,7 @@ def machine() -> dict[str, str]:
         "native": f"{native.st_size}-{native.st_mtime_ns}" if native else "none",
         "isa": cpu.isa() if cpu.AVAILABLE else "none",
         "int8_isa": (cpu.int8_isa() or "none") if cpu.AVAILABLE else "none",
+        "onednn": onednn.isa() or "none",
         "jax": f"{jax.__version__}/{jax.lib.__version__}",
     }
 
@@ -132,7 +133,7 @@ def _cpuinfo() -> dict[str, str]:
 
 def candidates(mode: str, kind: str, k: int, n: int) -> tuple[str, ...]:
     """The strategies that can run this shape in `mode`; the reference (XLA) form first."""
-    bf16 = ("xla", "cpu") if cpu.dense_supports(k, n) else ("xla",)
+    bf16 = ("xla", *("cpu",) * cpu.dense_supports(k, n), *("onednn",) * onednn.supports(k, n))
     if mode == "bfloat16" or kind == "head":  # the int8 mode's head is bf16
         return bf16
     return ("int8-xla", "int8") if cpu.int8_supports(k, n) else ("int8-xla",)
@@ -275,7 +276,7 @@ def measured(mode: str, cache_dir: str | None) -> Dense:
     only)."""
     choices = chooser(mode)
     choices.use(cache_dir)
-    return chosen(Picks(choices), int8=mode == "int8")
+    return chosen(Picks(choices))
 
 
 def measure_shape(mode: str, kind: str, k: int, n: int, names) -> dict[str, Timing]:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from engine import load_model
-from kernels import cpu, dense, dense_choice
+from kernels import cpu, dense, dense_choice, onednn
 from kernels.dense_choice import Chooser, Timing, fastest
 
 # the most a bf16 model's label log-probs may move from its f32 twin on these tiny checkpoints,
@@ -47,9 +47,10 @@ class FakeMeasure:
 
 @pytest.fixture
 def two_candidates(monkeypatch):
-    """Both bf16 strategies runnable for every even K and N a multiple of 16 (as on a CPU with
-    the native kernel), whatever this CPU has."""
+    """XLA and the native kernel as the bf16 candidates, the latter for every even K and N a
+    multiple of 16 (as on a CPU with AVX512-BF16), whatever this CPU has."""
     monkeypatch.setattr(cpu, "dense_supports", lambda k, n: k % 2 == 0 and n % 16 == 0)
+    monkeypatch.setattr(onednn, "supports", lambda k, n: False)
 
 
 def test_a_chooser_measures_each_shape_once_and_caches_it(tmp_path, two_candidates):
@@ -129,10 +130,11 @@ def test_chosen_prepares_each_shape_as_picked(two_candidates, monkeypatch):
     plain = strategy.prepare(ones((2, 96, 64)), jnp.bfloat16)
     assert not isinstance(plain, dense.Packed) and plain.shape == (2, 96, 64)
     assert isinstance(strategy.prepare_head(ones((384, 64)), jnp.bfloat16), dense.Packed)
-    # the int8 mode picks among its own strategies for layers, bf16 ones for the head
-    int8 = dense.chosen(lambda kind, k, n: "int8-xla", int8=True)
-    assert isinstance(int8.prepare(ones((2, 64, 96)), jnp.bfloat16), dense.Int8)
-    assert int8.matmul is dense.INT8.matmul and int8.head is dense.CPU.head
+    # the int8 mode's forms, each multiplied by its own strategy
+    int8 = dense.chosen(lambda kind, k, n: "int8-xla")
+    prepared = int8.prepare(ones((2, 64, 96)), jnp.bfloat16)
+    assert isinstance(prepared, dense.Int8)
+    assert dense.FORMS[type(prepared)] is dense.INT8_XLA and dense._owner(plain) is dense.XLA
 
 
 def broken_strategy(rounding) -> dense.Dense:
@@ -147,7 +149,8 @@ def broken_strategy(rounding) -> dense.Dense:
 
 
 def test_measuring_real_kernels_checks_their_products(monkeypatch):
-    names = ("xla", "cpu") if cpu.dense_supports(64, 96) else ("xla",)
+    names = dense_choice.candidates("bfloat16", "matmul", 64, 96)
+    assert ("cpu" in names) == cpu.DENSE_AVAILABLE and ("onednn" in names) == onednn.AVAILABLE
     for kind in dense_choice.KINDS:
         timings = dense_choice.measure_shape("bfloat16", kind, 64, 96, names)
         assert set(timings) == set(names)
@@ -171,14 +174,16 @@ def test_measuring_int8_holds_the_native_kernel_to_its_xla_twin():
 
 
 @pytest.mark.parametrize("family", ["llama-untied", "qwen2", "qwen3"])
-@pytest.mark.parametrize("strategy", [None, "xla", "cpu"])
+@pytest.mark.parametrize("strategy", [None, "xla", "cpu", "onednn"])
 def test_every_strategy_scores_within_the_bf16_bound_of_f32(tiny_checkpoints, family, strategy):
     if strategy == "cpu" and not cpu.DENSE_AVAILABLE:
         pytest.skip("needs the AVX512-BF16 kernel")
+    if strategy == "onednn" and not onednn.AVAILABLE:
+        pytest.skip("needs the oneDNN extension")
     f32 = load_model(tiny_checkpoints[family], dtype="float32", progress=False)
     model = load_model(tiny_checkpoints[family], dtype="bfloat16", dense=strategy, progress=False)
-    measured = model.program.dense_choice
-    assert (measured is not None) == (strategy is None and cpu.DENSE_AVAILABLE)
+    several = cpu.DENSE_AVAILABLE or onednn.AVAILABLE  # beside XLA
+    assert (model.program.dense_choice is not None) == (strategy is None and several)
     rng = np.random.default_rng(7)
     query = [int(t) for t in rng.integers(0, 384, 30)]
     items = [[int(t) for t in rng.integers(0, 384, n)] for n in (1, 9, 40, 70)]

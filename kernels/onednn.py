@@ -1,0 +1,72 @@
+"""oneDNN's matmul with weights packed once at load: the dense path for CPUs with AMX.
+
+On Intel CPUs with AMX (Sapphire Rapids and later) the native AVX512-BF16 kernel is slow
+(`vdpbf16ps` has a fraction of the throughput it has on AMD Zen 4/5) and XLA's dot repacks the
+weights for oneDNN on every call. This path keeps them in the layout oneDNN chose for this CPU
+(`_native/dense_onednn.cc`), whichever matrix instructions it has: AMX tiles, AVX512-BF16,
+AVX-512 or AVX2. `AVAILABLE` is False when the extension was not built (no oneDNN at build time)
+or the library (`libdnnl.so.3`, from the `onednn-cpu-gomp` package) cannot be loaded.
+"""
+
+import ctypes
+from importlib import metadata
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kernels.host import aligned_empty
+
+TARGET = "onednn_dense"
+
+
+def _load():
+    """The extension module, with oneDNN's library loaded first (None where either is missing)."""
+    try:
+        files = metadata.distribution("onednn-cpu-gomp").files or []
+        [library] = [f for f in files if f.name == "libdnnl.so.3"]
+        path = metadata.distribution("onednn-cpu-gomp").locate_file(library)
+        ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)  # the extension links it by this name
+        from _native import _onednn
+    except (metadata.PackageNotFoundError, ValueError, OSError, ImportError):
+        return None
+    return _onednn
+
+
+_onednn = _load()
+AVAILABLE = _onednn is not None
+if AVAILABLE:
+    jax.ffi.register_ffi_target(TARGET, _onednn.dense_handler(), platform="cpu")
+
+
+def isa() -> str | None:
+    """The instruction set oneDNN runs on this CPU ("avx512_core_amx", "avx512_core_bf16",
+    ...), None where this path is not available."""
+    return _onednn.isa() if AVAILABLE else None
+
+
+def supports(k: int, n: int) -> bool:
+    """Whether this path takes a [K, N] weight."""
+    return AVAILABLE and k > 0 and n > 0 and _onednn.packed_bytes(k, n) > 0
+
+
+def pack(w) -> np.ndarray:
+    """Weights [L, K, N] rounded to bf16 and packed for `dense`: u8[L, bytes], aligned for
+    `kernels.host.to_device`."""
+    w = np.asarray(w)
+    lead, k, n = w.shape
+    out = aligned_empty((lead, _onednn.packed_bytes(k, n)), np.uint8)
+    for i in range(lead):
+        _onednn.pack_into(np.ascontiguousarray(w[i].astype(jnp.bfloat16)), out[i])
+    return out
+
+
+def dense(
+    x: jax.Array,  # [M, K], cast to bf16
+    w: jax.Array,  # u8[L, bytes] from `pack`
+    layer: jax.Array,  # i32[]: which of the L matrices
+    n: int,  # columns of the packed weights
+) -> jax.Array:  # f32[M, N]
+    """`x @ W[layer]` through oneDNN: bf16 inputs, f32 accumulation."""
+    call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((x.shape[0], n), np.float32))
+    return call(x.astype(jnp.bfloat16), w, jnp.asarray(layer, np.int32))
