@@ -30,10 +30,16 @@ def parser(description: str) -> argparse.ArgumentParser:
     model.add_argument(
         "--shape",
         default=None,
-        help="random weights of this shape: qwen3-0.6b, or the cross-encoders minilm-l6 and "
-        "bge-reranker-v2-m3",
+        help="random weights of this shape: qwen3-0.6b, smollm2-135m, or the cross-encoders "
+        "minilm-l6 and bge-reranker-v2-m3",
     )
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument(
+        "--dense",
+        default=None,
+        help="force the engine's dense matmul path (xla, cpu, onednn; int8, int8-xla): the "
+        "default is the one measured fastest per weight shape",
+    )
     p.add_argument("--json", default=None, help="report file (default: bench/results/...)")
     p.add_argument("--quick", action="store_true", help="the smallest run: for tests")
     p.add_argument("--seed", type=int, default=0)
@@ -234,7 +240,11 @@ def fmt_side(side: dict, dtype: str, digits: int = 2) -> str:
 
 
 def fmt_peaks(peaks: dict) -> str:
-    return f"peaks bf16 {peaks['bfloat16']:.0f} / f32 {peaks['float32']:.0f} GFLOP/s"
+    return (
+        f"peaks bf16 {peaks['bfloat16']:.0f} ({peaks['bfloat16_path']}) / f32 "
+        f"{peaks['float32']:.0f} GFLOP/s on {peaks['cpu']} "
+        f"({peaks['matrix_isa'] or 'no matrix ISA'})"
+    )
 
 
 def rerank_batch_options(p: argparse.ArgumentParser, batch_sizes: list[int]) -> None:
@@ -261,6 +271,8 @@ def engine_numbers(eng: dict, items: int, peaks, dtype: str) -> dict:
         "best_s",
         "times_s",
         "startup_s",
+        "dense",
+        "dense_choice",
         "compiles",
         "flops",
         "padded_tokens",

@@ -1,20 +1,83 @@
 """The machine's matmul peak, measured in the run that reports MFU against it.
 
-Square GEMMs in JAX per dtype (`engine.plan.devices.gemm_gflops`): bf16 inputs with f32
-accumulation (the engine's bf16 path) and f32. Each size's best of `repeats` timed calls after a
-warm-up, in GFLOP/s; the peak is the best size (on this CPU 2048 beats 4096 by ~25%, so one size
-alone would understate the peak).
+The bf16 peak is the fastest square GEMM any path on this machine reaches (bf16 inputs, f32
+accumulation): XLA's dot, the native AVX512-BF16 kernel and oneDNN's matmul on weights packed
+once (the engine's dense strategies, where they run), and torch's matmul (oneDNN, the reference
+library) when torch is installed. No single path is fastest on every CPU (on Intel CPUs with AMX
+the native kernel reaches a third of what oneDNN does), so MFU against the best of them means
+the same on every machine. f32 is XLA's dot. Each size's best of `repeats` timed calls after a
+warm-up; a path's peak is its best size. The report names the CPU and its matrix instructions.
 """
 
+import os
+import time
+
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 from engine.plan.devices import gemm_gflops
+from kernels import dense, dense_choice, select_dense
 
 
 def measure_peaks(sizes=(1024, 2048, 4096), repeats: int = 5) -> dict:
-    """{"bfloat16": GFLOP/s, "float32": GFLOP/s, "by_size": {...}}: the best over `sizes`."""
-    by_size = {
-        name: {n: gemm_gflops(n, dtype, repeats) for n in sizes}
-        for name, dtype in (("bfloat16", jnp.bfloat16), ("float32", jnp.float32))
+    """{"bfloat16": GFLOP/s, "float32": GFLOP/s, "bfloat16_path": the fastest path's name,
+    "by_path": {path: {size: GFLOP/s}}, "cpu": model, "matrix_isa": ...}."""
+    by_path = {"xla": {n: gemm_gflops(n, jnp.bfloat16, repeats) for n in sizes}}
+    for name in ("cpu", "onednn"):
+        if _runs(name):
+            by_path[name] = {n: packed_gflops(dense.STRATEGIES[name], n, repeats) for n in sizes}
+    if (torch_peak := torch_gflops(sizes, repeats)) is not None:
+        by_path["torch"] = torch_peak
+    best = {path: max(v.values()) for path, v in by_path.items()}
+    fastest = max(best, key=best.get)
+    facts = dense_choice.machine()
+    return {
+        "bfloat16": best[fastest],
+        "float32": max(gemm_gflops(n, jnp.float32, repeats) for n in sizes),
+        "bfloat16_path": fastest,
+        "by_path": by_path,
+        "cpu": facts["cpu"],
+        "matrix_isa": dense_choice.matrix_isa(facts["flags"]),
     }
-    return {name: max(v.values()) for name, v in by_size.items()} | {"by_size": by_size}
+
+
+def _runs(name: str) -> bool:
+    try:
+        select_dense(name, jax.default_backend(), dtype=jnp.bfloat16)
+    except ValueError:
+        return False
+    return True
+
+
+def packed_gflops(strategy: dense.Dense, n: int, repeats: int) -> float:
+    """An n x n x n product through a dense strategy, its weights prepared (packed) first."""
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((n, n), np.float32), jnp.bfloat16)
+    w = strategy.prepare(rng.standard_normal((1, n, n), np.float32), jnp.bfloat16)
+    f = jax.jit(lambda x, w: strategy.matmul(x, w, jnp.int32(0)))
+    return 2 * n**3 / _best(lambda: f(x, w).block_until_ready(), repeats) / 1e9
+
+
+def torch_gflops(sizes, repeats: int) -> dict[int, float] | None:
+    """torch's bf16 matmul per size on every core, None without torch."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    torch.set_num_threads(os.cpu_count())
+    out = {}
+    for n in sizes:
+        a, b = (torch.randn(n, n, dtype=torch.bfloat16) for _ in range(2))
+        out[n] = 2 * n**3 / _best(lambda a=a, b=b: torch.matmul(a, b), repeats) / 1e9
+    return out
+
+
+def _best(call, repeats: int) -> float:
+    call()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return min(times)

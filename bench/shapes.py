@@ -32,7 +32,25 @@ QWEN3_0_6B = {
     "hidden_act": "silu",
     "initializer_range": 0.02,
 }
-SHAPES = {"qwen3-0.6b": ("Qwen3Config", QWEN3_0_6B)}
+# SmolLM2-135M's (the default model's), for machines its GGUF file does not reach.
+SMOLLM2_135M = {
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "vocab_size": 49152,
+    "max_position_embeddings": 8192,
+    "rope_theta": 100000.0,
+    "rms_norm_eps": 1e-05,
+    "tie_word_embeddings": True,
+    "hidden_act": "silu",
+    "initializer_range": 0.02,
+}
+SHAPES = {
+    "qwen3-0.6b": ("Qwen3Config", QWEN3_0_6B),
+    "smollm2-135m": ("LlamaConfig", SMOLLM2_135M),
+}
 TOKENIZER_VOCAB = 4096
 
 

@@ -12,6 +12,7 @@ is not timed).
 import time
 from collections.abc import Callable, Sequence
 
+import msgspec
 import numpy as np
 import trio
 from tqdm import tqdm, trange
@@ -26,6 +27,7 @@ def engine_config(args, path) -> EngineConfig:
     return EngineConfig(
         model=str(path),
         dtype=args.dtype,
+        dense=args.dense,
         token_budget=args.token_budget,
         tokenizer_cache_size=0,
         progress=not args.no_progress,
@@ -59,8 +61,11 @@ async def _run_engine(config, build, repeats) -> dict:
         plan = packing.plan(seqs, token_budget=config.token_budget, buckets=engine.buckets)
         cost = Cost.of(engine.model_config)
         per_pass = lambda name: (getattr(after, name) - getattr(before, name)) / repeats
+        choice = engine.program.dense_choice
         return {
             "startup_s": startup_s,
+            "dense": engine.program.dense.name,
+            "dense_choice": msgspec.to_builtins(choice) if choice is not None else None,
             "compiles": after.compiles,
             "times_s": times,
             "best_s": min(times),

@@ -34,7 +34,12 @@ def run(main, tiny, tmp_path, name: str, *extra: str) -> dict:
     report = json.loads(out.read_text())
     assert out.with_suffix(".png").stat().st_size > 1000
     positive(report, "engine_items_per_s", "baseline_items_per_s", "ratio")
-    assert report["peak_gflops"]["bfloat16"] > 0 and report["peak_gflops"]["float32"] > 0
+    peaks = report["peak_gflops"]
+    assert peaks["bfloat16"] > 0 and peaks["float32"] > 0
+    # the bf16 peak is the fastest path's, named with the CPU it ran on
+    assert peaks["bfloat16"] == max(max(by_size.values()) for by_size in peaks["by_path"].values())
+    assert peaks["by_path"][peaks["bfloat16_path"]] and peaks["cpu"]
+    assert "xla" in peaks["by_path"] and ("torch" in peaks["by_path"])  # torch: a test dependency
     assert report["model"] == "llama-untied"  # the checkpoint's name, not where it lies
     recorded = {k: v for k, v in report.items() if k != "argv"}  # argv: the command as typed
     assert not [s for s in strings(recorded) if s.startswith("/") or str(tmp_path) in s]
@@ -227,6 +232,29 @@ def test_int8_beside_bf16_and_f32(tiny, tmp_path):
         assert 0 < sides["int8"]["mean_abs_logprob_dev_vs_f32"] < 1
         assert sides["transformers-bfloat16"]["max_abs_logprob_dev_vs_f32"] < 1
         positive(workload, "int8_over_bf16", "int8_over_transformers_bf16")
+
+
+def test_dense_paths_side_by_side(tiny, tmp_path):
+    from bench import dense_paths
+    from kernels import cpu, onednn
+
+    out = tmp_path / "dense.json"
+    quick = [q for q in QUICK if q not in ("--dtype", "float32")]
+    report = dense_paths.main(["--model", tiny, *quick, "--json", str(out)])
+    assert out.with_suffix(".png").stat().st_size > 1000
+    assert json.loads(out.read_text())["workloads"].keys() == {"w1", "w2"}
+    forced = ["xla", *["cpu"] * cpu.DENSE_AVAILABLE, *["onednn"] * onednn.AVAILABLE]
+    for workload in report["workloads"].values():
+        assert list(workload["paths"]) == ["default", *forced]
+        best = max(workload["paths"][p]["items_per_s"] for p in forced)
+        for side in workload["paths"].values():
+            positive(side, "items_per_s", "over_best_forced")
+            assert side["over_best_forced"] == pytest.approx(side["items_per_s"] / best)
+            assert side["max_abs_logprob_diff_vs_default"] < 0.1  # all bf16, rounding apart
+        if len(forced) > 1:  # the default measured its candidates, and names what it chose
+            shapes = workload["choice"]["shapes"]
+            assert {s["kind"] for s in shapes} == {"matmul", "gated", "head"}
+            assert all(s["chosen"] in forced for s in shapes)
 
 
 def test_dashboard_screenshot_under_load(tiny, tmp_path):

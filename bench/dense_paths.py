@@ -1,0 +1,118 @@
+"""The dense matmul paths side by side: W1 and W2 through the engine with the measured default
+and with each strategy forced, back to back, in one compute mode.
+
+    python -m bench dense [--model PATH | --shape smollm2-135m] [--mode bfloat16|int8]
+                          [--workloads w1 w2] [--repeats 3] [--quick]
+
+Each workload is one `Engine.score` request timed as `python -m bench w1` / `w2` time it
+(warm-up, then the best of `--repeats` passes with the KV cache flushed), once per path: the
+default (each weight shape by the strategy measured fastest on this machine) and every strategy
+that runs here ("xla", "cpu", "onednn"; in int8: "int8", "int8-xla"). Reported per path: items/s
+and the ratio to the best forced strategy, the label log-probs' largest |d log-prob| from the
+first path's, and what the default chose per shape with each candidate's GFLOP/s. Prints one
+line per workload; writes the JSON report and a chart.
+"""
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+
+from bench import common, sides, w1, w2
+from bench.int8 import QUICK
+from kernels import INT8_DENSE, select_dense
+
+
+def parse(argv):
+    p = common.parser(__doc__.split("\n\n")[0])
+    p.add_argument("--mode", default="bfloat16", choices=["bfloat16", "int8"])
+    p.add_argument("--workloads", nargs="+", default=["w1", "w2"], choices=["w1", "w2"])
+    common.rerank_batch_options(p, [1])  # W1's shape options (no baseline runs here)
+    p.add_argument("--prompt-tokens", type=int, default=2000)  # W2's
+    p.add_argument("--shared-tokens", type=int, default=100)
+    p.add_argument("--items", type=int, default=500)
+    p.add_argument("--item-tokens", type=int, default=20)
+    return common.parse_args(p, argv, QUICK)
+
+
+def paths(mode: str) -> list[str | None]:
+    """The default (None) and every strategy of `mode` that runs on this backend."""
+    names = INT8_DENSE if mode == "int8" else ("xla", "cpu", "onednn")
+    return [None, *(name for name in names if _runs(name, mode))]
+
+
+def _runs(name: str, mode: str) -> bool:
+    try:
+        select_dense(name, jax.default_backend(), dtype=jnp.bfloat16, int8=mode == "int8")
+    except ValueError:
+        return False
+    return True
+
+
+def main(argv=None) -> dict:
+    args = parse(argv)
+    path = common.model_path(args)
+    results = {}
+    for name in args.workloads:
+        results[name], cfg = run_workload(args, path, name)
+    report = {
+        "workload": "dense",
+        "description": "W1 and W2 through each dense path: the measured default and each forced",
+        **common.environment(args, path, cfg),
+        "dtype": args.mode,
+        "workloads": results,
+    }
+    common.publish(report, args, common.model_tag(args, path), chart, summary(report))
+    return report
+
+
+def run_workload(args, path, name: str) -> tuple[dict, object]:
+    """The workload's report through every path, and the model's config."""
+    build = partial(w1.build if name == "w1" else w2.build, args)
+    args.dtype = args.mode
+    runs = {}
+    for dense in paths(args.mode):
+        args.dense = dense
+        runs[dense or "default"] = sides.run_engine(
+            sides.engine_config(args, path), build, args.repeats
+        )
+    items = len(runs["default"]["request"][1])
+    first = runs["default"]["logprobs"]
+    out = {
+        label: {
+            "items_per_s": items / run["best_s"],
+            "times_s": run["times_s"],
+            "max_abs_logprob_diff_vs_default": float(abs(run["logprobs"] - first).max()),
+        }
+        for label, run in runs.items()
+    }
+    best = max(v["items_per_s"] for k, v in out.items() if k != "default")
+    for side in out.values():
+        side["over_best_forced"] = side["items_per_s"] / best
+    report = {"items": items, "paths": out, "choice": runs["default"]["dense_choice"]}
+    return report, runs["default"]["config"]
+
+
+def summary(report: dict) -> str:
+    return "; ".join(
+        f"{name}: "
+        + ", ".join(
+            f"{p} {s['items_per_s']:.2f} items/s ({s['over_best_forced']:.3f}x the best forced)"
+            for p, s in r["paths"].items()
+        )
+        for name, r in report["workloads"].items()
+    )
+
+
+def chart(report: dict, png) -> None:
+    bars = {
+        f"{p} {name.upper()}": s["items_per_s"]
+        for name, r in report["workloads"].items()
+        for p, s in r["paths"].items()
+    }
+    notes = "; ".join(
+        f"{name}: default {r['paths']['default']['over_best_forced']:.3f}x the best forced path"
+        for name, r in report["workloads"].items()
+    )
+    title = f"dense paths ({report['dtype']}), {common.report_tag(report)}, {report['cores']} cores"
+    common.bar_chart(png, title, bars, "items/s", notes)
