@@ -40,7 +40,6 @@ extensions.append(
 )
 
 
-
 def onednn_dirs() -> tuple[str, str] | None:
     """oneDNN's include and library directories, from its packages' installed files."""
     try:

@@ -58,7 +58,7 @@ def stream_bytes():
 
 
 def set_threads(int threads):
-    """Worker threads per kernel call (attention and dense); 0 means every online core."""
+    """Worker threads per kernel call (attention and dense); 0 means every core this process may run on."""
     if threads < 0:
         raise ValueError(f"threads must be >= 0, got {threads}")
     packed_attention_set_threads(threads)

@@ -3,7 +3,7 @@
 // Token t attends to keys [prefix_start[t], prefix_end[t]) and [own_start[t], own_end[t]) of a key
 // space whose first C keys are read from KV pool pages through a page table. The handler
 // checks shapes and dtypes, then runs the widest instruction-set build of the kernel this CPU
-// supports on `threads` worker threads (all online cores by default).
+// supports on `threads` worker threads (every core this process may run on by default).
 
 #include <algorithm>
 #include <atomic>

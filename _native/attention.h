@@ -4,7 +4,7 @@
 // The XLA FFI handler (an XLA_FFI_Handler*), to register as a custom call target.
 void* packed_attention_handler();
 
-// Worker threads per call; 0 (the default) means every online core.
+// Worker threads per call; 0 (the default) means every core this process may run on.
 void packed_attention_set_threads(int threads);
 
 // Instruction-set builds: 0 portable, 1 AVX2+FMA, 2 AVX-512, 3 AVX-512 with BF16 dot products.

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <sched.h>
 #include <thread>
 #include <vector>
 
@@ -17,13 +18,23 @@ namespace native_cpu {
 
 namespace ffi = xla::ffi;
 
-// Worker threads per call; 0 means every online core.
+// Worker threads per call; 0 means every core this process may run on.
 inline std::atomic<int> g_threads{0};
+
+// The cores of this process's affinity mask (a container's or `taskset`'s share), which may be
+// fewer than the machine's.
+inline int usable_cores() {
+  static const int cores = [] {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+    return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  }();
+  return cores;
+}
 
 inline int thread_count() {
   int n = g_threads.load();
-  if (n > 0) return n;
-  return std::max(1u, std::thread::hardware_concurrency());
+  return n > 0 ? n : usable_cores();
 }
 
 // XLA's intra-op thread pool for the call running on this thread (null outside a call).

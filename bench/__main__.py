@@ -2,10 +2,12 @@
 
 python -m bench w1 --dtype bfloat16          # rerank batch, engine vs transformers
 python -m bench w2 --shape qwen3-0.6b        # 2000-token prompt + 500 items
+python -m bench w1 --peer vllm --peer-python VENV/bin/python  # + vLLM's CPU build (its own venv)
 python -m bench w3                           # HTTP serving, concurrency sweep
 python -m bench w4                           # W2 in 16 requests: the KV cache on vs off
 python -m bench w4-ray                       # W4 users on Ray Serve: routers compared
 python -m bench int8                         # W1, W2 in int8 beside bf16, f32, transformers
+python -m bench dense --mode int8            # W1, W2: the measured dense default vs each path
 python -m bench long --shape qwen3-0.6b # one 30,000-token sequence, chunked prefill
 python -m bench soak                         # 256 clients for 60 s, every answer checked
 python -m bench w1 --help                    # a workload's own options
@@ -24,6 +26,7 @@ WORKLOADS = {
     "w4": ("bench.w4", "W2 as 16 requests, sequential and 4 at a time, KV cache on vs off"),
     "w4-ray": ("bench.w4_ray", "W4 users through Ray Serve: prefix affinity vs hashing vs default"),
     "int8": ("bench.int8", "W1 and W2 in int8 compute beside bf16, f32 and transformers bf16"),
+    "dense": ("bench.dense_paths", "W1 and W2 through the measured dense default and each path"),
     "long": ("bench.long", "one 30,000-token sequence through chunked prefill: time, peak memory"),
     "dashboard": ("bench.dashboard_shot", "a screenshot of /dashboard under W3 load (chromium)"),
     "soak": ("bench.soak", "HTTP soak: 256 clients for 60 s, answers checked, RSS/FD watched"),

@@ -60,12 +60,12 @@ def packed_gflops(strategy: dense.Dense, n: int, repeats: int) -> float:
 
 
 def torch_gflops(sizes, repeats: int) -> dict[int, float] | None:
-    """torch's bf16 matmul per size on every core, None without torch."""
+    """torch's bf16 matmul per size on every core this process may use, None without torch."""
     try:
         import torch
     except ImportError:
         return None
-    torch.set_num_threads(os.cpu_count())
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
     out = {}
     for n in sizes:
         a, b = (torch.randn(n, n, dtype=torch.bfloat16) for _ in range(2))

@@ -43,6 +43,15 @@ def run_engine(config: EngineConfig, build: Callable, repeats: int) -> dict:
     return trio.run(_run_engine, config, build, repeats)
 
 
+def dense_facts(engine) -> dict:
+    """The engine's dense path, and what its measured default chose (None when forced)."""
+    choice = engine.program.dense_choice
+    return {
+        "dense": engine.program.dense.name,
+        "dense_choice": msgspec.to_builtins(choice) if choice is not None else None,
+    }
+
+
 async def _run_engine(config, build, repeats) -> dict:
     start = time.perf_counter()
     async with open_engine(config) as engine:
@@ -61,11 +70,9 @@ async def _run_engine(config, build, repeats) -> dict:
         plan = packing.plan(seqs, token_budget=config.token_budget, buckets=engine.buckets)
         cost = Cost.of(engine.model_config)
         per_pass = lambda name: (getattr(after, name) - getattr(before, name)) / repeats
-        choice = engine.program.dense_choice
         return {
             "startup_s": startup_s,
-            "dense": engine.program.dense.name,
-            "dense_choice": msgspec.to_builtins(choice) if choice is not None else None,
+            **dense_facts(engine),
             "compiles": after.compiles,
             "times_s": times,
             "best_s": min(times),

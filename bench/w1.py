@@ -8,13 +8,18 @@ on the same token ids, sorted by length and left-padded into batches with correc
 `logits_to_keep=1`; batch size 1 (no padding) and 8/16/32 are timed and the best is the baseline.
 Prints one summary line; writes the JSON report and a bar chart beside it. A cross-encoder
 (`--shape minilm-l6`, `--shape bge-reranker-v2-m3`, or `--model` of one) runs `bench.w1_encoder`.
+
+`--peer vllm --peer-python VENV/bin/python` also runs vLLM's CPU build (installed in its own
+virtual environment) on the same token ids, bf16 and prefix caching on, the cache reset before
+each of `--repeats` timed passes after a warm-up; `--peer-api generate|classify` picks how it
+scores the labels (`bench.peer`). The report gains `peer` and `ratio_vs_peer`, the chart its bar.
 """
 
 from functools import partial
 
 import numpy as np
 
-from bench import common, sides, w1_encoder
+from bench import common, peer, sides, w1_encoder
 from bench.flops import Cost
 from bench.parity import label_ids
 from bench.peak import measure_peaks
@@ -27,6 +32,8 @@ QUICK = dict(docs=8, doc_tokens=(20, 40), batch_sizes=[1, 4], repeats=1, gemm=[5
 def main(argv=None) -> dict:
     args = parse(argv)
     if w1_encoder.is_encoder(args):
+        if args.peer:
+            raise peer.PeerError("--peer: the peer is compared on decoder models, not encoders")
         return w1_encoder.main(argv)
     path, peaks = common.model_path(args), measure_peaks(args.gemm)
     eng = sides.run_engine(sides.engine_config(args, path), partial(build, args), args.repeats)
@@ -55,6 +62,7 @@ def main(argv=None) -> dict:
         "engine": engine,
         "baseline": baseline,
         "max_abs_logprob_diff_vs_baseline": float(diff.max()),
+        **peer.measure(args, path, eng, engine),
     }
     common.publish(report, args, common.model_tag(args, path), chart, summary(report))
     return report
@@ -63,7 +71,10 @@ def main(argv=None) -> dict:
 def parse(argv):
     p = common.parser(__doc__.split("\n\n")[0])
     common.rerank_batch_options(p, [1, 8, 16, 32])
-    return common.parse_args(p, argv, QUICK)
+    peer.add_options(p)
+    args = common.parse_args(p, argv, QUICK)
+    peer.check_options(p, args)
+    return args
 
 
 def build(args, model):
@@ -105,15 +116,17 @@ def summary(report: dict) -> str:
         f"{common.fmt_side(baseline, dtype)}, ratio {report['ratio']:.2f}x; "
         f"{common.fmt_peaks(report['peak_gflops'])}; "
         f"max |dlogprob| {report['max_abs_logprob_diff_vs_baseline']:.3g}"
+        f"{peer.summary(report)}"
     )
 
 
 def chart(report: dict, png) -> None:
-    """The bar chart of a W1 report: engine and transformers per batch size, items/s."""
+    """The bar chart of a W1 report: engine, the peer if any, transformers per batch size, in
+    items/s."""
     if report.get("kind") == w1_encoder.KIND:
         return w1_encoder.chart(report, png)
     engine, baseline, dtype = report["engine"], report["baseline"], report["dtype"]
-    bars = {"engine": engine["items_per_s"]}
+    bars = {"engine": engine["items_per_s"], **peer.bars(report)}
     bars |= {
         f"transformers bs={b}": v["items_per_s"] for b, v in baseline["per_batch_size"].items()
     }
@@ -123,7 +136,7 @@ def chart(report: dict, png) -> None:
         f"{common.report_tag(report)} {dtype}, {report['cores']} CPU cores",
         bars,
         "items/s",
-        notes=f"engine/best transformers = {report['ratio']:.2f}x; MFU engine "
+        notes=f"engine/best transformers = {report['ratio']:.2f}x{peer.note(report)}; MFU engine "
         f"{engine['mfu']:.1%}, transformers {baseline['mfu']:.1%} of {dtype} peak "
         f"{report['peak_gflops'][dtype]:.0f} GFLOP/s",
     )

@@ -127,6 +127,7 @@ async def _run_engine(config, args) -> dict:
             scores[hit.index] = hit.relevance_score
         return {
             "startup_s": startup_s,
+            **sides.dense_facts(engine),
             "compiles": after.compiles,
             "times_s": times,
             "best_s": min(times),

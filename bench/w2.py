@@ -11,13 +11,17 @@ Baselines (torch CPU, same weights and dtype, `logits_to_keep=1`):
 - naive: every item as its own 2020-token sequence. Only a sample of items (`--naive-sample`) is
   timed and the rate extrapolated to all items; the output says so.
 Prints one summary line; writes the JSON report and a bar chart beside it.
+
+`--peer vllm --peer-python VENV/bin/python` also runs vLLM's CPU build on the same token ids
+(each item as prompt + item, as the engine sees them; its prefix caching computes the prompt once),
+as in `bench.w1`: the report gains `peer` and `ratio_vs_peer`, the chart its bar.
 """
 
 from functools import partial
 
 import numpy as np
 
-from bench import common, sides
+from bench import common, peer, sides
 from bench.flops import Cost
 from bench.parity import label_ids
 from bench.peak import measure_peaks
@@ -86,6 +90,7 @@ def main(argv=None) -> dict:
         "baseline": baseline,
         "naive_baseline": extrapolated,
         "score_check": check,
+        **peer.measure(args, path, eng, engine),
     }
     common.publish(report, args, common.model_tag(args, path), chart, summary(report))
     return report
@@ -101,7 +106,10 @@ def parse(argv):
     p.add_argument("--naive-sample", type=int, default=8, help="items timed by the naive baseline")
     p.add_argument("--naive-batch-sizes", type=int, nargs="+", default=[1, 8])
     p.add_argument("--repeats", type=int, default=2)
-    return common.parse_args(p, argv, QUICK)
+    peer.add_options(p)
+    args = common.parse_args(p, argv, QUICK)
+    peer.check_options(p, args)
+    return args
 
 
 def build(args, model):
@@ -179,15 +187,16 @@ def summary(report: dict) -> str:
         f"{common.fmt_mfu(naive, dtype)}), ratio {report['ratio_vs_naive']:.1f}x; "
         f"max |dlogprob| engine vs prefix {check['max_abs_logprob_diff_engine_vs_prefix']:.3g} "
         f"({'ok' if check['ok'] else 'OVER'} tol {check['tolerance']}); "
-        f"{common.fmt_peaks(report['peak_gflops'])}"
+        f"{common.fmt_peaks(report['peak_gflops'])}{peer.summary(report)}"
     )
 
 
 def chart(report: dict, png) -> None:
-    """The bar chart of a W2 report: engine, prefix reuse and naive per batch size, items/s."""
+    """The bar chart of a W2 report: engine, the peer if any, prefix reuse and naive per batch
+    size, items/s."""
     engine, baseline, naive = report["engine"], report["baseline"], report["naive_baseline"]
     dtype = report["dtype"]
-    bars = {"engine": engine["items_per_s"]}
+    bars = {"engine": engine["items_per_s"], **peer.bars(report)}
     bars |= {f"prefix bs={b}": v["items_per_s"] for b, v in baseline["per_batch_size"].items()}
     bars |= {f"naive bs={b} (est.)": v["items_per_s"] for b, v in naive["per_batch_size"].items()}
     common.bar_chart(
@@ -197,7 +206,7 @@ def chart(report: dict, png) -> None:
         bars,
         "items/s",
         notes=f"engine/prefix-reuse transformers = {report['ratio']:.2f}x, engine/naive = "
-        f"{report['ratio_vs_naive']:.1f}x (naive extrapolated from "
+        f"{report['ratio_vs_naive']:.1f}x{peer.note(report)} (naive extrapolated from "
         f"{naive['extrapolated_from_items']} items); MFU engine {engine['mfu']:.1%} of {dtype} "
         f"peak {report['peak_gflops'][dtype]:.0f} GFLOP/s",
     )

@@ -38,7 +38,7 @@ def supports(head_dim: int, dtype) -> bool:
 
 def set_threads(threads: int) -> None:
     """Worker threads per native kernel call (attention and dense); 0 (the default) uses every
-    online core."""
+    core this process may run on (its affinity mask)."""
     _native_module().set_threads(threads)
 
 

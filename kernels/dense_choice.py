@@ -5,7 +5,7 @@ No fixed choice is right on every CPU. On AMD Zen 4/5 the native AVX512-BF16 ker
 dot; on Intel CPUs with AMX, XLA's dot (oneDNN on the AMX tiles) runs about three times faster
 than the native kernel, whose `vdpbf16ps` is slow there. So the default strategy (`dense=None`)
 times every strategy that can run each of the model's matrix shapes, at a small and a large
-batch, and takes the one with the least time per row over both.
+batch, and takes the one that multiplies both in the least time.
 
 Speed is not the only criterion: a candidate is eligible only if its products stay within the
 bound that any f32 accumulation of the bf16 inputs keeps, `K * 2^-23 * (|x| @ |w|)` per element
@@ -140,18 +140,15 @@ def candidates(mode: str, kind: str, k: int, n: int) -> tuple[str, ...]:
 
 
 def fastest(timings: dict[str, Timing]) -> str:
-    """The eligible candidate with the least time per row over the row counts, among those timed
-    at every row count (none eligible: the one closest to its bound)."""
+    """The eligible candidate with the least time for a batch of each row count together (the
+    large batch weighs as the work it is), among those timed at every row count (none eligible:
+    the one closest to its bound)."""
     eligible = [name for name, t in timings.items() if t.eligible]
     if not eligible:
         return min(timings, key=lambda name: timings[name].error)
     counts = max(len(timings[name].seconds) for name in eligible)
     finalists = [name for name in eligible if len(timings[name].seconds) == counts]
-    return min(finalists, key=lambda name: _per_row(timings[name]))
-
-
-def _per_row(t: Timing) -> float:
-    return sum(s / int(rows) for rows, s in t.seconds.items())
+    return min(finalists, key=lambda name: sum(timings[name].seconds.values()))
 
 
 Measure = Callable[[str, str, int, int, tuple[str, ...]], dict[str, Timing]]
