@@ -16,7 +16,9 @@ cnp.import_array()
 cdef extern from "dense_onednn.h":
     void* onednn_dense_handler()
     long long onednn_packed_bytes(long long k, long long n)
-    int onednn_pack(const void* w, long long k, long long n, void* out)
+    int onednn_pack(
+        const void* w, long long k, long long n, long long stride_k, long long stride_n, void* out
+    )
     const char* onednn_isa()
 
 
@@ -31,13 +33,14 @@ def packed_bytes(long long k, long long n):
 
 
 def pack_into(cnp.ndarray w, cnp.ndarray out):
-    """Pack C-contiguous 16-bit (bf16) weights w[k, n] into out (packed_bytes(k, n) bytes)."""
-    if w.ndim != 2 or w.itemsize != 2 or not w.flags.c_contiguous:
-        raise ValueError("w must be a C-contiguous bf16 [k, n] array")
+    """Pack 16-bit (bf16) weights w[k, n], of any element strides (a transposed view too), into
+    out (packed_bytes(k, n) contiguous bytes)."""
+    if w.ndim != 2 or w.itemsize != 2 or w.strides[0] % 2 or w.strides[1] % 2:
+        raise ValueError("w must be a bf16 [k, n] array")
     k, n = w.shape[0], w.shape[1]
     if not out.flags.c_contiguous or out.nbytes != onednn_packed_bytes(k, n):
         raise ValueError(f"out must be {onednn_packed_bytes(k, n)} contiguous bytes")
-    if onednn_pack(w.data, k, n, out.data) != 0:
+    if onednn_pack(w.data, k, n, w.strides[0] // 2, w.strides[1] // 2, out.data) != 0:
         raise RuntimeError(f"oneDNN could not pack weights of shape {(k, n)}")
 
 

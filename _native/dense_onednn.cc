@@ -128,11 +128,13 @@ long long onednn_packed_bytes(long long k, long long n) {
   }
 }
 
-int onednn_pack(const void* w, long long k, long long n, void* out) {
+int onednn_pack(const void* w, long long k, long long n, long long stride_k, long long stride_n,
+                void* out) {
   using onednn_dense::cpu;
   try {
-    dnnl::memory src(onednn_dense::plain(k, n, dnnl::memory::data_type::bf16), cpu(),
-                     const_cast<void*>(w));
+    const dnnl::memory::desc strided(onednn_dense::Dims{k, n}, dnnl::memory::data_type::bf16,
+                                     onednn_dense::Dims{stride_k, stride_n});
+    dnnl::memory src(strided, cpu(), const_cast<void*>(w));
     dnnl::memory dst(onednn_dense::packed_desc(k, n), cpu(), out);
     dnnl::stream stream(cpu());
     dnnl::reorder(src, dst).execute(stream, src, dst);

@@ -282,7 +282,7 @@ def measure_shape(mode: str, kind: str, k: int, n: int, names) -> dict[str, Timi
     rng = np.random.default_rng(k * 65_537 + n)
     rows = HEAD_ROWS if kind == "head" else ROWS
     x = jnp.asarray(rng.standard_normal((max(rows), k), np.float32) / math.sqrt(k), jnp.bfloat16)
-    ws = [_weights(rng, k, n) for _ in range(2 if kind == "gated" else 1)]
+    ws = [_weights(rng, k, n, kind) for _ in range(2 if kind == "gated" else 1)]
     apply = {name: _program(STRATEGIES[name], kind, ws) for name in names}
     reference = _reference(mode, kind, x[:CHECK_ROWS], [w[:, :CHECK_COLUMNS] for w in ws], apply)
     seconds = {name: {} for name in names}
@@ -303,13 +303,14 @@ def _timing(seconds: dict[str, float], error: float, kind: str, k: int, n: int) 
     return Timing(seconds=seconds, gflops=gflops, error=error, eligible=error <= 1)
 
 
-def _weights(rng: np.random.Generator, k: int, n: int) -> np.ndarray:
+def _weights(rng: np.random.Generator, k: int, n: int, kind: str) -> np.ndarray:
     """f32 [K, N] of exactly bf16 values (float64 then sees what the strategies see): a block of
     `CHECK_COLUMNS` random columns repeated (a vocabulary's worth of random numbers would cost
-    more than timing them)."""
-    block = rng.standard_normal((k, min(n, CHECK_COLUMNS)), np.float32)
+    more than timing them). A head's is the transpose of a [N, K] array, as a head is stored."""
+    block = rng.standard_normal((min(n, CHECK_COLUMNS), k), np.float32)
     block = np.asarray(jnp.asarray(block, jnp.bfloat16), np.float32)
-    return np.tile(block, (1, -(-n // block.shape[1])))[:, :n]
+    rows = np.tile(block, (-(-n // block.shape[0]), 1))[:n]  # [N, K]
+    return rows.T if kind == "head" else np.ascontiguousarray(rows.T)
 
 
 def _program(dense: Dense, kind: str, ws) -> Callable:
@@ -322,7 +323,7 @@ def _program(dense: Dense, kind: str, ws) -> Callable:
         w = dense.prepare_gated(ws[0][None], ws[1][None], jnp.bfloat16)
         f = jax.jit(lambda x, w: dense.gated(x, w, jnp.int32(0)))
     else:
-        w = dense.prepare_head(np.ascontiguousarray(ws[0].T), jnp.bfloat16)  # [N, K] as a head
+        w = dense.prepare_head(ws[0].T, jnp.bfloat16)  # [N, K], as a head is stored
         f = jax.jit(dense.head)
     return lambda x: f(x, w)
 

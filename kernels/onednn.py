@@ -51,14 +51,23 @@ def supports(k: int, n: int) -> bool:
 
 
 def pack(w) -> np.ndarray:
-    """Weights [L, K, N] rounded to bf16 and packed for `dense`: u8[L, bytes], aligned for
+    """Weights [L, K, N] (any strides: a transposed view packs without a copy of its own)
+    rounded to bf16 and packed for `dense`: u8[L, bytes], aligned for
     `kernels.host.to_device`."""
     w = np.asarray(w)
     lead, k, n = w.shape
     out = aligned_empty((lead, _onednn.packed_bytes(k, n)), np.uint8)
     for i in range(lead):
-        _onednn.pack_into(np.ascontiguousarray(w[i].astype(jnp.bfloat16)), out[i])
+        _onednn.pack_into(_bf16(w[i]), out[i])
     return out
+
+
+def _bf16(w: np.ndarray) -> np.ndarray:
+    """w rounded to bf16 in its own memory order (a transposed view stays one)."""
+    if w.dtype == jnp.bfloat16:
+        return w
+    flip = w.flags.f_contiguous and not w.flags.c_contiguous
+    return w.T.astype(jnp.bfloat16).T if flip else w.astype(jnp.bfloat16)
 
 
 def dense(
