@@ -137,6 +137,23 @@ def environment(args, path: Path, cfg) -> dict:
     }
 
 
+def per_workload(args, name: str, description: str, run_workload, chart, summary) -> dict:
+    """A report of `run_workload(args, path, w) -> (report, model config)` for each of
+    `args.workloads`, published with its chart and summary line."""
+    path = model_path(args)
+    results = {}
+    for workload in args.workloads:
+        results[workload], cfg = run_workload(args, path, workload)
+    report = {
+        "workload": name,
+        "description": description,
+        **environment(args, path, cfg),
+        "workloads": results,
+    }
+    publish(report, args, model_tag(args, path), chart, summary(report))
+    return report
+
+
 def report_head(args, path: Path, cfg, peaks: dict, workload: str, description: str, **facts):
     """The opening of a workload report: what ran, where, then `facts` and the measured peaks."""
     return {

@@ -2,15 +2,16 @@
 and with each strategy forced, back to back, in one compute mode.
 
     python -m bench dense [--model PATH | --shape smollm2-135m] [--mode bfloat16|int8]
-                          [--workloads w1 w2] [--repeats 3] [--quick]
+                          [--workloads w1 w2] [--paths default cpu ...] [--repeats 3]
 
 Each workload is one `Engine.score` request timed as `python -m bench w1` / `w2` time it
 (warm-up, then the best of `--repeats` passes with the KV cache flushed), once per path: the
 default (each weight shape by the strategy measured fastest on this machine) and every strategy
-that runs here ("xla", "cpu", "onednn"; in int8: "int8", "int8-xla"). Reported per path: items/s
-and the ratio to the best forced strategy, the label log-probs' largest |d log-prob| from the
-first path's, and what the default chose per shape with each candidate's GFLOP/s. Prints one
-line per workload; writes the JSON report and a chart.
+that runs here ("xla", "cpu", "onednn"; in int8: "int8", "int8-xla"), or those `--paths` names.
+Reported per path: items/s and the ratio to the best forced strategy, the label log-probs'
+largest |d log-prob| from the first path's (`max_abs_logprob_diff_vs_first`), and what the
+default chose per shape with each candidate's GFLOP/s. Prints one line per workload; writes the
+JSON report and a chart.
 """
 
 from functools import partial
@@ -27,6 +28,12 @@ def parse(argv):
     p = common.parser(__doc__.split("\n\n")[0])
     p.add_argument("--mode", default="bfloat16", choices=["bfloat16", "int8"])
     p.add_argument("--workloads", nargs="+", default=["w1", "w2"], choices=["w1", "w2"])
+    p.add_argument(
+        "--paths",
+        nargs="+",
+        default=None,
+        help="the paths to time (default: the measured default and every forced one that runs)",
+    )
     common.rerank_batch_options(p, [1])  # W1's shape options (no baseline runs here)
     p.add_argument("--prompt-tokens", type=int, default=2000)  # W2's
     p.add_argument("--shared-tokens", type=int, default=100)
@@ -51,19 +58,8 @@ def _runs(name: str, mode: str) -> bool:
 
 def main(argv=None) -> dict:
     args = parse(argv)
-    path = common.model_path(args)
-    results = {}
-    for name in args.workloads:
-        results[name], cfg = run_workload(args, path, name)
-    report = {
-        "workload": "dense",
-        "description": "W1 and W2 through each dense path: the measured default and each forced",
-        **common.environment(args, path, cfg),
-        "dtype": args.mode,
-        "workloads": results,
-    }
-    common.publish(report, args, common.model_tag(args, path), chart, summary(report))
-    return report
+    description = "W1 and W2 through each dense path: the measured default and each forced"
+    return common.per_workload(args, "dense", description, run_workload, chart, summary)
 
 
 def run_workload(args, path, name: str) -> tuple[dict, object]:
@@ -71,26 +67,28 @@ def run_workload(args, path, name: str) -> tuple[dict, object]:
     build = partial(w1.build if name == "w1" else w2.build, args)
     args.dtype = args.mode
     runs = {}
-    for dense in paths(args.mode):
+    chosen = [None if p == "default" else p for p in args.paths] if args.paths else None
+    for dense in chosen or paths(args.mode):
         args.dense = dense
         runs[dense or "default"] = sides.run_engine(
             sides.engine_config(args, path), build, args.repeats
         )
-    items = len(runs["default"]["request"][1])
-    first = runs["default"]["logprobs"]
+    first_run = next(iter(runs.values()))
+    items, first = len(first_run["request"][1]), first_run["logprobs"]
     out = {
         label: {
             "items_per_s": items / run["best_s"],
             "times_s": run["times_s"],
-            "max_abs_logprob_diff_vs_default": float(abs(run["logprobs"] - first).max()),
+            "max_abs_logprob_diff_vs_first": float(abs(run["logprobs"] - first).max()),
         }
         for label, run in runs.items()
     }
-    best = max(v["items_per_s"] for k, v in out.items() if k != "default")
+    forced = [v for k, v in out.items() if k != "default"] or list(out.values())
+    best = max(v["items_per_s"] for v in forced)
     for side in out.values():
         side["over_best_forced"] = side["items_per_s"] / best
-    report = {"items": items, "paths": out, "choice": runs["default"]["dense_choice"]}
-    return report, runs["default"]["config"]
+    choice = runs["default"]["dense_choice"] if "default" in runs else None
+    return {"items": items, "paths": out, "choice": choice}, first_run["config"]
 
 
 def summary(report: dict) -> str:
@@ -113,6 +111,7 @@ def chart(report: dict, png) -> None:
     notes = "; ".join(
         f"{name}: default {r['paths']['default']['over_best_forced']:.3f}x the best forced path"
         for name, r in report["workloads"].items()
+        if "default" in r["paths"]
     )
     title = f"dense paths ({report['dtype']}), {common.report_tag(report)}, {report['cores']} cores"
     common.bar_chart(png, title, bars, "items/s", notes)

@@ -45,19 +45,8 @@ def parse(argv):
 
 def main(argv=None) -> dict:
     args = parse(argv)
-    path = common.model_path(args)
-    results = {}
-    for name in args.workloads:
-        results[name], cfg = run_workload(args, path, name)
-    report = {
-        "workload": "int8",
-        "description": "W1 and W2 in f32, bf16 and int8 compute, beside transformers bf16",
-        **common.environment(args, path, cfg),
-        "dtype": "int8",
-        "workloads": results,
-    }
-    common.publish(report, args, common.model_tag(args, path), chart, summary(report))
-    return report
+    description = "W1 and W2 in f32, bf16 and int8 compute, beside transformers bf16"
+    return common.per_workload(args, "int8", description, run_workload, chart, summary)
 
 
 def run_workload(args, path, name: str) -> tuple[dict, object]:

@@ -10,12 +10,12 @@ warm-up; a path's peak is its best size. The report names the CPU and its matrix
 """
 
 import os
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bench.common import timed
 from engine.plan.devices import gemm_gflops
 from kernels import dense, dense_choice, select_dense
 
@@ -75,9 +75,4 @@ def torch_gflops(sizes, repeats: int) -> dict[int, float] | None:
 
 def _best(call, repeats: int) -> float:
     call()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return min(times)
+    return min(timed(call) for _ in range(repeats))
