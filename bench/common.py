@@ -264,6 +264,17 @@ def fmt_peaks(peaks: dict) -> str:
     )
 
 
+def w1_w2_options(p: argparse.ArgumentParser, batch_sizes: list[int]) -> None:
+    """`--workloads` (W1, W2 or both) with each one's shape options (W1's baseline batch sizes
+    `batch_sizes`), for the benches that run both."""
+    p.add_argument("--workloads", nargs="+", default=["w1", "w2"], choices=["w1", "w2"])
+    rerank_batch_options(p, batch_sizes)  # W1's
+    p.add_argument("--prompt-tokens", type=int, default=2000)  # W2's
+    p.add_argument("--shared-tokens", type=int, default=100)
+    p.add_argument("--items", type=int, default=500)
+    p.add_argument("--item-tokens", type=int, default=20)
+
+
 def rerank_batch_options(p: argparse.ArgumentParser, batch_sizes: list[int]) -> None:
     """W1's workload options: one query and its documents, the baseline's batch sizes."""
     p.add_argument("--docs", type=int, default=64)

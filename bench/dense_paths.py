@@ -21,39 +21,27 @@ import jax.numpy as jnp
 
 from bench import common, sides, w1, w2
 from bench.int8 import QUICK
-from kernels import INT8_DENSE, select_dense
+from kernels import INT8_DENSE, dense_runs
 
 
 def parse(argv):
     p = common.parser(__doc__.split("\n\n")[0])
     p.add_argument("--mode", default="bfloat16", choices=["bfloat16", "int8"])
-    p.add_argument("--workloads", nargs="+", default=["w1", "w2"], choices=["w1", "w2"])
+    common.w1_w2_options(p, [1])  # no baseline runs here
     p.add_argument(
         "--paths",
         nargs="+",
         default=None,
         help="the paths to time (default: the measured default and every forced one that runs)",
     )
-    common.rerank_batch_options(p, [1])  # W1's shape options (no baseline runs here)
-    p.add_argument("--prompt-tokens", type=int, default=2000)  # W2's
-    p.add_argument("--shared-tokens", type=int, default=100)
-    p.add_argument("--items", type=int, default=500)
-    p.add_argument("--item-tokens", type=int, default=20)
     return common.parse_args(p, argv, QUICK)
 
 
 def paths(mode: str) -> list[str | None]:
     """The default (None) and every strategy of `mode` that runs on this backend."""
     names = INT8_DENSE if mode == "int8" else ("xla", "cpu", "onednn")
-    return [None, *(name for name in names if _runs(name, mode))]
-
-
-def _runs(name: str, mode: str) -> bool:
-    try:
-        select_dense(name, jax.default_backend(), dtype=jnp.bfloat16, int8=mode == "int8")
-    except ValueError:
-        return False
-    return True
+    backend, int8 = jax.default_backend(), mode == "int8"
+    return [None, *(n for n in names if dense_runs(n, backend, dtype=jnp.bfloat16, int8=int8))]
 
 
 def main(argv=None) -> dict:

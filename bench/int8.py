@@ -34,12 +34,7 @@ QUICK = dict(
 
 def parse(argv):
     p = common.parser(__doc__.split("\n\n")[0])
-    p.add_argument("--workloads", nargs="+", default=["w1", "w2"], choices=["w1", "w2"])
-    common.rerank_batch_options(p, [1, 8, 16, 32])  # W1's
-    p.add_argument("--prompt-tokens", type=int, default=2000)  # W2's
-    p.add_argument("--shared-tokens", type=int, default=100)
-    p.add_argument("--items", type=int, default=500)
-    p.add_argument("--item-tokens", type=int, default=20)
+    common.w1_w2_options(p, [1, 8, 16, 32])
     return common.parse_args(p, argv, QUICK)
 
 

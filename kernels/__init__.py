@@ -92,6 +92,15 @@ def select_dense(
     return STRATEGIES[name]
 
 
+def dense_runs(name: str, backend: str, *, dtype, int8: bool = False) -> bool:
+    """Whether `select_dense` takes the strategy `name` here (no exception)."""
+    try:
+        select_dense(name, backend, dtype=dtype, int8=int8)
+    except ValueError:
+        return False
+    return True
+
+
 def _select_int8(name: str | None, backend: str, cache_dir: str | None) -> Dense:
     runs = backend == "cpu" and cpu.INT8_AVAILABLE
     if name is None:
@@ -125,6 +134,7 @@ __all__ = [
     "attention_reference",
     "attention_xla",
     "build_block_schedule",
+    "dense_runs",
     "local_spans",
     "make_meta",
     "select_attention",

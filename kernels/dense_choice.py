@@ -1,9 +1,9 @@
 """The dense strategy chosen by measurement: each weight shape multiplied by the fastest strategy
 that computes it within the accuracy bound, timed on this machine once and remembered.
 
-No fixed choice is right on every CPU. On AMD Zen 4/5 the native AVX512-BF16 kernel beats XLA's
-dot; on Intel CPUs with AMX, XLA's dot (oneDNN on the AMX tiles) runs about three times faster
-than the native kernel, whose `vdpbf16ps` is slow there. So the default strategy (`dense=None`)
+No fixed choice is right on every CPU. On AMD Zen 4/5 the native AVX512-BF16 kernel leads; on
+Intel CPUs with AMX its `vdpbf16ps` is slow, and oneDNN on the AMX tiles (`kernels.onednn`) and
+XLA's dot run several times faster. So the default strategy (`dense=None`)
 times every strategy that can run each of the model's matrix shapes, at a small and a large
 batch, and takes the one that multiplies both in the least time.
 
@@ -13,9 +13,9 @@ bound that any f32 accumulation of the bf16 inputs keeps, `K * 2^-23 * (|x| @ |w
 bf16 rounding). In the int8 mode the int8 strategies are held to the XLA twin, which defines the
 arithmetic (`kernels.quant`).
 
-The choices are kept in `<cache_dir>/dense-choice/<key>.json`, keyed by the CPU model and flags,
-the cores this process may use, the native builds and the JAX version, so a later start reads
-them instead of measuring. Within a process a mode's choices are measured once.
+The choices are kept in `<cache_dir>/dense-choice/<mode>-<key>.json`, keyed by the CPU model
+and flags, the cores this process may use, the native builds and the JAX version, so a later
+start reads them instead of measuring. Within a process a mode's choices are measured once.
 """
 
 import functools
@@ -102,17 +102,25 @@ def machine() -> dict[str, str]:
     builds and the JAX version."""
     info = _cpuinfo()
     flags = set(info.get("flags", "").split())
-    native = cpu.AVAILABLE and Path(cpu._cpu.__file__).stat()
     return {
         "cpu": info.get("model name", platform.processor() or platform.machine()),
         "flags": " ".join(f for f in MATRIX_FLAGS if f in flags),
         "cores": str(len(os.sched_getaffinity(0))),
-        "native": f"{native.st_size}-{native.st_mtime_ns}" if native else "none",
+        "native": _build(cpu._cpu if cpu.AVAILABLE else None),
+        "onednn_build": _build(onednn._onednn),
         "isa": cpu.isa() if cpu.AVAILABLE else "none",
         "int8_isa": (cpu.int8_isa() or "none") if cpu.AVAILABLE else "none",
         "onednn": onednn.isa() or "none",
         "jax": f"{jax.__version__}/{jax.lib.__version__}",
     }
+
+
+def _build(module) -> str:
+    """An extension module's build, by its file's size and time ("none" without it)."""
+    if module is None:
+        return "none"
+    stat = Path(module.__file__).stat()
+    return f"{stat.st_size}-{stat.st_mtime_ns}"
 
 
 def matrix_isa(flags: str) -> str:
