@@ -176,6 +176,7 @@ class Chooser:
         self.paths: list[Path] = []
         self.table: dict[tuple[str, int, int], ShapeChoice] = {}
         self.seconds = 0.0  # spent measuring
+        self.measured = 0  # shapes measured
 
     def use(self, cache_dir: str | None) -> None:
         """Keep the choices in `cache_dir` too (None: nowhere): those it holds are adopted
@@ -203,6 +204,7 @@ class Chooser:
         start = time.perf_counter()
         timings = self.measure(self.mode, kind, k, n, names)
         self.seconds += time.perf_counter() - start
+        self.measured += 1
         return ShapeChoice(kind=kind, k=k, n=n, chosen=fastest(timings), candidates=timings)
 
     def _save(self) -> None:
@@ -215,9 +217,9 @@ class Chooser:
             partial.write_bytes(body)
             partial.replace(path)  # whole or not at all, also with concurrent writers
 
-    def report(self, keys, seconds: float) -> DenseChoice:
-        """The choices for `keys` ((kind, k, n) triples), with the machine they hold on and the
-        `seconds` measuring them took."""
+    def report(self, keys, seconds: float, cached: bool) -> DenseChoice:
+        """The choices for `keys` ((kind, k, n) triples), with the machine they hold on, the
+        `seconds` measuring them took, and whether all were known (`cached`)."""
         shapes = [self.table[key] for key in keys]
         return DenseChoice(
             mode=self.mode,
@@ -225,7 +227,7 @@ class Chooser:
             matrix_isa=matrix_isa(self.machine["flags"]),
             cores=int(self.machine["cores"]),
             seconds=round(seconds, 3),
-            cached=seconds == 0,
+            cached=cached,
             shapes=shapes,
         )
 
@@ -255,17 +257,19 @@ class Picks:
         self.chooser = chooser
         self.keys: list[tuple[str, int, int]] = []
         self.seconds = 0.0  # spent measuring for these picks
+        self.measured = 0  # shapes these picks measured
 
     def __call__(self, kind: str, k: int, n: int) -> str:
         if (kind, k, n) not in self.keys:
             self.keys.append((kind, k, n))
-        before = self.chooser.seconds
+        seconds, measured = self.chooser.seconds, self.chooser.measured
         name = self.chooser.pick(kind, k, n)
-        self.seconds += self.chooser.seconds - before
+        self.seconds += self.chooser.seconds - seconds
+        self.measured += self.chooser.measured - measured
         return name
 
     def report(self) -> DenseChoice:
-        return self.chooser.report(self.keys, self.seconds)
+        return self.chooser.report(self.keys, self.seconds, cached=self.measured == 0)
 
 
 @functools.cache
