@@ -62,9 +62,20 @@ def _xla_prepare_gated(gate, up, dtype) -> jax.Array:
     return interleave_to_device([gate, up], dtype)
 
 
-def _xla_gated(x: jax.Array, w: jax.Array, layer: jax.Array) -> jax.Array:
-    y = _xla_matmul(x, w, layer).reshape(x.shape[0], -1, 2)  # f32[M, I, gate/up]
+def _pairs(gate, up) -> np.ndarray:
+    """Gate and up [L, K, I] as one [L, K, 2I], each gate column beside its up column."""
+    pair = np.stack([np.asarray(gate), np.asarray(up)], axis=-1)  # [L, K, I, gate/up]
+    return pair.reshape(*pair.shape[:-2], -1)
+
+
+def _silu_gate(y: jax.Array) -> jax.Array:
+    """silu(gate) * up from a product f32[M, 2I] over `_pairs` columns."""
+    y = y.reshape(y.shape[0], -1, 2)  # f32[M, I, gate/up]
     return jax.nn.silu(y[..., 0]) * y[..., 1]
+
+
+def _xla_gated(x: jax.Array, w: jax.Array, layer: jax.Array) -> jax.Array:
+    return _silu_gate(_xla_matmul(x, w, layer))
 
 
 def _xla_head(h: jax.Array, w: jax.Array) -> jax.Array:
@@ -161,13 +172,11 @@ def _onednn_matmul(x: jax.Array, w: OneDnnPacked | jax.Array, layer: jax.Array) 
 
 
 def _onednn_prepare_gated(gate, up, dtype) -> OneDnnPacked | jax.Array:
-    pair = np.stack([np.asarray(gate), np.asarray(up)], axis=-1)  # [L, K, I, gate/up]
-    return _onednn_prepare(pair.reshape(*pair.shape[:-2], -1), dtype)  # as _xla_prepare_gated
+    return _onednn_prepare(_pairs(gate, up), dtype)  # the layout of _xla_prepare_gated
 
 
 def _onednn_gated(x: jax.Array, w: OneDnnPacked | jax.Array, layer: jax.Array) -> jax.Array:
-    y = _onednn_matmul(x, w, layer).reshape(x.shape[0], -1, 2)  # f32[M, I, gate/up]
-    return jax.nn.silu(y[..., 0]) * y[..., 1]
+    return _silu_gate(_onednn_matmul(x, w, layer))
 
 
 def _onednn_prepare_head(w, dtype) -> OneDnnPacked | jax.Array:
@@ -216,13 +225,11 @@ def _int8_matmul(x: jax.Array, w: Int8, layer: jax.Array) -> jax.Array:
 
 
 def _int8_prepare_gated(gate, up, dtype) -> Int8:
-    pair = np.stack([np.asarray(gate), np.asarray(up)], axis=-1)  # [L, K, I, gate/up]
-    return _int8_prepare(pair.reshape(*pair.shape[:-2], -1), dtype)
+    return _int8_prepare(_pairs(gate, up), dtype)
 
 
 def _int8_gated(x: jax.Array, w: Int8, layer: jax.Array) -> jax.Array:
-    y = _int8_matmul(x, w, layer).reshape(x.shape[0], -1, 2)  # f32[M, I, gate/up]
-    return jax.nn.silu(y[..., 0]) * y[..., 1]
+    return _silu_gate(_int8_matmul(x, w, layer))
 
 
 INT8_XLA = Dense(
