@@ -4,8 +4,9 @@ that computes it within the accuracy bound, timed on this machine once and remem
 No fixed choice is right on every CPU. On AMD Zen 4/5 the native AVX512-BF16 kernel leads; on
 Intel CPUs with AMX its `vdpbf16ps` is slow, and oneDNN on the AMX tiles (`kernels.onednn`) and
 XLA's dot run several times faster. So the default strategy (`dense=None`)
-times every strategy that can run each of the model's matrix shapes, at a small and a large
-batch, and takes the one that multiplies both in the least time.
+times every strategy that can run each of the model's matrix shapes (a layer matrix as the
+forward multiplies it, out of a stack indexed by a scanned layer), and takes the fastest, or
+the preferred of those within a margin of it (`MARGIN`, `PREFERENCE`).
 
 Speed is not the only criterion: a candidate is eligible only if its products stay within the
 bound that any f32 accumulation of the bf16 inputs keeps, `K * 2^-23 * (|x| @ |w|)` per element
@@ -25,7 +26,9 @@ import os
 import platform
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -35,12 +38,25 @@ import numpy as np
 from kernels import cpu, onednn
 from kernels.dense import STRATEGIES, Dense, chosen
 
-ROWS = (256, 2048)  # token rows the layer matrices are timed at: a small batch and a large one
+ROWS = (2048,)  # token rows the layer matrices are timed at (a batch's work is in its large ones)
 HEAD_ROWS = (64, 256)  # score rows the LM head is timed at
+HEAD_COLUMNS = 8192  # of a vocabulary, the head timed on (its GFLOP/s hold for the rest)
 SLOWER = 2.0  # a candidate this many times slower than the best at fewer rows is not timed at more
 CHECK_ROWS, CHECK_COLUMNS = 8, 1024  # of each timed call's output, compared with float64
-MIN_CALLS, MAX_CALLS, MIN_SECONDS = 2, 20, 0.05  # timed calls per candidate and row count
+FIRST_CALL = 4.0  # how much slower a first call has run than the next (XLA's dot, here)
+MIN_CALLS, MAX_CALLS, MIN_SECONDS = 3, 20, 0.05  # timed calls per candidate and row count
+LAYERS = 2  # copies of a layer matrix each timed call multiplies, in turn, as the forward does
 U = 2.0**-24  # f32 unit roundoff
+# A shape's product is one of many in a forward, between XLA's own ops: a strategy outside
+# XLA's thread pool, or one XLA cannot fuse with its neighbours, costs more there than alone,
+# and one shape timed alone varies by up to ~12% run to run on a shared machine. So among the
+# candidates within MARGIN of the fastest alone, the first in PREFERENCE is taken: the native
+# kernels (on XLA's pool), then XLA, then oneDNN (its own OpenMP threads). Measured on a 2-core
+# AMD EPYC (Zen 4), SmolLM2 W1: the shapes' strategies within 10% of each other alone, yet
+# all-oneDNN 7.2 items/s and XLA for the attention projections 8.0, against 8.4 all-native.
+MARGIN = 0.15
+PREFERENCE = ("cpu", "int8", "xla", "int8-xla", "onednn")
+METHOD = "2"  # how candidates are timed and compared: a change retires the cached choices
 MATRIX_FLAGS = ("amx_bf16", "amx_int8", "avx512_bf16", "avx512_vnni", "avx_vnni", "avx2")
 MODES = ("bfloat16", "int8")
 KINDS = ("matmul", "gated", "head")
@@ -99,7 +115,7 @@ class _CacheFile(msgspec.Struct):
 
 def machine() -> dict[str, str]:
     """What a measured choice depends on: CPU model and matrix flags, usable cores, the native
-    builds and the JAX version."""
+    builds, the JAX version and the way of measuring."""
     info = _cpuinfo()
     flags = set(info.get("flags", "").split())
     return {
@@ -112,6 +128,7 @@ def machine() -> dict[str, str]:
         "int8_isa": (cpu.int8_isa() or "none") if cpu.AVAILABLE else "none",
         "onednn": onednn.isa() or "none",
         "jax": f"{jax.__version__}/{jax.lib.__version__}",
+        "method": METHOD,
     }
 
 
@@ -150,13 +167,20 @@ def candidates(mode: str, kind: str, k: int, n: int) -> tuple[str, ...]:
 def fastest(timings: dict[str, Timing]) -> str:
     """The eligible candidate with the least time for a batch of each row count together (the
     large batch weighs as the work it is), among those timed at every row count (none eligible:
-    the one closest to its bound)."""
+    the one closest to its bound); where several come within `MARGIN` of the least, the first
+    of them in `PREFERENCE`."""
     eligible = [name for name, t in timings.items() if t.eligible]
     if not eligible:
         return min(timings, key=lambda name: timings[name].error)
     counts = max(len(timings[name].seconds) for name in eligible)
-    finalists = [name for name in eligible if len(timings[name].seconds) == counts]
-    return min(finalists, key=lambda name: sum(timings[name].seconds.values()))
+    total = {
+        n: sum(timings[n].seconds.values()) for n in eligible if len(timings[n].seconds) == counts
+    }
+    least = min(total.values())
+    close = [name for name, t in total.items() if t <= least * (1 + MARGIN)]
+    return min(
+        close, key=lambda name: PREFERENCE.index(name) if name in PREFERENCE else len(PREFERENCE)
+    )
 
 
 Measure = Callable[[str, str, int, int, tuple[str, ...]], dict[str, Timing]]
@@ -289,10 +313,12 @@ def measured(mode: str, cache_dir: str | None) -> Dense:
 
 
 def measure_shape(mode: str, kind: str, k: int, n: int, names) -> dict[str, Timing]:
-    """Time each of `names` on random weights of this kind and shape at each row count, and
-    check its products against the reference on a few rows of each call."""
+    """Time each of `names` on random weights of this kind and shape (a head on `HEAD_COLUMNS`
+    of its columns) at each row count, and check its products against the reference on a few
+    rows of each."""
     rng = np.random.default_rng(k * 65_537 + n)
     rows = HEAD_ROWS if kind == "head" else ROWS
+    n = min(n, HEAD_COLUMNS) if kind == "head" else n
     x = jnp.asarray(rng.standard_normal((max(rows), k), np.float32) / math.sqrt(k), jnp.bfloat16)
     ws = [_weights(rng, k, n, kind) for _ in range(2 if kind == "gated" else 1)]
     apply = {name: _program(STRATEGIES[name], kind, ws) for name in names}
@@ -301,7 +327,7 @@ def measure_shape(mode: str, kind: str, k: int, n: int, names) -> dict[str, Timi
     error = dict.fromkeys(names, 0.0)
     for r in rows:
         for name, (best, y) in _time(apply, x[:r]).items():
-            seconds[name][str(r)] = best
+            seconds[name][str(r)] = best / (1 if kind == "head" else LAYERS)  # one product
             error[name] = max(error[name], reference(y))
         fast = min(min(seconds[name].values()) for name in apply)
         apply = {name: f for name, f in apply.items() if seconds[name][str(r)] <= SLOWER * fast}
@@ -325,34 +351,67 @@ def _weights(rng: np.random.Generator, k: int, n: int, kind: str) -> np.ndarray:
     return rows.T if kind == "head" else np.ascontiguousarray(rows.T)
 
 
-def _program(dense: Dense, kind: str, ws) -> Callable:
-    """x [M, K] -> the strategy's product with the prepared weights (passed to the jitted
-    function as an argument: a closed-over array would be compiled in as a constant)."""
-    if kind == "matmul":
-        w = dense.prepare(ws[0][None], jnp.bfloat16)
-        f = jax.jit(lambda x, w: dense.matmul(x, w, jnp.int32(0)))
-    elif kind == "gated":
-        w = dense.prepare_gated(ws[0][None], ws[1][None], jnp.bfloat16)
-        f = jax.jit(lambda x, w: dense.gated(x, w, jnp.int32(0)))
-    else:
+class _Program(NamedTuple):
+    """A candidate's product, x [M, K] -> f32[M, N], with its prepared weights (passed to the
+    jitted function as an argument: a closed-over array would be compiled in as a constant)."""
+
+    jitted: Callable  # (x, w) -> f32[M, N], or f32[LAYERS, M, N] through a layer stack
+    w: Any
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return _first(self.jitted(x, self.w))
+
+    def compiled(self, x: jax.Array) -> Callable[[], jax.Array]:
+        """The product of x, compiled for its shape now: calling it only runs it."""
+        run = self.jitted.lower(x, self.w).compile()
+        return lambda: _first(run(x, self.w))
+
+
+def _first(y: jax.Array) -> jax.Array:
+    return y[0] if y.ndim == 3 else y
+
+
+def _program(dense: Dense, kind: str, ws) -> _Program:
+    """The strategy's product with weights `ws` prepared as it prepares them.
+
+    Layer matrices are multiplied as the forward multiplies them: a stack of `LAYERS` copies
+    indexed by the layer a `lax.scan` carries, not a constant index (XLA folds a constant
+    slice away, but copies a traced one out of the stack, which costs it up to half its speed
+    at a few hundred rows)."""
+    if kind == "head":
         w = dense.prepare_head(ws[0].T, jnp.bfloat16)  # [N, K], as a head is stored
-        f = jax.jit(dense.head)
-    return lambda x: f(x, w)
+        return _Program(jax.jit(dense.head), w)
+    stack = [np.stack([w] * LAYERS) for w in ws]  # [L, K, N] each
+    if kind == "matmul":
+        w, product = dense.prepare(stack[0], jnp.bfloat16), dense.matmul
+    else:
+        w, product = dense.prepare_gated(*stack, jnp.bfloat16), dense.gated
+
+    def layers(x, w):  # f32[L, M, N]
+        return jax.lax.scan(lambda _, i: (None, product(x, w, i)), None, jnp.arange(LAYERS))[1]
+
+    return _Program(jax.jit(layers), w)
 
 
-def _time(apply: dict[str, Callable], x: jax.Array) -> dict[str, tuple[float, np.ndarray]]:
-    """Each function's best call on x and its first `CHECK_ROWS` output rows. The candidates
-    take turns, so that a passing load on the machine slows them alike."""
-    out = {name: jax.block_until_ready(f(x)) for name, f in apply.items()}  # compiles
-    best = dict.fromkeys(apply, math.inf)
+def _time(apply: dict[str, _Program], x: jax.Array) -> dict[str, tuple[float, np.ndarray]]:
+    """Each program's best call on x and its first `CHECK_ROWS` output rows. The programs are
+    compiled first (in parallel), then take turns, so that a passing load on the machine slows
+    them alike; one `SLOWER` than the fastest after `MIN_CALLS` (or `SLOWER * FIRST_CALL`
+    after one) is called no more."""
+    with ThreadPoolExecutor(min(len(apply), len(os.sched_getaffinity(0)))) as compiling:
+        runs = dict(zip(apply, compiling.map(lambda p: p.compiled(x), apply.values()), strict=True))
+    best, out = dict.fromkeys(apply, math.inf), {}
     spent, calls = 0.0, 0
-    while calls < MIN_CALLS or (spent < MIN_SECONDS * len(apply) and calls < MAX_CALLS):
-        for name, f in apply.items():
+    while calls < MIN_CALLS or (spent < MIN_SECONDS * len(runs) and calls < MAX_CALLS):
+        for name, run in runs.items():
             start = time.perf_counter()
-            jax.block_until_ready(f(x))
+            y = jax.block_until_ready(run())
             took = time.perf_counter() - start
             best[name], spent = min(best[name], took), spent + took
+            out.setdefault(name, y)
         calls += 1
+        limit = SLOWER * (1 if calls >= MIN_CALLS else FIRST_CALL)
+        runs = {name: run for name, run in runs.items() if best[name] <= limit * min(best.values())}
     return {
         name: (best[name], np.asarray(y[:CHECK_ROWS, :CHECK_COLUMNS], np.float64))
         for name, y in out.items()

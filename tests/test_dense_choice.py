@@ -23,8 +23,9 @@ def timing(*seconds: float, error: float = 0.0) -> Timing:
 
 def test_the_fastest_eligible_candidate_wins():
     assert fastest({"xla": timing(1.0, 8.0), "cpu": timing(1.2, 6.0)}) == "cpu"
-    assert fastest({"xla": timing(1.0, 8.0), "cpu": timing(0.5, 9.0)}) == "xla"  # the work, summed
-    assert fastest({"xla": timing(1.0, 8.0), "cpu": timing(2.0, 16.0)}) == "xla"
+    assert fastest({"cpu": timing(1.0, 8.0), "xla": timing(0.5, 7.0)}) == "xla"
+    assert fastest({"xla": timing(1.0, 8.0), "cpu": timing(0.5, 11.0)}) == "xla"  # the work, summed
+    assert fastest({"cpu": timing(1.0, 8.0), "onednn": timing(0.5, 4.0)}) == "onednn"
     # far off the accuracy bound: never chosen, however fast
     assert fastest({"xla": timing(1.0, 8.0), "cpu": timing(0.1, 0.8, error=3.0)}) == "xla"
     # one not timed at the larger count (far slower at the smaller) cannot win on a partial sum
@@ -32,6 +33,23 @@ def test_the_fastest_eligible_candidate_wins():
     # none eligible: the one nearest its bound
     both_off = {"xla": timing(1.0, 8.0, error=4.0), "cpu": timing(0.5, 4.0, error=2.0)}
     assert fastest(both_off) == "cpu"
+
+
+def test_within_the_margin_the_preferred_candidate_wins():
+    within = 1 + dense_choice.MARGIN * 0.9
+    beyond = 1 + dense_choice.MARGIN * 1.1
+    assert dense_choice.PREFERENCE.index("cpu") < dense_choice.PREFERENCE.index("xla")
+    assert dense_choice.PREFERENCE.index("xla") < dense_choice.PREFERENCE.index("onednn")
+    assert dense_choice.PREFERENCE.index("int8") < dense_choice.PREFERENCE.index("int8-xla")
+    for fast, slow in [("xla", "cpu"), ("onednn", "cpu"), ("onednn", "xla"), ("int8-xla", "int8")]:
+        near = {fast: timing(1.0, 8.0), slow: timing(within, 8.0 * within)}
+        assert fastest(near) == slow, near
+        far = {fast: timing(1.0, 8.0), slow: timing(beyond, 8.0 * beyond)}
+        assert fastest(far) == fast, far
+    # the preferred one must itself be eligible and timed at every count
+    off = {"onednn": timing(1.0, 8.0), "cpu": timing(1.0, 8.0, error=2.0)}
+    assert fastest(off) == "onednn"
+    assert fastest({"xla": timing(1.0, 8.0), "cpu": timing(1.0)}) == "xla"
 
 
 class FakeMeasure:
