@@ -41,7 +41,7 @@ from kernels.dense import STRATEGIES, Dense, chosen
 ROWS = (2048,)  # token rows the layer matrices are timed at (a batch's work is in its large ones)
 HEAD_ROWS = (64, 256)  # score rows the LM head is timed at
 HEAD_COLUMNS = 8192  # of a vocabulary, the head timed on (its GFLOP/s hold for the rest)
-SLOWER = 2.0  # a candidate this many times slower than the best at fewer rows is not timed at more
+SLOWER = 2.0  # a candidate this many times slower than the best is timed no more (nor at more rows)
 CHECK_ROWS, CHECK_COLUMNS = 8, 1024  # of each timed call's output, compared with float64
 FIRST_CALL = 4.0  # how much slower a first call has run than the next (XLA's dot, here)
 MIN_CALLS, MAX_CALLS, MIN_SECONDS = 3, 20, 0.05  # timed calls per candidate and row count
@@ -362,12 +362,13 @@ class _Program(NamedTuple):
         return _first(self.jitted(x, self.w))
 
     def compiled(self, x: jax.Array) -> Callable[[], jax.Array]:
-        """The product of x, compiled for its shape now: calling it only runs it."""
+        """`jitted` on x, compiled for its shape now: calling it only runs it."""
         run = self.jitted.lower(x, self.w).compile()
-        return lambda: _first(run(x, self.w))
+        return lambda: run(x, self.w)
 
 
 def _first(y: jax.Array) -> jax.Array:
+    """The first layer's product of a layer stack's [LAYERS, M, N]; a head's [M, N] as it is."""
     return y[0] if y.ndim == 3 else y
 
 
@@ -413,7 +414,7 @@ def _time(apply: dict[str, _Program], x: jax.Array) -> dict[str, tuple[float, np
         limit = SLOWER * (1 if calls >= MIN_CALLS else FIRST_CALL)
         runs = {name: run for name, run in runs.items() if best[name] <= limit * min(best.values())}
     return {
-        name: (best[name], np.asarray(y[:CHECK_ROWS, :CHECK_COLUMNS], np.float64))
+        name: (best[name], np.asarray(_first(y)[:CHECK_ROWS, :CHECK_COLUMNS], np.float64))
         for name, y in out.items()
     }
 
