@@ -329,7 +329,7 @@ def measure_shape(mode: str, kind: str, k: int, n: int, names) -> dict[str, Timi
         for name, (best, y) in _time(apply, x[:r]).items():
             seconds[name][str(r)] = best / (1 if kind == "head" else LAYERS)  # one product
             error[name] = max(error[name], reference(y))
-        fast = min(min(seconds[name].values()) for name in apply)
+        fast = min(seconds[name][str(r)] for name in apply)
         apply = {name: f for name, f in apply.items() if seconds[name][str(r)] <= SLOWER * fast}
     return {name: _timing(seconds[name], error[name], kind, k, n) for name in names}
 
