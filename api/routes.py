@@ -55,17 +55,17 @@ async def models(service: Service, request: Request) -> Response:
 
 def _model_facts(engine: Engine) -> dict:
     """What the served model is: the fields `ModelCard` and `ModelInfo` share."""
-    cfg = engine.model_config
+    cfg, task = engine.model_config, engine.task
     return {
         "family": cfg.family,
         "dtype": engine.program.dtype,
         "vocab_size": cfg.vocab_size,
         "context_length": cfg.max_position_embeddings,
         "kv_bytes_per_token": engine.program.kv_bytes_per_token,
-        "head": "sequence-classification" if cfg.num_labels else "language-model",
-        "architecture": "cross-encoder" if cfg.bidirectional else "decoder",
+        "head": task.head,
+        "architecture": task.architecture,
         "num_labels": cfg.num_labels,
-        "rerank_template": "cross-encoder" if cfg.bidirectional else engine.template.name,
+        "rerank_template": engine.template.name if task.takes_recipe() else task.name,
         "endpoints": scoring_endpoints(engine),
     }
 
@@ -79,7 +79,7 @@ RERANK_PATHS = ("/v1/rerank", "/v2/rerank", "/rerank", "/v1/reranking", "/score"
 
 def scoring_endpoints(engine: Engine) -> list[str]:
     """The scoring routes this model answers (`/invocations` takes either kind of body)."""
-    paths = [] if engine.model_config.num_labels else [*LABEL_SCORE_PATHS]
+    paths = [] if engine.task.label_scores_refused() else [*LABEL_SCORE_PATHS]
     if engine.rerank_unavailable is None:
         paths += RERANK_PATHS
     return [*paths, "/invocations"] if paths else []
@@ -106,8 +106,8 @@ async def server_info(service: Service, request: Request) -> Response:
     engine = service.host.engine if service.host else None
     roofline = None
     if engine and request.query_params.get("roofline", "0").lower() in ("1", "true"):
-        if engine.model_config.bidirectional:
-            raise ApiError(400, "roofline: the plan models decoders; this is a cross-encoder")
+        if engine.task.unplannable():
+            raise ApiError(400, f"roofline: {engine.task.unplannable()}")
         if engine.program.dtype == "int8":
             raise ApiError(400, "roofline: the plan models bf16 and f32 compute; this is int8")
         roofline = await anyio.to_thread.run_sync(service.roofline, engine)

@@ -219,7 +219,6 @@ class BucketGrid(msgspec.Struct, kw_only=True):
     label_widths: list[int]  # padded label counts; the last is the limit
     contexts: list[int]  # context-region sizes: keys a batch reads from the KV pool
     window: int = 0  # the model's sliding window (0: none): batches carry its spans too
-    bidirectional: bool = False  # a cross-encoder's: each pair alone, every token seeing all of it
 
 
 class KVPool(msgspec.Struct, kw_only=True):

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 import anyio
-import jax
 import msgspec
 import outcome
 from starlette.requests import ClientDisconnect, Request
@@ -20,7 +19,7 @@ from api.errors import CLIENT_CLOSED, ApiError, decode_error, engine_error
 from api.metrics import Metrics
 from api.settings import Settings
 from engine import Engine, EngineStats
-from engine.plan import KINDS, plan
+from engine.plan import kinds_for_this_host, plan
 
 T = TypeVar("T")
 
@@ -52,11 +51,10 @@ class Service:
         accelerators: computed once (it compiles), in the caller's thread."""
         with self._roofline_lock:
             if self._roofline is None:
-                kinds = [k for k in KINDS if k != "cpu" or jax.default_backend() == "cpu"]
                 config = engine.config
                 self._roofline = plan(
                     engine.program,
-                    kinds,
+                    kinds_for_this_host(),
                     token_budget=config.token_budget,
                     block_size=config.block_size,
                 )

@@ -51,7 +51,7 @@ async def info(service: Service, request: Request, version: str) -> Response:
         max_input_length=engine.max_sequence_tokens,
         max_batch_tokens=config.token_budget,
         max_client_batch_size=config.max_items_per_request,
-        auto_truncate=engine.model_config.bidirectional,  # cross-encoders cut as CrossEncoder
+        auto_truncate=engine.task.reads_pairs,  # pairs are cut as CrossEncoder cuts them
         tokenization_workers=1,
         version=version,
     )

@@ -34,9 +34,6 @@ class Buckets(NamedTuple):
     label_widths: tuple[int, ...] = DEFAULT_LABEL_WIDTHS
     contexts: tuple[int, ...] = (0,)  # context-region sizes C (keys from the KV pool)
     window: int = 0  # the model's sliding window: batches carry that layers' metadata too
-    # an encoder's: each sequence alone (no shared prefixes), every token seeing all of it, and
-    # scored at its first token
-    bidirectional: bool = False
 
     @property
     def max_context(self) -> int:
@@ -122,10 +119,8 @@ def make_buckets(
     row_divisors: tuple[int, ...] = DEFAULT_ROW_DIVISORS,
     label_widths: tuple[int, ...] = DEFAULT_LABEL_WIDTHS,
     window: int = 0,
-    bidirectional: bool = False,
 ) -> Buckets:
-    """The grid for a model of `context` positions (and sliding `window`, 0: none; an encoder's
-    when `bidirectional`):
+    """The grid for a model of `context` positions (and sliding `window`, 0: none):
     `token_buckets`, or by default buckets up to the larger of the budget and the context.
     InvalidInput naming the inconsistent field."""
     if token_budget < 1:
@@ -149,7 +144,6 @@ def make_buckets(
         tuple(sorted(label_widths)),
         context_buckets(max(context, 2 * token_budget), block_size),
         window,
-        bidirectional,
     )
 
 

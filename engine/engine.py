@@ -12,15 +12,13 @@ import math
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
-import jax
 import msgspec
 import numpy as np
 import tokenizers
 import trio
 
-from engine import inputs, runner, scheduler, templates, tokenizer_actor, truncation
+from engine import inputs, runner, scheduler, templates, tokenizer_actor
 from engine.buckets import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_LABEL_WIDTHS,
@@ -34,14 +32,12 @@ from engine.errors import (
     EngineOverloaded,
     InvalidInput,
     RejectKind,
-    Unsupported,
     rejection_error,
 )
 from engine.kv_cache import KVCache
 from engine.loaders import load_checkpoint
 from engine.messages import Cancel, Rejected, Scored, ScoreRequest, Timings
 from engine.models import ModelConfig
-from engine.pairs import PairOptions
 from engine.placement import Placement, device_groups
 from engine.program import (
     DEFAULT_PAGE_SIZE,
@@ -49,7 +45,9 @@ from engine.program import (
     default_compile_cache_dir,
     enable_compile_cache,
 )
-from engine.scoring import check_language_model, relevance, scores_from_logprobs
+from engine.rerank import DOCUMENTS, Reranker, RerankOptions, check_rerank
+from engine.tasks import scores_from_logprobs
+from kernels import devices
 
 log = logging.getLogger("engine")
 
@@ -99,9 +97,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # devices each runner's weights and KV pool are sharded over (engine.placement)
     tensor_parallel: int = 1
 
-    def buckets(self, context: int, window: int = 0, bidirectional: bool = False) -> Buckets:
-        """The padding grid for a model of `context` positions and sliding `window` (an
-        encoder's when `bidirectional`);
+    def buckets(self, context: int, window: int = 0) -> Buckets:
+        """The padding grid for a model of `context` positions and sliding `window`;
         InvalidInput (a ValueError) naming the field that is inconsistent."""
         if not 0 <= self.batch_linger_ms <= 10_000:
             raise InvalidInput("batch_linger_ms", "must be between 0 and 10000")
@@ -117,7 +114,6 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             row_divisors=self.row_divisors,
             label_widths=self.label_widths,
             window=window,
-            bidirectional=bidirectional,
         )
 
 
@@ -163,9 +159,6 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
     runner_batches: list[int] = []  # batches run by each device runner
 
 
-DOCUMENTS = {"items": "documents"}  # rerank's name for the items of its score call
-
-
 @dataclass
 class _Waiter:
     done: trio.Event = field(default_factory=trio.Event)
@@ -191,15 +184,22 @@ class Engine:
         self.tokenizer = tokenizer
         self.programs = [programs] if isinstance(programs, DeviceProgram) else list(programs)
         self.program = program = self.programs[0]
+        self.task = program.task
         context = program.config.max_position_embeddings
-        self.buckets = config.buckets(context, program.config.window, program.config.bidirectional)
+        self.buckets = config.buckets(context, program.config.window)
         self.max_sequence_tokens = self.buckets.max_sequence(context)
         family = program.config.family
         self.template = templates.template_for(family, tokenizer, source, config.reranker)
-        self._rerank_labels = templates.rerank_labels(program.config, self.template, tokenizer)
+        self.reranker = Reranker(
+            self.task,
+            self.template,
+            tokenizer,
+            max_sequence_tokens=self.max_sequence_tokens,
+            max_items=config.max_items_per_request,
+        )
         self.tokenization = tokenizer_actor.TokenizerState.for_model(
             tokenizer,
-            program.config,
+            self.task,
             self.buckets,
             max_items=config.max_items_per_request,
             cache_size=config.tokenizer_cache_size,
@@ -209,6 +209,7 @@ class Engine:
             token_budget=config.token_budget,
             max_queued_tokens=config.max_queued_tokens,
             linger=config.batch_linger_ms / 1000,
+            whole_sequences=self.task.whole_sequences,
             caches=[self._kv_cache(config, p) for p in self.programs],
         )
         self.runners = [runner.RunnerState(p, block_size=config.block_size) for p in self.programs]
@@ -237,8 +238,7 @@ class Engine:
     def rerank_unavailable(self) -> str | None:
         """Why `rerank` is refused for this model (its recipe's labels are not single tokens
         of its vocabulary), or None when it works."""
-        labels = self._rerank_labels
-        return labels if isinstance(labels, str) else None
+        return self.reranker.unavailable
 
     async def _start(self, nursery: trio.Nursery) -> None:
         to_tokenizer, tokenizer_inbox = trio.open_memory_channel(math.inf)
@@ -296,7 +296,9 @@ class Engine:
         bad input, EngineOverloaded when the queue is full, EngineError when the device step
         fails, EngineClosed on shutdown.
         """
-        check_language_model(self.program.config)
+        refused = self.task.label_scores_refused()
+        if refused:
+            raise InvalidInput("label_token_ids", refused)
         logprobs, result = await self._logprobs(query, items, label_token_ids, item_first)
         scores = scores_from_logprobs(logprobs, apply_softmax=apply_softmax).tolist()
         return msgspec.structs.replace(result, scores=scores)
@@ -344,9 +346,10 @@ class Engine:
         at most that many tokens. `truncation_side` "left" cuts a document's start instead of
         its end. Errors name `documents[i]`; Unsupported when the model cannot rerank.
         """
-        _check_rerank(query, documents, top_n, max_tokens_per_doc, truncation_side)
-        fit = self._fit(truncate, max_prompt_tokens)
-        options = _RerankOptions(instruction, max_tokens_per_doc, fit, truncation_side)
+        check_rerank(query, documents, top_n, max_tokens_per_doc, truncation_side)
+        options = self.reranker.options(
+            instruction, max_tokens_per_doc, truncate, max_prompt_tokens, truncation_side
+        )
         scores, result = await self._relevance(query, documents, options, raw_scores)
         hits = [RerankHit(index=i, relevance_score=s) for i, s in enumerate(scores)]
         hits.sort(key=lambda h: -h.relevance_score)
@@ -382,8 +385,9 @@ class Engine:
         groups: dict[str, list[int]] = {}
         for i, q in enumerate(queries):
             groups.setdefault(q, []).append(i)
-        fit = self._fit(truncate, max_prompt_tokens)
-        options = _RerankOptions(instruction, max_tokens_per_doc, fit, "right")
+        options = self.reranker.options(
+            instruction, max_tokens_per_doc, truncate, max_prompt_tokens
+        )
         scores = [0.0] * len(documents)
         results: list[ScoreResult] = []
 
@@ -392,7 +396,7 @@ class Engine:
         async def one(query: str, pairs: list[int], cancel: trio.CancelScope) -> None:
             texts = [documents[i] for i in pairs]
             try:
-                _check_rerank(query, texts, None, max_tokens_per_doc, "right")
+                check_rerank(query, texts, None, max_tokens_per_doc)
                 group, result = await self._relevance(query, texts, options, raw_scores)
             except InvalidInput as e:
                 failed.append(e.reindexed(pairs))
@@ -419,71 +423,21 @@ class Engine:
         )
 
     async def _relevance(
-        self, query: str, documents: Sequence[str], options: "_RerankOptions", raw: bool
+        self, query: str, documents: Sequence[str], options: RerankOptions, raw: bool
     ) -> tuple[list[float], ScoreResult]:
         """Each document's relevance to `query`, in document order, and the score result."""
-        if isinstance(self._rerank_labels, str):
-            raise Unsupported(f"rerank is unavailable for this model: {self._rerank_labels}")
-        try:  # the tokenizer's own item limit, checked before the truncation (slow per item)
-            inputs.normalize_items(documents, self.config.max_items_per_request)
-        except InvalidInput as e:
-            raise e.renamed(DOCUMENTS) from None
-        if options.cuts():
-            documents = await trio.to_thread.run_sync(self._truncated, query, documents, options)
-        labels, pairs = self._rerank_labels, self._pair_options(options)
-        if pairs is None:
-            prompt, items = await self._rerank_inputs(query, documents, options.instruction)
-        else:  # a cross-encoder reads the texts themselves, as a pair
-            prompt, items = query, list(documents)
+        reranker = self.reranker
+        if reranker.slow(options):  # it tokenises: off the event loop
+            call = await trio.to_thread.run_sync(reranker.call, query, documents, options)
+        else:
+            call = reranker.call(query, documents, options)
         try:
             logprobs, result = await self._logprobs(
-                prompt, items, labels.ids, False, labels.normaliser, pairs
+                call.query, call.items, call.label_token_ids, False, call.normaliser, call.pairs
             )
         except InvalidInput as e:
             raise e.renamed(DOCUMENTS) from None
-        heads = self.program.config.num_labels
-        return relevance(logprobs, num_labels=heads, raw=raw).tolist(), result
-
-    def _pair_options(self, options: "_RerankOptions") -> PairOptions | None:
-        """A cross-encoder's pair truncation: to the model's max length (CrossEncoder's),
-        or the prompt limit asked for when that is shorter; None for a decoder."""
-        cfg = self.program.config
-        if not cfg.bidirectional:
-            return None
-        limit = min(cfg.max_length, options.fit or cfg.max_length)
-        return PairOptions(limit=limit, side=options.truncation_side)
-
-    async def _rerank_inputs(self, query, documents, instruction):
-        """The score call's query and items (`templates.rerank_inputs`), off the event loop
-        when the recipe tokenises."""
-        inputs = functools.partial(
-            templates.rerank_inputs, self.template, self.tokenizer, query, documents, instruction
-        )
-        return await trio.to_thread.run_sync(inputs) if self.template.piecewise else inputs()
-
-    def _fit(self, truncate: bool, max_prompt_tokens: int | None) -> int | None:
-        """The prompt length documents are cut to fit, if any."""
-        if max_prompt_tokens is not None:
-            bad = isinstance(max_prompt_tokens, bool) or not isinstance(max_prompt_tokens, int)
-            if bad or not 1 <= max_prompt_tokens <= self.max_sequence_tokens:
-                raise InvalidInput(
-                    "max_prompt_tokens",
-                    f"must be an integer from 1 to the model context ({self.max_sequence_tokens}). "
-                    "Please, select a smaller truncation size.",
-                )
-            return max_prompt_tokens
-        return self.max_sequence_tokens if truncate else None
-
-    def _truncated(self, query, documents, options: "_RerankOptions"):
-        limit = options.max_tokens_per_doc or self.max_sequence_tokens
-        if options.fit is not None and not self.program.config.bidirectional:
-            room = truncation.room_for_document(
-                self.tokenizer, self.template, query, options.instruction, options.fit
-            )
-            limit = min(limit, room)
-        return truncation.cut_documents(
-            self.tokenizer, documents, limit, side=options.truncation_side
-        )
+        return reranker.relevance(logprobs, raw), result
 
     async def _submit(
         self, query, items, label_token_ids, item_first, normaliser, pairs=None
@@ -575,31 +529,6 @@ class Engine:
         }
 
 
-class _RerankOptions(NamedTuple):
-    instruction: str | None
-    max_tokens_per_doc: int | None
-    fit: int | None  # cut documents so that each prompt has at most this many tokens
-    truncation_side: str
-
-    def cuts(self) -> bool:
-        return self.max_tokens_per_doc is not None or self.fit is not None
-
-
-def _check_rerank(query, documents, top_n, max_tokens_per_doc, truncation_side) -> None:
-    if not isinstance(query, str):
-        raise InvalidInput("query", "must be a string")
-    if isinstance(documents, str) or not documents:
-        raise InvalidInput("documents", "must be a non-empty list of strings")
-    if not all(isinstance(d, str) for d in documents):
-        raise InvalidInput("documents", "must be a non-empty list of strings")
-    for name, value in (("top_n", top_n), ("max_tokens_per_doc", max_tokens_per_doc)):
-        bad = isinstance(value, bool) or not isinstance(value, int) or value < 1
-        if value is not None and bad:
-            raise InvalidInput(name, "must be a positive integer")
-    if truncation_side not in truncation.SIDES:
-        raise InvalidInput("truncation_side", f"must be one of {', '.join(truncation.SIDES)}")
-
-
 @asynccontextmanager
 async def open_engine(config: EngineConfig | None = None) -> AsyncIterator[Engine]:
     """Load the model, compile the bucket grid, run the actors; shut everything down on exit.
@@ -615,7 +544,7 @@ async def open_engine(config: EngineConfig | None = None) -> AsyncIterator[Engin
     checkpoint = await trio.to_thread.run_sync(
         functools.partial(load_checkpoint, config.model, progress=config.progress)
     )
-    if config.reranker is not None and checkpoint.config.bidirectional:
+    if config.reranker is not None and not checkpoint.task.takes_recipe():
         raise InvalidInput(
             "reranker", "this is a cross-encoder: it reads each pair as it is, with no recipe"
         )
@@ -628,7 +557,7 @@ async def open_engine(config: EngineConfig | None = None) -> AsyncIterator[Engin
         dense=config.dense,
         kv_cache_bytes=config.kv_cache_bytes,
         page_size=config.kv_page_size,
-        share=len(groups) if jax.default_backend() == "cpu" else 1,  # one host memory
+        share=len(groups) if devices.backend() == "cpu" else 1,  # one host memory
         dense_cache_dir=config.compile_cache_dir,
     )
     programs = [

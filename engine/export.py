@@ -7,7 +7,6 @@ import functools
 import jax
 from jax import export
 
-from engine.models import FAMILIES, label_logprobs
 from engine.packing import empty_batch
 from engine.program import DeviceProgram
 from kernels.dense import XLA
@@ -39,14 +38,8 @@ def export_program(
         raise ValueError(f"export needs the 'xla' dense path, not {program.dense.name!r}")
     if context and program.pool is None:
         raise ValueError("a context region needs a KV pool (kv_cache_bytes > 0)")
-    forward = functools.partial(
-        label_logprobs,
-        cfg=program.config,
-        family=FAMILIES[program.config.family],
-        attention=functools.partial(attention_pallas, platform=platform),
-        dense=program.dense,
-        write_kv=write,
-    )
+    attention = functools.partial(attention_pallas, platform=platform)
+    forward = program.task.forward_of(attention, program.dense, write_kv=write)
     window = program.config.window
     batch = empty_batch(*shape, block_size, window, context=context, page_size=program.page_size)
     lower = export.export(

@@ -116,17 +116,18 @@ def plan(
     buckets: Buckets,
     groups: Sequence[Chunk] | None = None,
     cached: Mapping[int, int] | None = None,
+    whole: bool = False,
 ) -> list[list[Chunk]]:
     """Group sequences by shared prefix (or take `groups`), then split them into batches that
     fit the grid, `cached` tokens (by member) read from the KV cache rather than laid out.
 
     Batches fill up to `token_budget` in order. The last one is re-split in two when that costs
     less: its padded bucket against two smaller ones (repeated prefixes included), each batch
-    charged `BATCH_OVERHEAD_TOKENS` more.
+    charged `BATCH_OVERHEAD_TOKENS` more. `whole` sequences (an encoder's: every token depends
+    on all of it) share nothing: each is a group of its own.
     """
     if groups is None:
-        alone = buckets.bidirectional  # an encoder's tokens depend on the whole sequence
-        groups = [Chunk(0, (i,)) for i in range(len(seqs))] if alone else group_by_prefix(seqs)
+        groups = [Chunk(0, (i,)) for i in range(len(seqs))] if whole else group_by_prefix(seqs)
     lengths = [len(s) for s in seqs]
     limits = dict(token_budget=token_budget, max_rows=buckets.max_rows, cached=cached)
     batches = plan_batches(groups, lengths, **limits)
@@ -182,6 +183,8 @@ def pack(
     page_size: int = 1,
     scored: int | None = None,
     reused: Mapping[int, int] | None = None,
+    *,
+    whole: bool = False,
 ) -> PackedBatch:
     """Flat numpy arrays for one batch, and the sequence index behind each real score row.
 
@@ -191,6 +194,8 @@ def pack(
     are not in `order`. A row's cached tokens are those its context reads, at most `reused`
     (by sequence: what was cached before its plan; by default no limit). The shape (T, S, L)
     and the context region C come from `buckets`; ValueError when the batch fits no bucket.
+    `whole` sequences (an encoder's) have every token see all of its sequence, and are scored
+    at their first token.
     """
     contexts = list(contexts) if contexts is not None else [None] * len(chunks)
     view, view_chunks = _without_cached(seqs, chunks, contexts)
@@ -229,7 +234,7 @@ def pack(
         context_pages=np.concatenate([pages, np.zeros(c // page_size - len(pages), np.int32)]),
         page_size=page_size,
     )
-    if buckets.bidirectional:
+    if whole:
         own_end, rows = _whole_sequences(view, view_chunks, ostart, rows)
         layout["own_end"] = np.concatenate([own_end + c, pad + 1])
     meta = make_meta(*spans, **layout)

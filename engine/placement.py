@@ -70,7 +70,7 @@ class Placement:
         return NamedSharding(self.mesh, P())
 
     def params(self, params: dict) -> dict:
-        """`params` (as `engine.program.place_params` makes them) committed to the group."""
+        """`params` (as `engine.models.layout.place_decoder` makes them) committed to the group."""
         if self.mesh is None:
             return jax.device_put(params, self.replicated())
         shardings = {

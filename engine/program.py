@@ -1,7 +1,6 @@
 """The device program: a model's weights on the device and the jitted forward of one packed
 batch. The device runner owns one; the offline scorer drives one the same way."""
 
-import functools
 import os
 from pathlib import Path
 
@@ -11,12 +10,11 @@ import numpy as np
 
 from engine.errors import InvalidInput
 from engine.loaders import Checkpoint
-from engine.models import FAMILIES, Dense, ModelConfig, PackedInputs, forward_of
+from engine.models import Dense, ModelConfig, PackedInputs
 from engine.packing import empty_batch
 from engine.placement import Placement, put
-from kernels import select_attention, select_dense
+from kernels import devices, select_attention, select_dense
 from kernels.dense_choice import DenseChoice
-from kernels.host import to_device
 from kernels.paging import LayerPool, empty_pool, write
 
 # the weight dtype of each compute mode; "int8" keeps bf16 but for the layer matrices, which its
@@ -25,10 +23,6 @@ DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32, "int8": jnp.bfloat16
 DEFAULT_PAGE_SIZE = 16  # tokens per KV pool page: the prefix cache's granularity
 DEFAULT_POOL_SHARE = 8  # the default pool takes 1/8 of the device's (or host's) memory
 DEFAULT_POOL_TOKENS = 1 << 18  # ... and never more than this many tokens need
-VECTORS = (  # kept in f32
-    *("attn_norm", "mlp_norm", "post_attn_norm", "post_mlp_norm"),
-    *("q_norm", "k_norm", "bq", "bk", "bv"),
-)
 
 
 def default_compile_cache_dir() -> str:
@@ -51,84 +45,6 @@ def default_kv_cache_bytes(bytes_per_token: int) -> int:
     stats = jax.devices()[0].memory_stats() or {}
     memory = stats.get("bytes_limit") or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return min(memory // DEFAULT_POOL_SHARE, DEFAULT_POOL_TOKENS * bytes_per_token)
-
-
-def place_params(params: dict, dtype, dense, *, kv_heads: int, fused_silu: bool = True) -> dict:
-    """Device weights from host params (the layout of `engine.models.config`): the embedding in
-    `dtype`; norms and biases in f32; q/k/v fused into one matrix and gate/up into one gated
-    pair, these and the other matrices and the LM head prepared by the `dense` strategy. A tied
-    head is prepared from the embedding already on the device, converted once."""
-    layers = params["layers"]
-    qkv = fuse_qkv(layers["wq"], layers["wk"], layers["wv"], kv_heads)
-    embed = to_device(params["embed"], dtype)
-    return {
-        "embed": embed,
-        "final_norm": to_device(params["final_norm"], jnp.float32),
-        "head": dense.prepare_head(params.get("lm_head", embed), dtype),
-        "layers": {n: to_device(layers[n], jnp.float32) for n in VECTORS if n in layers},
-        "matrices": {
-            "qkv": dense.prepare(qkv, dtype),
-            "o": dense.prepare(layers["wo"], dtype),
-            "gate_up": _gate_up(layers, dtype, dense, fused_silu),
-            "down": dense.prepare(layers["w_down"], dtype),
-        },
-    }
-
-
-ENCODER_VECTORS = (  # kept in f32
-    *("attn_norm", "attn_norm_b", "mlp_norm", "mlp_norm_b"),
-    *("bq", "bk", "bv", "bo", "b_up", "b_gate", "b_down"),
-)
-ENCODER_TOP_VECTORS = (
-    *("embed_norm", "embed_norm_b", "final_norm", "final_norm_b"),
-    *("pool_dense_b", "pool_norm", "pool_norm_b", "classifier_b"),
-)
-
-
-def place_encoder_params(params: dict, dtype, dense, *, heads: int) -> dict:
-    """Device weights of a cross-encoder (`engine.models.encoder`): embedding tables in `dtype`,
-    norms and biases in f32, the fused q/k/v, the MLP (a gated one's pairs side by side), the
-    pooler dense and the classifier prepared by the `dense` strategy."""
-    layers = params["layers"]
-    tables = [n for n in ("embed", "positions", "token_types") if n in params]
-    up = (
-        _gate_up(layers, dtype, dense, fused_silu=False)
-        if "w_gate" in layers
-        else dense.prepare(layers["w_up"], dtype)
-    )
-    return {
-        **{n: to_device(params[n], dtype) for n in tables},
-        **{n: to_device(params[n], jnp.float32) for n in ENCODER_TOP_VECTORS if n in params},
-        "pool_dense": dense.prepare(params["pool_dense"][None], dtype),
-        "head": dense.prepare_head(params["head"], dtype),
-        "layers": {n: to_device(layers[n], jnp.float32) for n in ENCODER_VECTORS if n in layers},
-        "matrices": {
-            "qkv": dense.prepare(fuse_qkv(layers["wq"], layers["wk"], layers["wv"], heads), dtype),
-            "o": dense.prepare(layers["wo"], dtype),
-            "up": up,
-            "down": dense.prepare(layers["w_down"], dtype),
-        },
-    }
-
-
-def fuse_qkv(wq: np.ndarray, wk: np.ndarray, wv: np.ndarray, kv_heads: int) -> np.ndarray:
-    """The fused projection [L, E, (H + 2 Hkv) D] from wq [L, E, H D], wk and wv [L, E, Hkv D],
-    by kv head: the G = H / Hkv query heads that read kv head j, then k and v of head j
-    (`engine.models.decoder.project` splits it). Any split of the columns into a number of
-    equal parts that divides Hkv (tensor parallelism) keeps whole heads with their k and v."""
-    lead = wq.shape[:-1]
-    by_head = [w.reshape(*lead, kv_heads, -1) for w in (wq, wk, wv)]  # [L, E, Hkv, G D | D | D]
-    return np.concatenate(by_head, axis=-1).reshape(*lead, -1)
-
-
-def _gate_up(layers: dict, dtype, dense, fused_silu: bool):
-    """The MLP's gate and up matrices: the dense strategy's fused SiLU pair, or (another
-    activation) one plain matrix [L, E, 2I] of gate and up columns side by side, whose product
-    the forward splits."""
-    if fused_silu:
-        return dense.prepare_gated(layers["w_gate"], layers["w_up"], dtype)
-    pair = np.stack([layers["w_gate"], layers["w_up"]], axis=-1)  # [L, E, I, 2]
-    return dense.prepare(pair.reshape(*pair.shape[:-2], -1), dtype)
 
 
 class DeviceProgram:
@@ -163,14 +79,13 @@ class DeviceProgram:
         if dtype not in DTYPES:
             raise InvalidInput("dtype", f"{dtype!r} is not one of {sorted(DTYPES)}")
         self.config: ModelConfig = checkpoint.config
+        self.task = task = checkpoint.task
         self.dtype = dtype
         self.placement = placement or Placement(jax.local_devices()[:1])
-        backend = jax.default_backend()
+        backend = devices.backend()
         sharded = self.placement.size > 1
-        if sharded and self.config.bidirectional:
-            raise InvalidInput(
-                "tensor_parallel", "encoder models run whole on each device: use data_parallel"
-            )
+        if sharded and task.unshardable():
+            raise InvalidInput("tensor_parallel", task.unshardable())
         if sharded and dtype == "int8":
             raise InvalidInput("dtype", "int8 runs whole on each device: use data_parallel")
         if sharded and dense not in (None, "xla"):
@@ -194,20 +109,13 @@ class DeviceProgram:
             softcap=self.config.attn_softcap,
         )
         with self.placement.default_device():
-            params = self._place(checkpoint.params)
+            params = task.place(checkpoint.params, self.config, DTYPES[dtype], self.dense)
         self.params = self.placement.params(params)
-        forward = functools.partial(
-            forward_of(self.config),
-            cfg=self.config,
-            family=FAMILIES[self.config.family],
-            attention=self.attention,
-            dense=self.dense,
-            write_kv=write,
-        )
+        forward = task.forward_of(self.attention, self.dense, write_kv=write)
         if page_size < 1:
             raise InvalidInput("page_size", f"must be at least 1, got {page_size}")
         self.page_size = page_size
-        if self.config.bidirectional:  # a token's keys depend on the whole pair: none to reuse
+        if not task.reuses_kv:
             kv_cache_bytes = 0
         if kv_cache_bytes is None:  # runners that `share` one memory divide the default
             kv_cache_bytes = default_kv_cache_bytes(self.kv_bytes_per_token) // share
@@ -218,13 +126,6 @@ class DeviceProgram:
         # the pool is updated in place, and keeps its sharding from step to step
         outputs = (self.placement.replicated(), self.placement.pool_shardings(self.pool))
         self._forward = jax.jit(forward, donate_argnums=2, out_shardings=outputs)
-
-    def _place(self, params: dict) -> dict:
-        cfg, dtype = self.config, DTYPES[self.dtype]
-        if cfg.bidirectional:
-            return place_encoder_params(params, dtype, self.dense, heads=cfg.num_kv_heads)
-        silu = cfg.mlp_activation == "silu"
-        return place_params(params, dtype, self.dense, kv_heads=cfg.num_kv_heads, fused_silu=silu)
 
     @property
     def dense_choice(self) -> DenseChoice | None:

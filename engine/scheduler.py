@@ -74,8 +74,10 @@ class SchedulerState:
         max_queued_tokens: int,
         linger: float = 0.0,
         caches: Sequence[KVCache | None] = (None,),
+        whole_sequences: bool = False,
     ):
         self.buckets = buckets
+        self.whole_sequences = whole_sequences  # packed alone (`engine.tasks.Task`)
         self.caches = list(caches)  # one per device runner
         self.assigned = [0] * len(self.caches)  # batches handed to each runner, not done
         self.runner_batches = [0] * len(self.caches)  # batches each runner was handed
@@ -255,6 +257,7 @@ class SchedulerState:
             token_budget=self.token_budget,
             buckets=self.buckets,
             cache=self.caches[self._planned_for],
+            whole=self.whole_sequences,
         )
 
     def fail_waiting(self, error: Exception) -> list[Rejected]:

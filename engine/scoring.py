@@ -13,12 +13,13 @@ import tokenizers
 
 from engine import batching, inputs, templates
 from engine.buckets import DEFAULT_TOKEN_BUDGET, make_buckets
-from engine.errors import InvalidInput, Unsupported, rejection_error
+from engine.errors import InvalidInput, rejection_error
 from engine.loaders import Checkpoint, load_checkpoint
 from engine.messages import Rejected, ScoreRequest, Tokenized
 from engine.models import ModelConfig
-from engine.pairs import PairOptions
 from engine.program import DeviceProgram, default_compile_cache_dir
+from engine.rerank import DOCUMENTS, Reranker, check_rerank
+from engine.tasks import scores_from_logprobs
 from engine.tokenizer_actor import TokenizerState
 
 
@@ -70,19 +71,23 @@ class ScoringModel:
             dense_cache_dir=default_compile_cache_dir(),
         )
         self.config: ModelConfig = checkpoint.config
+        self.task = checkpoint.task
         self.tokenizer: tokenizers.Tokenizer = checkpoint.tokenizer
         self.token_budget = token_budget
-        self.buckets = make_buckets(
-            self.config.max_position_embeddings,
-            token_budget=token_budget,
-            window=self.config.window,
-            bidirectional=self.config.bidirectional,
-        )
+        context = self.config.max_position_embeddings
+        self.buckets = make_buckets(context, token_budget=token_budget, window=self.config.window)
         self._tokenizer_state = TokenizerState.for_model(
-            checkpoint.tokenizer, self.config, self.buckets, max_items=None, cache_size=0
+            checkpoint.tokenizer, self.task, self.buckets, max_items=None, cache_size=0
         )
         family = self.config.family
         self.template = templates.template_for(family, self.tokenizer, checkpoint.source)
+        self.reranker = Reranker(
+            self.task,
+            self.template,
+            self.tokenizer,
+            max_sequence_tokens=self.buckets.max_sequence(context),
+            max_items=None,
+        )
 
     @property
     def dtype(self) -> str:
@@ -102,7 +107,9 @@ class ScoringModel:
         Semantics of sglang's `/v1/score`: each score is `exp(logprob)` under the full
         vocabulary, or with `apply_softmax` the softmax over the label log-probs only.
         """
-        check_language_model(self.program.config)
+        refused = self.task.label_scores_refused()
+        if refused:
+            raise InvalidInput("label_token_ids", refused)
         request = self.tokenize(query, items, label_token_ids, item_first=item_first)
         seqs = request.sequences
         if not seqs:
@@ -116,36 +123,40 @@ class ScoringModel:
         documents: Sequence[str],
         *,
         instruction: str | None = None,
+        max_tokens_per_doc: int | None = None,
+        truncate: bool = False,
+        max_prompt_tokens: int | None = None,
+        truncation_side: str = "right",
         raw_scores: bool = False,
     ) -> list[float]:
-        """Each document's relevance to `query`, in document order, as `Engine.rerank` scores
-        it: a decoder under its rerank recipe, a cross-encoder on the (query, document) pair
-        truncated to its max length as CrossEncoder does. Unsupported when the model cannot
-        rerank; InvalidInput naming the field for bad input."""
-        cfg = self.config
-        labels = templates.rerank_labels(cfg, self.template, self.tokenizer)
-        if isinstance(labels, str):
-            raise Unsupported(f"rerank is unavailable for this model: {labels}")
-        pairs = PairOptions(limit=cfg.max_length) if cfg.bidirectional else None
-        if pairs is None:
-            query, documents = templates.rerank_inputs(
-                self.template, self.tokenizer, query, documents, instruction
-            )
+        """Each document's relevance to `query`, in document order, exactly as `Engine.rerank`
+        scores it with the same options (`engine.rerank`): a decoder under its rerank recipe, a
+        cross-encoder on the (query, document) pair truncated to its max length as CrossEncoder
+        does; no documents, no relevances. Unsupported when the model cannot rerank; InvalidInput
+        naming the field for bad input."""
+        if isinstance(documents, list | tuple) and not documents:
+            return []
+        check_rerank(query, documents, None, max_tokens_per_doc, truncation_side)
+        options = self.reranker.options(
+            instruction, max_tokens_per_doc, truncate, max_prompt_tokens, truncation_side
+        )
+        call = self.reranker.call(query, documents, options)
         request = ScoreRequest(
             id=0,
-            query=query,
-            items=documents,
-            label_token_ids=labels.ids,
-            normaliser=labels.normaliser,
-            pairs=pairs,
+            query=call.query,
+            items=call.items,
+            label_token_ids=call.label_token_ids,
+            normaliser=call.normaliser,
+            pairs=call.pairs,
             arrived=0.0,
         )
-        tokenized = self._tokenized(request)
+        try:
+            tokenized = self._tokenized(request)
+        except InvalidInput as e:
+            raise e.renamed(DOCUMENTS) from None
         seqs = tokenized.sequences
-        if not seqs:
-            return []
         outputs = self.label_logprobs(seqs, [tokenized.labels] * len(seqs))  # f32[N, L]
-        return relevance(outputs, num_labels=cfg.num_labels, raw=raw_scores).tolist()
+        return self.reranker.relevance(outputs, raw_scores)
 
     def tokenize(
         self,
@@ -189,9 +200,14 @@ class ScoringModel:
         width = max(len(lab) for lab in labels)
         out = np.zeros((len(seqs), width), np.float32)
         pending = None
-        for batch in batching.batches(
-            seqs, labels, token_budget=self.token_budget, buckets=self.buckets
-        ):
+        batches = batching.batches(
+            seqs,
+            labels,
+            token_budget=self.token_budget,
+            buckets=self.buckets,
+            whole=self.task.whole_sequences,
+        )
+        for batch in batches:
             running = (self.program.run(batch.inputs), batch.order)
             if pending is not None:
                 _collect(out, *pending)
@@ -204,40 +220,3 @@ def _collect(out: np.ndarray, result: jax.Array, order: list[int]) -> None:
     result = np.asarray(result)  # f32[S_bucket, L_bucket]
     width = min(result.shape[1], out.shape[1])
     out[order, :width] = result[: len(order), :width]
-
-
-def check_language_model(cfg) -> None:
-    """InvalidInput unless the model has a language-model head: label-token scores need one."""
-    if cfg.num_labels:
-        kind = f" (a {cfg.family} cross-encoder)" if cfg.bidirectional else ""
-        raise InvalidInput(
-            "label_token_ids",
-            f"this model has a sequence-classification head of {cfg.num_labels} label(s){kind}, "
-            "not a language-model head: label-token scores are unavailable (rerank works)",
-        )
-
-
-def scores_from_logprobs(logprobs: np.ndarray, *, apply_softmax: bool) -> np.ndarray:
-    """`exp(logprob)`, or the softmax over the labels (f64 for exactness at tiny probabilities)."""
-    lp = logprobs.astype(np.float64)
-    if apply_softmax:
-        lp = lp - lp.max(axis=1, keepdims=True)
-        return np.exp(lp) / np.exp(lp).sum(axis=1, keepdims=True)
-    return np.exp(lp)
-
-
-def relevance(outputs: np.ndarray, *, num_labels: int, raw: bool) -> np.ndarray:
-    """Each document's relevance f64[N] from its score-row outputs f32[N, L].
-
-    A language-model head (`num_labels` 0) gives the yes/no log-probs: P(yes) / (P(yes) +
-    P(no)), or raw their difference, the logit. A classification head gives logits: one label's
-    sigmoid (raw: the logit), or of several the softmax of the last (raw: its logit).
-    """
-    x = outputs.astype(np.float64)
-    if num_labels == 0:
-        return x[:, 0] - x[:, 1] if raw else scores_from_logprobs(x, apply_softmax=True)[:, 0]
-    if raw:
-        return x[:, -1]
-    if num_labels == 1:
-        return 1.0 / (1.0 + np.exp(-x[:, 0]))
-    return scores_from_logprobs(x, apply_softmax=True)[:, -1]

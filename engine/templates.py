@@ -208,12 +208,10 @@ class RerankLabels(NamedTuple):
     normaliser: bool  # one label's logit: its log-prob less the log-normaliser
 
 
-def rerank_labels(cfg, template: Template, tokenizer) -> RerankLabels | str:
-    """The labels a rerank reads at each score row: the template's yes/no tokens (its yes token
-    and the normaliser when it has no "no"), or every row of a classification head; a string
-    says why the model cannot rerank (score still works)."""
-    if cfg.num_labels:
-        return RerankLabels(list(range(cfg.num_labels)), False)
+def rerank_labels(template: Template, tokenizer) -> RerankLabels | str:
+    """The labels a language model's rerank reads at each score row: the template's yes/no
+    tokens (its yes token and the normaliser when it has no "no"); a string says why the model
+    cannot rerank (score still works)."""
     try:
         ids = label_ids(template, tokenizer)
     except ValueError as e:

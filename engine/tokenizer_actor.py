@@ -18,8 +18,8 @@ from engine.buckets import Buckets
 from engine.channels import drain
 from engine.errors import InputTooLarge, InvalidInput, rejection_kind
 from engine.messages import Cancel, Rejected, ScoreRequest, Tokenized
-from engine.models import ModelConfig
 from engine.pairs import Encoded, PairEncoder
+from engine.tasks import Task
 
 MAX_DRAIN = 256  # requests tokenised together at most; bounds one worker-thread call
 
@@ -74,19 +74,16 @@ class TokenizerState:
     def for_model(
         cls,
         tokenizer: tokenizers.Tokenizer,
-        config: ModelConfig,
+        task: Task,
         buckets: Buckets,
         *,
         max_items: int | None,
         cache_size: int,
     ) -> "TokenizerState":
-        """The state for a model of `config` batched on `buckets`: the longest sequence and the
-        label count those allow (`Buckets.max_sequence`, `Buckets.max_labels`), and pair
-        tokenisation for a cross-encoder."""
-        pairs = None
-        if config.bidirectional:
-            types = config.type_vocab_size
-            pairs = PairEncoder(tokenizer, vocab_size=config.vocab_size, type_vocab_size=types)
+        """The state for a model of `task` batched on `buckets`: the longest sequence and the
+        label count those allow (`Buckets.max_sequence`, `Buckets.max_labels`), and the task's
+        pair tokenisation (a cross-encoder's)."""
+        config = task.config
         return cls(
             tokenizer,
             vocab_size=config.vocab_size,
@@ -94,7 +91,7 @@ class TokenizerState:
             max_items=max_items,
             max_labels=buckets.max_labels,
             cache_size=cache_size,
-            pairs=pairs,
+            pairs=task.pair_encoder(tokenizer),
         )
 
     def process(self, requests: list[ScoreRequest | Cancel]) -> list[Tokenized | Rejected | Cancel]:

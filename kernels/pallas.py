@@ -32,7 +32,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
-from kernels import tuning
+from kernels import devices, tuning
 from kernels.metadata import AttentionMeta, context_length
 from kernels.paging import LayerPool, with_context
 from kernels.softcap import soft_cap
@@ -126,7 +126,7 @@ def attention_pallas_auto(
 ) -> jax.Array:  # [T, H, D] in q's dtype
     """`attention_pallas` for the default backend: compiled on TPU and GPU, interpreted elsewhere
     (the CPU has no Pallas lowering; the interpreter is slow and meant for debugging)."""
-    interpret = jax.default_backend() not in PLATFORMS
+    interpret = devices.backend() not in PLATFORMS
     return attention_pallas(
         q, k, v, meta, scale=scale, softcap=softcap, interpret=interpret, pool=pool
     )
@@ -434,7 +434,7 @@ def _span_columns(meta: AttentionMeta) -> tuple[jax.Array, ...]:  # 4 x i32[T, 1
 
 
 def _default_platform() -> str:
-    return "tpu" if jax.default_backend() == "tpu" else "gpu"
+    return "tpu" if devices.backend() == "tpu" else "gpu"
 
 
 def _check_inputs(q, k, v, meta: AttentionMeta) -> None:

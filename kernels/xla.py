@@ -12,6 +12,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from kernels import devices
 from kernels.metadata import AttentionMeta
 from kernels.paging import LayerPool, with_context
 from kernels.softcap import soft_cap
@@ -77,7 +78,7 @@ def attention_xla(
 
 
 def _default_query_blocks_per_step(n: int, block: int) -> int:
-    if jax.default_backend() != "cpu":
+    if devices.backend() != "cpu":
         # Accelerators want few large kernels: all query blocks per step, K steps in all.
         return n
     if block < 64:

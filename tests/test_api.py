@@ -572,7 +572,6 @@ def test_server_info(client, tiny_path):
         "label_widths": [4, 32, 256],
         "contexts": [0, 1024],
         "window": 0,
-        "bidirectional": False,
     }
     assert info["kv_bytes_per_token"] == 512 and info["max_sequence_tokens"] == 512
     # the default pool: what 2^18 tokens need (less than an eighth of this host's memory)

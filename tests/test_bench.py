@@ -314,7 +314,7 @@ def test_encoder_flops_see_the_whole_pair_or_the_window():
     from bench.flops import encoder_flops, window_keys
 
     bert = msgspec.structs.replace(
-        CFG, family="bert", num_kv_heads=2, num_labels=1, bidirectional=True, gated_mlp=False
+        CFG, family="bert", num_kv_heads=2, num_labels=1, encoder=True, gated_mlp=False
     )
     # per layer: wq, wk, wv, wo 8x8, MLP up and down 8x16; attention 4 x 8 per (token, key)
     assert Cost.of(bert).params == 2 * (4 * 64 + 2 * 128)

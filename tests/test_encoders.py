@@ -258,7 +258,7 @@ def test_the_service_reranks_as_the_engine_and_refuses_label_scores(encoder):
         got = {d["index"]: d["score"] for d in r.json()["data"]}
         np.testing.assert_allclose([got[i] for i in range(5)], scores, atol=1e-6)
         server = client.get("/get_server_info").json()
-        assert server["buckets"]["bidirectional"] and server["plan"]["cpu"]["weight_bytes"] > 0
+        assert server["plan"]["cpu"]["weight_bytes"] > 0
         r = client.get("/get_server_info?roofline=1")
         assert r.status_code == 400 and "cross-encoder" in r.json()["error"]["message"]
         assert client.get("/info").json()["auto_truncate"] is True  # TEI's: pairs are cut
@@ -301,9 +301,9 @@ def test_packing_lays_each_pair_alone_and_scores_its_first_token():
     from engine.packing import pack, plan
 
     seqs = [[5, 6, 7], [5, 6, 8, 9], [5, 6, 7]]  # shared prefixes: still laid out alone
-    buckets = make_buckets(128, token_budget=64, block_size=16, bidirectional=True)
-    (chunks,) = plan(seqs, token_budget=64, buckets=buckets)
-    batch = pack(seqs, [[0]] * 3, chunks, buckets)
+    buckets = make_buckets(128, token_budget=64, block_size=16)
+    (chunks,) = plan(seqs, token_budget=64, buckets=buckets, whole=True)
+    batch = pack(seqs, [[0]] * 3, chunks, buckets, whole=True)
     meta, inputs = batch.inputs.meta, batch.inputs
     assert batch.real_tokens == 10
     assert inputs.score_rows[:3].tolist() == [0, 3, 7]  # each pair's first token

@@ -18,7 +18,7 @@ from api.app import create_app
 from api.routes import RERANK_PATHS
 from api.settings import settings_from_env
 from engine import InvalidInput, Unsupported, load_model, open_engine, templates
-from engine.scoring import relevance
+from engine.tasks.outputs import classifier_relevance
 from tests.conftest import tiny_tokenizer, write_tiny_checkpoint
 from tests.test_api_support import serving, tiny_config, tiny_env
 
@@ -80,7 +80,7 @@ def test_rerank_is_the_heads_formula_and_packs_exactly(checkpoint):
 
     together, raw, alone, prompts = trio.run(main)
     logits = np.stack([hf_logits(path, p) for p in prompts])  # transformers on the same prompts
-    want = relevance(logits, num_labels=labels, raw=False)
+    want = classifier_relevance(logits, raw=False)
     got = {h.index: h.relevance_score for h in together.results}
     np.testing.assert_allclose([got[i] for i in range(3)], want, rtol=1e-4, atol=1e-6)
     got_raw = {h.index: h.relevance_score for h in raw.results}
@@ -88,17 +88,6 @@ def test_rerank_is_the_heads_formula_and_packs_exactly(checkpoint):
     np.testing.assert_allclose(
         [got[i] for i in range(3)], [h.relevance_score for h in alone], rtol=1e-5
     )
-
-
-def test_relevance_formulas():
-    lp = np.log(np.array([[0.2, 0.6], [0.5, 0.1]]))
-    np.testing.assert_allclose(relevance(lp, num_labels=0, raw=False), [0.25, 5 / 6])
-    np.testing.assert_allclose(relevance(lp, num_labels=0, raw=True), np.log([1 / 3, 5]))
-    one = np.array([[0.0], [2.0]])
-    np.testing.assert_allclose(relevance(one, num_labels=1, raw=False), [0.5, 1 / (1 + np.e**-2)])
-    np.testing.assert_allclose(relevance(one, num_labels=1, raw=True), [0.0, 2.0])
-    two = np.array([[0.0, np.log(3.0)]])
-    np.testing.assert_allclose(relevance(two, num_labels=2, raw=False), [0.75])
 
 
 def test_the_service_says_which_head_and_refuses_label_scores(checkpoint):

@@ -16,6 +16,7 @@ import numpy as np
 
 from engine import templates
 from engine.repl.cli import make_session
+from engine.tasks import task_for
 from tests.test_repl_support import VOCAB
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,9 +25,11 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_default_labels_are_yes_and_no_where_those_are_single_tokens():
     def engine_with(vocab, num_labels=0):
         encode = lambda text: SimpleNamespace(ids=vocab.get(text, [1, 2]))
+        config = SimpleNamespace(vocab_size=100, num_labels=num_labels, encoder=False)
         return SimpleNamespace(
             tokenizer=SimpleNamespace(encode=lambda text, add_special_tokens: encode(text)),
-            model_config=SimpleNamespace(vocab_size=100, num_labels=num_labels),
+            model_config=config,
+            task=task_for(config),
         )
 
     assert make_session(engine_with(VOCAB)).labels == [("' yes'", 6), ("' no'", 8)]

@@ -61,7 +61,7 @@ def load_hf_dir(path: str | Path, *, progress: bool = True) -> Checkpoint:
     except ValueError as e:
         raise CheckpointError(f"{root / 'config.json'}: {e}") from e
     tensors = _TensorFiles(root)
-    if cfg.bidirectional:
+    if cfg.encoder:
         cfg = with_max_length(cfg, root)
         params = encoder_params(tensors, cfg, progress)
     else:

@@ -1,23 +1,15 @@
 """Model families: each a config parser and a q/k/v projection over the shared decoder, or
-(cross-encoders) over the shared encoder."""
-
-from collections.abc import Callable
+(cross-encoders) over the shared encoder. Which forward and parameter layout a checkpoint runs
+is its task's (`engine.tasks`)."""
 
 from engine.models import bert, gemma, llama, modernbert, qwen2, qwen3, xlm_roberta
 from engine.models.config import ModelConfig, RopeScaling
 from engine.models.decoder import Dense, Family, PackedInputs, label_logprobs
-from engine.models.encoder import pair_logits
 
 DECODERS = (llama.FAMILY, qwen2.FAMILY, qwen3.FAMILY, *gemma.FAMILIES)
 ENCODERS = (bert.FAMILY, xlm_roberta.FAMILY, modernbert.FAMILY)
 FAMILIES: dict[str, Family] = {f.name: f for f in (*DECODERS, *ENCODERS)}
 MODEL_TYPES = {**{name: name for name in FAMILIES}, "gemma3_text": "gemma3"}  # config.json's
-
-
-def forward_of(cfg: ModelConfig) -> Callable:
-    """The forward of a packed batch for this architecture: label log-probs (decoders) or a
-    classifier's logits of each pair (encoders); both `label_logprobs`'s signature."""
-    return pair_logits if cfg.bidirectional else label_logprobs
 
 
 __all__ = [
@@ -28,6 +20,5 @@ __all__ = [
     "ModelConfig",
     "PackedInputs",
     "RopeScaling",
-    "forward_of",
     "label_logprobs",
 ]

@@ -66,9 +66,10 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     final_softcap: float = 0.0  # language-model logits soft-capped at this (0: not)
     query_scale: float = 0.0  # attention score scale (0: head_dim ** -0.5)
     sandwich_norms: bool = False  # attention and MLP outputs normed before the residual add
-    # encoders (BERT, XLM-RoBERTa, ModernBERT; `engine.models.encoder`): every token of a
-    # sequence sees the whole sequence, LayerNorms (eps `rms_norm_eps`), a classifier head
-    bidirectional: bool = False
+    # the encoder stack (BERT, XLM-RoBERTa, ModernBERT; `engine.models.encoder`): every token of
+    # a sequence sees all of it, LayerNorms (eps `rms_norm_eps`), a classifier head; what that
+    # means for requests, packing and the KV cache is the task's (`engine.tasks`)
+    encoder: bool = False
     post_norm: bool = False  # BERT's LayerNorm after each residual add (else before each block)
     position_table: bool = False  # learned absolute positions (else RoPE)
     position_offset: int = 0  # first position id (XLM-RoBERTa: padding_idx + 1)

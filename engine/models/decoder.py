@@ -62,7 +62,7 @@ class Dense(Protocol):
 
 def project(qkv: jax.Array, cfg: ModelConfig) -> tuple[jax.Array, ...]:
     """Split the fused projection f32[T, (H + 2 Hkv) D], laid out by kv head
-    (`engine.program.fuse_qkv`), into q f32[T, H*D], k and v f32[T, Hkv*D]."""
+    (`engine.models.layout.fuse_qkv`), into q f32[T, H*D], k and v f32[T, Hkv*D]."""
     t, group = qkv.shape[0], cfg.num_heads // cfg.num_kv_heads
     by_head = qkv.reshape(t, cfg.num_kv_heads, group + 2, cfg.head_dim)
     flat = lambda x: x.reshape(t, -1)
@@ -167,7 +167,7 @@ def _sandwich(y: jax.Array, p: Params, norm: str, cfg: ModelConfig) -> jax.Array
 def _mlp_gate(h: jax.Array, w, index: jax.Array, s: "Step") -> jax.Array:
     """act(h @ gate) * (h @ up) f32[T, I]: SiLU fused in the dense strategy's gated product, any
     other activation after a plain product with gate and up columns side by side
-    (`place_params`)."""
+    (`engine.models.layout.place_decoder`)."""
     if s.cfg.mlp_activation == "silu":
         return s.dense.gated(h, w, index)
     y = s.dense.matmul(h, w, index).reshape(h.shape[0], -1, 2)  # f32[T, I, gate/up]
@@ -189,7 +189,7 @@ def label_logprobs(
     """Full-vocabulary log-probs f32[S, L] of `label_ids` at each score row, and the pool; with a
     sequence-classification head (`cfg.num_labels`), the head's raw logits of those labels.
 
-    `params` is laid out as `engine.program.place_params` makes it: "embed", "final_norm",
+    `params` is laid out as `engine.models.layout.place_decoder` makes it: "embed", "final_norm",
     "head" and "matrices" prepared by `dense`, "layers" the per-layer vectors. With a `pool`,
     every layer writes the batch's K/V at `inputs.cache_slots` (with `write_kv`) before its
     attention reads the context region from it; the pool returned holds those writes.

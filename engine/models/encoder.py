@@ -1,7 +1,7 @@
 """The encoder stack shared by the cross-encoder families (BERT, XLM-RoBERTa, ModernBERT): each
 packed sequence is one query/document pair whose tokens see the whole pair and nothing else
-(bidirectional own spans, `kernels.metadata`); the classifier reads each pair's first token
-or its mean at the score rows.
+(own spans that end where the pair ends, `kernels.metadata`); the classifier reads each pair's
+first token or its mean at the score rows.
 
 Activations, LayerNorms and biases stay in f32; matmuls go through the `Dense` strategy with f32
 accumulation, as in the decoder. What differs between families is in `ModelConfig`: learned
@@ -48,7 +48,7 @@ HF_ACTIVATIONS |= {"relu": "relu", "silu": "silu"}
 
 
 def config_from_hf(hf: dict, *, family: str, **flags) -> ModelConfig:
-    """A bidirectional ModelConfig from the fields encoder configs share; ValueError for a
+    """An encoder's ModelConfig from the fields encoder configs share; ValueError for a
     checkpoint without a sequence-classification head or an unknown activation."""
     if not num_labels_from_hf(hf):
         raise ValueError(
@@ -66,7 +66,7 @@ def config_from_hf(hf: dict, *, family: str, **flags) -> ModelConfig:
         rms_norm_eps=eps,
         tie_word_embeddings=False,
         mlp_activation=HF_ACTIVATIONS[act],
-        bidirectional=True,
+        encoder=True,
         **flags,
     )
 

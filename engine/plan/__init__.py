@@ -16,10 +16,26 @@ from engine.loaders import Checkpoint
 from engine.models import ModelConfig
 from engine.plan import workloads
 from engine.plan.costs import Analyser, Cost
-from engine.plan.devices import KINDS, PUBLISHED, Device, device, host_memory
+from engine.plan.devices import (
+    KINDS,
+    PUBLISHED,
+    Device,
+    device,
+    host_memory,
+    kinds_for_this_host,
+)
 from engine.program import DEFAULT_POOL_SHARE, DEFAULT_POOL_TOKENS, DTYPES, DeviceProgram
 
-__all__ = ["KINDS", "PUBLISHED", "Device", "capacities", "capacity", "device", "plan"]
+__all__ = [
+    "KINDS",
+    "PUBLISHED",
+    "Device",
+    "capacities",
+    "capacity",
+    "device",
+    "kinds_for_this_host",
+    "plan",
+]
 
 
 def capacity(cfg: ModelConfig, dtype: str, memory: int, weight_bytes: int) -> dict:
@@ -57,8 +73,8 @@ def plan(
     """The plan of a checkpoint (in `dtype`) or of a loaded device program (in its own) on each
     device kind: `capacity`, the largest batch, and W1 and W2 roofline estimates
     (`progress(text)` is told of each compile). ValueError for a cross-encoder."""
-    if source.config.bidirectional:
-        raise ValueError("engine.plan models decoders; cross-encoders are not planned yet")
+    if source.task.unplannable():
+        raise ValueError(source.task.unplannable())
     if isinstance(source, DeviceProgram):
         analyser, dtype = Analyser.of_program(source, block_size), source.dtype
     else:

@@ -24,10 +24,11 @@ import msgspec
 import numpy as np
 
 from engine.loaders import Checkpoint
-from engine.models import FAMILIES, ModelConfig, PackedInputs, label_logprobs
+from engine.models import ModelConfig, PackedInputs
 from engine.models.decoder import HEAD_ROWS, label_scores
 from engine.packing import empty_batch
 from engine.program import DTYPES, DeviceProgram
+from engine.tasks import task_for
 from kernels.dense import XLA
 
 
@@ -189,14 +190,7 @@ def _no_attention(q, k, v, meta, *, scale, softcap=0.0, pool=None):
 def _compiled_cost(cfg: ModelConfig, params: dict, batch: PackedInputs) -> tuple[Cost, int]:
     """XLA's cost of the forward of `cfg` (layers unrolled, attention left out) and its
     temporary bytes."""
-    forward = functools.partial(
-        label_logprobs,
-        cfg=cfg,
-        family=FAMILIES[cfg.family],
-        attention=_no_attention,
-        dense=XLA,
-        unroll=True,
-    )
+    forward = task_for(cfg).forward_of(_no_attention, XLA, unroll=True)
     compiled = jax.jit(forward).lower(params, batch, None).compile()
     return _cost(compiled), compiled.memory_analysis().temp_size_in_bytes
 

@@ -9,6 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kernels import devices
+
 
 class Device(NamedTuple):
     """One chip as the roofline sees it."""
@@ -53,6 +55,12 @@ PUBLISHED: dict[str, Device] = {
     ),
 }
 KINDS = ("cpu", *PUBLISHED)
+
+
+def kinds_for_this_host() -> tuple[str, ...]:
+    """The kinds a loaded program is planned on here: the published accelerators, and this CPU
+    when the program runs on it."""
+    return KINDS if devices.backend() == "cpu" else tuple(PUBLISHED)
 
 
 def gemm_gflops(n: int, dtype, repeats: int) -> float:

@@ -35,8 +35,8 @@ def make_session(engine: Engine) -> Session:
     )
     with contextlib.suppress(ValueError):  # not single tokens here: the user picks labels
         session.set_labels(DEFAULT_LABELS)
-    # a classification head (a cross-encoder) has no label-token scores: rerank is what it does
-    session.rerank = bool(engine.model_config.num_labels)
+    # a model without label-token scores (a classification head) reranks: that is what it does
+    session.rerank = engine.task.label_scores_refused() is not None
     return session
 
 
@@ -45,13 +45,9 @@ def _describe(engine: Engine, started: float) -> str:
     s = engine.stats()
     compiled = f"{s.compiles} programs compiled" if cfg.precompile else "compiling on demand"
     return (
-        f"ready: {cfg.model or 'default model'} ({_kind(engine.model_config)}, {cfg.dtype}, "
+        f"ready: {cfg.model or 'default model'} ({engine.task.describe()}, {cfg.dtype}, "
         f"{compiled}, {time.perf_counter() - started:.1f}s); :help lists the commands"
     )
-
-
-def _kind(cfg) -> str:
-    return f"{cfg.family} cross-encoder" if cfg.bidirectional else cfg.family
 
 
 async def run(config: EngineConfig) -> None:

@@ -1,0 +1,94 @@
+"""How host weights become device weights: each stack's parameter layout (the decoder's of
+`engine.models.decoder`, the encoder's of `engine.models.encoder`), matrices prepared by the
+dense strategy, vectors in f32."""
+
+import jax.numpy as jnp
+import numpy as np
+
+from engine.models.config import ModelConfig
+from kernels.host import to_device
+
+VECTORS = (  # kept in f32
+    *("attn_norm", "mlp_norm", "post_attn_norm", "post_mlp_norm"),
+    *("q_norm", "k_norm", "bq", "bk", "bv"),
+)
+
+
+def place_decoder(params: dict, cfg: ModelConfig, dtype, dense) -> dict:
+    """A decoder's device weights from host params (the layout of `engine.models.config`): the
+    embedding in `dtype`; norms and biases in f32; q/k/v fused into one matrix and gate/up into
+    one gated pair (a SiLU MLP's fused), these and the other matrices and the head prepared by
+    the `dense` strategy. A tied head is prepared from the embedding already on the device,
+    converted once."""
+    layers = params["layers"]
+    qkv = fuse_qkv(layers["wq"], layers["wk"], layers["wv"], cfg.num_kv_heads)
+    fused_silu = cfg.mlp_activation == "silu"
+    embed = to_device(params["embed"], dtype)
+    return {
+        "embed": embed,
+        "final_norm": to_device(params["final_norm"], jnp.float32),
+        "head": dense.prepare_head(params.get("lm_head", embed), dtype),
+        "layers": {n: to_device(layers[n], jnp.float32) for n in VECTORS if n in layers},
+        "matrices": {
+            "qkv": dense.prepare(qkv, dtype),
+            "o": dense.prepare(layers["wo"], dtype),
+            "gate_up": _gate_up(layers, dtype, dense, fused_silu),
+            "down": dense.prepare(layers["w_down"], dtype),
+        },
+    }
+
+
+ENCODER_VECTORS = (  # kept in f32
+    *("attn_norm", "attn_norm_b", "mlp_norm", "mlp_norm_b"),
+    *("bq", "bk", "bv", "bo", "b_up", "b_gate", "b_down"),
+)
+ENCODER_TOP_VECTORS = (
+    *("embed_norm", "embed_norm_b", "final_norm", "final_norm_b"),
+    *("pool_dense_b", "pool_norm", "pool_norm_b", "classifier_b"),
+)
+
+
+def place_encoder(params: dict, cfg: ModelConfig, dtype, dense) -> dict:
+    """Device weights of a cross-encoder (`engine.models.encoder`): embedding tables in `dtype`,
+    norms and biases in f32, the fused q/k/v, the MLP (a gated one's pairs side by side), the
+    pooler dense and the classifier prepared by the `dense` strategy."""
+    layers, heads = params["layers"], cfg.num_kv_heads
+    tables = [n for n in ("embed", "positions", "token_types") if n in params]
+    up = (
+        _gate_up(layers, dtype, dense, fused_silu=False)
+        if "w_gate" in layers
+        else dense.prepare(layers["w_up"], dtype)
+    )
+    return {
+        **{n: to_device(params[n], dtype) for n in tables},
+        **{n: to_device(params[n], jnp.float32) for n in ENCODER_TOP_VECTORS if n in params},
+        "pool_dense": dense.prepare(params["pool_dense"][None], dtype),
+        "head": dense.prepare_head(params["head"], dtype),
+        "layers": {n: to_device(layers[n], jnp.float32) for n in ENCODER_VECTORS if n in layers},
+        "matrices": {
+            "qkv": dense.prepare(fuse_qkv(layers["wq"], layers["wk"], layers["wv"], heads), dtype),
+            "o": dense.prepare(layers["wo"], dtype),
+            "up": up,
+            "down": dense.prepare(layers["w_down"], dtype),
+        },
+    }
+
+
+def fuse_qkv(wq: np.ndarray, wk: np.ndarray, wv: np.ndarray, kv_heads: int) -> np.ndarray:
+    """The fused projection [L, E, (H + 2 Hkv) D] from wq [L, E, H D], wk and wv [L, E, Hkv D],
+    by kv head: the G = H / Hkv query heads that read kv head j, then k and v of head j
+    (`engine.models.decoder.project` splits it). Any split of the columns into a number of
+    equal parts that divides Hkv (tensor parallelism) keeps whole heads with their k and v."""
+    lead = wq.shape[:-1]
+    by_head = [w.reshape(*lead, kv_heads, -1) for w in (wq, wk, wv)]  # [L, E, Hkv, G D | D | D]
+    return np.concatenate(by_head, axis=-1).reshape(*lead, -1)
+
+
+def _gate_up(layers: dict, dtype, dense, fused_silu: bool):
+    """The MLP's gate and up matrices: the dense strategy's fused SiLU pair, or (another
+    activation) one plain matrix [L, E, 2I] of gate and up columns side by side, whose product
+    the forward splits."""
+    if fused_silu:
+        return dense.prepare_gated(layers["w_gate"], layers["w_up"], dtype)
+    pair = np.stack([layers["w_gate"], layers["w_up"]], axis=-1)  # [L, E, I, 2]
+    return dense.prepare(pair.reshape(*pair.shape[:-2], -1), dtype)

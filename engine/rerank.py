@@ -1,0 +1,145 @@
+"""The one rerank path: a query and documents to a score call under the model's task and recipe,
+and the outputs of its score rows to relevances. `Engine.rerank`, `Engine.score_pairs` and
+`ScoringModel.rerank` (and through them the REPL and every HTTP route) all go through it.
+"""
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+import tokenizers
+
+from engine import inputs, truncation
+from engine.errors import InvalidInput, Unsupported
+from engine.pairs import PairOptions
+from engine.tasks import Task
+
+DOCUMENTS = {"items": "documents"}  # rerank's name for the items of its score call
+
+
+class RerankOptions(NamedTuple):
+    """How a rerank's documents are cut: to `max_tokens_per_doc` tokens, and so that each
+    prompt has at most `fit` tokens, at `truncation_side`."""
+
+    instruction: str | None = None
+    max_tokens_per_doc: int | None = None
+    fit: int | None = None
+    truncation_side: str = "right"
+
+    def cuts(self) -> bool:
+        return self.max_tokens_per_doc is not None or self.fit is not None
+
+
+class RerankCall(NamedTuple):
+    """The score call of a rerank: `Engine`'s and `ScoringModel`'s request fields."""
+
+    query: str | list[int]
+    items: list
+    label_token_ids: list[int]
+    normaliser: bool  # each row's negated log-normaliser follows its labels
+    pairs: PairOptions | None  # a cross-encoder's pairs; None: items follow the query
+
+
+def check_rerank(query, documents, top_n=None, max_tokens_per_doc=None, side="right") -> None:
+    """InvalidInput naming the field unless the rerank's arguments are well formed."""
+    if not isinstance(query, str):
+        raise InvalidInput("query", "must be a string")
+    if isinstance(documents, str) or not documents:
+        raise InvalidInput("documents", "must be a non-empty list of strings")
+    if not all(isinstance(d, str) for d in documents):
+        raise InvalidInput("documents", "must be a non-empty list of strings")
+    for name, value in (("top_n", top_n), ("max_tokens_per_doc", max_tokens_per_doc)):
+        bad = isinstance(value, bool) or not isinstance(value, int) or value < 1
+        if value is not None and bad:
+            raise InvalidInput(name, "must be a positive integer")
+    if side not in truncation.SIDES:
+        raise InvalidInput("truncation_side", f"must be one of {', '.join(truncation.SIDES)}")
+
+
+class Reranker:
+    """A model's rerank: its task, recipe and tokenizer, and the longest sequence it accepts."""
+
+    def __init__(
+        self,
+        task: Task,
+        template,
+        tokenizer: tokenizers.Tokenizer,
+        *,
+        max_sequence_tokens: int,
+        max_items: int | None,
+    ):
+        self.task = task
+        self.template = template
+        self.tokenizer = tokenizer
+        self.max_sequence_tokens = max_sequence_tokens
+        self.max_items = max_items
+        self.labels = task.rerank_labels(template, tokenizer)
+
+    @property
+    def unavailable(self) -> str | None:
+        """Why this model cannot rerank (its recipe's labels are not single tokens of its
+        vocabulary), or None when it can."""
+        return self.labels if isinstance(self.labels, str) else None
+
+    def options(
+        self,
+        instruction: str | None = None,
+        max_tokens_per_doc: int | None = None,
+        truncate: bool = False,
+        max_prompt_tokens: int | None = None,
+        truncation_side: str = "right",
+    ) -> RerankOptions:
+        """The options of a rerank: `truncate` cuts each document so that its prompt fits the
+        longest sequence accepted, `max_prompt_tokens` so that it has at most that many."""
+        fit = self.max_sequence_tokens if truncate else None
+        if max_prompt_tokens is not None:
+            bad = isinstance(max_prompt_tokens, bool) or not isinstance(max_prompt_tokens, int)
+            if bad or not 1 <= max_prompt_tokens <= self.max_sequence_tokens:
+                raise InvalidInput(
+                    "max_prompt_tokens",
+                    f"must be an integer from 1 to the model context ({self.max_sequence_tokens}). "
+                    "Please, select a smaller truncation size.",
+                )
+            fit = max_prompt_tokens
+        return RerankOptions(instruction, max_tokens_per_doc, fit, truncation_side)
+
+    def slow(self, options: RerankOptions) -> bool:
+        """Whether `call` tokenises (a caller on an event loop runs it in a thread)."""
+        return options.cuts() or self.template.piecewise
+
+    def call(self, query: str, documents: Sequence[str], options: RerankOptions) -> RerankCall:
+        """The score call of a rerank; Unsupported when the model cannot rerank, InvalidInput
+        naming `documents` (the tokenizer's own item limit, checked before the cutting)."""
+        if isinstance(self.labels, str):
+            raise Unsupported(f"rerank is unavailable for this model: {self.labels}")
+        try:
+            inputs.normalize_items(documents, self.max_items)
+        except InvalidInput as e:
+            raise e.renamed(DOCUMENTS) from None
+        if options.cuts():
+            documents = self._cut(query, documents, options)
+        prompt, items, pairs = self.task.rerank_inputs(
+            self.template,
+            self.tokenizer,
+            query,
+            documents,
+            options.instruction,
+            options.fit,
+            options.truncation_side,
+        )
+        return RerankCall(prompt, items, self.labels.ids, self.labels.normaliser, pairs)
+
+    def _cut(self, query: str, documents: Sequence[str], options: RerankOptions) -> list[str]:
+        limit = options.max_tokens_per_doc or self.max_sequence_tokens
+        if options.fit is not None:
+            room = self.task.document_room(
+                self.template, self.tokenizer, query, options.instruction, options.fit
+            )
+            limit = limit if room is None else min(limit, room)
+        return truncation.cut_documents(
+            self.tokenizer, documents, limit, side=options.truncation_side
+        )
+
+    def relevance(self, outputs: np.ndarray, raw: bool) -> list[float]:
+        """Each document's relevance, in document order, from its score row's outputs."""
+        return self.task.relevance(outputs, raw).tolist()

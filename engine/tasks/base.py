@@ -1,0 +1,113 @@
+"""The task interface: what differs between kinds of model, asked of one object chosen at load.
+
+A task is made from the checkpoint's `ModelConfig` (`engine.tasks.task_for`) and owns every
+decision that depends on the kind of model: which forward runs and how its weights are laid out,
+how a request's items become sequences and how those are packed, what the forward returns at the
+score rows, and how a rerank's relevance comes out of that. Callers ask it; nothing else looks at
+the config to tell kinds apart.
+"""
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import ClassVar
+
+import numpy as np
+import tokenizers
+
+from engine import templates, truncation
+from engine.models import FAMILIES, ModelConfig
+from engine.pairs import PairEncoder
+
+
+class Task:
+    """One kind of model (see the module docstring). Subclasses set the class attributes and
+    override what differs; `fits` says which configs a kind serves."""
+
+    name: ClassVar[str]  # what `/get_model_info` and the REPL call this kind
+    architecture: ClassVar[str]  # "decoder" | "cross-encoder"
+    head: ClassVar[str]  # "language-model" | "sequence-classification"
+    # each sequence packed alone, every token seeing all of it, scored at its first token (an
+    # encoder's); False: sequences that share a prefix share its computation, causally
+    whole_sequences: ClassVar[bool] = False
+    # a rerank reads its documents as pairs with the query (CrossEncoder's truncation); False:
+    # through the model's rerank recipe (`engine.templates`)
+    reads_pairs: ClassVar[bool] = False
+
+    def __init__(self, config: ModelConfig):
+        self.config = config
+
+    @classmethod
+    def fits(cls, config: ModelConfig) -> bool:
+        """Whether this kind serves a checkpoint of `config`."""
+        raise NotImplementedError
+
+    # --- the device program
+
+    forward: ClassVar[Callable]  # (params, inputs, pool, *, cfg, family, ...) -> (f32[S, L], pool)
+    place: ClassVar[Callable]  # (host params, cfg, dtype, dense) -> device params
+
+    def forward_of(
+        self, attention: Callable, dense, *, config: ModelConfig | None = None, **options
+    ) -> Callable:
+        """The forward of one packed batch, `(params, inputs, pool) -> (f32[S, L], pool)`: this
+        task's model with `attention` and `dense` (`kernels.select_*`), of `config` (another of
+        the same model, e.g. cut to fewer layers; by default its own); `options` are the
+        model's (`write_kv`, `unroll`). The one assembly the program, export and plan share."""
+        cfg = config or self.config
+        family = FAMILIES[cfg.family]
+        return functools.partial(
+            self.forward, cfg=cfg, family=family, attention=attention, dense=dense, **options
+        )
+
+    @property
+    def reuses_kv(self) -> bool:
+        """Whether a token's K/V may be kept and read again by later sequences (a KV pool)."""
+        return not self.whole_sequences
+
+    def unshardable(self) -> str | None:
+        """Why this kind cannot be sharded over devices (tensor parallelism), or None."""
+        return None
+
+    def unplannable(self) -> str | None:
+        """Why `engine.plan` cannot model this kind, or None."""
+        return None
+
+    # --- requests
+
+    def label_scores_refused(self) -> str | None:
+        """Why label-token scores (`/v1/score`) are unavailable, or None when they work."""
+        return None
+
+    def pair_encoder(self, tokenizer: tokenizers.Tokenizer) -> PairEncoder | None:
+        """How score requests with pairs are tokenised; None: they are refused."""
+        return None
+
+    def takes_recipe(self) -> bool:
+        """Whether a rerank recipe (`EngineConfig.reranker`) applies to this kind."""
+        return not self.reads_pairs
+
+    def rerank_labels(self, template, tokenizer) -> templates.RerankLabels | str:
+        """The labels a rerank reads at each score row, or why this model cannot rerank."""
+        return templates.rerank_labels(template, tokenizer)
+
+    def relevance(self, outputs: np.ndarray, raw: bool) -> np.ndarray:
+        """Each document's relevance f64[N] from the outputs f32[N, L] of its score row."""
+        raise NotImplementedError
+
+    def document_room(self, template, tokenizer, query: str, instruction, fit: int) -> int | None:
+        """Tokens a rerank's document may keep so that its prompt has at most `fit` tokens; None
+        when the documents are not cut for it (pairs are truncated as they are encoded)."""
+        return truncation.room_for_document(tokenizer, template, query, instruction, fit)
+
+    def rerank_inputs(
+        self, template, tokenizer, query: str, documents: Sequence[str], instruction, fit, side
+    ) -> tuple:
+        """A rerank's score call: its query, items, and how they pair (`PairOptions`, None when
+        the items follow the query as one sequence). `fit` bounds a pair's tokens (None: the
+        model's own limit), cut at `side`."""
+        prompt, items = templates.rerank_inputs(template, tokenizer, query, documents, instruction)
+        return prompt, items, None
+
+    def describe(self) -> str:
+        """The model's kind in a few words, for people."""
+        return self.config.family

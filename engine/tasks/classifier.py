@@ -1,0 +1,35 @@
+"""A decoder with a sequence-classification head (`*ForSequenceClassification`: Qwen3/Qwen2/Llama/
+Gemma rerankers): the head's raw logits at each score row, no label-token scores, reranks
+through the model's recipe with every label read."""
+
+import numpy as np
+
+from engine import templates
+from engine.tasks.language_model import LanguageModel
+from engine.tasks.outputs import classifier_relevance
+
+
+class Classifier(LanguageModel):
+    name = "classifier"
+    head = "sequence-classification"
+
+    @classmethod
+    def fits(cls, config) -> bool:
+        return not config.encoder and config.num_labels > 0
+
+    def label_scores_refused(self) -> str | None:
+        return refusal(self.config, "")
+
+    def rerank_labels(self, template, tokenizer) -> templates.RerankLabels:
+        return templates.RerankLabels(list(range(self.config.num_labels)), False)
+
+    def relevance(self, outputs: np.ndarray, raw: bool) -> np.ndarray:
+        return classifier_relevance(outputs, raw)
+
+
+def refusal(config, kind: str) -> str:
+    """Why a model with a classification head has no label-token scores."""
+    return (
+        f"this model has a sequence-classification head of {config.num_labels} label(s){kind}, "
+        "not a language-model head: label-token scores are unavailable (rerank works)"
+    )

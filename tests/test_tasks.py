@@ -1,0 +1,89 @@
+"""The task of each kind of checkpoint: chosen from the config, and what it decides (relevance
+formulas, refusals, pairs, KV reuse, the forward it assembles)."""
+
+import msgspec
+import numpy as np
+import pytest
+
+from engine.models import ModelConfig
+from engine.models.decoder import label_logprobs
+from engine.models.encoder import pair_logits
+from engine.tasks import KINDS, Classifier, CrossEncoder, LanguageModel, task_for
+from tests.conftest import tiny_tokenizer
+
+BASE = ModelConfig(
+    family="llama",
+    vocab_size=300,
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    max_position_embeddings=512,
+    tie_word_embeddings=True,
+)
+CLASSIFIER = msgspec.structs.replace(BASE, num_labels=2)
+ENCODER = msgspec.structs.replace(
+    BASE, family="bert", encoder=True, num_labels=1, type_vocab_size=2, max_length=96
+)
+
+
+@pytest.mark.parametrize(
+    "config, kind", [(BASE, LanguageModel), (CLASSIFIER, Classifier), (ENCODER, CrossEncoder)]
+)
+def test_each_config_gets_exactly_one_kind(config, kind):
+    assert type(task_for(config)) is kind
+    assert [k for k in KINDS if k.fits(config)] == [kind]
+
+
+def test_what_each_kind_decides():
+    lm, cls, enc = task_for(BASE), task_for(CLASSIFIER), task_for(ENCODER)
+    assert lm.label_scores_refused() is None
+    assert "sequence-classification head of 2 label(s)," in cls.label_scores_refused()
+    assert "(a bert cross-encoder)" in enc.label_scores_refused()
+    assert (lm.reuses_kv, cls.reuses_kv, enc.reuses_kv) == (True, True, False)
+    assert (lm.whole_sequences, enc.whole_sequences) == (False, True)
+    assert (lm.takes_recipe(), enc.takes_recipe()) == (True, False)
+    assert lm.unshardable() is None and "data_parallel" in enc.unshardable()
+    assert lm.unplannable() is None and "cross-encoder" in enc.unplannable()
+    assert lm.pair_encoder(tiny_tokenizer()) is None
+    assert enc.pair_encoder(tiny_tokenizer()).id_space == 600  # two token types, coded
+    assert cls.rerank_labels(None, None).ids == [0, 1]
+    assert (lm.head, cls.head, enc.head) == ("language-model",) + ("sequence-classification",) * 2
+    assert (lm.describe(), enc.describe()) == ("llama", "bert cross-encoder")
+
+
+def test_the_forward_is_the_kinds_model_bound_to_its_config():
+    lm, enc = task_for(BASE), task_for(ENCODER)
+    forward = lm.forward_of("attention", "dense", unroll=True)
+    assert forward.func is label_logprobs
+    assert forward.keywords["cfg"] is BASE and forward.keywords["unroll"] is True
+    assert forward.keywords["family"].name == "llama"
+    assert enc.forward_of("attention", "dense").func is pair_logits
+    fewer = msgspec.structs.replace(BASE, num_layers=1)
+    assert lm.forward_of("a", "d", config=fewer).keywords["cfg"] is fewer
+
+
+def test_cross_encoder_pairs_are_cut_to_the_shorter_limit():
+    enc = task_for(ENCODER)
+    query, items, pairs = enc.rerank_inputs(None, None, "q", ("a", "b"), None, None, "left")
+    assert (query, items, pairs.limit, pairs.side) == ("q", ["a", "b"], 96, "left")
+    assert enc.rerank_inputs(None, None, "q", ["a"], None, 40, "right")[2].limit == 40
+    assert enc.rerank_inputs(None, None, "q", ["a"], None, 500, "right")[2].limit == 96
+    assert enc.document_room(None, None, "q", None, 40) is None
+
+
+def test_relevance_formulas():
+    lm, one, two = task_for(BASE), task_for(ENCODER), task_for(CLASSIFIER)
+    lp = np.log(np.array([[0.2, 0.6], [0.5, 0.1]]))
+    np.testing.assert_allclose(lm.relevance(lp, raw=False), [0.25, 5 / 6])
+    np.testing.assert_allclose(lm.relevance(lp, raw=True), np.log([1 / 3, 5]))
+    logit = np.array([[0.0], [2.0]])
+    np.testing.assert_allclose(one.relevance(logit, raw=False), [0.5, 1 / (1 + np.e**-2)])
+    np.testing.assert_allclose(one.relevance(logit, raw=True), [0.0, 2.0])
+    pair = np.array([[0.0, np.log(3.0)]])
+    np.testing.assert_allclose(two.relevance(pair, raw=False), [0.75])
+    np.testing.assert_allclose(two.relevance(pair, raw=True), [np.log(3.0)])
