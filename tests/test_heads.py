@@ -80,6 +80,7 @@ def test_rerank_is_the_heads_formula_and_packs_exactly(checkpoint):
 
     together, raw, alone, prompts = trio.run(main)
     logits = np.stack([hf_logits(path, p) for p in prompts])  # transformers on the same prompts
+    assert logits.shape == (len(DOCS), labels)
     want = classifier_relevance(logits, raw=False)
     got = {h.index: h.relevance_score for h in together.results}
     np.testing.assert_allclose([got[i] for i in range(3)], want, rtol=1e-4, atol=1e-6)

@@ -70,7 +70,7 @@ def test_offline_rerank_refuses_bad_options_as_the_engine_does(tiny_path):
     for options, field in cases:
         with pytest.raises(InvalidInput, match=f"^{field}"):
             model.rerank(QUERY, DOCS, **options)
-    with pytest.raises(InvalidInput, match="^documents"):
+    with pytest.raises(InvalidInput, match=r"^documents"):
         model.rerank(QUERY, "one string")
     assert model.rerank(QUERY, []) == []  # nothing to rank
 
