@@ -55,13 +55,13 @@ async def models(service: Service, request: Request) -> Response:
 
 def _model_facts(engine: Engine) -> dict:
     """What the served model is: the fields `ModelCard` and `ModelInfo` share."""
-    cfg, task = engine.model_config, engine.task
+    cfg, task, info = engine.model_config, engine.task, engine.info()
     return {
         "family": cfg.family,
-        "dtype": engine.program.dtype,
+        "dtype": info.dtype,
         "vocab_size": cfg.vocab_size,
         "context_length": cfg.max_position_embeddings,
-        "kv_bytes_per_token": engine.program.kv_bytes_per_token,
+        "kv_bytes_per_token": info.kv_bytes_per_token,
         "head": task.head,
         "architecture": task.architecture,
         "num_labels": cfg.num_labels,
@@ -108,9 +108,10 @@ async def server_info(service: Service, request: Request) -> Response:
     if engine and request.query_params.get("roofline", "0").lower() in ("1", "true"):
         if engine.task.unplannable():
             raise ApiError(400, f"roofline: {engine.task.unplannable()}")
-        if engine.program.dtype == "int8":
+        if engine.info().dtype == "int8":
             raise ApiError(400, "roofline: the plan models bf16 and f32 compute; this is int8")
         roofline = await anyio.to_thread.run_sync(service.roofline, engine)
+    facts = engine.info() if engine else None
     info = schemas.ServerInfo(
         version=_version(),
         model=service.model_name,
@@ -119,11 +120,11 @@ async def server_info(service: Service, request: Request) -> Response:
         auth=settings.server.api_key is not None,
         engine_config=settings.engine,
         server_config=msgspec.structs.replace(settings.server, api_key=None),
-        buckets=schemas.BucketGrid(**engine.buckets._asdict()) if engine else None,
-        kv_bytes_per_token=engine.program.kv_bytes_per_token if engine else None,
-        kv_pool=_kv_pool(engine) if engine else None,
-        dense=engine.program.dense_choice if engine else None,
-        plan=_plan(engine) if engine else None,
+        buckets=schemas.BucketGrid(**facts.buckets) if facts else None,
+        kv_bytes_per_token=facts.kv_bytes_per_token if facts else None,
+        kv_pool=facts.kv_pool if facts else None,
+        dense=facts.dense_choice if facts else None,
+        plan=_plan(engine.model_config, facts) if facts else None,
         roofline=roofline,
         max_sequence_tokens=engine.max_sequence_tokens if engine else None,
         stats=engine.stats() if engine else None,
@@ -132,20 +133,8 @@ async def server_info(service: Service, request: Request) -> Response:
     return json_response(info)
 
 
-def _kv_pool(engine) -> schemas.KVPool:
-    program = engine.program
-    return schemas.KVPool(
-        pages=program.num_pages,
-        page_size=program.page_size,
-        capacity_tokens=program.pool_tokens,
-        bytes=program.pool_tokens * program.kv_bytes_per_token,
-        prefix_cache=engine.scheduler.cache is not None,
-    )
-
-
-def _plan(engine) -> dict[str, schemas.DevicePlan]:
-    program = engine.program
-    figures = capacities(program.config, program.dtype, program.weight_bytes)
+def _plan(config, facts) -> dict[str, schemas.DevicePlan]:
+    figures = capacities(config, facts.dtype, facts.weight_bytes)
     return {kind: schemas.DevicePlan(**f) for kind, f in figures.items()}
 
 

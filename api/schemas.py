@@ -10,7 +10,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from api.settings import ServerConfig
-from engine import DenseChoice, EngineConfig, EngineStats
+from engine import DenseChoice, EngineConfig, EngineStats, KVPoolInfo
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 
@@ -221,16 +221,6 @@ class BucketGrid(msgspec.Struct, kw_only=True):
     window: int = 0  # the model's sliding window (0: none): batches carry its spans too
 
 
-class KVPool(msgspec.Struct, kw_only=True):
-    """The paged KV pool: its size and whether prefixes are reused across requests."""
-
-    pages: int
-    page_size: int  # tokens per page
-    capacity_tokens: int
-    bytes: int
-    prefix_cache: bool
-
-
 class DevicePlan(msgspec.Struct, kw_only=True):
     """The model's memory figures on one device kind (`engine.plan.capacity`)."""
 
@@ -254,7 +244,7 @@ class ServerInfo(msgspec.Struct, kw_only=True):
     server_config: ServerConfig  # its api_key is always null
     buckets: BucketGrid | None
     kv_bytes_per_token: int | None
-    kv_pool: KVPool | None
+    kv_pool: KVPoolInfo | None
     # the measured dense strategy's choice per weight shape and each candidate's GFLOP/s on this
     # machine (null for a forced `dense`, and off the CPU)
     dense: DenseChoice | None

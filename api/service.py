@@ -19,7 +19,7 @@ from api.errors import CLIENT_CLOSED, ApiError, decode_error, engine_error
 from api.metrics import Metrics
 from api.settings import Settings
 from engine import Engine, EngineStats
-from engine.plan import kinds_for_this_host, plan
+from engine.plan import kinds_for_this_host, plan_engine
 
 T = TypeVar("T")
 
@@ -51,13 +51,7 @@ class Service:
         accelerators: computed once (it compiles), in the caller's thread."""
         with self._roofline_lock:
             if self._roofline is None:
-                config = engine.config
-                self._roofline = plan(
-                    engine.program,
-                    kinds_for_this_host(),
-                    token_budget=config.token_budget,
-                    block_size=config.block_size,
-                )
+                self._roofline = plan_engine(engine, kinds_for_this_host())
             return self._roofline
 
     def engine(self) -> Engine:

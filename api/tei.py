@@ -44,7 +44,7 @@ async def info(service: Service, request: Request, version: str) -> Response:
     config = engine.config
     body = TeiInfo(
         model_id=model_path(config.model) or service.model_name,
-        model_dtype=engine.program.dtype,
+        model_dtype=engine.info().dtype,
         served_model_name=service.model_name,
         model_type=RERANKER,
         max_concurrent_requests=config.max_queued_requests,

@@ -56,7 +56,7 @@ async def score_once(cfg: EngineConfig, args) -> dict:
         tok, rng = engine.tokenizer, np.random.default_rng(args.seed)
         query = ids_of(tok, rng, args.tokens - args.item_tokens)
         item = ids_of(tok, rng, args.item_tokens)
-        program = engine.program
+        pool = engine.info().kv_pool
         start = time.perf_counter()
         result = await engine.score(query, [item], label_ids(tok))
         seconds = time.perf_counter() - start
@@ -67,8 +67,8 @@ async def score_once(cfg: EngineConfig, args) -> dict:
             "compiles": stats.compiles,
             "device_busy_s": stats.device_busy_s,
             "laid_out_tokens": stats.real_tokens,  # the sequence's tokens, each computed once
-            "pool_tokens": program.pool_tokens,
-            "pool_bytes": program.pool_tokens * program.kv_bytes_per_token,
+            "pool_tokens": pool.capacity_tokens,
+            "pool_bytes": pool.bytes,
             "scores": result.scores[0],
             "model_config": engine.model_config,
         }

@@ -20,7 +20,6 @@ from tqdm import tqdm, trange
 from bench.baseline import hf_label_logprobs, load_transformers
 from bench.flops import Cost, plan_flops
 from engine import EngineConfig, open_engine, packing
-from engine.messages import ScoreRequest
 
 
 def engine_config(args, path) -> EngineConfig:
@@ -45,9 +44,10 @@ def run_engine(config: EngineConfig, build: Callable, repeats: int) -> dict:
 
 def dense_facts(engine) -> dict:
     """The engine's dense path, and what its measured default chose (None when forced)."""
-    choice = engine.program.dense_choice
+    info = engine.info()
+    choice = info.dense_choice
     return {
-        "dense": engine.program.dense.name,
+        "dense": info.dense,
         "dense_choice": msgspec.to_builtins(choice) if choice is not None else None,
     }
 
@@ -92,9 +92,7 @@ async def _run_engine(config, build, repeats) -> dict:
 
 def engine_sequences(engine, query, items, labels) -> list[list[int]]:
     """The token sequences the engine's tokenizer makes of a score request."""
-    request = ScoreRequest(id=0, query=query, items=items, label_token_ids=labels, arrived=0.0)
-    (tokenized,) = engine.tokenization.process([request])
-    return tokenized.sequences
+    return engine.sequences(query, items, labels)
 
 
 def run_padded_baseline(

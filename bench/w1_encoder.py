@@ -28,7 +28,6 @@ from bench.flops import encoder_flops
 from bench.peak import measure_peaks
 from bench.workloads import rerank_pairs
 from engine import open_engine
-from engine.messages import ScoreRequest
 from engine.models import ENCODERS, MODEL_TYPES
 from engine.pairs import PairOptions
 
@@ -148,16 +147,8 @@ async def _run_engine(config, args) -> dict:
 def pair_sequences(engine, query: str, docs: list[str]) -> list[list[int]]:
     """The token sequences the engine's tokenizer makes of the pairs, truncated as rerank's."""
     cfg = engine.model_config
-    request = ScoreRequest(
-        id=0,
-        query=query,
-        items=docs,
-        label_token_ids=list(range(cfg.num_labels)),
-        pairs=PairOptions(limit=cfg.max_length),
-        arrived=0.0,
-    )
-    (tokenized,) = engine.tokenization.process([request])
-    return tokenized.sequences
+    labels, pairs = list(range(cfg.num_labels)), PairOptions(limit=cfg.max_length)
+    return engine.sequences(query, docs, labels, pairs=pairs)
 
 
 def load_cross_encoder(path: Path, dtype: str):

@@ -1,14 +1,7 @@
 """An LLM scoring engine: prefill-only label log-probs for query/item pairs."""
 
-from engine.engine import (
-    Engine,
-    EngineConfig,
-    EngineStats,
-    RerankHit,
-    RerankResult,
-    ScoreResult,
-    open_engine,
-)
+from engine.config import EngineConfig
+from engine.engine import Engine, open_engine
 from engine.errors import (
     EngineClosed,
     EngineError,
@@ -20,6 +13,14 @@ from engine.errors import (
 from engine.loaders import Checkpoint, CheckpointError, default_model_path, load_checkpoint
 from engine.messages import Timings
 from engine.program import DenseChoice, DeviceProgram
+from engine.results import (
+    EngineInfo,
+    EngineStats,
+    KVPoolInfo,
+    RerankHit,
+    RerankResult,
+    ScoreResult,
+)
 from engine.scoring import ScoringModel, load_model
 
 __all__ = [
@@ -31,10 +32,12 @@ __all__ = [
     "EngineClosed",
     "EngineConfig",
     "EngineError",
+    "EngineInfo",
     "EngineOverloaded",
     "EngineStats",
     "InputTooLarge",
     "InvalidInput",
+    "KVPoolInfo",
     "RerankHit",
     "RerankResult",
     "ScoreResult",

@@ -18,15 +18,8 @@ import numpy as np
 import tokenizers
 import trio
 
-from engine import inputs, runner, scheduler, templates, tokenizer_actor
-from engine.buckets import (
-    DEFAULT_BLOCK_SIZE,
-    DEFAULT_LABEL_WIDTHS,
-    DEFAULT_ROW_DIVISORS,
-    DEFAULT_TOKEN_BUDGET,
-    Buckets,
-    make_buckets,
-)
+from engine import inputs, kv_cache, runner, scheduler, templates, tokenizer_actor
+from engine.config import EngineConfig
 from engine.errors import (
     EngineClosed,
     EngineOverloaded,
@@ -34,129 +27,23 @@ from engine.errors import (
     RejectKind,
     rejection_error,
 )
-from engine.kv_cache import KVCache
 from engine.loaders import load_checkpoint
-from engine.messages import Cancel, Rejected, Scored, ScoreRequest, Timings
+from engine.messages import Cancel, Rejected, Scored, ScoreRequest
 from engine.models import ModelConfig
 from engine.placement import Placement, device_groups
-from engine.program import (
-    DEFAULT_PAGE_SIZE,
-    DeviceProgram,
-    default_compile_cache_dir,
-    enable_compile_cache,
+from engine.program import DeviceProgram, enable_compile_cache
+from engine.rerank import DOCUMENTS, Reranker, RerankOptions, by_query, check_rerank
+from engine.results import (
+    EngineInfo,
+    EngineStats,
+    RerankHit,
+    RerankResult,
+    ScoreResult,
 )
-from engine.rerank import DOCUMENTS, Reranker, RerankOptions, check_rerank
 from engine.tasks import scores_from_logprobs
 from kernels import devices
 
 log = logging.getLogger("engine")
-
-
-class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Everything that configures an engine. Immutable; every field has a working default."""
-
-    model: str | None = None  # a .gguf file or HF directory; None is the default model
-    # weight dtype: "bfloat16" or "float32"; or "int8": bf16 with the layer matrices quantised
-    # to int8 at load and multiplied in int8 (README "int8 compute")
-    dtype: str = "bfloat16"
-    # "reference" | "xla" | "cpu" | "pallas"; None picks by backend (cpu on CPU, pallas on TPU/GPU)
-    attention: str | None = None
-    # layer matmuls: "xla" | "cpu" (bf16 weights packed once for the native AVX512-BF16 kernel);
-    # under dtype "int8": "int8" (the native VNNI kernel) | "int8-xla"; None: each weight shape
-    # by the fastest of those that run, measured on this CPU once (kept in compile_cache_dir)
-    dense: str | None = None
-    token_budget: int = DEFAULT_TOKEN_BUDGET  # most real tokens in one packed batch
-    block_size: int = DEFAULT_BLOCK_SIZE  # attention block (tokens); buckets are multiples of it
-    # padded batch sizes in tokens, ascending multiples of block_size; None: powers of two from
-    # 2 * block_size to 1024, then four per octave, up to the model's context (buckets <=
-    # token_budget are compiled at start)
-    token_buckets: tuple[int, ...] | None = None
-    row_divisors: tuple[int, ...] = DEFAULT_ROW_DIVISORS  # score-row buckets of T tokens: T // d
-    label_widths: tuple[int, ...] = DEFAULT_LABEL_WIDTHS  # padded label counts; last: the limit
-    # after answering requests, how long an idle device waits for as many to queue again (the
-    # same clients coming back) before batching what is there
-    batch_linger_ms: float = 50.0
-    max_queued_requests: int = 1024  # in-flight requests before score() fails as overloaded
-    max_queued_tokens: int = 2_000_000  # tokenised tokens waiting before requests are refused
-    max_items_per_request: int = 4096
-    tokenizer_cache_size: int = 65536  # texts whose token ids are kept (LRU)
-    # KV pool size in bytes (prefix reuse across requests); None: an eighth of the device's memory
-    # (the host's on CPU), at most what 262144 tokens need; 0: no pool
-    kv_cache_bytes: int | None = None
-    kv_page_size: int = DEFAULT_PAGE_SIZE  # tokens per pool page; must divide block_size
-    prefix_cache: bool = True  # reuse cached prefixes across requests and batches
-    compile_cache_dir: str | None = msgspec.field(default_factory=default_compile_cache_dir)
-    precompile: bool = True  # compile the bucket grid at start, before serving
-    progress: bool = True  # progress bars while loading and compiling
-    # the rerank recipe: "qwen3-reranker" | "mxbai-rerank-v2" | "chatml" | "plain"; None
-    # detects it from the checkpoint (engine.templates.template_for)
-    reranker: str | None = None
-    # device runners, each with its own weights, programs and KV pool; None: as many as the
-    # local devices make in groups of tensor_parallel
-    data_parallel: int | None = None
-    # devices each runner's weights and KV pool are sharded over (engine.placement)
-    tensor_parallel: int = 1
-
-    def buckets(self, context: int, window: int = 0) -> Buckets:
-        """The padding grid for a model of `context` positions and sliding `window`;
-        InvalidInput (a ValueError) naming the field that is inconsistent."""
-        if not 0 <= self.batch_linger_ms <= 10_000:
-            raise InvalidInput("batch_linger_ms", "must be between 0 and 10000")
-        if self.kv_page_size < 1 or self.block_size % self.kv_page_size:
-            raise InvalidInput("kv_page_size", f"must divide block_size {self.block_size}")
-        if self.kv_cache_bytes is not None and self.kv_cache_bytes < 0:
-            raise InvalidInput("kv_cache_bytes", "must be 0 (no pool) or more")
-        return make_buckets(
-            context,
-            token_budget=self.token_budget,
-            block_size=self.block_size,
-            token_buckets=self.token_buckets,
-            row_divisors=self.row_divisors,
-            label_widths=self.label_widths,
-            window=window,
-        )
-
-
-class ScoreResult(msgspec.Struct, frozen=True, kw_only=True):
-    scores: list[list[float]]  # per item, per label
-    prompt_tokens: int
-    timings: Timings
-    cached_tokens: int = 0  # of the prompt tokens, those read from the KV cache
-    truncated_tokens: int = 0  # input tokens a cross-encoder's pair truncation left out
-
-
-class RerankHit(msgspec.Struct, frozen=True, kw_only=True):
-    index: int
-    relevance_score: float
-
-
-class RerankResult(msgspec.Struct, frozen=True, kw_only=True):
-    results: list[RerankHit]  # best first
-    prompt_tokens: int
-    timings: Timings
-    cached_tokens: int = 0  # of the prompt tokens, those read from the KV cache
-    truncated_tokens: int = 0  # input tokens a cross-encoder's pair truncation left out
-
-
-class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
-    in_flight: int
-    queue_depth: int
-    queued_tokens: int = 0  # tokens of the requests waiting to be batched
-    batches: int
-    failed_batches: int
-    real_tokens: int
-    padded_tokens: int
-    prefix_tokens_saved: int
-    compiles: int
-    device_busy_s: float
-    cache_hits: int  # tokenizer cache
-    cache_misses: int
-    prefix_cache_hit_tokens: int = 0  # cacheable prefix tokens read from the KV pool
-    prefix_cache_miss_tokens: int = 0  # ... and computed
-    kv_pages_evicted: int = 0
-    kv_pages_used: int = 0  # cached, or held by planned and running batches
-    kv_pages_free: int = 0
-    runner_batches: list[int] = []  # batches run by each device runner
 
 
 @dataclass
@@ -210,7 +97,10 @@ class Engine:
             max_queued_tokens=config.max_queued_tokens,
             linger=config.batch_linger_ms / 1000,
             whole_sequences=self.task.whole_sequences,
-            caches=[self._kv_cache(config, p) for p in self.programs],
+            caches=kv_cache.runner_caches(
+                [(p.num_pages if config.prefix_cache else 0, p.page_size) for p in self.programs],
+                max_context=self.buckets.max_context,
+            ),
         )
         self.runners = [runner.RunnerState(p, block_size=config.block_size) for p in self.programs]
         self._ids = itertools.count()
@@ -218,11 +108,6 @@ class Engine:
         self._sent = 0  # messages handed to the tokenizer; each reaches the scheduler once
         self._changed = trio.Event()  # set when the scheduler has handled messages
         self._closed = False
-
-    def _kv_cache(self, config: EngineConfig, program: DeviceProgram) -> KVCache | None:
-        if not (config.prefix_cache and program.num_pages):
-            return None
-        return KVCache(program.num_pages, program.page_size, max_context=self.buckets.max_context)
 
     @property
     def runner(self) -> runner.RunnerState:
@@ -375,52 +260,15 @@ class Engine:
         """The rerank relevance of each (queries[i], documents[i]) pair, in pair order (one
         score per pair), with `rerank`'s options. Pairs that share a query are scored as one
         rerank call, the calls concurrently. Errors name `documents[i]` by pair index."""
-        if isinstance(queries, str) or isinstance(documents, str):
-            raise InvalidInput("queries/documents", "must be lists of strings")
-        if len(queries) != len(documents):
-            raise InvalidInput(
-                "queries/documents",
-                f"{len(queries)} queries for {len(documents)} documents: give one per pair",
-            )
-        groups: dict[str, list[int]] = {}
-        for i, q in enumerate(queries):
-            groups.setdefault(q, []).append(i)
         options = self.reranker.options(
             instruction, max_tokens_per_doc, truncate, max_prompt_tokens
         )
-        scores = [0.0] * len(documents)
-        results: list[ScoreResult] = []
 
-        failed: list[Exception] = []
+        async def relevance(query: str, texts: list[str]):
+            check_rerank(query, texts, None, max_tokens_per_doc)
+            return await self._relevance(query, texts, options, raw_scores)
 
-        async def one(query: str, pairs: list[int], cancel: trio.CancelScope) -> None:
-            texts = [documents[i] for i in pairs]
-            try:
-                check_rerank(query, texts, None, max_tokens_per_doc)
-                group, result = await self._relevance(query, texts, options, raw_scores)
-            except InvalidInput as e:
-                failed.append(e.reindexed(pairs))
-            except Exception as e:  # the first failure fails the call: the others stop
-                failed.append(e)
-            else:
-                for i, s in zip(pairs, group, strict=True):
-                    scores[i] = s
-                results.append(result)
-                return
-            cancel.cancel()
-
-        async with trio.open_nursery() as nursery:
-            for query, pairs in groups.items():
-                nursery.start_soon(one, query, pairs, nursery.cancel_scope)
-        if failed:
-            raise failed[0]
-        return ScoreResult(
-            scores=[[s] for s in scores],
-            prompt_tokens=sum(r.prompt_tokens for r in results),
-            cached_tokens=sum(r.cached_tokens for r in results),
-            truncated_tokens=sum(r.truncated_tokens for r in results),
-            timings=max((r.timings for r in results), key=lambda t: t.total, default=Timings()),
-        )
+        return await by_query(relevance, queries, documents)
 
     async def _relevance(
         self, query: str, documents: Sequence[str], options: RerankOptions, raw: bool
@@ -480,8 +328,7 @@ class Engine:
     def flush_cache(self) -> None:
         """Forget every cached prefix: later requests compute theirs again. Safe at any time
         (batches already planned still read and write the pages they were given)."""
-        for cache in filter(None, self.scheduler.caches):
-            cache.reset()
+        kv_cache.reset_all(self.scheduler.caches)
 
     def idle(self) -> bool:
         """True when no request is in flight and nothing is queued, planned or running."""
@@ -512,21 +359,40 @@ class Engine:
             cache_hits=c.hits,
             cache_misses=c.misses,
             runner_batches=[r.batches for r in runs],
-            **self._kv_stats(),
+            **kv_cache.counters(self.scheduler.caches),
         )
 
-    def _kv_stats(self) -> dict[str, int]:
-        caches = [cache for cache in self.scheduler.caches if cache is not None]
-        if not caches:
-            return {}
-        trees = [cache.tree for cache in caches]
-        return {
-            "prefix_cache_hit_tokens": sum(cache.stats.hit_tokens for cache in caches),
-            "prefix_cache_miss_tokens": sum(cache.stats.miss_tokens for cache in caches),
-            "kv_pages_evicted": sum(tree.evicted for tree in trees),
-            "kv_pages_used": sum(tree.num_pages - tree.free_pages for tree in trees),
-            "kv_pages_free": sum(tree.free_pages for tree in trees),
-        }
+    def info(self) -> EngineInfo:
+        """What this engine is: its task, compute mode, sizes, padding grid, KV pool and dense
+        path (the first runner's; runners are alike)."""
+        p, task = self.program, self.task
+        return EngineInfo(
+            task=task.name,
+            architecture=task.architecture,
+            head=task.head,
+            dtype=p.dtype,
+            weight_bytes=p.weight_bytes,
+            kv_bytes_per_token=p.kv_bytes_per_token,
+            max_sequence_tokens=self.max_sequence_tokens,
+            buckets=self.buckets._asdict(),
+            kv_pool=p.pool_info(prefix_cache=self.scheduler.cache is not None),
+            dense=p.dense.name,
+            dense_choice=p.dense_choice,
+        )
+
+    def sequences(self, query, items, label_token_ids, *, pairs=None) -> list[list[int]]:
+        """The token sequences a score request of these fields runs, one per item, exactly as
+        the engine's tokenizer builds them (`pairs`: a cross-encoder's `PairOptions`);
+        InvalidInput naming the field for bad input."""
+        request = ScoreRequest(
+            id=0,
+            query=query,
+            items=items,
+            label_token_ids=label_token_ids,
+            pairs=pairs,
+            arrived=0.0,
+        )
+        return self.tokenization.one(request).sequences
 
 
 @asynccontextmanager

@@ -143,3 +143,32 @@ class KVCache:
         so it writes and reads them before any later batch does."""
         self.tree.clear()
         self.epoch += 1
+
+
+def runner_caches(pools: Sequence[tuple[int, int]], *, max_context: int) -> list[KVCache | None]:
+    """A cache for each runner's pool of (pages, page size); None where a runner has no pages."""
+    return [
+        KVCache(pages, page_size, max_context=max_context) if pages else None
+        for pages, page_size in pools
+    ]
+
+
+def reset_all(caches: Sequence[KVCache | None]) -> None:
+    """Forget every cached prefix of every runner."""
+    for cache in filter(None, caches):
+        cache.reset()
+
+
+def counters(caches: Sequence[KVCache | None]) -> dict[str, int]:
+    """The runners' cache counters summed (`EngineStats` fields); empty without a cache."""
+    caches = [cache for cache in caches if cache is not None]
+    if not caches:
+        return {}
+    trees = [cache.tree for cache in caches]
+    return {
+        "prefix_cache_hit_tokens": sum(cache.stats.hit_tokens for cache in caches),
+        "prefix_cache_miss_tokens": sum(cache.stats.miss_tokens for cache in caches),
+        "kv_pages_evicted": sum(tree.evicted for tree in trees),
+        "kv_pages_used": sum(tree.num_pages - tree.free_pages for tree in trees),
+        "kv_pages_free": sum(tree.free_pages for tree in trees),
+    }

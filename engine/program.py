@@ -13,6 +13,7 @@ from engine.loaders import Checkpoint
 from engine.models import Dense, ModelConfig, PackedInputs
 from engine.packing import empty_batch
 from engine.placement import Placement, put
+from engine.results import KVPoolInfo
 from kernels import devices, select_attention, select_dense
 from kernels.dense_choice import DenseChoice
 from kernels.paging import LayerPool, empty_pool, write
@@ -152,6 +153,16 @@ class DeviceProgram:
     def pool_tokens(self) -> int:
         """Tokens the KV pool holds."""
         return self.num_pages * self.page_size
+
+    def pool_info(self, *, prefix_cache: bool) -> KVPoolInfo:
+        """The KV pool's size (`prefix_cache`: whether prefixes are reused across requests)."""
+        return KVPoolInfo(
+            pages=self.num_pages,
+            page_size=self.page_size,
+            capacity_tokens=self.pool_tokens,
+            bytes=self.pool_tokens * self.kv_bytes_per_token,
+            prefix_cache=prefix_cache,
+        )
 
     def compile(self, shape: tuple[int, int, int], block_size: int) -> None:
         """Compile the program of batch shape (T, S, L), without context, without running it."""

@@ -3,15 +3,18 @@ and the outputs of its score rows to relevances. `Engine.rerank`, `Engine.score_
 `ScoringModel.rerank` (and through them the REPL and every HTTP route) all go through it.
 """
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import NamedTuple
 
 import numpy as np
 import tokenizers
+import trio
 
 from engine import inputs, truncation
 from engine.errors import InvalidInput, Unsupported
+from engine.messages import Timings
 from engine.pairs import PairOptions
+from engine.results import ScoreResult
 from engine.tasks import Task
 
 DOCUMENTS = {"items": "documents"}  # rerank's name for the items of its score call
@@ -143,3 +146,55 @@ class Reranker:
     def relevance(self, outputs: np.ndarray, raw: bool) -> list[float]:
         """Each document's relevance, in document order, from its score row's outputs."""
         return self.task.relevance(outputs, raw).tolist()
+
+
+Relevance = Callable[[str, list[str]], Awaitable[tuple[list[float], ScoreResult]]]
+
+
+async def by_query(
+    relevance: Relevance, queries: Sequence[str], documents: Sequence[str]
+) -> ScoreResult:
+    """The relevance of each (queries[i], documents[i]) pair, in pair order (one score per
+    pair): the pairs that share a query scored as one call of `relevance(query, texts)`, the
+    calls concurrently; the first failure fails the whole and stops the rest. Errors name
+    `documents[i]` by pair index."""
+    if isinstance(queries, str) or isinstance(documents, str):
+        raise InvalidInput("queries/documents", "must be lists of strings")
+    if len(queries) != len(documents):
+        raise InvalidInput(
+            "queries/documents",
+            f"{len(queries)} queries for {len(documents)} documents: give one per pair",
+        )
+    groups: dict[str, list[int]] = {}
+    for i, q in enumerate(queries):
+        groups.setdefault(q, []).append(i)
+    scores = [0.0] * len(documents)
+    results: list[ScoreResult] = []
+    failed: list[Exception] = []
+
+    async def one(query: str, pairs: list[int], cancel: trio.CancelScope) -> None:
+        try:
+            group, result = await relevance(query, [documents[i] for i in pairs])
+        except InvalidInput as e:
+            failed.append(e.reindexed(pairs))
+        except Exception as e:
+            failed.append(e)
+        else:
+            for i, s in zip(pairs, group, strict=True):
+                scores[i] = s
+            results.append(result)
+            return
+        cancel.cancel()
+
+    async with trio.open_nursery() as nursery:
+        for query, pairs in groups.items():
+            nursery.start_soon(one, query, pairs, nursery.cancel_scope)
+    if failed:
+        raise failed[0]
+    return ScoreResult(
+        scores=[[s] for s in scores],
+        prompt_tokens=sum(r.prompt_tokens for r in results),
+        cached_tokens=sum(r.cached_tokens for r in results),
+        truncated_tokens=sum(r.truncated_tokens for r in results),
+        timings=max((r.timings for r in results), key=lambda t: t.total, default=Timings()),
+    )

@@ -13,9 +13,9 @@ import tokenizers
 
 from engine import batching, inputs, templates
 from engine.buckets import DEFAULT_TOKEN_BUDGET, make_buckets
-from engine.errors import InvalidInput, rejection_error
+from engine.errors import InvalidInput
 from engine.loaders import Checkpoint, load_checkpoint
-from engine.messages import Rejected, ScoreRequest, Tokenized
+from engine.messages import ScoreRequest, Tokenized
 from engine.models import ModelConfig
 from engine.program import DeviceProgram, default_compile_cache_dir
 from engine.rerank import DOCUMENTS, Reranker, check_rerank
@@ -151,7 +151,7 @@ class ScoringModel:
             arrived=0.0,
         )
         try:
-            tokenized = self._tokenized(request)
+            tokenized = self._tokenizer_state.one(request)
         except InvalidInput as e:
             raise e.renamed(DOCUMENTS) from None
         seqs = tokenized.sequences
@@ -176,13 +176,7 @@ class ScoringModel:
             item_first=item_first,
             arrived=0.0,
         )
-        return self._tokenized(request)
-
-    def _tokenized(self, request: ScoreRequest) -> Tokenized:
-        (out,) = self._tokenizer_state.process([request])
-        if isinstance(out, Rejected):
-            raise rejection_error(out.kind, out.message, out.field)
-        return out
+        return self._tokenizer_state.one(request)
 
     def sequences(
         self, query: inputs.Query, items: inputs.Items, *, item_first: bool = False

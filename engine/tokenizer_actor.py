@@ -16,7 +16,7 @@ import trio
 from engine import inputs
 from engine.buckets import Buckets
 from engine.channels import drain
-from engine.errors import InputTooLarge, InvalidInput, rejection_kind
+from engine.errors import InputTooLarge, InvalidInput, rejection_error, rejection_kind
 from engine.messages import Cancel, Rejected, ScoreRequest, Tokenized
 from engine.pairs import Encoded, PairEncoder
 from engine.tasks import Task
@@ -93,6 +93,14 @@ class TokenizerState:
             cache_size=cache_size,
             pairs=task.pair_encoder(tokenizer),
         )
+
+    def one(self, request: ScoreRequest) -> Tokenized:
+        """`process` of one request, in the caller's thread; its rejection raised as the error
+        it names (InvalidInput naming the field, ...)."""
+        (out,) = self.process([request])
+        if isinstance(out, Rejected):
+            raise rejection_error(out.kind, out.message, out.field)
+        return out
 
     def process(self, requests: list[ScoreRequest | Cancel]) -> list[Tokenized | Rejected | Cancel]:
         """One message per message, in order; all new texts encoded in one batch call."""

@@ -2,9 +2,9 @@
 
 import pytest
 
-from engine.engine import RerankHit
 from engine.repl.format import clip, format_probability, format_rerank, format_scores
 from engine.repl.session import Score
+from engine.results import RerankHit
 
 
 def test_probabilities_keep_seven_significant_digits():

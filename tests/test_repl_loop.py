@@ -2,7 +2,7 @@
 
 import trio
 
-from engine.engine import EngineOverloaded, EngineStats, RerankHit, RerankResult, ScoreResult
+from engine import EngineOverloaded, EngineStats, RerankHit, RerankResult, ScoreResult
 from engine.messages import Timings
 from engine.repl.loop import serve
 from engine.repl.session import Session

@@ -11,6 +11,8 @@ A roofline is an upper bound: it leaves out per-batch overhead, the host's work 
 kernel below the device's peak.
 """
 
+from collections.abc import Sequence
+
 from engine.buckets import DEFAULT_BLOCK_SIZE, DEFAULT_TOKEN_BUDGET, make_buckets
 from engine.loaders import Checkpoint
 from engine.models import ModelConfig
@@ -35,6 +37,7 @@ __all__ = [
     "device",
     "kinds_for_this_host",
     "plan",
+    "plan_engine",
 ]
 
 
@@ -126,6 +129,15 @@ def plan(
             **{name: _estimate(cs, dev, dtype) for name, cs in costs.items()},
         }
     return report
+
+
+def plan_engine(engine, kinds: Sequence[str]) -> dict:
+    """`plan` of a running engine's program on `kinds`, at the engine's token budget and block
+    size."""
+    config = engine.config
+    return plan(
+        engine.program, kinds, token_budget=config.token_budget, block_size=config.block_size
+    )
 
 
 def _model(cfg: ModelConfig, dtype: str, weight_bytes: int) -> dict:

@@ -16,7 +16,8 @@ import time
 
 import trio
 
-from engine.engine import Engine, EngineConfig, open_engine
+from engine.config import EngineConfig
+from engine.engine import Engine, open_engine
 from engine.program import DTYPES
 from engine.repl.loop import serve
 from engine.repl.session import Session

@@ -2,8 +2,8 @@
 
 import msgspec
 
-from engine.engine import RerankHit
 from engine.repl.session import Score
+from engine.results import RerankHit
 
 
 def format_probability(p: float) -> str:

@@ -1,0 +1,79 @@
+"""The engine's configuration: every knob, immutable, each with a working default."""
+
+import msgspec
+
+from engine.buckets import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_LABEL_WIDTHS,
+    DEFAULT_ROW_DIVISORS,
+    DEFAULT_TOKEN_BUDGET,
+    Buckets,
+    make_buckets,
+)
+from engine.errors import InvalidInput
+from engine.program import DEFAULT_PAGE_SIZE, default_compile_cache_dir
+
+
+class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Everything that configures an engine. Immutable; every field has a working default."""
+
+    model: str | None = None  # a .gguf file or HF directory; None is the default model
+    # weight dtype: "bfloat16" or "float32"; or "int8": bf16 with the layer matrices quantised
+    # to int8 at load and multiplied in int8 (README "int8 compute")
+    dtype: str = "bfloat16"
+    # "reference" | "xla" | "cpu" | "pallas"; None picks by backend (cpu on CPU, pallas on TPU/GPU)
+    attention: str | None = None
+    # layer matmuls: "xla" | "cpu" (bf16 weights packed once for the native AVX512-BF16 kernel);
+    # under dtype "int8": "int8" (the native VNNI kernel) | "int8-xla"; None: each weight shape
+    # by the fastest of those that run, measured on this CPU once (kept in compile_cache_dir)
+    dense: str | None = None
+    token_budget: int = DEFAULT_TOKEN_BUDGET  # most real tokens in one packed batch
+    block_size: int = DEFAULT_BLOCK_SIZE  # attention block (tokens); buckets are multiples of it
+    # padded batch sizes in tokens, ascending multiples of block_size; None: powers of two from
+    # 2 * block_size to 1024, then four per octave, up to the model's context (buckets <=
+    # token_budget are compiled at start)
+    token_buckets: tuple[int, ...] | None = None
+    row_divisors: tuple[int, ...] = DEFAULT_ROW_DIVISORS  # score-row buckets of T tokens: T // d
+    label_widths: tuple[int, ...] = DEFAULT_LABEL_WIDTHS  # padded label counts; last: the limit
+    # after answering requests, how long an idle device waits for as many to queue again (the
+    # same clients coming back) before batching what is there
+    batch_linger_ms: float = 50.0
+    max_queued_requests: int = 1024  # in-flight requests before score() fails as overloaded
+    max_queued_tokens: int = 2_000_000  # tokenised tokens waiting before requests are refused
+    max_items_per_request: int = 4096
+    tokenizer_cache_size: int = 65536  # texts whose token ids are kept (LRU)
+    # KV pool size in bytes (prefix reuse across requests); None: an eighth of the device's memory
+    # (the host's on CPU), at most what 262144 tokens need; 0: no pool
+    kv_cache_bytes: int | None = None
+    kv_page_size: int = DEFAULT_PAGE_SIZE  # tokens per pool page; must divide block_size
+    prefix_cache: bool = True  # reuse cached prefixes across requests and batches
+    compile_cache_dir: str | None = msgspec.field(default_factory=default_compile_cache_dir)
+    precompile: bool = True  # compile the bucket grid at start, before serving
+    progress: bool = True  # progress bars while loading and compiling
+    # the rerank recipe: "qwen3-reranker" | "mxbai-rerank-v2" | "chatml" | "plain"; None
+    # detects it from the checkpoint (engine.templates.template_for)
+    reranker: str | None = None
+    # device runners, each with its own weights, programs and KV pool; None: as many as the
+    # local devices make in groups of tensor_parallel
+    data_parallel: int | None = None
+    # devices each runner's weights and KV pool are sharded over (engine.placement)
+    tensor_parallel: int = 1
+
+    def buckets(self, context: int, window: int = 0) -> Buckets:
+        """The padding grid for a model of `context` positions and sliding `window`;
+        InvalidInput (a ValueError) naming the field that is inconsistent."""
+        if not 0 <= self.batch_linger_ms <= 10_000:
+            raise InvalidInput("batch_linger_ms", "must be between 0 and 10000")
+        if self.kv_page_size < 1 or self.block_size % self.kv_page_size:
+            raise InvalidInput("kv_page_size", f"must divide block_size {self.block_size}")
+        if self.kv_cache_bytes is not None and self.kv_cache_bytes < 0:
+            raise InvalidInput("kv_cache_bytes", "must be 0 (no pool) or more")
+        return make_buckets(
+            context,
+            token_budget=self.token_budget,
+            block_size=self.block_size,
+            token_buckets=self.token_buckets,
+            row_divisors=self.row_divisors,
+            label_widths=self.label_widths,
+            window=window,
+        )
