@@ -17,7 +17,7 @@ from bench.baseline import hf_label_logprobs, load_transformers
 from bench.workloads import PAIRS, SUFFIX
 from engine import load_model
 from engine.loaders import default_model_path
-from engine.scoring import scores_from_logprobs
+from engine.tasks import scores_from_logprobs
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:

@@ -12,6 +12,7 @@ from engine.errors import (
 )
 from engine.loaders import Checkpoint, CheckpointError, default_model_path, load_checkpoint
 from engine.messages import Timings
+from engine.offline import ScoringModel, load_model
 from engine.program import DenseChoice, DeviceProgram
 from engine.results import (
     EngineInfo,
@@ -21,7 +22,6 @@ from engine.results import (
     RerankResult,
     ScoreResult,
 )
-from engine.scoring import ScoringModel, load_model
 
 __all__ = [
     "Checkpoint",

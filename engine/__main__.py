@@ -11,8 +11,8 @@ import json
 import sys
 import time
 
+from engine.offline import load_model
 from engine.program import DTYPES, default_compile_cache_dir, enable_compile_cache
-from engine.scoring import load_model
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -10,7 +10,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFWriter,
 from gguf.quants import dequantize, quantize
 
 from engine import load_model
-from engine.loaders import gguf as gguf_loader
+from engine.loaders import gguf_tensors
 from engine.loaders.checkpoint import Checkpoint, CheckpointError
 from engine.loaders.gguf import load_gguf
 from engine.models.config import RopeScaling
@@ -352,7 +352,7 @@ def test_dequantizing_row_by_row_changes_nothing(tmp_path, monkeypatch, qtype):
     """The loader dequantises in chunks of rows; the smallest chunks give the same values."""
     _write_model(tmp_path / "m.gguf", SPECS["qwen2"], qtype)
     whole = load_gguf(tmp_path / "m.gguf", progress=False).params
-    monkeypatch.setattr(gguf_loader, "_DEQUANTIZE_BYTES", 1)
+    monkeypatch.setattr(gguf_tensors, "_DEQUANTIZE_BYTES", 1)
     by_row = load_gguf(tmp_path / "m.gguf", progress=False).params
     for name in ("embed", "lm_head"):
         np.testing.assert_array_equal(by_row[name], whole[name], err_msg=name)

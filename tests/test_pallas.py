@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from engine.scoring import load_model
+from engine.offline import load_model
 from kernels import ATTENTION, attention_reference, make_meta, select_attention, tuning
 from kernels.pallas import attention_pallas, attention_pallas_auto, supports
 from kernels.tuning import BlockSizes

@@ -11,18 +11,17 @@ import sys
 from dataclasses import dataclass
 
 import numpy as np
-from gguf import GGMLQuantizationType
-from gguf.quants import dequantize
 from tqdm import tqdm
 
+from engine.loaders import gguf_encoder
 from engine.loaders.checkpoint import Checkpoint, CheckpointError
 from engine.loaders.gguf_file import GGUFFile, GGUFTensor, read_gguf
+from engine.loaders.gguf_tensors import dequantized, owned, require_tensor
 from engine.loaders.gguf_tokenizer import metadata_value, tokenizer_from_gguf
+from engine.models import FAMILIES as MODEL_FAMILIES
 from engine.models.config import ModelConfig, RopeScaling
 
-_DEQUANTIZE_BYTES = 1 << 16  # per gguf call: amortises its overhead, temporaries stay in cache
-
-_DEFAULT_ROPE_THETA = {"llama": 10000.0, "qwen2": 1_000_000.0, "qwen3": 1_000_000.0}
+FAMILIES = ("llama", "qwen2", "qwen3")  # general.architecture names read as decoders
 
 # GGUF per-layer tensor -> (our layer parameter, whether it is a matrix stored [out, in]).
 _LAYER_TENSORS = {
@@ -54,8 +53,6 @@ def load_gguf(path: str | os.PathLike, *, progress: bool = True) -> Checkpoint:
 
     Raises `CheckpointError` naming the file for anything unsupported or missing.
     """
-    from engine.loaders import gguf_encoder  # which reads its tensors with this module's helpers
-
     source = os.fspath(path)
     reader = read_gguf(source)
     tensors = {tensor.name: tensor for tensor in reader.tensors}
@@ -73,11 +70,13 @@ def load_gguf(path: str | os.PathLike, *, progress: bool = True) -> Checkpoint:
 
 def _config(reader: GGUFFile, tensors: dict[str, GGUFTensor], source: str) -> ModelConfig:
     arch = metadata_value(reader, "general.architecture", source)
-    if arch not in _DEFAULT_ROPE_THETA:
+    if arch not in FAMILIES:
         raise CheckpointError(
             f"{source}: unsupported architecture {arch!r} (general.architecture); "
-            f"supported: {sorted([*_DEFAULT_ROPE_THETA, 'bert'])}"
+            f"supported: {sorted([*FAMILIES, 'bert'])}"
         )
+    traits = dict(MODEL_FAMILIES[arch].traits)
+    theta = traits.pop("default_theta")
 
     def value(key: str, *default):
         found = metadata_value(reader, f"{arch}.{key}", source, *default)
@@ -102,13 +101,12 @@ def _config(reader: GGUFFile, tensors: dict[str, GGUFTensor], source: str) -> Mo
         head_dim=head_dim,
         intermediate_size=int(value("feed_forward_length")),
         rms_norm_eps=float(value("attention.layer_norm_rms_epsilon")),
-        rope_theta=float(value("rope.freq_base", _DEFAULT_ROPE_THETA[arch])),
+        rope_theta=float(value("rope.freq_base", theta)),
         max_position_embeddings=int(value("context_length")),
         tie_word_embeddings="output.weight" not in tensors,
-        qkv_bias=arch == "qwen2",
-        qk_norm=arch == "qwen3",
         rope_scaling=_rope_scaling(reader, tensors, arch, source),
         num_labels=_num_labels(tensors),
+        **traits,
     )
 
 
@@ -272,53 +270,6 @@ def _allocate_layers(config: ModelConfig, slots: dict[str, _Slot]) -> dict[str, 
         for slot in slots.values()
         if slot.layer == 0
     }
-
-
-def require_tensor(tensors: dict[str, GGUFTensor], name: str, source: str) -> GGUFTensor:
-    tensor = tensors.get(name)
-    if tensor is None:
-        raise CheckpointError(f"{source}: missing tensor {name!r}")
-    return tensor
-
-
-def dequantized(tensor: GGUFTensor, shape: tuple[int, ...], source: str) -> np.ndarray:
-    """The tensor as float32 in HF orientation: ggml lists dims innermost first, so reversed."""
-    hf_shape = tensor.shape[::-1]
-    if hf_shape != shape:
-        raise CheckpointError(
-            f"{source}: tensor {tensor.name!r} has shape {list(hf_shape)}, expected {list(shape)}"
-        )
-    try:
-        values = _dequantize(tensor.data, tensor.tensor_type)
-    except NotImplementedError as error:
-        raise CheckpointError(
-            f"{source}: tensor {tensor.name!r} has unsupported type {tensor.tensor_type.name}"
-        ) from error
-    return np.asarray(values, dtype=np.float32).reshape(shape)
-
-
-def _dequantize(data: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
-    """`gguf.quants.dequantize(data, qtype)` (to be reshaped), in calls of about
-    `_DEQUANTIZE_BYTES` each.
-
-    It dequantises block by block, so any split into whole rows gives the same values; left to
-    itself it makes a call per 16 rows, whose overhead was ~40% of SmolLM2's dequantisation.
-    """
-    if data.dtype != np.uint8 or data.size == 0:  # stored as elements: one vectorised cast
-        return dequantize(data, qtype)
-    rows = data.reshape(-1, data.shape[-1])
-    step = max(1, _DEQUANTIZE_BYTES // rows.shape[1])
-    parts = [
-        dequantize(rows[i : i + step].reshape(1, -1), qtype) for i in range(0, len(rows), step)
-    ]
-    return np.concatenate(parts, axis=1)
-
-
-def owned(weight: np.ndarray, tensor: GGUFTensor) -> np.ndarray:
-    """An array independent of the memory-mapped file (F32 tensors dequantise to a view of it)."""
-    if np.may_share_memory(weight, tensor.data):
-        return np.array(weight, dtype=np.float32)
-    return np.ascontiguousarray(weight)
 
 
 def _unpermute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:

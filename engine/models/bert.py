@@ -2,7 +2,6 @@
 LayerNorm after each residual add, a GELU MLP, and the pooler (dense, tanh) on the first token
 before the classifier."""
 
-from engine.models import qwen2
 from engine.models.decoder import Family
 from engine.models.encoder import config_from_hf
 
@@ -21,4 +20,4 @@ def config(hf: dict, **flags):
     return config_from_hf(hf, **flags)
 
 
-FAMILY = Family(name="bert", config_from_hf=config, project_qkv=qwen2.project_qkv)
+FAMILY = Family(name="bert", config_from_hf=config, project_qkv=None)

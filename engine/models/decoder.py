@@ -8,7 +8,8 @@ strategy the forward is given, as attention is: one code path for every strategy
 """
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any, NamedTuple, Protocol
 
 import jax
@@ -26,7 +27,10 @@ class Family(NamedTuple):
 
     name: str
     config_from_hf: Callable[[dict], ModelConfig]
-    project_qkv: Callable[..., tuple[jax.Array, jax.Array, jax.Array]]
+    project_qkv: Callable[..., tuple[jax.Array, jax.Array, jax.Array]] | None  # None: encoders'
+    # what a config of this family has that its files need not say: `default_theta` (the RoPE
+    # base when none is given) and `ModelConfig` flags; the GGUF loader reads them too
+    traits: Mapping[str, Any] = MappingProxyType({})
 
 
 class PackedInputs(NamedTuple):

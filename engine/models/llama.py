@@ -16,8 +16,10 @@ def project_qkv(qkv, p, cfg: ModelConfig):
     )
 
 
+TRAITS = dict(default_theta=10000.0)
 FAMILY = Family(
     name="llama",
-    config_from_hf=functools.partial(config_from_hf, family="llama", default_theta=10000.0),
+    config_from_hf=functools.partial(config_from_hf, family="llama", **TRAITS),
     project_qkv=project_qkv,
+    traits=TRAITS,
 )

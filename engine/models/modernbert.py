@@ -4,7 +4,6 @@ see keys within `local_attention // 2` positions on either side (every layer but
 `global_attn_every_n_layers`-th), a GeGLU MLP, no biases, and a head of dense, GELU and
 LayerNorm on the first token or the mean of the pair."""
 
-from engine.models import qwen2
 from engine.models.decoder import Family
 from engine.models.encoder import config_from_hf
 
@@ -54,4 +53,4 @@ def _rope_bases(hf: dict) -> tuple[float, float]:
     )
 
 
-FAMILY = Family(name="modernbert", config_from_hf=config, project_qkv=qwen2.project_qkv)
+FAMILY = Family(name="modernbert", config_from_hf=config, project_qkv=None)

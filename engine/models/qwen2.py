@@ -16,10 +16,10 @@ def project_qkv(qkv, p, cfg: ModelConfig):
     )
 
 
+TRAITS = dict(default_theta=1e6, qkv_bias=True)
 FAMILY = Family(
     name="qwen2",
-    config_from_hf=functools.partial(
-        config_from_hf, family="qwen2", default_theta=1e6, qkv_bias=True
-    ),
+    config_from_hf=functools.partial(config_from_hf, family="qwen2", **TRAITS),
     project_qkv=project_qkv,
+    traits=TRAITS,
 )

@@ -13,10 +13,10 @@ def project_qkv(qkv, p, cfg: ModelConfig):
     return rms_norm(q, p["q_norm"], cfg.rms_norm_eps), rms_norm(k, p["k_norm"], cfg.rms_norm_eps), v
 
 
+TRAITS = dict(default_theta=1e6, qk_norm=True)
 FAMILY = Family(
     name="qwen3",
-    config_from_hf=functools.partial(
-        config_from_hf, family="qwen3", default_theta=1e6, qk_norm=True
-    ),
+    config_from_hf=functools.partial(config_from_hf, family="qwen3", **TRAITS),
     project_qkv=project_qkv,
+    traits=TRAITS,
 )

@@ -4,7 +4,7 @@ tanh, out_proj on the first token) is BERT's pooler and classifier."""
 
 import msgspec
 
-from engine.models import bert, qwen2
+from engine.models import bert
 from engine.models.decoder import Family
 
 
@@ -22,4 +22,4 @@ def config(hf: dict):
     )
 
 
-FAMILY = Family(name="xlm-roberta", config_from_hf=config, project_qkv=qwen2.project_qkv)
+FAMILY = Family(name="xlm-roberta", config_from_hf=config, project_qkv=None)

@@ -7,7 +7,7 @@ from bench.baseline import hf_label_logprobs, load_transformers
 from bench.workloads import PAIRS, SUFFIX
 from engine import CheckpointError, load_model
 from engine.loaders import default_model_path
-from engine.scoring import scores_from_logprobs
+from engine.tasks import scores_from_logprobs
 
 
 @pytest.fixture(scope="module")
