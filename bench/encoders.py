@@ -12,6 +12,8 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
+from bench.workloads import bench_corpus
+
 # The shapes of cross-encoder/ms-marco-MiniLM-L-6-v2 and BAAI/bge-reranker-v2-m3 (XLM-R large),
 # weights aside; the vocabularies are the real ones' sizes.
 MINILM_L6 = {
@@ -181,8 +183,6 @@ def write_encoder(
 
 def write_encoder_shape(path: Path, name: str, seed: int) -> None:
     """The cross-encoder checkpoint of shape `name` (`ENCODER_SHAPES`) at `path`."""
-    from bench.shapes import bench_corpus
-
     cls_name, fields, kind, max_length = ENCODER_SHAPES[name]
     corpus = bench_corpus(seed)
     write_encoder(

@@ -11,9 +11,8 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-import numpy as np
-
-from bench.workloads import SUFFIX, WORDS, sentence
+from bench.encoders import ENCODER_SHAPES, write_encoder_shape
+from bench.workloads import bench_corpus
 
 # Qwen3-0.6B's config.json, weights aside.
 QWEN3_0_6B = {
@@ -57,8 +56,6 @@ TOKENIZER_VOCAB = 4096
 def shape_dir(name: str, *, seed: int = 0, root: Path | None = None) -> Path:
     """The checkpoint directory of shape `name` (a decoder's, or a cross-encoder's of
     `bench.encoders`), written on first use and reused after."""
-    from bench.encoders import ENCODER_SHAPES, write_encoder_shape
-
     writers = {
         **dict.fromkeys(SHAPES, write_checkpoint),
         **dict.fromkeys(ENCODER_SHAPES, write_encoder_shape),
@@ -85,13 +82,6 @@ def write_checkpoint(path: Path, name: str, seed: int) -> None:
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     model.save_pretrained(path, safe_serialization=True)
     train_tokenizer(bench_corpus(seed), TOKENIZER_VOCAB).save(str(path / "tokenizer.json"))
-
-
-def bench_corpus(seed: int) -> list[str]:
-    """The bench's English-like sentences ending in `SUFFIX`, its word list and " yes"/" no"."""
-    rng = np.random.default_rng(seed)
-    corpus = [sentence(rng, int(rng.integers(6, 16))) + SUFFIX for _ in range(2000)]
-    return corpus + [" ".join(WORDS), " yes no yes no", "Answer yes or no:"]
 
 
 def train_tokenizer(corpus: Iterable[str], vocab_size: int):

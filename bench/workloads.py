@@ -54,3 +54,10 @@ PAIRS = [
     ("日本の首都はどこですか？", " 東京は日本の首都です。"),
 ]
 SUFFIX = " Is the answer relevant? Answer yes or no:"
+
+
+def bench_corpus(seed: int) -> list[str]:
+    """The bench's English-like sentences ending in `SUFFIX`, its word list and " yes"/" no"."""
+    rng = np.random.default_rng(seed)
+    corpus = [sentence(rng, int(rng.integers(6, 16))) + SUFFIX for _ in range(2000)]
+    return corpus + [" ".join(WORDS), " yes no yes no", "Answer yes or no:"]
