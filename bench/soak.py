@@ -36,15 +36,12 @@ import numpy as np
 import trio
 
 from bench import common
-from bench.parity import label_ids
+from bench.parity import TOLERANCE, label_ids
 from bench.w3 import Server
 from bench.workloads import text_of_tokens
 from engine import EngineConfig, default_model_path, open_engine
 
 QUICK = dict(clients=16, seconds=3.0, warmup=1.0, pool=16)
-# |log score - log reference| allowed. In bf16 a batch's composition alone moves log-probs by up
-# to ~0.15 (measured: the same body scored alone and among others), in f32 by ~1e-5.
-TOLERANCE = {"float32": 1e-4, "bfloat16": 0.25}
 
 
 class Request(NamedTuple):

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bench.soak import TOLERANCE
+from bench.parity import TOLERANCE
 from engine import EngineConfig, EngineError, load_model
 from engine.kv_cache import KVCache
 from engine.packing import Chunk
