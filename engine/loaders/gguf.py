@@ -15,9 +15,9 @@ from tqdm import tqdm
 
 from engine.loaders import gguf_encoder
 from engine.loaders.checkpoint import Checkpoint, CheckpointError
-from engine.loaders.gguf_file import GGUFFile, GGUFTensor, read_gguf
+from engine.loaders.gguf_file import GGUFFile, GGUFTensor, metadata_value, read_gguf
 from engine.loaders.gguf_tensors import dequantized, owned, require_tensor
-from engine.loaders.gguf_tokenizer import metadata_value, tokenizer_from_gguf
+from engine.loaders.gguf_tokenizer import tokenizer_from_gguf
 from engine.models import FAMILIES as MODEL_FAMILIES
 from engine.models.config import ModelConfig, RopeScaling
 

@@ -17,9 +17,8 @@ import numpy as np
 from tqdm import tqdm
 
 from engine.loaders.checkpoint import CheckpointError
-from engine.loaders.gguf_file import GGUFFile, GGUFTensor
+from engine.loaders.gguf_file import GGUFFile, GGUFTensor, metadata_value
 from engine.loaders.gguf_tensors import dequantized, owned, require_tensor
-from engine.loaders.gguf_tokenizer import metadata_value
 from engine.models import ModelConfig, xlm_roberta
 
 ARCHITECTURE = "bert"

@@ -235,3 +235,16 @@ def _alignment(metadata: dict[str, Any], types: dict[str, GGUFValueType]) -> int
     if alignment <= 0 or alignment & (alignment - 1):
         raise ValueError(f"general.alignment {alignment} is not a power of two")
     return alignment
+
+
+_MISSING: Any = object()
+
+
+def metadata_value(reader: GGUFFile, key: str, path: str | os.PathLike, default: Any = _MISSING):
+    """The decoded value of metadata `key`, `default` when absent, else a `CheckpointError`."""
+    value = reader.metadata.get(key, _MISSING)
+    if value is _MISSING:
+        if default is _MISSING:
+            raise CheckpointError(f"{os.fspath(path)}: missing GGUF metadata key {key!r}")
+        return default
+    return value
