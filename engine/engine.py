@@ -184,14 +184,15 @@ class Engine:
         refused = self.task.label_scores_refused()
         if refused:
             raise InvalidInput("label_token_ids", refused)
-        logprobs, result = await self._logprobs(query, items, label_token_ids, item_first)
+        logprobs, result = await self._outputs(query, items, label_token_ids, item_first)
         scores = scores_from_logprobs(logprobs, apply_softmax=apply_softmax).tolist()
         return msgspec.structs.replace(result, scores=scores)
 
-    async def _logprobs(
+    async def _outputs(
         self, query, items, label_token_ids, item_first: bool, normaliser=False, pairs=None
     ):
-        """Label log-probs f32[N, L] and the result (scores empty) carrying the usage; with
+        """The score rows' outputs f32[N, L] (label log-probs, or a classification head's
+        logits) and the result (scores empty) carrying the usage; with
         `normaliser` each row's negated log-normaliser follows its labels; with `pairs`
         (`engine.pairs.PairOptions`) each item is a cross-encoder's pair with the query."""
         start = trio.current_time()
@@ -199,7 +200,7 @@ class Engine:
         scored = await self._submit(*request)
         timings = msgspec.structs.replace(scored.timings, total=trio.current_time() - start)
         width = len(label_token_ids) + normaliser
-        logprobs = np.asarray(scored.logprobs, np.float32).reshape(-1, width)  # f32[N, L]
+        outputs = np.asarray(scored.outputs, np.float32).reshape(-1, width)  # f32[N, L]
         result = ScoreResult(
             scores=[],
             prompt_tokens=scored.prompt_tokens,
@@ -207,7 +208,7 @@ class Engine:
             cached_tokens=scored.cached_tokens,
             truncated_tokens=scored.truncated_tokens,
         )
-        return logprobs, result
+        return outputs, result
 
     async def rerank(
         self,
@@ -280,12 +281,12 @@ class Engine:
         else:
             call = reranker.call(query, documents, options)
         try:
-            logprobs, result = await self._logprobs(
+            outputs, result = await self._outputs(
                 call.query, call.items, call.label_token_ids, False, call.normaliser, call.pairs
             )
         except InvalidInput as e:
             raise e.renamed(DOCUMENTS) from None
-        return reranker.relevance(logprobs, raw), result
+        return reranker.relevance(outputs, raw), result
 
     async def _submit(
         self, query, items, label_token_ids, item_first, normaliser, pairs=None

@@ -79,10 +79,11 @@ class Batch(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class BatchDone(msgspec.Struct, frozen=True, kw_only=True):
-    """Label log-probs f32[S, L] for a batch's rows, or the error that stopped it."""
+    """The outputs f32[S, L] of a batch's score rows (label log-probs, or a classification
+    head's logits: `engine.tasks`), or the error that stopped it."""
 
     id: int
-    logprobs: np.ndarray | None = None  # f32[S, L]
+    outputs: np.ndarray | None = None  # f32[S, L]
     error: str | None = None
     device_s: float = 0.0
     pool_reset: bool = False  # the failure lost the KV pool: every cached page is gone
@@ -90,10 +91,11 @@ class BatchDone(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Scored(msgspec.Struct, frozen=True, kw_only=True):
-    """A finished request: label log-probs per item and its timings."""
+    """A finished request: its score row's outputs per item (label log-probs, or logits) and its
+    timings."""
 
     id: int
-    logprobs: list[list[float]]
+    outputs: list[list[float]]
     prompt_tokens: int
     cached_tokens: int = 0  # of the prompt tokens, those read from the KV cache
     truncated_tokens: int = 0  # tokens of the input that truncation left out

@@ -65,7 +65,7 @@ class RunnerState:
             return BatchDone(id=batch.id, error="the KV pool was lost", retry=True)
         start = time.perf_counter()
         try:
-            logprobs = self._run(batch.inputs)
+            outputs = self._run(batch.inputs)
         except Exception as e:  # one bad batch must not stop the runner
             self.stats.failed += 1
             reset = self.program.recover()
@@ -73,7 +73,7 @@ class RunnerState:
         elapsed = time.perf_counter() - start
         self.stats.batches += 1
         self.stats.busy_s += elapsed
-        return BatchDone(id=batch.id, logprobs=logprobs, device_s=elapsed)
+        return BatchDone(id=batch.id, outputs=outputs, device_s=elapsed)
 
     def _run(self, inputs: PackedInputs) -> np.ndarray:
         self._count_compile(batch_shape(inputs))

@@ -37,7 +37,7 @@ HANDED_AHEAD = 1  # batches a runner is handed beyond the one it runs
 class _Request:
     msg: Tokenized
     queued_at: float
-    logprobs: list = field(default_factory=list)
+    outputs: list = field(default_factory=list)
     remaining: int = 0
     first_batch_at: float | None = None
     build_s: float = 0.0
@@ -126,7 +126,7 @@ class SchedulerState:
     def _admit(self, msg: Tokenized, now: float) -> list[Scored | Rejected]:
         if not msg.sequences:  # no items: answered at once, with no scores
             timings = Timings(tokenize=msg.tokenize_s)
-            return [Scored(id=msg.id, logprobs=[], prompt_tokens=0, timings=timings)]
+            return [Scored(id=msg.id, outputs=[], prompt_tokens=0, timings=timings)]
         tokens = sum(map(len, msg.sequences))
         if tokens > self.max_queued_tokens:
             return [
@@ -330,7 +330,7 @@ class SchedulerState:
             req.device_s += done.device_s
         for r, (rid, idx) in enumerate(rows):
             if rid in live:
-                live[rid].logprobs[idx] = done.logprobs[r, : len(live[rid].msg.labels)].tolist()
+                live[rid].outputs[idx] = done.outputs[r, : len(live[rid].msg.labels)].tolist()
                 live[rid].remaining -= 1
         finished = [self._finish(rid, now) for rid, req in live.items() if req.remaining == 0]
         self.last_done_at = now
@@ -382,7 +382,7 @@ class SchedulerState:
         prompt = sum(map(len, req.msg.sequences))
         return Scored(
             id=rid,
-            logprobs=req.logprobs,
+            outputs=req.outputs,
             prompt_tokens=prompt,
             cached_tokens=req.cached_tokens,
             truncated_tokens=req.msg.truncated,

@@ -32,7 +32,7 @@ def test_warm_up_compiles_each_shape_once(model):
     done = runner.execute(Batch(id=7, inputs=inputs, rows=[(0, 0)], real_tokens=3, build_s=0.0))
     assert runner.stats.compiles == 2 and runner.stats.batches == 1
     np.testing.assert_allclose(
-        done.logprobs[0, :2], model.label_logprobs(seqs, labels)[0], atol=1e-6
+        done.outputs[0, :2], model.label_logprobs(seqs, labels)[0], atol=1e-6
     )
 
 
@@ -42,5 +42,5 @@ def test_a_raising_step_becomes_the_batch_error(model, monkeypatch):
     done = runner.execute(
         Batch(id=1, inputs=empty_batch(128, 4, 4, 64), rows=[], real_tokens=0, build_s=0.0)
     )
-    assert done.error == "ZeroDivisionError: division by zero" and done.logprobs is None
+    assert done.error == "ZeroDivisionError: division by zero" and done.outputs is None
     assert runner.stats.failed == 1

@@ -23,7 +23,7 @@ def state(budget=64, max_tokens=1000):
 
 def done_for(batch, value=-1.0):
     s, width = batch.inputs.label_ids.shape
-    return BatchDone(id=batch.id, logprobs=np.full((s, width), value, np.float32), device_s=0.01)
+    return BatchDone(id=batch.id, outputs=np.full((s, width), value, np.float32), device_s=0.01)
 
 
 def test_requests_are_batched_in_arrival_order_and_completed():
@@ -38,7 +38,7 @@ def test_requests_are_batched_in_arrival_order_and_completed():
     out = st.handle(done_for(batch), 2.0)
     assert {m.id for m in out} == {0, 1} and all(isinstance(m, Scored) for m in out)
     scored = {m.id: m for m in out}[0]
-    assert scored.logprobs == [[-1.0], [-1.0]] and scored.prompt_tokens == 6
+    assert scored.outputs == [[-1.0], [-1.0]] and scored.prompt_tokens == 6
     assert scored.timings.queue == 1.0 and scored.timings.device == 0.01
     assert not st.requests and not st.queue and not st.in_flight
 
@@ -52,7 +52,7 @@ def test_a_request_larger_than_the_budget_spans_batches():
     assert len(batches) == 5 and st.queued_tokens == 0
     outs = [m for b in batches for m in st.handle(done_for(b), 1.0)]
     assert [type(m) for m in outs] == [Scored]
-    assert len(outs[0].logprobs) == 5
+    assert len(outs[0].outputs) == 5
 
 
 def test_overload_rejects_past_the_token_bound():

@@ -5,9 +5,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from engine.models import ModelConfig
-from engine.models.decoder import label_logprobs
-from engine.models.encoder import pair_logits
+from engine.models import ModelConfig, decoder, encoder
 from engine.tasks import KINDS, Classifier, CrossEncoder, LanguageModel, task_for
 from tests.conftest import tiny_tokenizer
 
@@ -59,10 +57,13 @@ def test_what_each_kind_decides():
 def test_the_forward_is_the_kinds_model_bound_to_its_config():
     lm, enc = task_for(BASE), task_for(ENCODER)
     forward = lm.forward_of("attention", "dense", unroll=True)
-    assert forward.func is label_logprobs
+    assert forward.func is decoder.forward
+    assert forward.keywords["output"] is decoder.label_logprobs
+    assert task_for(CLASSIFIER).forward_of("a", "d").keywords["output"] is decoder.class_logits
     assert forward.keywords["cfg"] is BASE and forward.keywords["unroll"] is True
     assert forward.keywords["family"].name == "llama"
-    assert enc.forward_of("attention", "dense").func is pair_logits
+    assert enc.forward_of("attention", "dense").func is encoder.forward
+    assert enc.forward_of("attention", "dense").keywords["output"] is encoder.pair_logits
     fewer = msgspec.structs.replace(BASE, num_layers=1)
     assert lm.forward_of("a", "d", config=fewer).keywords["cfg"] is fewer
 

@@ -4,7 +4,7 @@ is its task's (`engine.tasks`)."""
 
 from engine.models import bert, gemma, llama, modernbert, qwen2, qwen3, xlm_roberta
 from engine.models.config import ModelConfig, RopeScaling
-from engine.models.decoder import Dense, Family, PackedInputs, label_logprobs
+from engine.models.decoder import Dense, Family, PackedInputs
 
 DECODERS = (llama.FAMILY, qwen2.FAMILY, qwen3.FAMILY, *gemma.FAMILIES)
 ENCODERS = (bert.FAMILY, xlm_roberta.FAMILY, modernbert.FAMILY)
@@ -20,5 +20,4 @@ __all__ = [
     "ModelConfig",
     "PackedInputs",
     "RopeScaling",
-    "label_logprobs",
 ]

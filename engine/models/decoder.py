@@ -178,7 +178,7 @@ def _mlp_gate(h: jax.Array, w, index: jax.Array, s: "Step") -> jax.Array:
     return jax.nn.gelu(y[..., 0], approximate=True) * y[..., 1]
 
 
-def label_logprobs(
+def forward(
     params: Params,
     inputs: PackedInputs,
     pool: KVPool | None = None,
@@ -187,11 +187,13 @@ def label_logprobs(
     family: Family,
     attention: Callable,
     dense: Dense,
+    output: Callable,
     write_kv: Callable | None = None,
     unroll: bool = False,
 ) -> tuple[jax.Array, KVPool | None]:
-    """Full-vocabulary log-probs f32[S, L] of `label_ids` at each score row, and the pool; with a
-    sequence-classification head (`cfg.num_labels`), the head's raw logits of those labels.
+    """What `output` makes of the final hidden state at each score row, f32[S, L], and the pool:
+    `label_logprobs` (a language-model head) or `class_logits` (a sequence-classification
+    head), each called as `output(h f32[R, E], label_ids i32[R, L], head, cfg, dense)`.
 
     `params` is laid out as `engine.models.layout.place_decoder` makes it: "embed", "final_norm",
     "head" and "matrices" prepared by `dense`, "layers" the per-layer vectors. With a `pool`,
@@ -232,7 +234,7 @@ def label_logprobs(
     xs = (indices, sliding, params["layers"])
     (x, pool), _ = jax.lax.scan(layer, (x, pool), xs, unroll=unroll)
     h = rms_norm(x[inputs.score_rows], params["final_norm"], cfg.rms_norm_eps)  # [S, E]
-    head = lambda h, labels: label_scores(h, labels, params["head"], cfg, dense)
+    head = lambda h, labels: output(h, labels, params["head"], cfg, dense)
     return _by_row_chunks(head, h, inputs.label_ids), pool
 
 
@@ -242,18 +244,23 @@ def label_logprobs(
 HEAD_ROWS = 128
 
 
-def label_scores(h: jax.Array, labels: jax.Array, head, cfg: ModelConfig, dense: Dense):
-    """f32[R, L]: log-probs of `labels` (i32[R, L]) at rows h f32[R, E], or a classifier's
-    logits of them. The label `V` (one past the vocabulary) reads the negated log-normaliser:
-    a label's log-prob minus it is that label's logit."""
-    logits = dense.head(h, head)  # [R, V], or [R, num_labels] for a classifier
-    if cfg.num_labels:
-        return jnp.take_along_axis(logits, labels, axis=1)
+def label_logprobs(h: jax.Array, labels: jax.Array, head, cfg: ModelConfig, dense: Dense):
+    """f32[R, L]: the full-vocabulary log-probs of `labels` (i32[R, L]) at rows h f32[R, E].
+    The label `V` (one past the vocabulary) reads the negated log-normaliser: a label's
+    log-prob minus it is that label's logit."""
+    logits = dense.head(h, head)  # [R, V]
     logits = soft_cap(logits, cfg.final_softcap)
     vocab = logits.shape[1]
     lse = jax.nn.logsumexp(logits, axis=1, keepdims=True)  # [R, 1]
     picked = jnp.take_along_axis(logits, jnp.minimum(labels, vocab - 1), axis=1) - lse
     return jnp.where(labels == vocab, -lse, picked)
+
+
+def class_logits(h: jax.Array, labels: jax.Array, head, cfg: ModelConfig, dense: Dense):
+    """f32[R, L]: a sequence-classification head's raw logits of `labels` (label indices,
+    i32[R, L]) at rows h f32[R, E]."""
+    logits = dense.head(h, head)  # [R, num_labels]
+    return jnp.take_along_axis(logits, labels, axis=1)
 
 
 def _by_row_chunks(f: Callable, h: jax.Array, labels: jax.Array) -> jax.Array:

@@ -139,7 +139,7 @@ def embed(params: dict, inputs: PackedInputs, cfg: ModelConfig) -> jax.Array:  #
     return layer_norm(x, params["embed_norm"], params["embed_norm_b"], cfg.rms_norm_eps)
 
 
-def pair_logits(
+def forward(
     params: dict,
     inputs: PackedInputs,
     pool=None,
@@ -148,12 +148,13 @@ def pair_logits(
     family=None,
     attention: Callable,
     dense: Dense,
+    output: Callable,
     write_kv: Callable | None = None,
     unroll: bool = False,
 ) -> tuple[jax.Array, None]:
-    """The classifier's logits f32[S, L] of `label_ids` (label indices) at each score row, the
-    first token of a pair, and no pool (encoders keep none). The signature is
-    `decoder.label_logprobs`'s, so a device program runs either."""
+    """What `output` makes of the encoded tokens at each score row, f32[S, L], and no pool
+    (encoders keep none): `pair_logits`, called as `output(x f32[T, E], inputs, params, cfg,
+    dense)`. The signature is `decoder.forward`'s, so a device program runs either."""
     if pool is not None:
         raise ValueError("an encoder keeps no KV cache")
     x = embed(params, inputs, cfg)
@@ -178,9 +179,15 @@ def pair_logits(
     x, _ = jax.lax.scan(lambda c, xs: _layer(c, xs, step), x, xs, unroll=unroll)
     if not cfg.post_norm:
         x = layer_norm(x, params["final_norm"], params["final_norm_b"], cfg.rms_norm_eps)
+    return output(x, inputs, params, cfg, dense), None
+
+
+def pair_logits(x: jax.Array, inputs: PackedInputs, params: dict, cfg: ModelConfig, dense: Dense):
+    """f32[S, L]: the classifier's logits of `label_ids` (label indices) for each score row's
+    pair, read from its first token or its mean (`cfg.pooling`)."""
     pooled = _pool(x, inputs, cfg)  # [S, E]
     logits = _classify(pooled, params, cfg, dense)  # [S, num_labels]
-    return jnp.take_along_axis(logits, inputs.label_ids, axis=1), None
+    return jnp.take_along_axis(logits, inputs.label_ids, axis=1)
 
 
 def _pool(x: jax.Array, inputs: PackedInputs, cfg: ModelConfig) -> jax.Array:  # f32[S, E]

@@ -25,7 +25,7 @@ import numpy as np
 
 from engine.loaders import Checkpoint
 from engine.models import ModelConfig, PackedInputs
-from engine.models.decoder import HEAD_ROWS, label_scores
+from engine.models.decoder import HEAD_ROWS
 from engine.packing import empty_batch
 from engine.program import DTYPES, DeviceProgram
 from engine.tasks import task_for
@@ -107,7 +107,7 @@ class Analyser:
         weights = self._programs[0][1]["head"]
         h = jax.ShapeDtypeStruct((HEAD_ROWS, self.config.hidden_size), np.float32)
         ids = jax.ShapeDtypeStruct((HEAD_ROWS, labels), np.int32)
-        head = functools.partial(label_scores, cfg=self.config, dense=XLA)
+        head = functools.partial(task_for(self.config).output, cfg=self.config, dense=XLA)
         return _cost(jax.jit(head).lower(h, ids, weights).compile())
 
     def _attention(self, inputs: PackedInputs) -> Cost:

@@ -44,6 +44,7 @@ class Task:
     # --- the device program
 
     forward: ClassVar[Callable]  # (params, inputs, pool, *, cfg, family, ...) -> (f32[S, L], pool)
+    output: ClassVar[Callable]  # what `forward` returns at the score rows (its `output`)
     place: ClassVar[Callable]  # (host params, cfg, dtype, dense) -> device params
 
     def forward_of(
@@ -56,7 +57,13 @@ class Task:
         cfg = config or self.config
         family = FAMILIES[cfg.family]
         return functools.partial(
-            self.forward, cfg=cfg, family=family, attention=attention, dense=dense, **options
+            self.forward,
+            cfg=cfg,
+            family=family,
+            attention=attention,
+            dense=dense,
+            output=self.output,
+            **options,
         )
 
     @property

@@ -5,6 +5,7 @@ through the model's recipe with every label read."""
 import numpy as np
 
 from engine import templates
+from engine.models import decoder
 from engine.tasks.language_model import LanguageModel
 from engine.tasks.outputs import classifier_relevance
 
@@ -12,6 +13,7 @@ from engine.tasks.outputs import classifier_relevance
 class Classifier(LanguageModel):
     name = "classifier"
     head = "sequence-classification"
+    output = staticmethod(decoder.class_logits)
 
     @classmethod
     def fits(cls, config) -> bool:

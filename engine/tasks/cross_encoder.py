@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 import tokenizers
 
-from engine.models.encoder import pair_logits
+from engine.models import encoder
 from engine.models.layout import place_encoder
 from engine.pairs import PairEncoder, PairOptions
 from engine.tasks.base import Task
@@ -22,7 +22,8 @@ class CrossEncoder(Task):
     head = "sequence-classification"
     whole_sequences = True
     reads_pairs = True
-    forward = staticmethod(pair_logits)
+    forward = staticmethod(encoder.forward)
+    output = staticmethod(encoder.pair_logits)
     place = staticmethod(place_encoder)
     rerank_labels = Classifier.rerank_labels
 

@@ -3,7 +3,7 @@
 
 import numpy as np
 
-from engine.models.decoder import label_logprobs
+from engine.models import decoder
 from engine.models.layout import place_decoder
 from engine.tasks.base import Task
 from engine.tasks.outputs import softmax_first
@@ -13,7 +13,8 @@ class LanguageModel(Task):
     name = "language-model"
     architecture = "decoder"
     head = "language-model"
-    forward = staticmethod(label_logprobs)
+    forward = staticmethod(decoder.forward)
+    output = staticmethod(decoder.label_logprobs)
     place = staticmethod(place_decoder)
 
     @classmethod
