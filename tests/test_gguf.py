@@ -83,7 +83,7 @@ def test_smollm2_config_equals_transformers(smollm2_pair):
     assert config.num_kv_heads == hf.num_key_value_heads
     assert config.head_dim == hf.head_dim
     assert config.intermediate_size == hf.intermediate_size
-    assert config.rms_norm_eps == hf.rms_norm_eps
+    assert config.norm_eps == hf.rms_norm_eps
     assert config.rope_theta == rope["rope_theta"]
     assert config.vocab_size == hf.vocab_size
     assert config.tie_word_embeddings == hf.tie_word_embeddings
@@ -380,7 +380,7 @@ def test_tiny_config(tmp_path, arch):
     assert (config.num_heads, config.num_kv_heads) == (spec.heads, spec.kv_heads)
     assert config.head_dim == spec.head_dim
     assert config.intermediate_size == spec.intermediate
-    assert config.rms_norm_eps == pytest.approx(1e-6, rel=1e-6)
+    assert config.norm_eps == pytest.approx(1e-6, rel=1e-6)
     assert config.rope_theta == (spec.rope_theta or 1e6)
     assert config.max_position_embeddings == 128
     assert config.tie_word_embeddings == spec.tied

@@ -100,7 +100,7 @@ def _config(reader: GGUFFile, tensors: dict[str, GGUFTensor], source: str) -> Mo
         num_kv_heads=num_kv_heads,
         head_dim=head_dim,
         intermediate_size=int(value("feed_forward_length")),
-        rms_norm_eps=float(value("attention.layer_norm_rms_epsilon")),
+        norm_eps=float(value("attention.layer_norm_rms_epsilon")),
         rope_theta=float(value("rope.freq_base", theta)),
         max_position_embeddings=int(value("context_length")),
         tie_word_embeddings="output.weight" not in tensors,

@@ -46,7 +46,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     num_kv_heads: int
     head_dim: int
     intermediate_size: int
-    rms_norm_eps: float
+    norm_eps: float  # every norm's epsilon: RMSNorm's in decoders, LayerNorm's in encoders
     rope_theta: float
     max_position_embeddings: int
     tie_word_embeddings: bool
@@ -67,10 +67,11 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     query_scale: float = 0.0  # attention score scale (0: head_dim ** -0.5)
     sandwich_norms: bool = False  # attention and MLP outputs normed before the residual add
     # the encoder stack (BERT, XLM-RoBERTa, ModernBERT; `engine.models.encoder`): every token of
-    # a sequence sees all of it, LayerNorms (eps `rms_norm_eps`), a classifier head; what that
+    # a sequence sees all of it, LayerNorms (eps `norm_eps`), a classifier head; what that
     # means for requests, packing and the KV cache is the task's (`engine.tasks`)
     encoder: bool = False
     post_norm: bool = False  # BERT's LayerNorm after each residual add (else before each block)
+    first_block_norm: bool = True  # False: the first block takes the normed embeddings as they are
     position_table: bool = False  # learned absolute positions (else RoPE)
     position_offset: int = 0  # first position id (XLM-RoBERTa: padding_idx + 1)
     type_vocab_size: int = 0  # token-type (segment) embeddings; ids coded `type * vocab + id`
@@ -143,7 +144,7 @@ def config_from_hf(
         num_kv_heads=hf.get("num_key_value_heads") or heads,
         head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
         intermediate_size=hf["intermediate_size"],
-        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         rope_theta=rope_theta_from_hf(hf, default_theta),
         max_position_embeddings=hf.get("max_position_embeddings", 2048),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", tie_default)),

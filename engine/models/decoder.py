@@ -141,7 +141,7 @@ def _layer(carry: tuple[jax.Array, KVPool | None], xs: tuple[jax.Array, ...], s:
     x, pool = carry
     index, sliding, p = xs  # the layer index i32[], whether it slides bool[], norms and biases
     t, cfg, m = x.shape[0], s.cfg, s.matrices
-    h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
+    h = rms_norm(x, p["attn_norm"], cfg.norm_eps)
     q, k, v = s.family.project_qkv(s.dense.matmul(h, m["qkv"], index), p, cfg)
     cos, sin = s.rope if s.local_rope is None else pick_sliding(sliding, s.local_rope, s.rope)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -153,7 +153,7 @@ def _layer(carry: tuple[jax.Array, KVPool | None], xs: tuple[jax.Array, ...], s:
     scale, cap = cfg.attention_scale, cfg.attn_softcap
     o = s.attention(q.astype(dt), k, v, meta, scale=scale, softcap=cap, pool=pool)
     x = x + _sandwich(s.dense.matmul(o.reshape(t, -1), m["o"], index), p, "post_attn_norm", cfg)
-    h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
+    h = rms_norm(x, p["mlp_norm"], cfg.norm_eps)
     y = s.dense.matmul(_mlp_gate(h, m["gate_up"], index, s), m["down"], index)
     return (x + _sandwich(y, p, "post_mlp_norm", cfg), pool), None
 
@@ -165,7 +165,7 @@ def pick_sliding(sliding: jax.Array, local, default):
 
 def _sandwich(y: jax.Array, p: Params, norm: str, cfg: ModelConfig) -> jax.Array:
     """A sublayer's output as the residual adds it: normed first under `sandwich_norms`."""
-    return rms_norm(y, p[norm], cfg.rms_norm_eps) if cfg.sandwich_norms else y
+    return rms_norm(y, p[norm], cfg.norm_eps) if cfg.sandwich_norms else y
 
 
 def _mlp_gate(h: jax.Array, w, index: jax.Array, s: "Step") -> jax.Array:
@@ -233,7 +233,7 @@ def forward(
     layer = lambda carry, xs: _layer(carry, xs, step)
     xs = (indices, sliding, params["layers"])
     (x, pool), _ = jax.lax.scan(layer, (x, pool), xs, unroll=unroll)
-    h = rms_norm(x[inputs.score_rows], params["final_norm"], cfg.rms_norm_eps)  # [S, E]
+    h = rms_norm(x[inputs.score_rows], params["final_norm"], cfg.norm_eps)  # [S, E]
     head = lambda h, labels: output(h, labels, params["head"], cfg, dense)
     return _by_row_chunks(head, h, inputs.label_ids), pool
 

@@ -63,7 +63,7 @@ def config_from_hf(hf: dict, *, family: str, **flags) -> ModelConfig:
         {"max_position_embeddings": 512, **hf},
         family=family,
         default_theta=0.0,
-        rms_norm_eps=eps,
+        norm_eps=eps,
         tie_word_embeddings=False,
         mlp_activation=HF_ACTIVATIONS[act],
         encoder=True,
@@ -79,7 +79,7 @@ def layer_norm(x: jax.Array, weight: jax.Array, bias: jax.Array, eps: float) -> 
 
 
 def _norm(x: jax.Array, p: dict, name: str, cfg: ModelConfig) -> jax.Array:
-    return layer_norm(x, p[name], p[name + "_b"], cfg.rms_norm_eps)
+    return layer_norm(x, p[name], p[name + "_b"], cfg.norm_eps)
 
 
 class Step(NamedTuple):
@@ -136,7 +136,7 @@ def embed(params: dict, inputs: PackedInputs, cfg: ModelConfig) -> jax.Array:  #
         x = x + params["token_types"][types].astype(jnp.float32)
     if cfg.position_table:
         x = x + params["positions"][inputs.positions + cfg.position_offset].astype(jnp.float32)
-    return layer_norm(x, params["embed_norm"], params["embed_norm_b"], cfg.rms_norm_eps)
+    return layer_norm(x, params["embed_norm"], params["embed_norm_b"], cfg.norm_eps)
 
 
 def forward(
@@ -173,12 +173,11 @@ def forward(
     step = Step(cfg, attention, dense, inputs.meta, window_meta, rope, local, dtype, m)
     n = cfg.num_layers
     sliding = jnp.asarray(cfg.sliding_layers or (False,) * n)
-    # ModernBERT's first layer takes the normed embeddings as they are
-    normed = jnp.arange(n) > 0 if cfg.family == "modernbert" else jnp.ones(n, bool)
+    normed = jnp.ones(n, bool) if cfg.first_block_norm else jnp.arange(n) > 0  # ModernBERT's
     xs = (jnp.arange(n, dtype=jnp.int32), sliding, normed, params["layers"])
     x, _ = jax.lax.scan(lambda c, xs: _layer(c, xs, step), x, xs, unroll=unroll)
     if not cfg.post_norm:
-        x = layer_norm(x, params["final_norm"], params["final_norm_b"], cfg.rms_norm_eps)
+        x = layer_norm(x, params["final_norm"], params["final_norm_b"], cfg.norm_eps)
     return output(x, inputs, params, cfg, dense), None
 
 
@@ -208,5 +207,5 @@ def _classify(pooled: jax.Array, params: dict, cfg: ModelConfig, dense: Dense) -
         h = jnp.tanh(h)
     else:
         h = ACTIVATIONS["gelu"](h)
-        h = layer_norm(h, params["pool_norm"], params["pool_norm_b"], cfg.rms_norm_eps)
+        h = layer_norm(h, params["pool_norm"], params["pool_norm_b"], cfg.norm_eps)
     return dense.head(h, params["head"]) + params["classifier_b"]

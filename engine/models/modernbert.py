@@ -25,6 +25,7 @@ def config(hf: dict):
         sliding_layers=_local_layers(hf) if window else (),
         pooling=pooling,
         pooler="gelu_norm",
+        first_block_norm=False,
     )
 
 
