@@ -64,16 +64,8 @@ def batches(
 def _packed(cache, seqs, labels, chunks, contexts, buckets, reused, scored) -> PackedBatch:
     """`packing.pack` of a planned batch; its cache hits recorded, or its contexts aborted."""
     try:
-        packed = packing.pack(
-            seqs,
-            labels,
-            chunks,
-            buckets,
-            contexts,
-            cache.page_size,
-            scored=scored,
-            reused=reused,
-        )
+        cached = packing.Cached(contexts, cache.page_size, reused)
+        packed = packing.pack(seqs, labels, chunks, buckets, cached, scored=scored)
     except Exception:
         _abort(cache, contexts)
         raise

@@ -174,87 +174,122 @@ def real_tokens(
     )
 
 
+class Cached(NamedTuple):
+    """What a batch's chunks read from the KV pool: each chunk's context (None: it reads none),
+    in pages of `page_size` tokens; and by sequence the tokens cached before its plan
+    (`reused`: a row counts at most these as cached; None: no limit)."""
+
+    contexts: Sequence[Context | None]
+    page_size: int
+    reused: Mapping[int, int] | None = None
+
+
 def pack(
     seqs: Sequence[Tokens],
     labels: Sequence[Sequence[int]],
     chunks: Sequence[Chunk],
     buckets: Buckets,
-    contexts: Sequence[Context | None] | None = None,
-    page_size: int = 1,
-    scored: int | None = None,
-    reused: Mapping[int, int] | None = None,
+    cached: Cached | None = None,
     *,
+    scored: int | None = None,
     whole: bool = False,
 ) -> PackedBatch:
     """Flat numpy arrays for one batch, and the sequence index behind each real score row.
 
-    Chunks with a context read their cached tokens from the context region (`contexts`, pages
-    of `page_size` tokens) instead of laying them out. Only sequences below index `scored` (all
-    by default) are scored: the rows of the others (chunked-prefill pieces) follow theirs and
-    are not in `order`. A row's cached tokens are those its context reads, at most `reused`
-    (by sequence: what was cached before its plan; by default no limit). The shape (T, S, L)
-    and the context region C come from `buckets`; ValueError when the batch fits no bucket.
-    `whole` sequences (an encoder's) have every token see all of its sequence, and are scored
-    at their first token.
+    Chunks with a context (`cached`) read their cached tokens from the context region instead
+    of laying them out. Only sequences below index `scored` (all by default) are scored: the
+    rows of the others (chunked-prefill pieces) follow theirs and are not in `order`. The shape
+    (T, S, L) and the context region C come from `buckets`; ValueError when the batch fits no
+    bucket. `whole` sequences (an encoder's) have every token see all of its sequence, and are
+    scored at their first token.
     """
-    contexts = list(contexts) if contexts is not None else [None] * len(chunks)
-    view, view_chunks = _without_cached(seqs, chunks, contexts)
+    cached = cached or Cached([None] * len(chunks), 1)
+    view, view_chunks = _without_cached(seqs, chunks, cached.contexts)
     # Unpadded: i32[N] for the five per-token arrays, i32[R] for rows and order.
     tokens, positions, pstart, pend, ostart, rows, order = _native.pack_chunks(view, view_chunks)
-    if scored is not None:
-        first = np.argsort(order >= scored, kind="stable")  # scored rows first, in order
-        rows, order = rows[first], order[first]
-        order = order[order < scored]
-    order = order.tolist()
+    rows, order = _scored_first(rows, order, scored)
     n = len(tokens)
     width = max((len(labels[m]) for m in order), default=0)
     t, s, label_width = buckets.shape(n, len(rows), width)
-    region = _context_region(contexts, page_size)  # [(offset, pages)] per chunk
-    pages = np.concatenate([np.zeros(0, np.int32)] + [p for _, p in region]).astype(np.int32)
-    c = buckets.context_for(len(pages) * page_size)
-    slots = np.full(t, -1, np.int32)  # i32[T]
-    in_context = np.zeros(n, bool)
-    arrays = (positions, pstart, pend, in_context)
-    laid_out = zip(_bases(view, view_chunks), contexts, region, strict=True)
-    for (base, end, chunk), ctx, (offset, _) in laid_out:
-        if ctx is not None:
-            _place(ctx, (base, end, chunk.prefix_len), offset, arrays, slots, page_size)
-    pstart = np.where(in_context, pstart, pstart + c)
-    pend = np.where(in_context, pend, pend + c)
-    pad = c + np.arange(n, t, dtype=np.int32)  # padding tokens attend only to themselves
-    zeros = np.zeros(t - n, np.int32)
+    region = _Region.of(cached, view, view_chunks, (positions, pstart, pend), t, buckets)
+    pad = region.c + np.arange(n, t, dtype=np.int32)  # padding tokens attend only to themselves
     spans = (
-        np.concatenate([pstart, pad]),
-        np.concatenate([pend, pad]),
-        np.concatenate([ostart + c, pad]),
+        np.concatenate([region.pstart, pad]),
+        np.concatenate([region.pend, pad]),
+        np.concatenate([ostart + region.c, pad]),
     )
     layout = dict(
         block_size=buckets.block_size,
-        width_buckets=((c + t) // buckets.block_size,),
-        context_pages=np.concatenate([pages, np.zeros(c // page_size - len(pages), np.int32)]),
-        page_size=page_size,
+        width_buckets=((region.c + t) // buckets.block_size,),
+        context_pages=region.pages,
+        page_size=cached.page_size,
     )
     if whole:
         own_end, rows = _whole_sequences(view, view_chunks, ostart, rows)
-        layout["own_end"] = np.concatenate([own_end + c, pad + 1])
+        layout["own_end"] = np.concatenate([own_end + region.c, pad + 1])
     meta = make_meta(*spans, **layout)
     window_meta = make_meta(*spans, **layout, window=buckets.window) if buckets.window else None
     score_rows = np.zeros(s, np.int32)  # i32[S]
     score_rows[: len(rows)] = rows
+    zeros = np.zeros(t - n, np.int32)
     inputs = PackedInputs(
         np.concatenate([tokens, zeros]),  # i32[T]
         np.concatenate([positions, zeros]),  # i32[T]
         meta,
         score_rows,
         _label_ids([labels[m] for m in order], s, label_width),
-        slots,
+        region.slots,
         window_meta,
     )
-    pairs = zip(chunks, contexts, strict=True)
-    cached = {m: ctx.cached for ch, ctx in pairs if ctx for m in ch.members}
-    if reused is not None:
-        cached = {m: min(c, reused.get(m, 0)) for m, c in cached.items()}
-    return PackedBatch(inputs, order, n, contexts, [cached.get(m, 0) for m in order])
+    counts = _cached_tokens(chunks, cached, order)
+    return PackedBatch(inputs, order, n, list(cached.contexts), counts)
+
+
+def _scored_first(rows: np.ndarray, order: np.ndarray, scored: int | None):
+    """The rows with the scored sequences' first, in order, and the scored sequences' order."""
+    if scored is not None:
+        first = np.argsort(order >= scored, kind="stable")
+        rows, order = rows[first], order[first]
+        order = order[order < scored]
+    return rows, order.tolist()
+
+
+class _Region(NamedTuple):
+    """A batch's context region of C keys read from the pool: the token spans shifted past it
+    (or into it, for tokens whose prefix is cached), its pages, and each token's pool slot."""
+
+    c: int
+    pstart: np.ndarray  # i32[N]
+    pend: np.ndarray  # i32[N]
+    pages: np.ndarray  # i32[C / page_size]
+    slots: np.ndarray  # i32[T]: the pool slot each token's K/V is written to; -1: none
+
+    @classmethod
+    def of(cls, cached: Cached, view, view_chunks, arrays, t: int, buckets: Buckets) -> "_Region":
+        positions, pstart, pend = arrays
+        page_size = cached.page_size
+        region = _context_region(cached.contexts, page_size)  # [(offset, pages)] per chunk
+        pages = np.concatenate([np.zeros(0, np.int32)] + [p for _, p in region]).astype(np.int32)
+        c = buckets.context_for(len(pages) * page_size)
+        slots = np.full(t, -1, np.int32)
+        in_context = np.zeros(len(positions), bool)
+        laid_out = zip(_bases(view, view_chunks), cached.contexts, region, strict=True)
+        for (base, end, chunk), ctx, (offset, _) in laid_out:
+            if ctx is not None:
+                spans = (positions, pstart, pend, in_context)
+                _place(ctx, (base, end, chunk.prefix_len), offset, spans, slots, page_size)
+        padded = np.concatenate([pages, np.zeros(c // page_size - len(pages), np.int32)])
+        shift = lambda x: np.where(in_context, x, x + c)
+        return cls(c, shift(pstart), shift(pend), padded, slots)
+
+
+def _cached_tokens(chunks: Sequence[Chunk], cached: Cached, order: list[int]) -> list[int]:
+    """Each scored row's tokens read from the pool, at most what was cached before its plan."""
+    pairs = zip(chunks, cached.contexts, strict=True)
+    counts = {m: ctx.cached for ch, ctx in pairs if ctx for m in ch.members}
+    if cached.reused is not None:
+        counts = {m: min(c, cached.reused.get(m, 0)) for m, c in counts.items()}
+    return [counts.get(m, 0) for m in order]
 
 
 def _whole_sequences(
