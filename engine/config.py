@@ -43,7 +43,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     max_items_per_request: int = 4096
     tokenizer_cache_size: int = 65536  # texts whose token ids are kept (LRU)
     # KV pool size in bytes (prefix reuse across requests); None: an eighth of the device's memory
-    # (the host's on CPU), at most what 262144 tokens need; 0: no pool
+    # (the host's on CPU; runners sharing it share that), at most what 262144 tokens need; 0: no
+    # pool. Refused at start when it does not fit in the memory free beside the weights
     kv_cache_bytes: int | None = None
     kv_page_size: int = DEFAULT_PAGE_SIZE  # tokens per pool page; must divide block_size
     prefix_cache: bool = True  # reuse cached prefixes across requests and batches

@@ -24,6 +24,7 @@ DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32, "int8": jnp.bfloat16
 DEFAULT_PAGE_SIZE = 16  # tokens per KV pool page: the prefix cache's granularity
 DEFAULT_POOL_SHARE = 8  # the default pool takes 1/8 of the device's (or host's) memory
 DEFAULT_POOL_TOKENS = 1 << 18  # ... and never more than this many tokens need
+POOL_FIT = 0.9  # of the memory free at start, the most a pool may take (the rest: activations)
 
 
 def default_compile_cache_dir() -> str:
@@ -122,11 +123,27 @@ class DeviceProgram:
             kv_cache_bytes = default_kv_cache_bytes(self.kv_bytes_per_token) // share
         page_bytes = page_size * self.kv_bytes_per_token
         self.num_pages = kv_cache_bytes // page_bytes if kv_cache_bytes > 0 else 0
+        self._check_pool_fits(self.num_pages * page_bytes)
         self.pool: LayerPool | None = self._empty_pool()
         self.pool_resets = 0  # times the pool was lost (a failed step) and zeroed again
         # the pool is updated in place, and keeps its sharding from step to step
         outputs = (self.placement.replicated(), self.placement.pool_shardings(self.pool))
         self._forward = jax.jit(forward, donate_argnums=2, out_shardings=outputs)
+
+    def _check_pool_fits(self, pool_bytes: int) -> None:
+        """InvalidInput naming `kv_cache_bytes` when the pool cannot fit in what its device has
+        free beside the weights (rather than the allocation failing, or the host's OOM killer
+        stopping the process); a pool sharded over devices needs its share on each."""
+        device = self.placement.devices[0]
+        free, need = devices.free_memory(device), pool_bytes // self.placement.size
+        if free is not None and need > free * POOL_FIT:
+            gib = lambda n: f"{n / 2**30:.2f} GiB"
+            raise InvalidInput(
+                "kv_cache_bytes",
+                f"a KV pool of {gib(need)} per device does not fit in the {gib(free)} of "
+                f"{device.platform} memory free beside the weights: give a smaller "
+                "kv_cache_bytes (0: no pool)",
+            )
 
     @property
     def dense_choice(self) -> DenseChoice | None:

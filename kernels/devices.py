@@ -8,3 +8,17 @@ def backend() -> str:
     (`kernels.select_attention`, `kernels.select_dense`), and the default KV pool is sized by its
     memory."""
     return jax.default_backend()
+
+
+def free_memory(device) -> int | None:
+    """Bytes `device` can still allocate: an accelerator's limit less what it holds, a CPU
+    device's the host's available memory (`MemAvailable`); None where neither is known."""
+    stats = device.memory_stats() or {}
+    if "bytes_limit" in stats:
+        return stats["bytes_limit"] - stats.get("bytes_in_use", 0)
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
