@@ -174,8 +174,8 @@ class ModelCard(msgspec.Struct, kw_only=True):
     # "language-model" (label-token scores and rerank) or "sequence-classification" (rerank and
     # vLLM's /score only: /v1/score is a 400)
     head: str | None = None
-    # "decoder" (causal, query and item joined) or "cross-encoder" (bidirectional, each
-    # query/document pair encoded as a pair)
+    # "decoder" (causal, query and item joined) or "cross-encoder" (each query/document pair
+    # encoded as a pair, every token seeing all of it)
     architecture: str | None = None
     num_labels: int | None = None  # the classification head's labels; 0 for a language model
     # the rerank recipe (`EngineConfig.reranker`); "cross-encoder": the pair as it is
