@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels import ATTENTION, AttentionMeta, attention_pallas, make_meta, pallas
+from kernels import ATTENTION, AttentionMeta, attention_pallas, devices, make_meta, pallas
 from kernels.tuning import BlockSizes
 
 SHAPES = {"smollm2": (9, 3, 64), "qwen3-0.6b": (16, 8, 128)}  # (H, Hkv, D)
@@ -161,7 +161,7 @@ def block_sizes_arg(parser, args) -> BlockSizes | None:
 
 def main(argv: list[str] | None = None) -> None:
     parser, args = parse_args(argv)
-    backend = args.backend or jax.default_backend()
+    backend = args.backend or devices.backend()
     kernels = kernel_table(backend, block_sizes_arg(parser, args))
     args.kernels = args.kernels or DEFAULT_KERNELS.get(backend, ["xla", "reference"])
     unknown = sorted(set(args.kernels) - set(kernels))

@@ -19,6 +19,7 @@ import numpy as np
 
 from bench.flops import Cost
 from engine import EngineConfig
+from kernels import devices
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -121,7 +122,6 @@ def environment(args, path: Path, cfg) -> dict:
     The model is named by its file or directory name: a committed report must not record a path
     of the machine that ran it.
     """
-    import jax
 
     return {
         "model": path.resolve().name,
@@ -130,7 +130,7 @@ def environment(args, path: Path, cfg) -> dict:
         "family": cfg.family,
         "non_embedding_params": Cost.of(cfg).params,
         "cores": os.cpu_count(),
-        "jax_backend": jax.default_backend(),
+        "jax_backend": devices.backend(),
         "commit": git_commit(),
         "seed": args.seed,
         "argv": sys.argv[1:],

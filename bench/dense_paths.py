@@ -16,12 +16,11 @@ JSON report and a chart.
 
 from functools import partial
 
-import jax
 import jax.numpy as jnp
 
 from bench import common, sides, w1, w2
 from bench.int8 import QUICK
-from kernels import INT8_DENSE, dense_runs
+from kernels import INT8_DENSE, dense_runs, devices
 
 
 def parse(argv):
@@ -40,7 +39,7 @@ def parse(argv):
 def paths(mode: str) -> list[str | None]:
     """The default (None) and every strategy of `mode` that runs on this backend."""
     names = INT8_DENSE if mode == "int8" else ("xla", "cpu", "onednn")
-    backend, int8 = jax.default_backend(), mode == "int8"
+    backend, int8 = devices.backend(), mode == "int8"
     return [None, *(n for n in names if dense_runs(n, backend, dtype=jnp.bfloat16, int8=int8))]
 
 

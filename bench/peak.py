@@ -17,7 +17,7 @@ import numpy as np
 
 from bench.common import timed
 from engine.plan.devices import gemm_gflops
-from kernels import dense, dense_choice, dense_runs
+from kernels import dense, dense_choice, dense_runs, devices
 
 
 def measure_peaks(sizes=(1024, 2048, 4096), repeats: int = 5) -> dict:
@@ -25,7 +25,7 @@ def measure_peaks(sizes=(1024, 2048, 4096), repeats: int = 5) -> dict:
     "by_path": {path: {size: GFLOP/s}}, "cpu": model, "matrix_isa": ...}."""
     by_path = {"xla": {n: gemm_gflops(n, jnp.bfloat16, repeats) for n in sizes}}
     for name in ("cpu", "onednn"):
-        if dense_runs(name, jax.default_backend(), dtype=jnp.bfloat16):
+        if dense_runs(name, devices.backend(), dtype=jnp.bfloat16):
             by_path[name] = {n: packed_gflops(dense.STRATEGIES[name], n, repeats) for n in sizes}
     if (torch_peak := torch_gflops(sizes, repeats)) is not None:
         by_path["torch"] = torch_peak

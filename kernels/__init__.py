@@ -30,11 +30,11 @@ def select_attention(
 ) -> Callable:
     """The attention function called `name`, or the default for `backend` when `name` is None.
 
-    `backend` is a `jax.default_backend()` name. On "cpu" the default is the fused native kernel
-    when it was built and supports `head_dim` and `dtype`; on "tpu" and "gpu" it is the Pallas
-    kernel when it supports them (None counts as supported); everywhere else, and as the
-    fallback, it is "xla", which runs anywhere. The native CPU kernel has no score soft-capping:
-    with `softcap` the default is never "cpu". Raises ValueError for an unknown name, listing
+    `backend` is a platform name (`kernels.devices.backend()`). On "cpu" the default is the fused
+    native kernel when it was built and supports `head_dim` and `dtype`; on "tpu" and "gpu" it
+    is the Pallas kernel when it supports them (None counts as supported); everywhere else, and
+    as the fallback, it is "xla", which runs anywhere. The native CPU kernel has no score
+    soft-capping: with `softcap` the default is never "cpu". Raises ValueError for an unknown name, listing
     the known ones, or for "cpu" with `softcap`.
     """
     if name is None:

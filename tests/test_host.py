@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels import cpu
+from kernels import cpu, devices
 from kernels.host import ALIGNMENT, aligned_empty, interleave_to_device, to_device
 
 
@@ -51,7 +51,7 @@ def test_to_device_keeps_a_device_array_of_that_dtype():
     assert to_device(placed, jnp.float32).dtype == jnp.float32
 
 
-@pytest.mark.skipif(jax.default_backend() != "cpu", reason="zero-copy adoption is CPU-only")
+@pytest.mark.skipif(devices.backend() != "cpu", reason="zero-copy adoption is CPU-only")
 def test_the_cpu_device_adopts_the_aligned_buffer():
     host = aligned_empty((8, 32), np.float32)
     host[:] = 1.0

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 
 from engine.offline import load_model
-from kernels import ATTENTION, attention_reference, make_meta, select_attention, tuning
+from kernels import ATTENTION, attention_reference, devices, make_meta, select_attention, tuning
 from kernels.pallas import attention_pallas, attention_pallas_auto, supports
 from kernels.tuning import BlockSizes
 from tests.test_attention import (
@@ -203,7 +203,7 @@ def test_tuned_block_sizes() -> None:
 
 
 def _on_device(platform: str):
-    missing = jax.default_backend() != platform
+    missing = devices.backend() != platform
     return pytest.param(platform, marks=pytest.mark.skipif(missing, reason=f"needs a {platform}"))
 
 
