@@ -34,8 +34,8 @@ def select_attention(
     native kernel when it was built and supports `head_dim` and `dtype`; on "tpu" and "gpu" it
     is the Pallas kernel when it supports them (None counts as supported); everywhere else, and
     as the fallback, it is "xla", which runs anywhere. The native CPU kernel has no score
-    soft-capping: with `softcap` the default is never "cpu". Raises ValueError for an unknown name, listing
-    the known ones, or for "cpu" with `softcap`.
+    soft-capping: with `softcap` the default is never "cpu". Raises ValueError for an unknown
+    name, listing the known ones, or for "cpu" with `softcap`.
     """
     if name is None:
         name = _default_name(backend, head_dim, dtype, softcap)
