@@ -33,6 +33,7 @@ WORKLOADS = {
     "score-offline": ("bench.score_offline", "ScoringModel.score vs transformers, f32 + bf16"),
     "engine-offline": ("bench.engine_offline", "Engine vs ScoringModel, per-stage timings"),
     "parity": ("bench.parity", "engine vs transformers scores on varied pairs"),
+    "snapshot": ("bench.snapshot", "scores of this checkout in f32/bf16, to compare bit for bit"),
     "attention": ("bench.bench_attention", "packed attention kernels on a W2-like packing"),
     "native": ("bench.bench_native", "Cython hot paths vs their pure-Python twins"),
 }

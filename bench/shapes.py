@@ -46,9 +46,24 @@ SMOLLM2_135M = {
     "hidden_act": "silu",
     "initializer_range": 0.02,
 }
+# A small Qwen3 reranker with a one-label sequence-classification head: a decoder classifier's
+# path, for checks that need one (`python -m bench snapshot`), not a real model's cost.
+QWEN3_CLS_TINY = {
+    **QWEN3_0_6B,
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "vocab_size": 4096,
+    "tie_word_embeddings": False,
+    "num_labels": 1,
+}
 SHAPES = {
     "qwen3-0.6b": ("Qwen3Config", QWEN3_0_6B),
     "smollm2-135m": ("LlamaConfig", SMOLLM2_135M),
+    "qwen3-cls-tiny": ("Qwen3Config", QWEN3_CLS_TINY),
 }
 TOKENIZER_VOCAB = 4096
 
@@ -79,7 +94,10 @@ def write_checkpoint(path: Path, name: str, seed: int) -> None:
     cls_name, fields = SHAPES[name]
     cfg = getattr(transformers, cls_name)(**fields)
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    auto = (
+        "AutoModelForSequenceClassification" if "num_labels" in fields else "AutoModelForCausalLM"
+    )
+    model = getattr(transformers, auto).from_config(cfg, dtype=torch.float32)
     model.save_pretrained(path, safe_serialization=True)
     train_tokenizer(bench_corpus(seed), TOKENIZER_VOCAB).save(str(path / "tokenizer.json"))
 

@@ -324,3 +324,23 @@ def test_encoder_flops_see_the_whole_pair_or_the_window():
     assert window_keys(5, 1) == 2 + 3 + 3 + 3 + 2 and window_keys(3, 8) == 9
     local = msgspec.structs.replace(bert, sliding_window=2, sliding_layers=(True, False))
     assert encoder_flops(local, [3]) == 2 * 1024 * 3 + 32 * (9 + 7) + head
+
+
+def test_snapshot_records_every_path_and_finds_a_changed_score(tiny, tmp_path, capsys):
+    from bench import snapshot
+
+    out = tmp_path / "scores.npz"
+    scores = snapshot.main([str(out), "--model", tiny, "--quick", "--no-progress"])
+    assert f"{len(scores)} arrays" in capsys.readouterr().out
+    kinds = ("w1", "w2", "rerank", "minilm-l6-rerank", "minilm-l6-pairs", "minilm-l6-offline")
+    kinds += ("qwen3-cls-tiny-rerank", "qwen3-cls-tiny-pairs", "qwen3-cls-tiny-offline")
+    assert sorted(scores) == sorted(f"{k}-{d}" for k in kinds for d in ("float32", "bfloat16"))
+    assert scores["w1-float32"].shape == (8, 2) and scores["w2-bfloat16"].shape == (8, 2)
+    assert np.isfinite(scores["qwen3-cls-tiny-offline-float32"]).all()
+    saved = dict(np.load(out))
+    assert snapshot.compare(saved, scores) == []
+    changed = {**saved, "w2-float32": np.nextafter(saved["w2-float32"], 2.0)}  # one ulp
+    assert snapshot.compare(saved, changed) == ["w2-float32"]
+    assert snapshot.compare(saved, {k: v for k, v in saved.items() if k != "w1-float32"}) == [
+        "w1-float32"
+    ]
