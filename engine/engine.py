@@ -385,15 +385,7 @@ class Engine:
         """The token sequences a score request of these fields runs, one per item, exactly as
         the engine's tokenizer builds them (`pairs`: a cross-encoder's `PairOptions`);
         InvalidInput naming the field for bad input."""
-        request = ScoreRequest(
-            id=0,
-            query=query,
-            items=items,
-            label_token_ids=label_token_ids,
-            pairs=pairs,
-            arrived=0.0,
-        )
-        return self.tokenization.one(request).sequences
+        return self.tokenization.tokenize(query, items, label_token_ids, pairs=pairs).sequences
 
 
 @asynccontextmanager

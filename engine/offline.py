@@ -15,7 +15,7 @@ from engine import batching, inputs, templates
 from engine.buckets import DEFAULT_TOKEN_BUDGET, make_buckets
 from engine.errors import InvalidInput
 from engine.loaders import Checkpoint, load_checkpoint
-from engine.messages import ScoreRequest, Tokenized
+from engine.messages import Tokenized
 from engine.models import ModelConfig
 from engine.program import DeviceProgram, default_compile_cache_dir
 from engine.rerank import DOCUMENTS, Reranker, check_rerank
@@ -141,17 +141,14 @@ class ScoringModel:
             instruction, max_tokens_per_doc, truncate, max_prompt_tokens, truncation_side
         )
         call = self.reranker.call(query, documents, options)
-        request = ScoreRequest(
-            id=0,
-            query=call.query,
-            items=call.items,
-            label_token_ids=call.label_token_ids,
-            normaliser=call.normaliser,
-            pairs=call.pairs,
-            arrived=0.0,
-        )
         try:
-            tokenized = self._tokenizer_state.one(request)
+            tokenized = self._tokenizer_state.tokenize(
+                call.query,
+                call.items,
+                call.label_token_ids,
+                normaliser=call.normaliser,
+                pairs=call.pairs,
+            )
         except InvalidInput as e:
             raise e.renamed(DOCUMENTS) from None
         seqs = tokenized.sequences
@@ -168,15 +165,7 @@ class ScoringModel:
     ) -> Tokenized:
         """The validated token sequences `score` would run, one per item, exactly as the engine's
         tokenizer builds them; InvalidInput (a ValueError) naming the field otherwise."""
-        request = ScoreRequest(
-            id=0,
-            query=query,
-            items=items,
-            label_token_ids=label_token_ids,
-            item_first=item_first,
-            arrived=0.0,
-        )
-        return self._tokenizer_state.one(request)
+        return self._tokenizer_state.tokenize(query, items, label_token_ids, item_first=item_first)
 
     def sequences(
         self, query: inputs.Query, items: inputs.Items, *, item_first: bool = False

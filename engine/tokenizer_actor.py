@@ -94,9 +94,28 @@ class TokenizerState:
             pairs=task.pair_encoder(tokenizer),
         )
 
-    def one(self, request: ScoreRequest) -> Tokenized:
-        """`process` of one request, in the caller's thread; its rejection raised as the error
-        it names (InvalidInput naming the field, ...)."""
+    def tokenize(
+        self,
+        query,
+        items,
+        label_token_ids,
+        *,
+        item_first: bool = False,
+        normaliser: bool = False,
+        pairs=None,
+    ) -> Tokenized:
+        """`process` of one request of these `ScoreRequest` fields, in the caller's thread; its
+        rejection raised as the error it names (InvalidInput naming the field, ...)."""
+        request = ScoreRequest(
+            id=0,
+            query=query,
+            items=items,
+            label_token_ids=label_token_ids,
+            item_first=item_first,
+            normaliser=normaliser,
+            pairs=pairs,
+            arrived=0.0,
+        )
         (out,) = self.process([request])
         if isinstance(out, Rejected):
             raise rejection_error(out.kind, out.message, out.field)
