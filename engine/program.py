@@ -134,7 +134,9 @@ class DeviceProgram:
         """InvalidInput naming `kv_cache_bytes` when the pool cannot fit in what its device has
         free beside the weights (rather than the allocation failing, or the host's OOM killer
         stopping the process); a pool sharded over devices needs its share on each."""
-        device = self.placement.devices[0]
+        if not pool_bytes:
+            return
+        device = jax.local_devices()[0] if self.placement.size > 1 else self.placement.devices[0]
         free, need = devices.free_memory(device), pool_bytes // self.placement.size
         if free is not None and need > free * POOL_FIT:
             gib = lambda n: f"{n / 2**30:.2f} GiB"
