@@ -81,11 +81,16 @@ class _Once:
 
 
 def inject_faults_at(engine, runner: int) -> _Once:
+    """One fault shared by every runner, `runner`'s first: it fails the first batch that scores
+    items, whichever runner is handed it (a runner handed only prefix pieces fails none, so a
+    fault in one runner alone left the test to the scheduling)."""
     fault = _Once()
     saved = engine.runners[0]
-    engine.runners[0] = engine.runners[runner]  # inject_faults wraps the first runner's program
+    order = [runner] + [i for i in range(len(engine.runners)) if i != runner]
     try:
-        inject_faults(engine, fault)
+        for i in order:
+            engine.runners[0] = engine.runners[i]  # inject_faults wraps the first runner's
+            inject_faults(engine, fault)
     finally:
         engine.runners[0] = saved
     return fault
