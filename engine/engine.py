@@ -108,6 +108,7 @@ class Engine:
         self._sent = 0  # messages handed to the tokenizer; each reaches the scheduler once
         self._changed = trio.Event()  # set when the scheduler has handled messages
         self._closed = False
+        self._info: EngineInfo | None = None
 
     @property
     def runner(self) -> runner.RunnerState:
@@ -365,7 +366,12 @@ class Engine:
 
     def info(self) -> EngineInfo:
         """What this engine is: its task, compute mode, sizes, padding grid, KV pool and dense
-        path (the first runner's; runners are alike)."""
+        path (the first runner's; runners are alike). Worked out once: none of it changes."""
+        if self._info is None:
+            self._info = self._describe()
+        return self._info
+
+    def _describe(self) -> EngineInfo:
         p, task = self.program, self.task
         return EngineInfo(
             task=task.name,
