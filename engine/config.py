@@ -11,7 +11,8 @@ from engine.buckets import (
     make_buckets,
 )
 from engine.errors import InvalidInput
-from engine.program import DEFAULT_PAGE_SIZE, default_compile_cache_dir
+from engine.kv_pool import DEFAULT_PAGE_SIZE
+from engine.program import default_compile_cache_dir
 
 
 class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -98,7 +98,7 @@ class Engine:
             linger=config.batch_linger_ms / 1000,
             whole_sequences=self.task.whole_sequences,
             caches=kv_cache.runner_caches(
-                [(p.num_pages if config.prefix_cache else 0, p.page_size) for p in self.programs],
+                [(p.kv.num_pages * config.prefix_cache, p.kv.page_size) for p in self.programs],
                 max_context=self.buckets.max_context,
             ),
         )
@@ -132,9 +132,14 @@ class Engine:
         to_engine, engine_inbox = trio.open_memory_channel(math.inf)
         self._to_tokenizer = to_tokenizer
         grid = self.buckets.grid(self.config.token_budget) if self.config.precompile else []
-        run_runner = functools.partial(runner.run, progress=self.config.progress)
+        # runners whose devices share one memory compile one at a time: eight compiling at
+        # once took over 18 GiB of host memory (SmolLM2 f32)
+        limit = 1 if devices.share_memory() else len(self.runners)
+        run_runner = functools.partial(
+            runner.run, progress=self.config.progress, compiling=trio.CapacityLimiter(limit)
+        )
         to_runners = []
-        async with trio.open_nursery() as compiling:  # every runner compiles its grid at once
+        async with trio.open_nursery() as compiling:  # every runner starts compiling its grid
             for state in self.runners:
                 # room for the most a runner is handed (one running, one ahead): the scheduler
                 # counts a batch handed until it is done, taken from the channel or not
@@ -379,10 +384,10 @@ class Engine:
             head=task.head,
             dtype=p.dtype,
             weight_bytes=p.weight_bytes,
-            kv_bytes_per_token=p.kv_bytes_per_token,
+            kv_bytes_per_token=p.kv.bytes_per_token,
             max_sequence_tokens=self.max_sequence_tokens,
             buckets=self.buckets._asdict(),
-            kv_pool=p.pool_info(prefix_cache=self.scheduler.cache is not None),
+            kv_pool=p.kv.info(prefix_cache=self.scheduler.cache is not None),
             dense=p.dense.name,
             dense_choice=p.dense_choice,
         )
@@ -422,7 +427,7 @@ async def open_engine(config: EngineConfig | None = None) -> AsyncIterator[Engin
         dense=config.dense,
         kv_cache_bytes=config.kv_cache_bytes,
         page_size=config.kv_page_size,
-        share=len(groups) if devices.backend() == "cpu" else 1,  # one host memory
+        share=len(groups) if devices.share_memory() else 1,
         dense_cache_dir=config.compile_cache_dir,
     )
     programs = [

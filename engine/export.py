@@ -10,7 +10,6 @@ from jax import export
 from engine.packing import empty_batch
 from engine.program import DeviceProgram
 from kernels.dense import XLA
-from kernels.paging import write
 from kernels.pallas import attention_pallas
 
 TARGETS = {"tpu": "tpu", "gpu": "cuda"}  # our platform names -> jax.export's
@@ -36,18 +35,18 @@ def export_program(
         raise ValueError(f"platform must be one of {sorted(TARGETS)}, got {platform!r}")
     if program.dense is not XLA:
         raise ValueError(f"export needs the 'xla' dense path, not {program.dense.name!r}")
-    if context and program.pool is None:
+    if context and program.kv.arrays is None:
         raise ValueError("a context region needs a KV pool (kv_cache_bytes > 0)")
     attention = functools.partial(attention_pallas, platform=platform)
-    forward = program.task.forward_of(attention, program.dense, write_kv=write)
+    forward = program.forward_of(attention)
     window = program.config.window
-    batch = empty_batch(*shape, block_size, window, context=context, page_size=program.page_size)
+    batch = empty_batch(*shape, block_size, window, context=context, page_size=program.kv.page_size)
     lower = export.export(
         jax.jit(forward),
         platforms=[TARGETS[platform]],
         disabled_checks=_UNCHECKED.get(platform, []),
     )
-    return lower(_abstract(program.params), batch, _abstract(program.pool))
+    return lower(_abstract(program.params), batch, _abstract(program.kv.arrays))
 
 
 def _abstract(tree):

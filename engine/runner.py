@@ -60,7 +60,7 @@ class RunnerState:
     def execute(self, batch: Batch) -> BatchDone:
         """Run one batch to completion; any exception becomes the batch's error. A batch that
         reads KV pool pages of a pool lost since it was planned is not run (`retry`)."""
-        if batch.pool_generation != self.program.pool_resets and _reads_pool(batch.inputs):
+        if batch.pool_generation != self.program.kv.resets and _reads_pool(batch.inputs):
             self.stats.retried += 1
             return BatchDone(id=batch.id, error="the KV pool was lost", retry=True)
         start = time.perf_counter()
@@ -68,7 +68,7 @@ class RunnerState:
             outputs = self._run(batch.inputs)
         except Exception as e:  # one bad batch must not stop the runner
             self.stats.failed += 1
-            reset = self.program.recover()
+            reset = self.program.kv.recover()
             return BatchDone(id=batch.id, error=f"{type(e).__name__}: {e}", pool_reset=reset)
         elapsed = time.perf_counter() - start
         self.stats.batches += 1
@@ -96,12 +96,15 @@ async def run(
     warm_up: list[tuple[int, int, int]],
     *,
     progress: bool = True,
+    compiling: trio.CapacityLimiter | None = None,
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Compile the grid, report started, then run batches as the scheduler hands them over."""
+    """Compile the grid (holding `compiling`, which bounds the runners that compile at once),
+    report started, then run batches as the scheduler hands them over."""
     check = trio.from_thread.check_cancelled  # a shutdown need not wait for the whole grid
     await trio.to_thread.run_sync(
-        functools.partial(state.warm_up, warm_up, progress=progress, check=check)
+        functools.partial(state.warm_up, warm_up, progress=progress, check=check),
+        limiter=compiling,
     )
     task_status.started()
     async for batch in batches:

@@ -10,6 +10,13 @@ def backend() -> str:
     return jax.default_backend()
 
 
+def share_memory() -> bool:
+    """Whether the devices of the default backend share one memory: a CPU's host devices
+    (`--xla_force_host_platform_device_count`) all take the host's. Runners on such devices
+    divide one default KV pool and compile one at a time."""
+    return backend() == "cpu"
+
+
 def free_memory(device) -> int | None:
     """Bytes `device` can still allocate: an accelerator's limit less what it holds, a CPU
     device's the host's available memory (`MemAvailable`); None where neither is known."""

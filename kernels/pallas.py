@@ -175,8 +175,10 @@ def _fold_tile(
     softcap: float = 0.0,
 ) -> _Softmax:
     """Fold one key tile into the online softmax of R query rows."""
+    # f32 operands at full precision: a GPU's default is TF32 (bf16 operands are exact anyway)
+    precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
     scores = lax.dot_general(
-        q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+        q, k, (((1,), (1,)), ((), ())), precision=precision, preferred_element_type=jnp.float32
     )  # f32[R, Bk]
     scores = soft_cap(scores * scale, softcap)
     scores = jnp.where(visible, scores, _MASKED)
@@ -185,7 +187,9 @@ def _fold_tile(
     probs = jnp.where(visible, jnp.exp(scores - new_max), 0.0)
     rescale = jnp.exp(state.running_max - new_max)
     total = state.total * rescale + probs.sum(axis=1, keepdims=True)
-    pv = jnp.dot(probs.astype(v.dtype), v, preferred_element_type=jnp.float32)  # f32[R, D]
+    pv = jnp.dot(
+        probs.astype(v.dtype), v, precision=precision, preferred_element_type=jnp.float32
+    )  # f32[R, D]
     return _Softmax(new_max, total, state.acc * rescale + pv)
 
 

@@ -3,6 +3,7 @@ SmolLM2 GGUF, and a transformers reference scorer."""
 
 from pathlib import Path
 
+import jax
 import pytest
 
 from bench.shapes import train_tokenizer
@@ -123,6 +124,14 @@ def write_tiny_checkpoint(
     return path
 
 
+@pytest.fixture
+def on_the_cpu():
+    """The test's arrays on the host's CPU device whatever the default backend: the native CPU
+    kernels run there (on a GPU machine the default device is the GPU)."""
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tiny")
@@ -157,12 +166,9 @@ class FaultyProgram:
             self.fault(inputs)
         return self.program.run(inputs)
 
-    def recover(self) -> bool:
-        return self.program.recover()
-
     @property
-    def pool_resets(self) -> int:
-        return self.program.pool_resets
+    def kv(self):
+        return self.program.kv
 
 
 def inject_faults(engine, fault=None) -> FaultyProgram:

@@ -127,7 +127,7 @@ def test_a_pool_smaller_than_the_sequence_chunks_what_it_holds(long_path, one_pa
     laid_out = []
 
     def run(engine, reference):
-        assert engine.program.pool_tokens == pool_tokens
+        assert engine.program.kv.tokens == pool_tokens
         for r in (lone, group):
             engine.flush_cache()
             before = engine.stats()

@@ -24,7 +24,10 @@ from tests.test_attention import (
     scenario_meta,
 )
 
-pytestmark = pytest.mark.skipif(not cpu.AVAILABLE, reason="native CPU attention not built")
+pytestmark = [
+    pytest.mark.skipif(not cpu.AVAILABLE, reason="native CPU attention not built"),
+    pytest.mark.usefixtures("on_the_cpu"),
+]
 
 ISAS = cpu.available_isas() if cpu.AVAILABLE else ()
 

@@ -9,7 +9,10 @@ from engine import load_model
 from kernels import cpu, select_dense
 from kernels.dense import Packed
 
-pytestmark = pytest.mark.skipif(not cpu.DENSE_AVAILABLE, reason="needs the AVX512-BF16 kernel")
+pytestmark = [
+    pytest.mark.skipif(not cpu.DENSE_AVAILABLE, reason="needs the AVX512-BF16 kernel"),
+    pytest.mark.usefixtures("on_the_cpu"),
+]
 
 
 @jax.jit

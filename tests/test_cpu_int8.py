@@ -16,7 +16,10 @@ from kernels.dense import Int8, Int8Packed
 from tests.test_api_support import serving, tiny_env
 from tests.test_quant import f32_quantize_rows, f64_int8_matmul
 
-pytestmark = pytest.mark.skipif(not cpu.INT8_AVAILABLE, reason="needs the native int8 kernel")
+pytestmark = [
+    pytest.mark.skipif(not cpu.INT8_AVAILABLE, reason="needs the native int8 kernel"),
+    pytest.mark.usefixtures("on_the_cpu"),
+]
 
 ISAS = cpu.int8_isas() if cpu.INT8_AVAILABLE else ()
 

@@ -102,10 +102,77 @@ def test_the_scoring_program_lowers(platform, name, dtype, tiny_checkpoints):
     exported = export_program(program, platform, (256, 16, 4), 64, context=128)
     logprobs, pool = exported.out_avals[0], exported.out_avals[1:]
     assert (logprobs.shape, logprobs.dtype) == ((16, 4), jnp.float32)
-    assert [(x.shape, x.dtype) for x in pool] == [(x.shape, x.dtype) for x in program.pool]
+    assert [(x.shape, x.dtype) for x in pool] == [(x.shape, x.dtype) for x in program.kv.arrays]
     text = exported.mlir_module()
     assert KERNEL_CALLS[platform] in text
     assert "tpu_custom_call" not in text if platform == "gpu" else "triton" not in text
+    # f32 is exact on every backend: no dot left to the device's default (TF32 on a GPU, bf16
+    # passes on a TPU); bf16 keeps the default
+    precisions = xla_dot_precisions(text)
+    assert len(precisions) >= 4  # the layer scan's projections and MLP, the head
+    assert set(precisions) == ({"HIGHEST"} if dtype == "float32" else {"DEFAULT"})
+    if platform == "gpu":
+        assert set(triton_dot_precisions(text)) == ({"ieee"} if dtype == "float32" else {"tf32"})
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_the_gpu_kernel_multiplies_f32_in_full_precision(dtype):
+    """Triton multiplies f32 operands in TF32 unless told otherwise (1e-3 off the reference on
+    an H100); the kernel asks for IEEE f32. bf16 operands keep the fast path."""
+    meta = layout_meta([(300, [20] * 10), (0, [150]), (0, [1])], BLOCK)
+    text = lowered("gpu", *shapes(meta.prefix_start.shape[0], 3, 128, dtype), meta)
+    expected = "ieee" if dtype == jnp.float32 else "tf32"  # tf32 is how bf16 is passed: exact
+    assert triton_dot_precisions(text) == [expected, expected]  # scores, then probs @ V
+
+
+def xla_dot_precisions(text: str) -> list[str]:
+    """The precision of each XLA dot in an exported program (DEFAULT where none is named)."""
+    dots = [x for x in text.splitlines() if "stablehlo.dot_general" in x]
+    named = [re.search(r"precision = \[(\w+), (\w+)\]", x) for x in dots]
+    return [m[1] if m and m[1] == m[2] else "DEFAULT" if not m else "mixed" for m in named]
+
+
+def triton_dot_precisions(text: str) -> list[str]:
+    """The input precision of each `tt.dot` in the Triton kernels of an exported program (the
+    kernel travels as MLIR bytecode in its custom call; IEEE, Triton's default, is not named)."""
+    from jax._src.interpreters import mlir
+    from jax._src.lib import triton
+    from jax._src.lib.mlir import ir
+
+    out = []
+    for kernel in _triton_kernels(text):
+        with mlir.make_ir_context() as context:
+            triton.dialect.register_dialect(context)
+            body = str(ir.Module.parse(kernel))
+        for line in body.splitlines():
+            if "tt.dot " in line:
+                named = re.search(r"inputPrecision = (\w+)", line)
+                out.append(named[1] if named else "ieee")
+    return out
+
+
+def _triton_kernels(text: str) -> list[bytes]:
+    from jax._src.interpreters import mlir
+    from jax._src.lib.mlir import ir
+
+    kernels = []
+    with mlir.make_ir_context():
+        module = ir.Module.parse(text)
+        for op in _walk(module.operation):
+            call = op.operation.name == "stablehlo.custom_call"
+            target = op.attributes["call_target_name"] if call else ""
+            if "triton" in str(target):
+                config = ir.DictAttr(op.attributes["mhlo.backend_config"])
+                kernels.append(ir.StringAttr(config["ir"]).value_bytes)
+    return kernels
+
+
+def _walk(op):
+    for region in op.regions:
+        for block in region.blocks:
+            for inner in block.operations:
+                yield inner
+                yield from _walk(inner)
 
 
 def test_export_refuses_what_cannot_lower(tiny_checkpoints):

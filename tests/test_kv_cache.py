@@ -41,7 +41,7 @@ def engine_config(path, **overrides) -> EngineConfig:
 
 def run_with_cache(property_fn, path, reference, **overrides):
     """Open a cached engine and run `property_fn(engine, reference)` in a worker thread."""
-    per_token = reference.program.kv_bytes_per_token
+    per_token = reference.program.kv.bytes_per_token
     config = engine_config(path, **{"kv_cache_bytes": pool_bytes(per_token), **overrides})
     run_in_engine(property_fn, path, config=config, reference=reference, check=settled)
 
@@ -171,7 +171,7 @@ def test_a_lost_pool_costs_no_wrong_score(tiny_path, reference):
 
         def lose_the_pool(inputs):
             faulty.fault = None
-            for x in faulty.program.pool[:2]:
+            for x in faulty.kv.arrays[:2]:
                 x.delete()
             raise RuntimeError("device lost")
 
@@ -187,7 +187,7 @@ def test_a_lost_pool_costs_no_wrong_score(tiny_path, reference):
         r, result = next((r, o.unwrap()) for r, o in pairs if o not in failed)
         assert_scores(result.scores, r.reference(reference))
         assert result.cached_tokens == 0
-        assert faulty.pool_resets == 1 and engine.scheduler.pool_generation == [1]
+        assert faulty.kv.resets == 1 and engine.scheduler.pool_generation == [1]
         lost = r2 if r is r1 else r1  # its prompt's pages went with the pool
         again = submit(engine, [lost])[0].unwrap()
         assert again.cached_tokens == 0

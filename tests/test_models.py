@@ -7,6 +7,7 @@ import pytest
 from bench.baseline import hf_label_logprobs
 from engine import load_model
 from engine.models.decoder import HEAD_ROWS, _by_row_chunks
+from kernels import devices
 from tests.conftest import FAMILY_CONFIGS
 
 
@@ -42,7 +43,10 @@ def test_many_score_rows_equal_one_by_one(reference, rng):
     labels = [[5, 17, 383]] * len(seqs)
     packed = reference.label_logprobs(seqs, labels)
     alone = np.concatenate([reference.label_logprobs([s], labels[:1]) for s in seqs])
-    np.testing.assert_allclose(packed, alone, atol=1e-5, rtol=0)
+    # a GPU's matmuls of another shape sum f32 in another order: 2 of 495 log-probs 1.1e-5 (20
+    # ulps) apart at -5.9 on an H100
+    rtol = 0 if devices.backend() == "cpu" else 4e-6
+    np.testing.assert_allclose(packed, alone, atol=1e-5, rtol=rtol)
 
 
 @pytest.mark.parametrize("rows", [3, HEAD_ROWS, 2 * HEAD_ROWS + 5])

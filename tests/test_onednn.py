@@ -10,7 +10,10 @@ import pytest
 from engine import load_model
 from kernels import dense, onednn, select_dense
 
-pytestmark = pytest.mark.skipif(not onednn.AVAILABLE, reason="needs the oneDNN extension")
+pytestmark = [
+    pytest.mark.skipif(not onednn.AVAILABLE, reason="needs the oneDNN extension"),
+    pytest.mark.usefixtures("on_the_cpu"),
+]
 
 
 def bf16(rng, *shape) -> np.ndarray:

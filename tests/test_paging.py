@@ -144,7 +144,9 @@ def groups_layout(groups: Sequence[Group]) -> list[tuple[int, list[int]]]:
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 @pytest.mark.parametrize("name", sorted(ATTENTION))
-def test_paged_context_equals_one_batch(name: str, scenario: str, dtype, window: int) -> None:
+def test_paged_context_equals_one_batch(name, scenario, dtype, window, request) -> None:
+    if name == "cpu":
+        request.getfixturevalue("on_the_cpu")  # the native kernel reads host memory
     groups, block, page, heads, kv_heads, head_dim = SCENARIOS[scenario]
     whole_meta = layout_meta(groups_layout(groups), block, window=window)
     whole = random_qkv(whole_meta.prefix_start.shape[0], heads, kv_heads, head_dim, dtype)

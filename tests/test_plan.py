@@ -9,13 +9,14 @@ import pytest
 
 from engine import packing
 from engine.buckets import make_buckets
+from engine.kv_pool import DEFAULT_POOL_TOKENS
 from engine.loaders import Checkpoint, load_checkpoint
 from engine.models.decoder import HEAD_ROWS
 from engine.packing import empty_batch
 from engine.plan import PUBLISHED, capacities, capacity, plan
 from engine.plan.__main__ import main, parse_bytes
 from engine.plan.costs import Analyser, _compiled_cost
-from engine.program import DEFAULT_POOL_TOKENS, DeviceProgram
+from engine.program import DeviceProgram
 
 BLOCK = 64
 

@@ -1,9 +1,13 @@
 """RunnerState: compiling the grid, counting compiles, turning a failing step into an error."""
 
+import functools
+import threading
+
 import numpy as np
 import pytest
+import trio
 
-from engine import load_model, packing
+from engine import load_model, packing, runner
 from engine.buckets import default_buckets
 from engine.messages import Batch
 from engine.packing import empty_batch
@@ -44,3 +48,42 @@ def test_a_raising_step_becomes_the_batch_error(model, monkeypatch):
     )
     assert done.error == "ZeroDivisionError: division by zero" and done.outputs is None
     assert runner.stats.failed == 1
+
+
+class _Compiling:
+    """A runner state whose warm-up counts the runners compiling at once, and blocks until
+    `gate` is set so that overlapping warm-ups are seen."""
+
+    def __init__(self, record: dict, gate: threading.Event):
+        self.record, self.gate = record, gate
+
+    def warm_up(self, shapes, *, progress, check):
+        self.record["now"] += 1
+        self.record["most"] = max(self.record["most"], self.record["now"])
+        self.gate.wait(60)
+        self.record["now"] -= 1
+
+
+@pytest.mark.parametrize("limit", [1, 3])
+def test_runners_compile_no_more_at_once_than_their_limiter_allows(limit):
+    """Runners sharing the host's memory compile one at a time (eight at once took 18 GiB)."""
+    record, gate = {"now": 0, "most": 0}, threading.Event()
+
+    async def main():
+        compiling = trio.CapacityLimiter(limit)
+        done, _ = trio.open_memory_channel(0)
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                closed, batches = trio.open_memory_channel(0)
+                closed.close()  # no batches: each runner ends once compiled
+                run = functools.partial(runner.run, compiling=compiling, progress=False)
+                args = (_Compiling(record, gate), batches, done, [])
+                nursery.start_soon(functools.partial(nursery.start, run, *args))
+            while compiling.statistics().tasks_waiting < 3 - limit:  # the rest queue behind
+                await trio.sleep(0.01)
+            while record["now"] < limit:
+                await trio.sleep(0.01)
+            gate.set()
+
+    trio.run(main)
+    assert record["most"] == limit

@@ -1,12 +1,14 @@
 """The task of each kind of checkpoint: chosen from the config, and what it decides (relevance
 formulas, refusals, pairs, KV reuse, the forward it assembles)."""
 
+import jax
 import msgspec
 import numpy as np
 import pytest
 
 from engine.models import ModelConfig, decoder, encoder
 from engine.tasks import KINDS, Classifier, CrossEncoder, LanguageModel, task_for
+from engine.tasks.base import exactly
 from tests.conftest import tiny_tokenizer
 
 BASE = ModelConfig(
@@ -66,6 +68,18 @@ def test_the_forward_is_the_kinds_model_bound_to_its_config():
     assert enc.forward_of("attention", "dense").keywords["output"] is encoder.pair_logits
     fewer = msgspec.structs.replace(BASE, num_layers=1)
     assert lm.forward_of("a", "d", config=fewer).keywords["cfg"] is fewer
+
+
+def test_an_exact_forward_traces_every_dot_at_highest_precision():
+    precision = lambda *args, **kwargs: jax.config.jax_default_matmul_precision
+    assert exactly(precision)() == "highest"
+    assert precision() is None  # only while the forward is traced
+    exact = task_for(BASE).forward_of("a", "d", exact=True)
+    assert exact.__wrapped__.func is decoder.forward  # the same forward, traced exactly
+    x = jax.numpy.ones((2, 2), jax.numpy.float32)
+    text = jax.jit(exactly(lambda a: a @ a)).lower(x).as_text()
+    assert "precision = [HIGHEST, HIGHEST]" in text
+    assert "HIGHEST" not in jax.jit(lambda a: a @ a).lower(x).as_text()
 
 
 def test_cross_encoder_pairs_are_cut_to_the_shorter_limit():

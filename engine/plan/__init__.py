@@ -14,6 +14,7 @@ kernel below the device's peak.
 from collections.abc import Sequence
 
 from engine.buckets import DEFAULT_BLOCK_SIZE, DEFAULT_TOKEN_BUDGET, make_buckets
+from engine.kv_pool import default_kv_cache_bytes
 from engine.loaders import Checkpoint
 from engine.models import ModelConfig
 from engine.plan import workloads
@@ -26,7 +27,7 @@ from engine.plan.devices import (
     host_memory,
     kinds_for_this_host,
 )
-from engine.program import DEFAULT_POOL_SHARE, DEFAULT_POOL_TOKENS, DTYPES, DeviceProgram
+from engine.program import DTYPES, DeviceProgram
 
 __all__ = [
     "KINDS",
@@ -46,7 +47,7 @@ def capacity(cfg: ModelConfig, dtype: str, memory: int, weight_bytes: int) -> di
     the default pool's tokens, and the tokens a pool could hold in everything the weights
     leave."""
     per_token = cfg.kv_bytes_per_token(DTYPES[dtype](0).itemsize)
-    pool_bytes = min(memory // DEFAULT_POOL_SHARE, DEFAULT_POOL_TOKENS * per_token)
+    pool_bytes = default_kv_cache_bytes(per_token, memory)
     return {
         "memory_bytes": memory,
         "weight_bytes": weight_bytes,

@@ -9,8 +9,8 @@ import numpy as np
 from engine import batching
 from engine.buckets import Buckets
 from engine.kv_cache import KVCache
+from engine.kv_pool import DEFAULT_PAGE_SIZE, DEFAULT_POOL_TOKENS
 from engine.packing import PackedBatch
-from engine.program import DEFAULT_PAGE_SIZE, DEFAULT_POOL_TOKENS
 
 LABELS = 2  # " yes" / " no"
 

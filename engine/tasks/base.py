@@ -11,6 +11,7 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import ClassVar
 
+import jax
 import numpy as np
 import tokenizers
 
@@ -48,15 +49,22 @@ class Task:
     place: ClassVar[Callable]  # (host params, cfg, dtype, dense) -> device params
 
     def forward_of(
-        self, attention: Callable, dense, *, config: ModelConfig | None = None, **options
+        self,
+        attention: Callable,
+        dense,
+        *,
+        config: ModelConfig | None = None,
+        exact: bool = False,
+        **options,
     ) -> Callable:
         """The forward of one packed batch, `(params, inputs, pool) -> (f32[S, L], pool)`: this
         task's model with `attention` and `dense` (`kernels.select_*`), of `config` (another of
         the same model, e.g. cut to fewer layers; by default its own); `options` are the
-        model's (`write_kv`, `unroll`). The one assembly the program, export and plan share."""
+        model's (`write_kv`, `unroll`). `exact`: every dot at full f32 precision (the f32
+        program's; see `exactly`). The one assembly the program, export and plan share."""
         cfg = config or self.config
         family = FAMILIES[cfg.family]
-        return functools.partial(
+        forward = functools.partial(
             self.forward,
             cfg=cfg,
             family=family,
@@ -65,6 +73,7 @@ class Task:
             output=self.output,
             **options,
         )
+        return exactly(forward) if exact else forward
 
     @property
     def reuses_kv(self) -> bool:
@@ -118,3 +127,16 @@ class Task:
     def describe(self) -> str:
         """The model's kind in a few words, for people."""
         return self.config.family
+
+
+def exactly(forward: Callable) -> Callable:
+    """`forward` with every dot that names no precision of its own at HIGHEST: a GPU multiplies
+    f32 in TF32 (10-bit mantissas) by default, a TPU in bf16 passes; HIGHEST is full f32 on
+    every backend (on the CPU, what it does anyway)."""
+
+    @functools.wraps(forward)
+    def exact(*args, **kwargs):
+        with jax.default_matmul_precision("highest"):
+            return forward(*args, **kwargs)
+
+    return exact

@@ -27,10 +27,10 @@ def test_a_pool_that_cannot_fit_is_refused_naming_kv_cache_bytes(checkpoint, mon
     with pytest.raises(InvalidInput, match=r"^kv_cache_bytes: .* free beside the weights"):
         DeviceProgram(checkpoint, dtype="float32", kv_cache_bytes=4 * MIB)  # over 90% of it
     program = DeviceProgram(checkpoint, dtype="float32", kv_cache_bytes=2 * MIB)
-    assert program.num_pages * program.page_size * program.kv_bytes_per_token == 2 * MIB
-    assert DeviceProgram(checkpoint, dtype="float32", kv_cache_bytes=0).num_pages == 0
+    assert program.kv.num_pages * program.kv.page_size * program.kv.bytes_per_token == 2 * MIB
+    assert DeviceProgram(checkpoint, dtype="float32", kv_cache_bytes=0).kv.num_pages == 0
 
 
 def test_unknown_free_memory_refuses_nothing(checkpoint, monkeypatch):
     monkeypatch.setattr(devices, "free_memory", lambda device: None)
-    assert DeviceProgram(checkpoint, dtype="float32", kv_cache_bytes=2 * MIB).num_pages > 0
+    assert DeviceProgram(checkpoint, dtype="float32", kv_cache_bytes=2 * MIB).kv.num_pages > 0
