@@ -2,7 +2,8 @@
 
 Every program takes `--model PATH` (any supported checkpoint; default: SmolLM2) or `--shape NAME`
 (random weights of a real model's shape, see `bench.shapes`), `--dtype`, `--json FILE` (the PNG
-goes beside it) and `--quick` (the smallest run that still exercises everything).
+goes beside it), `--quick` (the smallest run that still exercises everything) and
+`--baseline-device` (where the transformers baseline runs).
 """
 
 import argparse
@@ -22,6 +23,13 @@ from engine import EngineConfig
 from kernels import devices
 
 RESULTS = Path(__file__).resolve().parent / "results"
+# what sizes JAX's GPU memory pool; a user who set any of them has made the split already
+JAX_MEMORY_VARS = (
+    "XLA_PYTHON_CLIENT_PREALLOCATE",
+    "XLA_PYTHON_CLIENT_MEM_FRACTION",
+    "XLA_CLIENT_MEM_FRACTION",
+    "XLA_PYTHON_CLIENT_ALLOCATOR",
+)
 
 
 def parser(description: str) -> argparse.ArgumentParser:
@@ -54,6 +62,19 @@ def parser(description: str) -> argparse.ArgumentParser:
         "--gemm", type=int, nargs="+", default=[1024, 2048, 4096], help="GEMM sizes of the peak"
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--baseline-device",
+        default="cpu",
+        choices=["cpu", "cuda"],
+        help="the torch device of the transformers baseline (W1, W2, W3, int8); the engine runs "
+        "on JAX's default backend either way",
+    )
+    p.add_argument(
+        "--no-precompile",
+        action="store_true",
+        help="start the engine without compiling its bucket grid (the untimed warm-up request "
+        "compiles what the run uses): a quicker start where the grid's compile is not measured",
+    )
     p.add_argument(
         "--engine-only",
         action="store_true",
@@ -131,6 +152,7 @@ def environment(args, path: Path, cfg) -> dict:
         "non_embedding_params": Cost.of(cfg).params,
         "cores": os.cpu_count(),
         "jax_backend": devices.backend(),
+        "baseline_device": args.baseline_device,
         "commit": git_commit(),
         "seed": args.seed,
         "argv": sys.argv[1:],
@@ -175,11 +197,17 @@ def versus(engine: dict, baseline: dict) -> dict:
 
 
 def publish(report: dict, args, tag: str, chart: Callable, summary: str) -> Path:
-    """Write the JSON report and its chart, and print the one summary line; returns the JSON."""
+    """Write the JSON report, print the one summary line, then draw the chart (left out where
+    matplotlib is not installed); returns the JSON."""
     json_path, png = output_paths(args, report["workload"], tag)
     write_report(report, json_path)
-    chart(report, png)
-    print(f"{report['workload']} {tag} {report['dtype']}: {summary} -> {json_path}")
+    print(f"{report['workload']} {tag} {report['dtype']}: {summary} -> {json_path}", flush=True)
+    try:
+        chart(report, png)
+    except ModuleNotFoundError as e:  # the report stands alone; `python -m bench chart` draws it
+        if e.name != "matplotlib":
+            raise
+        print(f"no chart: matplotlib is not installed ({png} not drawn)", file=sys.stderr)
     return json_path
 
 
@@ -256,6 +284,14 @@ def fmt_side(side: dict, dtype: str, digits: int = 2) -> str:
     )
 
 
+def fmt_startup(engine: dict) -> str:
+    """The engine's start-up (load, then the bucket-grid compile), which no timed pass holds."""
+    return (
+        f"engine start-up {engine['startup_s']:.1f} s (load + {engine['startup_compiles']}-program "
+        "grid compile)"
+    )
+
+
 def fmt_peaks(peaks: dict) -> str:
     return (
         f"peaks bf16 {peaks['bfloat16']:.0f} ({peaks['bfloat16_path']}) / f32 "
@@ -290,7 +326,24 @@ def parse_args(parser, argv, quick: dict):
     if args.quick:
         parser.set_defaults(**quick)
         args = parser.parse_args(argv)
+    if args.baseline_device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.error(f"--baseline-device cuda: torch {torch.__version__} sees no CUDA device")
+        share_gpu_memory(os.environ)
     return args
+
+
+def share_gpu_memory(env) -> None:
+    """Let JAX and a torch baseline share one GPU: JAX allocates as it needs rather than taking
+    75% of the device's memory at start, unless the user has sized its pool (`JAX_MEMORY_VARS`).
+
+    JAX reads these variables once, when it first creates its GPU backend; `parse_args` runs
+    before anything here asks JAX for a device (importing jax does not), so this takes effect.
+    """
+    if not any(name in env for name in JAX_MEMORY_VARS):
+        env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
 
 
 def engine_numbers(eng: dict, items: int, peaks, dtype: str) -> dict:
@@ -299,6 +352,7 @@ def engine_numbers(eng: dict, items: int, peaks, dtype: str) -> dict:
         "best_s",
         "times_s",
         "startup_s",
+        "startup_compiles",
         "dense",
         "dense_choice",
         "compiles",
@@ -322,7 +376,8 @@ def engine_only(eng: dict, items: int, peaks, dtype: str) -> dict:
     passes = ", ".join(f"{t:.3f}" for t in eng["times_s"])
     print(
         f"engine: passes {passes} s, best {eng['best_s']:.3f} s, "
-        f"{numbers['items_per_s']:.2f} items/s, MFU {numbers['mfu']:.1%} of the {dtype} peak",
+        f"{numbers['items_per_s']:.2f} items/s, MFU {numbers['mfu']:.1%} of the {dtype} peak; "
+        f"{fmt_startup(numbers)}",
         flush=True,
     )
     return numbers

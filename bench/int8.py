@@ -52,7 +52,7 @@ def run_workload(args, path, name: str) -> tuple[dict, object]:
         args.dtype = mode
         runs[mode] = sides.run_engine(sides.engine_config(args, path), build, args.repeats)
     query, items, labels = runs["float32"]["request"]
-    hf = sides.load_baseline(path, "bfloat16")
+    hf = sides.load_baseline(path, "bfloat16", args.baseline_device)
     base_s, base_logprobs = baseline(args, hf, name, runs["float32"], query, items, labels)
     del hf
     reference = runs["float32"]["logprobs"]

@@ -8,6 +8,10 @@ shrinks both), its recipe rerank with `max_tokens_per_doc`; and for a cross-enco
 `minilm-l6` shape) and a decoder classifier (the `qwen3-cls-tiny` shape), `Engine.rerank` (raw),
 `Engine.score_pairs` with a cut and `load_model().rerank`. `--compare` prints the arrays that
 differ and exits 1 when any does.
+
+Compare with `--dense` fixed (e.g. `--dense xla`) on both sides: the default dense path is the
+one measured fastest per weight shape at start, which a loaded machine can pick differently from
+run to run, and another path rounds bf16 differently.
 """
 
 import sys
@@ -61,12 +65,14 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
     return a.shape == b.shape and np.array_equal(a, b)
 
 
-def _config(path, dtype: str) -> EngineConfig:
-    return EngineConfig(model=str(path), dtype=dtype, precompile=False, progress=False)
+def _config(args, path, dtype: str) -> EngineConfig:
+    return EngineConfig(
+        model=str(path), dtype=dtype, dense=args.dense, precompile=False, progress=False
+    )
 
 
 async def _decoder(args, dtype: str, out: dict) -> None:
-    async with open_engine(_config(args.model or default_model_path(), dtype)) as engine:
+    async with open_engine(_config(args, args.model or default_model_path(), dtype)) as engine:
         tok = engine.tokenizer
         query, docs = rerank_pairs(tok, seed=0, docs=args.docs, query_tokens=25,
                                    doc_tokens=(130, 230))  # fmt: skip
@@ -84,9 +90,9 @@ async def _decoder(args, dtype: str, out: dict) -> None:
 
 async def _reranker(args, shape: str, dtype: str, out: dict) -> None:
     path = shape_dir(shape)
-    model = load_model(str(path), dtype=dtype, progress=False)
+    model = load_model(str(path), dtype=dtype, dense=args.dense, progress=False)
     _, docs = rerank_pairs(model.tokenizer, seed=0, docs=16, query_tokens=25, doc_tokens=(20, 40))
-    async with open_engine(_config(path, dtype)) as engine:
+    async with open_engine(_config(args, path, dtype)) as engine:
         ranked = await engine.rerank(SHORT_QUERY, docs, raw_scores=True, max_tokens_per_doc=60)
         pairs = await engine.score_pairs([SHORT_QUERY] * 8, docs[:8], max_tokens_per_doc=30)
     out[f"{shape}-rerank-{dtype}"] = np.array(

@@ -3,11 +3,12 @@
 
     python -m bench w1 [--model PATH | --shape qwen3-0.6b] [--dtype bfloat16] [--json FILE]
 
-The baseline is transformers (torch CPU, same weights and dtype, `torch.set_num_threads` = cores)
-on the same token ids, sorted by length and left-padded into batches with correct positions and
-`logits_to_keep=1`; batch size 1 (no padding) and 8/16/32 are timed and the best is the baseline.
-Prints one summary line; writes the JSON report and a bar chart beside it. A cross-encoder
-(`--shape minilm-l6`, `--shape bge-reranker-v2-m3`, or `--model` of one) runs `bench.w1_encoder`.
+The baseline is transformers (torch on the CPU with `torch.set_num_threads` = cores, or on
+`--baseline-device cuda`; same weights and dtype) on the same token ids, sorted by length and
+left-padded into batches with correct positions and `logits_to_keep=1`; batch size 1 (no
+padding) and 8/16/32 are timed and the best is the baseline. Prints one summary line; writes the
+JSON report and a bar chart beside it. A cross-encoder (`--shape minilm-l6`,
+`--shape bge-reranker-v2-m3`, or `--model` of one) runs `bench.w1_encoder`.
 
 `--peer vllm --peer-python VENV/bin/python` also runs vLLM's CPU build (installed in its own
 virtual environment) on the same token ids, bf16 and prefix caching on, the cache reset before
@@ -41,7 +42,7 @@ def main(argv=None) -> dict:
     if args.engine_only:
         return common.engine_only(eng, len(items), peaks, args.dtype)
     seqs = eng["seqs"]
-    hf = sides.load_baseline(path, args.dtype)
+    hf = sides.load_baseline(path, args.dtype, args.baseline_device)
     progress = not args.no_progress
     base = sides.run_padded_baseline(hf, seqs, labels, args.batch_sizes, args.repeats, progress)
     del hf
@@ -112,8 +113,9 @@ def baseline_side(base: dict, n: int, cost: Cost, seqs, peaks: dict, dtype: str)
 def summary(report: dict) -> str:
     engine, baseline, dtype = report["engine"], report["baseline"], report["dtype"]
     return (
-        f"engine {common.fmt_side(engine, dtype)}, transformers bs={baseline['batch_size']} "
-        f"{common.fmt_side(baseline, dtype)}, ratio {report['ratio']:.2f}x; "
+        f"engine {common.fmt_side(engine, dtype)}, transformers ({report['baseline_device']}) "
+        f"bs={baseline['batch_size']} {common.fmt_side(baseline, dtype)}, "
+        f"ratio {report['ratio']:.2f}x; {common.fmt_startup(engine)}; "
         f"{common.fmt_peaks(report['peak_gflops'])}; "
         f"max |dlogprob| {report['max_abs_logprob_diff_vs_baseline']:.3g}"
         f"{peer.summary(report)}"

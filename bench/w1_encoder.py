@@ -6,11 +6,12 @@ beside sentence-transformers' `CrossEncoder.predict` on the same pairs.
         [--dtype bfloat16] [--json bench/figures/w1-minilm-l6-bf16.json]
 
 `bench.w1` hands a run here when `--shape` names an encoder shape (`bench.encoders`) or `--model`
-is a cross-encoder checkpoint. The baseline is `CrossEncoder` (torch CPU, same weights and
-dtype, `torch.set_num_threads` = cores, activation Identity so that both sides give raw
-logits), which tokenises the pairs itself, sorts them by length and pads each batch; batch
-sizes 8/16/32/64 are timed and the best is the baseline. Both sides tokenise inside the timed
-call. Prints one summary line; writes the JSON report and a bar chart beside it.
+is a cross-encoder checkpoint. The baseline is `CrossEncoder` (torch on the CPU with
+`torch.set_num_threads` = cores, or on `--baseline-device cuda`; same weights and dtype,
+activation Identity so that both sides give raw logits), which tokenises the pairs itself, sorts
+them by length and pads each batch; batch sizes 8/16/32/64 are timed and the best is the
+baseline. Both sides tokenise inside the timed call. Prints one summary line; writes the JSON
+report and a bar chart beside it.
 """
 
 import json
@@ -56,7 +57,7 @@ def main(argv=None) -> dict:
     if args.engine_only:
         return common.engine_only(eng, n, peaks, args.dtype)
     progress = not args.no_progress
-    ce = load_cross_encoder(path, args.dtype)
+    ce = load_cross_encoder(path, args.dtype, args.baseline_device)
     base = run_cross_encoder(ce, query, docs, args.batch_sizes, args.repeats, progress)
     del ce
     engine = common.engine_numbers(eng, n, peaks, args.dtype)
@@ -104,6 +105,7 @@ async def _run_engine(config, args) -> dict:
     start = time.perf_counter()
     async with open_engine(config) as engine:
         startup_s = time.perf_counter() - start
+        startup_compiles = engine.stats().compiles  # the bucket grid, compiled before serving
         query, docs = rerank_pairs(
             engine.tokenizer,
             seed=args.seed,
@@ -126,6 +128,7 @@ async def _run_engine(config, args) -> dict:
             scores[hit.index] = hit.relevance_score
         return {
             "startup_s": startup_s,
+            "startup_compiles": startup_compiles,
             **sides.dense_facts(engine),
             "compiles": after.compiles,
             "times_s": times,
@@ -151,15 +154,16 @@ def pair_sequences(engine, query: str, docs: list[str]) -> list[list[int]]:
     return engine.sequences(query, docs, labels, pairs=pairs)
 
 
-def load_cross_encoder(path: Path, dtype: str):
-    """sentence-transformers' CrossEncoder on the CPU in `dtype`, giving raw logits."""
+def load_cross_encoder(path: Path, dtype: str, device: str = "cpu"):
+    """sentence-transformers' CrossEncoder on torch device `device` in `dtype`, giving raw
+    logits (as host numpy arrays)."""
     import torch
     from sentence_transformers import CrossEncoder
 
     torch.set_num_threads(os.cpu_count())
     return CrossEncoder(
         str(path),
-        device="cpu",
+        device=device,
         activation_fn=torch.nn.Identity(),
         model_kwargs={"dtype": getattr(torch, dtype)},
     )
@@ -206,8 +210,9 @@ def baseline_side(base: dict, n: int, eng: dict, peaks: dict, dtype: str) -> dic
 def summary(report: dict) -> str:
     engine, baseline, dtype = report["engine"], report["baseline"], report["dtype"]
     return (
-        f"engine {common.fmt_side(engine, dtype)}, CrossEncoder bs={baseline['batch_size']} "
-        f"{common.fmt_side(baseline, dtype)}, ratio {report['ratio']:.2f}x; "
+        f"engine {common.fmt_side(engine, dtype)}, CrossEncoder ({report['baseline_device']}) "
+        f"bs={baseline['batch_size']} {common.fmt_side(baseline, dtype)}, "
+        f"ratio {report['ratio']:.2f}x; {common.fmt_startup(engine)}; "
         f"{common.fmt_peaks(report['peak_gflops'])}; "
         f"max |dscore| {report['max_abs_score_diff_vs_baseline']:.3g}"
     )

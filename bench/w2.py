@@ -3,7 +3,8 @@
 
     python -m bench w2 [--model PATH | --shape qwen3-0.6b] [--dtype bfloat16] [--items 500]
 
-Baselines (torch CPU, same weights and dtype, `logits_to_keep=1`):
+Baselines (torch on the CPU or `--baseline-device cuda`, same weights and dtype,
+`logits_to_keep=1`):
 - prefix reuse, as a careful transformers user would do it: the prompt once with `use_cache=True`,
   then the items in batches of 1/8/16/32 on a copy of its KV cache expanded to the batch,
   positions continuing after the prompt. The best batch size is the baseline; its log-probs are
@@ -121,7 +122,7 @@ def build(args, model):
 def run_baselines(args, path, prompt, items, labels, sample) -> tuple[dict, dict]:
     """(prefix reuse per batch size, naive per batch size on `sample`), one model load."""
     progress = not args.no_progress
-    hf = sides.load_baseline(path, args.dtype)
+    hf = sides.load_baseline(path, args.dtype, args.baseline_device)
     prefix = sides.run_prefix_baseline(
         hf, prompt, items, labels, args.batch_sizes, args.repeats, progress
     )
@@ -179,14 +180,15 @@ def summary(report: dict) -> str:
     engine, baseline, naive = report["engine"], report["baseline"], report["naive_baseline"]
     check, dtype = report["score_check"], report["dtype"]
     return (
-        f"engine {common.fmt_side(engine, dtype)}; transformers prefix-reuse "
-        f"bs={baseline['batch_size']} {common.fmt_side(baseline, dtype)}, "
+        f"engine {common.fmt_side(engine, dtype)}; transformers ({report['baseline_device']}) "
+        f"prefix-reuse bs={baseline['batch_size']} {common.fmt_side(baseline, dtype)}, "
         f"ratio {report['ratio']:.2f}x; naive bs={naive['batch_size']} "
         f"{naive['items_per_s']:.3f} items/s (extrapolated from "
         f"{naive['extrapolated_from_items']} items; {naive['tokens_per_s']:.0f} tok/s, "
         f"{common.fmt_mfu(naive, dtype)}), ratio {report['ratio_vs_naive']:.1f}x; "
         f"max |dlogprob| engine vs prefix {check['max_abs_logprob_diff_engine_vs_prefix']:.3g} "
         f"({'ok' if check['ok'] else 'OVER'} tol {check['tolerance']}); "
+        f"{common.fmt_startup(engine)}; "
         f"{common.fmt_peaks(report['peak_gflops'])}{peer.summary(report)}"
     )
 

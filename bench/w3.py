@@ -14,9 +14,10 @@ runner spent executing batches) over the level's wall time. Real tokens come fro
 sharing their common token prefix once. The load generator runs on the same CPU cores as the
 server, and its CPU time is reported.
 
-The baseline is transformers (torch CPU, same weights and dtype) scoring the same request bodies
-one request at a time, each as one left-padded batch of its items (what a server without
-cross-request batching does), for `--baseline-requests` requests or `--baseline-seconds`.
+The baseline is transformers (torch on `--baseline-device`, same weights and dtype) scoring the
+same request bodies one request at a time, each as one left-padded batch of its items (what a
+server without cross-request batching does), for `--baseline-requests` requests or
+`--baseline-seconds`.
 """
 
 import json
@@ -283,13 +284,15 @@ async def run_offline(config, bodies: list[dict]) -> dict:
     return {"requests": len(bodies), "items": items, "wall_s": wall, "items_per_s": items / wall}
 
 
-def run_baseline(path, dtype, seqs_per_body, labels, max_requests, max_seconds, progress):
-    """transformers, one request at a time, its items one left-padded batch."""
-    hf = load_transformers(path, dtype)
+def run_baseline(args, path, seqs_per_body, labels):
+    """transformers, one request at a time, its items one left-padded batch, for
+    `--baseline-requests` requests or `--baseline-seconds`."""
+    max_requests, max_seconds = args.baseline_requests, args.baseline_seconds
+    hf = load_transformers(path, args.dtype, args.baseline_device)
     hf_label_logprobs(hf, seqs_per_body[0], labels, len(seqs_per_body[0]))  # warm-up
     items = 0
     start = time.perf_counter()
-    bar = tqdm(total=max_requests, desc="transformers", disable=not progress)
+    bar = tqdm(total=max_requests, desc="transformers", disable=args.no_progress)
     done = 0
     for seqs in seqs_per_body[:max_requests]:
         hf_label_logprobs(hf, seqs, labels, len(seqs))
@@ -314,10 +317,7 @@ def main(argv=None) -> dict:
     offline = trio.run(run_offline, sides.engine_config(args, path), bodies)
     for level in levels:
         level["vs_offline"] = level["items_per_s"] / offline["items_per_s"]
-    progress = not args.no_progress
-    base = run_baseline(
-        path, args.dtype, seqs, labels, args.baseline_requests, args.baseline_seconds, progress
-    )
+    base = run_baseline(args, path, seqs, labels)
     baseline = baseline_side(base, cost, seqs, peaks, args.dtype)
     best = max(levels, key=lambda lv: lv["items_per_s"])
     description = (

@@ -3,6 +3,9 @@ with positive throughput figures and a PNG chart. Timings are measured, never as
 
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import msgspec
@@ -41,6 +44,7 @@ def run(main, tiny, tmp_path, name: str, *extra: str) -> dict:
     assert peaks["by_path"][peaks["bfloat16_path"]] and peaks["cpu"]
     assert "xla" in peaks["by_path"] and ("torch" in peaks["by_path"])  # torch: a test dependency
     assert report["model"] == "llama-untied"  # the checkpoint's name, not where it lies
+    assert report["baseline_device"] == "cpu"  # the default
     recorded = {k: v for k, v in report.items() if k != "argv"}  # argv: the command as typed
     assert not [s for s in strings(recorded) if s.startswith("/") or str(tmp_path) in s]
     return report
@@ -64,7 +68,11 @@ def test_w1_rerank_batch(tiny, tmp_path, capsys):
     positive(report["baseline"], "tokens_per_s", "mfu", "flops")
     assert set(report["baseline"]["per_batch_size"]) == {"1", "4"}
     assert report["max_abs_logprob_diff_vs_baseline"] < 1e-3  # same scores, f32
-    assert capsys.readouterr().out.count("\n") == 1  # one summary line
+    # start-up (load + the bucket grid, compiled before the first request) is reported apart
+    assert report["engine"]["startup_s"] > 0 and report["engine"]["startup_compiles"] > 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1  # one summary line
+    assert "transformers (cpu)" in out and "engine start-up " in out
     png = tmp_path / "w1.png"
     png.unlink()
     entry.main(["chart", str(tmp_path / "w1.json")])  # redrawn from the report alone
@@ -108,6 +116,56 @@ def test_w3_serving(tiny, tmp_path):
     offline = report["offline"]
     assert offline["requests"] == 16  # the --quick pool, every body once per pass
     positive(offline, "items", "items_per_s", "wall_s")
+
+
+def test_baseline_device_option(monkeypatch, capsys):
+    import torch
+
+    assert w1.parse([]).baseline_device == "cpu" == w2.parse(["--quick"]).baseline_device
+    assert w2.parse(["--baseline-device", "cpu"]).baseline_device == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as refused:
+        w2.parse(["--baseline-device", "cuda"])
+    assert refused.value.code == 2  # argparse's usage error, before any measurement
+    assert "--baseline-device cuda" in capsys.readouterr().err
+
+
+def test_cuda_baseline_leaves_gpu_memory_for_torch(monkeypatch):
+    import torch
+
+    for name in common.JAX_MEMORY_VARS:  # unset for the test, restored after it
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    w1.parse(["--baseline-device", "cpu"])
+    assert not [name for name in common.JAX_MEMORY_VARS if name in os.environ]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    w1.parse(["--baseline-device", "cuda"])
+    assert os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+    for name in common.JAX_MEMORY_VARS:  # a user's own setting of any of them stands
+        env = {name: "0.5"}
+        common.share_gpu_memory(env)
+        assert env == {name: "0.5"}
+
+
+def test_parsing_starts_no_jax_backend():
+    """JAX reads its memory variables when it creates a backend: parsing must come first."""
+    code = (
+        "import bench.__main__; from bench import w1, w2; w1.parse(['--quick']); w2.parse([]); "
+        "from jax._src import xla_bridge; assert not xla_bridge.backends_are_initialized()"
+    )
+    root = Path(common.__file__).resolve().parents[1]
+    subprocess.run([sys.executable, "-c", code], cwd=root, check=True, timeout=120)
+
+
+def test_report_stands_without_matplotlib(tmp_path, capsys):
+    def chart(report, png):
+        raise ModuleNotFoundError("No module named 'matplotlib'", name="matplotlib")
+
+    args = common.parser("x").parse_args(["--json", str(tmp_path / "r.json")])
+    path = common.publish({"workload": "w1", "dtype": "float32"}, args, "tiny", chart, "fine")
+    assert json.loads(path.read_text()) == {"workload": "w1", "dtype": "float32"}
+    out = capsys.readouterr()
+    assert out.out == f"w1 tiny float32: fine -> {path}\n" and "matplotlib" in out.err
 
 
 def test_reports_name_the_model_never_its_path(tmp_path):
