@@ -402,3 +402,32 @@ def test_snapshot_records_every_path_and_finds_a_changed_score(tiny, tmp_path, c
     assert snapshot.compare(saved, {k: v for k, v in saved.items() if k != "w1-float32"}) == [
         "w1-float32"
     ]
+
+
+def test_host_measures_each_workload_on_a_device_that_computes_nothing(tiny, tmp_path):
+    from bench import host
+
+    out = tmp_path / "host.json"
+    argv = ["--model", tiny, "--quick", "--no-progress", "--no-precompile", "--json", str(out)]
+    results = host.main(argv)
+    assert json.loads(out.read_text())["w2"]["tokens"] == results["w2"]["tokens"]
+    assert [results[w]["requests"] for w in ("w1", "w2", "w3")] == [1, 1, 4]
+    assert results["w2"]["tokens"] == 8 * (100 + 20)  # each item's sequence: prompt + item
+    for name in ("w1", "w2", "w3"):
+        stages = results[name]["stages_us"]
+        assert list(stages) == [*host.STAGES, "rest"]
+        assert min(stages[s] for s in host.STAGES if s != "queue") > 0
+        assert results[name]["us_per_token"] > 0
+
+
+def test_the_null_program_answers_zeros_of_the_batch_shape(tiny):
+    from bench.host import NullProgram
+    from engine import load_model
+    from engine.packing import empty_batch
+
+    program = load_model(tiny, dtype="float32").program
+    null = NullProgram(program)
+    null.compile((128, 16, 4), 64)  # compiles nothing
+    out = null.run(empty_batch(128, 16, 4, 64))
+    assert out.shape == (16, 4) and out.dtype == np.float32 and not out.any()
+    assert null.kv is program.kv  # the rest is the real program's
