@@ -6,6 +6,8 @@ either ends an inserted sequence or branches. `match` and `insert` are the opera
 cache needs; `group_by_prefix` plans shared-prefix groups for the packed batch (DESIGN §3).
 """
 
+from cpython.list cimport PyList_GET_ITEM
+from cpython.object cimport PyObject
 from libc.string cimport memcmp
 
 from _native._ids cimport as_i32
@@ -39,11 +41,12 @@ cdef _Node _new_node(object owner, const int* edge, Py_ssize_t length, Py_ssize_
     return node
 
 
-cdef _Node _new_leaf(object toks, Py_ssize_t start, Py_ssize_t stop):
-    """A node owning a copy of `toks[start:stop]` (never empty), so callers may reuse `toks`."""
+cdef _Node _new_leaf(object toks, Py_ssize_t start, Py_ssize_t stop, Py_ssize_t depth):
+    """A node at `depth` owning a copy of `toks[start:stop]` (never empty), so callers may
+    reuse `toks`."""
     tail = np.array(toks[start:stop], dtype=np.int32)
     cdef const int[::1] view = tail
-    return _new_node(tail, &view[0], stop - start, stop)
+    return _new_node(tail, &view[0], stop - start, depth)
 
 
 cdef _Node _split(_Node parent, _Node child, Py_ssize_t k):
@@ -124,7 +127,7 @@ cdef _Node _walk(_Node node, object toks, Py_ssize_t n, bint grow, Py_ssize_t* s
             stored[0] = i
             if not grow:
                 return node
-            child = _new_leaf(toks, i, n)
+            child = _new_leaf(toks, i, n, node.depth + n - i)
             node.children[t[i]] = child
             return child
         k = _common(child.edge, t + i, min(child.length, n - i))
@@ -148,9 +151,11 @@ def group_by_prefix(seqs):
     whichever saves more (the whole group on ties). Sequences that join no group are singletons
     `(0, (i,))`. Members ascend; groups are ordered by their first member.
     """
+    cdef Py_ssize_t shared = shared_prefix(seqs)
     cdef RadixTree tree = RadixTree()
+    tree.root.depth = shared  # the tree of what follows the tokens every sequence shares
     for seq in seqs:
-        toks = as_i32(seq)
+        toks = as_i32(seq[shared:] if shared else seq)
         tree._insert(toks, max(toks.shape[0] - 1, 0))
     _plan(tree.root)
     cdef list groups = []
@@ -165,6 +170,48 @@ def group_by_prefix(seqs):
             stack.extend(node.children.values())
     groups.sort(key=_first_member)
     return groups
+
+
+def shared_prefix(seqs):
+    """How many leading tokens all of `seqs` share, each keeping at least its last token.
+
+    The prompt of a multi-item request is shared by every sequence: found by comparing token
+    objects (the same objects when the sequences were joined from one query) rather than
+    converting every copy of it.
+    """
+    if not len(seqs):
+        return 0
+    cdef Py_ssize_t limit = min([len(seq) for seq in seqs]) - 1
+    first = seqs[0]
+    for seq in seqs[1:]:
+        if limit <= 0:
+            return 0
+        if type(seq) is list and type(first) is list:
+            limit = _common_objects(<list>first, <list>seq, limit)
+        else:
+            a, b = as_i32(first), as_i32(seq)
+            limit = _common_i32(a, b, limit)
+    return max(limit, 0)
+
+
+cdef Py_ssize_t _common_objects(list a, list b, Py_ssize_t n) except -1:
+    """Length of the common prefix of a[:n] and b[:n], Python ints compared by identity first."""
+    cdef Py_ssize_t k = 0
+    cdef PyObject* x
+    cdef PyObject* y
+    while k < n:
+        x = PyList_GET_ITEM(a, k)
+        y = PyList_GET_ITEM(b, k)
+        if x != y and <object>x != <object>y:
+            return k
+        k += 1
+    return n
+
+
+cdef Py_ssize_t _common_i32(object a, object b, Py_ssize_t n):
+    cdef const int[::1] va = a
+    cdef const int[::1] vb = b
+    return _common(&va[0], &vb[0], n) if n > 0 else 0
 
 
 def _first_member(group):

@@ -62,7 +62,7 @@ def _walk(node: _Node, toks: list[int], grow: bool) -> tuple[_Node, int]:
         if child is None:
             if not grow:
                 return node, i
-            leaf = _Node(toks[i:], n)
+            leaf = _Node(toks[i:], node.depth + n - i)
             node.children[toks[i]] = leaf
             return leaf, i
         k = _common(child.edge, toks, i, min(len(child.edge), n - i))
@@ -83,9 +83,11 @@ def group_by_prefix(seqs: Sequence[Sequence[int]]) -> list[tuple[int, tuple[int,
     whichever saves more (the whole group on ties). Sequences that join no group are singletons
     `(0, (i,))`. Members ascend; groups are ordered by their first member.
     """
+    shared = shared_prefix(seqs)
     tree = RadixTree()
+    tree._root.depth = shared  # the tree of what follows the tokens every sequence shares
     for seq in seqs:
-        tree.insert(seq[:-1])
+        tree.insert(seq[shared:-1])
     whole = _plan(tree._root)
     groups = []
     stack = [tree._root]
@@ -98,6 +100,19 @@ def group_by_prefix(seqs: Sequence[Sequence[int]]) -> list[tuple[int, tuple[int,
             stack.extend(node.children.values())
     groups.sort(key=lambda g: g[1][0])
     return groups
+
+
+def shared_prefix(seqs: Sequence[Sequence[int]]) -> int:
+    """How many leading tokens all of `seqs` share, each keeping at least its last token."""
+    if not len(seqs):
+        return 0
+    limit = min(len(seq) for seq in seqs) - 1
+    first = _as_list(seqs[0])
+    for seq in seqs[1:]:
+        if limit <= 0:
+            return 0
+        limit = _common(first, _as_list(seq), 0, limit)
+    return max(limit, 0)
 
 
 def _as_list(seq: Sequence[int]) -> list[int]:

@@ -145,7 +145,7 @@ class TokenizerState:
                 return self._pairs(r, items)
             if inputs.is_text_request(r.query, items):
                 return inputs.texts_to_join(r.query, items, item_first=r.item_first)
-            inputs.check_query_ids(r.query, self.vocab_size)
+            inputs.check_ids(r.query, items, self.vocab_size)
             return inputs.join_ids(r.query, items, item_first=r.item_first)
         except InvalidInput as e:
             return _rejected(r.id, e)
@@ -178,6 +178,8 @@ class TokenizerState:
         truncated, id_space = 0, self.vocab_size
         if isinstance(staged, Encoded):
             (staged, truncated), id_space = staged, self.pairs.id_space
+        elif staged and not isinstance(staged[0], str):
+            id_space = None  # ids the caller gave, checked before they were joined (`_stage`)
         seqs = [encoded[s] if isinstance(s, str) else s for s in staged]
         try:
             inputs.check_sequences(seqs, vocab_size=id_space, max_len=self.max_len)

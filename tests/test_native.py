@@ -184,6 +184,24 @@ def test_group_by_prefix_equals_the_sorted_lcp_oracle(seqs):
         assert impl.group_by_prefix(seqs) == expected
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(0, 3), max_size=12),
+    st.lists(st.lists(st.integers(0, 3), max_size=6), min_size=1, max_size=12),
+    st.booleans(),
+)
+def test_a_prompt_every_sequence_shares_groups_like_the_oracle(prompt, tails, fresh):
+    """The prompt all sequences share is found first (token objects compared: the same objects
+    when joined from one query, equal ones otherwise) and the rest grouped below it."""
+    prompt = [1000 + t for t in prompt]  # beyond the interpreter's cached small ints
+    copy = lambda: [int(str(t)) for t in prompt] if fresh else prompt
+    seqs = [copy() + [1000 + t for t in tail] for tail in tails]
+    expected = sorted_lcp_groups(seqs)
+    for impl in _native.IMPLEMENTATIONS.values():
+        assert impl.group_by_prefix(seqs) == expected
+        assert impl.group_by_prefix([np.array(s, np.int32) for s in seqs]) == expected
+
+
 PROMPT = [(7 * i) % 5 for i in range(300)]
 
 
