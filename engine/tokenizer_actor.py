@@ -129,8 +129,7 @@ class TokenizerState:
             t for s in staged if isinstance(s, list) for t in s if isinstance(t, str)
         )
         encoded = self._encode(texts)
-        elapsed = time.perf_counter() - start
-        return [self._finish(r, s, encoded, elapsed) for r, s in zip(requests, staged, strict=True)]
+        return [self._finish(r, s, encoded, start) for r, s in zip(requests, staged, strict=True)]
 
     def _stage(self, r: ScoreRequest) -> list | Rejected:
         """The texts (str) or id sequences (list) of a request, or why it is rejected."""
@@ -172,7 +171,9 @@ class TokenizerState:
             self.cache.put(text, enc.ids)
         return found
 
-    def _finish(self, r, staged, encoded, elapsed: float) -> Tokenized | Rejected | Cancel:
+    def _finish(self, r, staged, encoded, start: float) -> Tokenized | Rejected | Cancel:
+        """The request's sequences, checked; its tokenize time counts from `start` (the batch
+        call's) to the end of its own checks."""
         if isinstance(staged, Rejected | Cancel):
             return staged
         truncated, id_space = 0, self.vocab_size
@@ -190,7 +191,7 @@ class TokenizerState:
             sequences=seqs,
             labels=self._labels(r),
             arrived=r.arrived,
-            tokenize_s=elapsed,
+            tokenize_s=time.perf_counter() - start,
             truncated=truncated,
         )
 
