@@ -79,10 +79,11 @@ def test_runners_compile_no_more_at_once_than_their_limiter_allows(limit):
                 run = functools.partial(runner.run, compiling=compiling, progress=False)
                 args = (_Compiling(record, gate), batches, done, [])
                 nursery.start_soon(functools.partial(nursery.start, run, *args))
-            while compiling.statistics().tasks_waiting < 3 - limit:  # the rest queue behind
-                await trio.sleep(0.01)
-            while record["now"] < limit:
-                await trio.sleep(0.01)
+            with trio.fail_after(120):  # a generous bound on states polled, not a timing
+                while compiling.statistics().tasks_waiting < 3 - limit:  # the rest queue behind
+                    await trio.sleep(0.01)
+                while record["now"] < limit:
+                    await trio.sleep(0.01)
             gate.set()
 
     trio.run(main)
