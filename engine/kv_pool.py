@@ -2,8 +2,6 @@
 losing them to a failed step. Which pages hold which token prefixes is the host's business
 (`engine.kv_cache`); the forward reads and writes the arrays (`kernels.paging`)."""
 
-import os
-
 import jax
 import numpy as np
 
@@ -24,10 +22,7 @@ def default_kv_cache_bytes(bytes_per_token: int, memory: int | None = None) -> i
     """The default pool: `1/DEFAULT_POOL_SHARE` of `memory` (None: the default device's, the
     host's on CPU), capped at what `DEFAULT_POOL_TOKENS` tokens need."""
     if memory is None:
-        stats = jax.devices()[0].memory_stats() or {}
-        memory = stats.get("bytes_limit") or os.sysconf("SC_PAGE_SIZE") * os.sysconf(
-            "SC_PHYS_PAGES"
-        )
+        memory = devices.memory(jax.devices()[0])
     return min(memory // DEFAULT_POOL_SHARE, DEFAULT_POOL_TOKENS * bytes_per_token)
 
 

@@ -1,5 +1,7 @@
 """The platform the engine's programs run on, asked of JAX in this one place."""
 
+import os
+
 import jax
 
 
@@ -15,6 +17,18 @@ def share_memory() -> bool:
     (`--xla_force_host_platform_device_count`) all take the host's. Runners on such devices
     divide one default KV pool and compile one at a time."""
     return backend() == "cpu"
+
+
+def host_memory() -> int:
+    """This machine's physical memory in bytes."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def memory(device) -> int:
+    """Bytes `device` can hold in all: an accelerator's limit, a CPU device's the host's
+    physical memory."""
+    stats = device.memory_stats() or {}
+    return stats.get("bytes_limit") or host_memory()
 
 
 def free_memory(device) -> int | None:

@@ -34,3 +34,8 @@ def test_a_pool_that_cannot_fit_is_refused_naming_kv_cache_bytes(checkpoint, mon
 def test_unknown_free_memory_refuses_nothing(checkpoint, monkeypatch):
     monkeypatch.setattr(devices, "free_memory", lambda device: None)
     assert DeviceProgram(checkpoint, dtype="float32", kv_cache_bytes=2 * MIB).kv.num_pages > 0
+
+
+def test_a_cpu_device_holds_the_hosts_memory():
+    cpu = jax.devices("cpu")[0]
+    assert devices.memory(cpu) == devices.host_memory() > devices.free_memory(cpu) > 0

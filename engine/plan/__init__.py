@@ -24,10 +24,10 @@ from engine.plan.devices import (
     PUBLISHED,
     Device,
     device,
-    host_memory,
     kinds_for_this_host,
 )
 from engine.program import DTYPES, DeviceProgram
+from kernels import devices
 
 __all__ = [
     "KINDS",
@@ -60,7 +60,7 @@ def capacity(cfg: ModelConfig, dtype: str, memory: int, weight_bytes: int) -> di
 def capacities(cfg: ModelConfig, dtype: str, weight_bytes: int) -> dict[str, dict]:
     """`capacity` on this host ("cpu") and on each published device kind: what needs no
     compile or measurement (the service reports it)."""
-    memories = {"cpu": host_memory()} | {kind: d.memory for kind, d in PUBLISHED.items()}
+    memories = {"cpu": devices.host_memory()} | {kind: d.memory for kind, d in PUBLISHED.items()}
     return {kind: capacity(cfg, dtype, m, weight_bytes) for kind, m in memories.items()}
 
 

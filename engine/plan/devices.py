@@ -88,14 +88,9 @@ def measure_cpu(gemm_size: int = 2048, repeats: int = 3) -> Device:
         name: gemm_gflops(gemm_size, dtype, repeats) * 1e9
         for name, dtype in (("bfloat16", jnp.bfloat16), ("float32", jnp.float32))
     }
-    memory = host_memory()
+    memory = devices.host_memory()
     source = f"measured here: {gemm_size}^3 GEMM best of {repeats}, {os.cpu_count()} cores"
     return Device("this machine's CPU", peak, copy_bandwidth(), memory, source)
-
-
-def host_memory() -> int:
-    """This machine's physical memory in bytes."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def device(kind: str) -> Device:
