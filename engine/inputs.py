@@ -66,11 +66,14 @@ def check_ids(query: Sequence[int], items: Sequence[Sequence[int]], vocab_size: 
     """ValueError naming `query` or `items[i]` for an id outside the vocabulary. Checked before
     the two are joined: the query once, not once per item (500 items of a 2,000-token prompt
     would be a million ids)."""
-    if query and (min(query) < 0 or max(query) >= vocab_size):
-        raise InvalidInput("query", f"token id outside the vocabulary [0, {vocab_size})")
+    _check_vocabulary(query, "query", vocab_size)
     for i, item in enumerate(items):
-        if item and (min(item) < 0 or max(item) >= vocab_size):
-            raise InvalidInput(f"items[{i}]", f"token id outside the vocabulary [0, {vocab_size})")
+        _check_vocabulary(item, f"items[{i}]", vocab_size)
+
+
+def _check_vocabulary(ids: Sequence[int], field: str, vocab_size: int) -> None:
+    if ids and (min(ids) < 0 or max(ids) >= vocab_size):
+        raise InvalidInput(field, f"token id outside the vocabulary [0, {vocab_size})")
 
 
 def texts_to_join(query: str, items: Sequence[str], *, item_first: bool) -> list[str]:
@@ -96,8 +99,8 @@ def check_sequences(seqs: Sequence[Sequence[int]], *, vocab_size: int | None, ma
                 f"sequence of {len(seq)} tokens exceeds the model context of {max_len}. "
                 "Please reduce the length of the input.",
             )
-        if vocab_size is not None and (min(seq) < 0 or max(seq) >= vocab_size):
-            raise InvalidInput(f"items[{i}]", f"token id outside the vocabulary [0, {vocab_size})")
+        if vocab_size is not None:
+            _check_vocabulary(seq, f"items[{i}]", vocab_size)
 
 
 def build_sequences(
