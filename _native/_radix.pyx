@@ -183,14 +183,16 @@ def shared_prefix(seqs):
         return 0
     cdef Py_ssize_t limit = min([len(seq) for seq in seqs]) - 1
     first = seqs[0]
+    first_i32 = None  # converted once, if any sequence is not a list
     for seq in seqs[1:]:
         if limit <= 0:
             return 0
         if type(seq) is list and type(first) is list:
             limit = _common_objects(<list>first, <list>seq, limit)
         else:
-            a, b = as_i32(first), as_i32(seq)
-            limit = _common_i32(a, b, limit)
+            if first_i32 is None:
+                first_i32 = as_i32(first)
+            limit = _common_i32(first_i32, as_i32(seq), limit)
     return max(limit, 0)
 
 
