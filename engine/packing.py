@@ -273,10 +273,10 @@ class _Region(NamedTuple):
         c = buckets.context_for(len(pages) * page_size)
         slots = np.full(t, -1, np.int32)
         in_context = np.zeros(len(positions), bool)
+        spans = (positions, pstart, pend, in_context)  # `_place` writes into these
         laid_out = zip(_bases(view, view_chunks), cached.contexts, region, strict=True)
         for (base, end, chunk), ctx, (offset, _) in laid_out:
             if ctx is not None:
-                spans = (positions, pstart, pend, in_context)
                 _place(ctx, (base, end, chunk.prefix_len), offset, spans, slots, page_size)
         padded = np.concatenate([pages, np.zeros(c // page_size - len(pages), np.int32)])
         shift = lambda x: np.where(in_context, x, x + c)
