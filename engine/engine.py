@@ -396,7 +396,8 @@ class Engine:
         """The token sequences a score request of these fields runs, one per item, exactly as
         the engine's tokenizer builds them (`pairs`: a cross-encoder's `PairOptions`);
         InvalidInput naming the field for bad input."""
-        return self.tokenization.tokenize(query, items, label_token_ids, pairs=pairs).sequences
+        tokenized = self.tokenization.tokenize(query, items, label_token_ids, pairs=pairs)
+        return inputs.as_lists(tokenized.sequences)
 
 
 @asynccontextmanager

@@ -8,7 +8,9 @@ is allowed; only a sequence with no token at all is an error. Every problem rais
 """
 
 from collections.abc import Sequence
+from itertools import chain
 
+import numpy as np
 import tokenizers
 
 from engine.errors import InputTooLarge, InvalidInput
@@ -62,15 +64,6 @@ def check_labels(label_token_ids: Sequence[int], vocab_size: int) -> list[int]:
     return list(label_token_ids)
 
 
-def check_ids(query: Sequence[int], items: Sequence[Sequence[int]], vocab_size: int) -> None:
-    """ValueError naming `query` or `items[i]` for an id outside the vocabulary. Checked before
-    the two are joined: the query once, not once per item (500 items of a 2,000-token prompt
-    would be a million ids)."""
-    _check_vocabulary(query, "query", vocab_size)
-    for i, item in enumerate(items):
-        _check_vocabulary(item, f"items[{i}]", vocab_size)
-
-
 def _check_vocabulary(ids: Sequence[int], field: str, vocab_size: int) -> None:
     if ids and (min(ids) < 0 or max(ids) >= vocab_size):
         raise InvalidInput(field, f"token id outside the vocabulary [0, {vocab_size})")
@@ -81,17 +74,60 @@ def texts_to_join(query: str, items: Sequence[str], *, item_first: bool) -> list
     return [it + query if item_first else query + it for it in items]
 
 
-def join_ids(query: Sequence[int], items: Sequence[Sequence[int]], *, item_first: bool):
-    """The id sequences, one per item (an empty query or item adds nothing)."""
-    query = list(query)
-    return [[*it, *query] if item_first else [*query, *it] for it in items]
+def join_ids(
+    query: Sequence[int], items: Sequence[Sequence[int]], *, item_first: bool, vocab_size: int
+) -> list[np.ndarray]:
+    """The id sequences i32[len(query) + len(item)], one per item (an empty query or item adds
+    nothing), as views into one buffer; ValueError naming `query` or `items[i]` for an id outside
+    the vocabulary.
+
+    The ids are checked before they are joined (the query once, not once per item), and the
+    sequences are arrays, not lists: 500 items of a 2,000-token prompt are a million ids, which
+    as Python lists the garbage collector would walk again and again.
+    """
+    lengths = [len(it) for it in items]
+    try:
+        q = np.fromiter(query, np.int64, len(query))  # i64[Q]
+        flat = np.fromiter(chain.from_iterable(items), np.int64, sum(lengths))  # i64[sum(lengths)]
+    except OverflowError:  # an id beyond 64 bits
+        q = flat = np.array([-1])
+    if _outside(q, vocab_size) or _outside(flat, vocab_size):
+        field = _first_outside(query, items, vocab_size)
+        raise InvalidInput(field, f"token id outside the vocabulary [0, {vocab_size})")
+    out = np.empty(len(q) * len(items) + len(flat), np.int32)
+    seqs, at, start = [], 0, 0
+    for n in lengths:
+        seq, item = out[at : at + len(q) + n], flat[start : start + n]
+        if item_first:
+            seq[:n], seq[n:] = item, q
+        else:
+            seq[: len(q)], seq[len(q) :] = q, item
+        seqs.append(seq)
+        at, start = at + len(seq), start + n
+    return seqs
+
+
+def as_lists(seqs: Sequence[Sequence[int]]) -> list[list[int]]:
+    """Sequences as lists of Python ints (what the public API answers; the engine also runs
+    i32 arrays, `join_ids`)."""
+    return [s.tolist() if isinstance(s, np.ndarray) else list(s) for s in seqs]
+
+
+def _outside(ids: np.ndarray, vocab_size: int) -> bool:
+    return bool(len(ids)) and (ids.min() < 0 or ids.max() >= vocab_size)
+
+
+def _first_outside(query: Sequence[int], items: Sequence[Sequence[int]], vocab_size: int) -> str:
+    """The field holding the first id outside the vocabulary (only once one is known to)."""
+    fields = [("query", query), *((f"items[{i}]", it) for i, it in enumerate(items))]
+    return next(f for f, ids in fields if any(not 0 <= t < vocab_size for t in ids))
 
 
 def check_sequences(seqs: Sequence[Sequence[int]], *, vocab_size: int | None, max_len: int) -> None:
     """ValueError for an empty sequence, one longer than the context, or an id outside the
-    vocabulary (None: the ids were checked before they were joined, `check_ids`)."""
+    vocabulary (None: the ids were checked when they were joined, `join_ids`)."""
     for i, seq in enumerate(seqs):
-        if not seq:
+        if not len(seq):
             raise InvalidInput(f"items[{i}]", "no tokens: the query and the item are both empty")
         if len(seq) > max_len:
             raise InputTooLarge(
@@ -105,10 +141,11 @@ def check_sequences(seqs: Sequence[Sequence[int]], *, vocab_size: int | None, ma
 
 def build_sequences(
     tokenizer: tokenizers.Tokenizer, query: Query, items: Items, *, item_first: bool
-) -> list[list[int]]:
-    """One token sequence per item, built with sglang `/v1/score` semantics (unvalidated ids)."""
+) -> list:
+    """One token sequence per item, built with sglang `/v1/score` semantics."""
     items = normalize_items(items)
     if is_text_request(query, items):
         texts = texts_to_join(query, items, item_first=item_first)
-        return [e.ids for e in tokenizer.encode_batch(texts)]
-    return join_ids(query, items, item_first=item_first)
+        return [e.ids for e in tokenizer.encode_batch_fast(texts)]
+    vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+    return join_ids(query, items, item_first=item_first, vocab_size=vocab_size)

@@ -6,6 +6,8 @@ scheduler ──Batch──> device runner ──BatchDone──> scheduler ─�
 A `Cancel` travels the same way as its request, so it always arrives after it.
 """
 
+from collections.abc import Sequence
+
 import msgspec
 import numpy as np
 
@@ -45,7 +47,7 @@ class Tokenized(msgspec.Struct, frozen=True, kw_only=True):
     """A validated request: one token sequence per item, with its labels."""
 
     id: int
-    sequences: list[list[int]]
+    sequences: list[Sequence[int]]  # lists of ids, or i32 arrays (`inputs.join_ids`)
     labels: list[int]
     arrived: float
     tokenize_s: float

@@ -171,7 +171,7 @@ class ScoringModel:
         self, query: inputs.Query, items: inputs.Items, *, item_first: bool = False
     ) -> list[list[int]]:
         """The validated token sequences `score` would run, one per item (labels aside)."""
-        return self.tokenize(query, items, [0], item_first=item_first).sequences
+        return inputs.as_lists(self.tokenize(query, items, [0], item_first=item_first).sequences)
 
     def label_logprobs(
         self, seqs: Sequence[Sequence[int]], labels: Sequence[Sequence[int]]

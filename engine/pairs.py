@@ -47,7 +47,7 @@ class PairEncoder:
         """Each (query, item) pair's coded ids, truncated as `options` say; InvalidInput
         naming `items[i]` for a token outside the model's vocabulary."""
         pairs = [(query, item) for item in items]
-        encodings = self.whole.encode_batch(pairs)
+        encodings = self.whole.encode_batch_fast(pairs)
         over = [i for i, e in enumerate(encodings) if len(e.ids) > options.limit]
         truncated = 0
         if over:
@@ -56,7 +56,7 @@ class PairEncoder:
                 raise InvalidInput(
                     "max_prompt_tokens", f"a pair needs at least {least} tokens for this model"
                 )
-            cut = self._cutter(options).encode_batch([pairs[i] for i in over])
+            cut = self._cutter(options).encode_batch_fast([pairs[i] for i in over])
             for i, e in zip(over, cut, strict=True):
                 truncated += len(encodings[i].ids) - len(e.ids)
                 encodings[i] = e

@@ -107,7 +107,7 @@ class PiecewiseTemplate(NamedTuple):
 
 
 def _ids(tok: tokenizers.Tokenizer, parts: list[str]) -> list[int]:
-    return [i for enc in tok.encode_batch(parts, add_special_tokens=False) for i in enc.ids]
+    return [i for enc in tok.encode_batch_fast(parts, add_special_tokens=False) for i in enc.ids]
 
 
 MXBAI_RERANK_V2 = PiecewiseTemplate(

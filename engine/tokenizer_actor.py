@@ -1,7 +1,8 @@
 """Tokenizer actor: validates score requests and turns them into token sequences.
 
-Everything pending is encoded in one `encode_batch` call in a worker thread, so the loop stays
-live; token ids are cached by text (bounded LRU). A cross-encoder's pair requests are encoded
+Everything pending is encoded in one batch call in a worker thread, so the loop stays live
+(`encode_batch_fast`: the ids without character offsets, which nothing here reads); token ids
+are cached by text (bounded LRU). A cross-encoder's pair requests are encoded
 as pairs (`engine.pairs`), one call per request. A bad request fails alone with a `Rejected`.
 A `Cancel` is passed on in its place among the requests, so it always follows its request.
 """
@@ -144,8 +145,9 @@ class TokenizerState:
                 return self._pairs(r, items)
             if inputs.is_text_request(r.query, items):
                 return inputs.texts_to_join(r.query, items, item_first=r.item_first)
-            inputs.check_ids(r.query, items, self.vocab_size)
-            return inputs.join_ids(r.query, items, item_first=r.item_first)
+            return inputs.join_ids(
+                r.query, items, item_first=r.item_first, vocab_size=self.vocab_size
+            )
         except InvalidInput as e:
             return _rejected(r.id, e)
 
@@ -166,7 +168,7 @@ class TokenizerState:
         """Ids for every text: cached ones, and the rest encoded in one batch call."""
         found = {t: self.cache.get(t) for t in texts}
         missing = [t for t, ids in found.items() if ids is None]
-        for text, enc in zip(missing, self.tokenizer.encode_batch(missing), strict=True):
+        for text, enc in zip(missing, self.tokenizer.encode_batch_fast(missing), strict=True):
             found[text] = enc.ids
             self.cache.put(text, enc.ids)
         return found

@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 import trio
 
@@ -47,8 +48,24 @@ def test_text_and_ids_follow_score_semantics(tok):
     )
     assert [type(m) for m in out] == [Tokenized, Tokenized]
     assert out[0].sequences == [tok.encode("Is it? yes").ids, tok.encode("Is it? no").ids]
-    assert out[1].sequences == [[7, 5, 6], [8, 9, 5, 6]]
+    assert [s.tolist() for s in out[1].sequences] == [[7, 5, 6], [8, 9, 5, 6]]
+    assert all(s.dtype == np.int32 for s in out[1].sequences)  # ids run as arrays, not lists
     assert out[0].labels == [1] and out[0].tokenize_s > 0
+
+
+@pytest.mark.parametrize(
+    "query, items, field",
+    [
+        ([5, 384], [[7]], "query"),
+        ([5], [[7], [8, -1], [384]], "items[1]"),
+        ([5], [[7], [9], [2**70]], "items[2]"),
+        ([2**64], [[7]], "query"),
+    ],
+)
+def test_ids_outside_the_vocabulary_name_their_field(tok, query, items, field):
+    (out,) = state(tok).process([req(0, query, items)])
+    assert isinstance(out, Rejected) and (out.kind, out.field) == (RejectKind.INVALID, field)
+    assert out.message == "token id outside the vocabulary [0, 384)"
 
 
 def test_bad_requests_fail_alone_with_their_kind(tok):
