@@ -18,10 +18,9 @@ def json_response(body, status: int = 200, headers: dict[str, str] | None = None
 
 
 def timing_headers(t: Timings) -> dict[str, str]:
-    """Per-stage times of one request in milliseconds."""
-    stages = {"tokenize": t.tokenize, "queue": t.queue, "batch-build": t.batch_build}
-    stages |= {"device": t.device, "total": t.total}
-    return {f"x-{name}-time": f"{seconds * 1e3:.3f}" for name, seconds in stages.items()}
+    """Per-stage times of one request in milliseconds (`x-batch-build-time`, ...)."""
+    stages = msgspec.structs.asdict(t)
+    return {f"x-{name.replace('_', '-')}-time": f"{s * 1e3:.3f}" for name, s in stages.items()}
 
 
 async def score(service: Service, request: Request) -> Response:

@@ -6,9 +6,11 @@ device program that computes nothing, so that every microsecond measured is the 
 The null program (`NullProgram`) puts each batch's arrays on the device, as a real step's
 transfer in does, and answers zeros of the batch's output shape at once. Each workload runs once
 untimed, then `--repeats` times with the KV cache flushed before each pass; the best pass is
-reported with the engine's per-stage split of it (`Timings`): tokenisation and validation, the
-wait in the queue, batch building (plan, radix match, packing, metadata and page tables), the
-device call (here: the transfer in), and the rest (actor hops, gathering outputs, answers).
+reported with the engine's per-stage split of it (`Timings`, as `/metrics` and the `x-*-time`
+headers give it): tokenisation and validation, the wait in the queue, the plan (prefix grouping,
+radix match, splitting into batches), packing (layout, attention metadata, page tables), the
+device call's dispatch (here: the transfer in) and its wait for the outputs, and the rest (actor
+hops, gathering outputs, answers).
 W3-like: `--clients` requests of a 15-40-token query and 1-8 items of 10-40 tokens at once.
 `--profile` also prints where the main thread's time goes (cProfile, by cumulative time): the
 scheduler and the answers run there; tokenisation and device calls run in worker threads.
@@ -22,6 +24,7 @@ from functools import partial
 from types import SimpleNamespace
 
 import jax
+import msgspec
 import numpy as np
 import trio
 
@@ -35,7 +38,9 @@ from engine.messages import Timings
 from engine.runner import batch_shape
 
 QUICK = dict(docs=8, prompt_tokens=100, shared_tokens=20, items=8, clients=4, repeats=1, gemm=[256])
-STAGES = ("tokenize", "queue", "batch_build", "device")
+# the request's wall time in parts: `Timings` less the sums (batch_build = plan + pack, device =
+# dispatch + wait), then the rest
+STAGES = ("tokenize", "queue", "plan", "pack", "dispatch", "wait")
 
 
 class NullProgram:
@@ -59,7 +64,8 @@ class NullProgram:
 
 def split(timings: Timings, wall_s: float) -> dict[str, float]:
     """Microseconds per stage of one request, the rest (hops, answers) last."""
-    stages = {name: getattr(timings, name) * 1e6 for name in STAGES}
+    parts = msgspec.structs.asdict(timings) | {"wait": timings.device - timings.dispatch}
+    stages = {name: parts[name] * 1e6 for name in STAGES}
     stages["rest"] = wall_s * 1e6 - sum(stages.values())
     return stages
 

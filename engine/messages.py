@@ -17,12 +17,17 @@ from engine.pairs import PairOptions
 
 
 class Timings(msgspec.Struct, frozen=True, kw_only=True):
-    """Per-stage wall times of one request, in seconds."""
+    """Per-stage wall times of one request, in seconds: each batch's stages count in full for
+    every request it carries. What `total` holds beyond the stages is the hops between actors
+    and gathering the answer."""
 
-    tokenize: float = 0.0
+    tokenize: float = 0.0  # validation and tokenisation
     queue: float = 0.0  # from tokenised to the first batch that carries it
-    batch_build: float = 0.0
-    device: float = 0.0
+    batch_build: float = 0.0  # plan + pack
+    plan: float = 0.0  # prefix grouping, radix match, splitting into batches
+    pack: float = 0.0  # flat layout, attention metadata and block schedule, page tables
+    device: float = 0.0  # the device calls, dispatch to outputs on the host
+    dispatch: float = 0.0  # the device calls' host part: transfers in, launch
     total: float = 0.0
 
 
@@ -88,6 +93,7 @@ class BatchDone(msgspec.Struct, frozen=True, kw_only=True):
     outputs: np.ndarray | None = None  # f32[S, L]
     error: str | None = None
     device_s: float = 0.0
+    dispatch_s: float = 0.0  # of `device_s`: until the program was launched
     pool_reset: bool = False  # the failure lost the KV pool: every cached page is gone
     retry: bool = False  # not run: planned against a pool lost since; its rows go back in line
 

@@ -5,6 +5,7 @@ Layout of one batch: for each chunk, the shared prefix once, then each member's 
 at the end. Positions restart at 0 for every sequence, so RoPE sees what one-by-one scoring sees.
 """
 
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import NamedTuple
 
@@ -107,6 +108,7 @@ class PackedBatch(NamedTuple):
     real_tokens: int  # tokens laid out before padding
     contexts: list[Context | None]  # per chunk, to commit or abort when the batch is done
     cached: list[int]  # tokens of each real score row's sequence read from the pool
+    pack_s: float = 0.0  # the host's time to pack it
 
 
 def plan(
@@ -203,6 +205,7 @@ def pack(
     bucket. `whole` sequences (an encoder's) have every token see all of its sequence, and are
     scored at their first token.
     """
+    start = time.perf_counter()
     cached = cached or Cached([None] * len(chunks), 1)
     view, view_chunks = _without_cached(seqs, chunks, cached.contexts)
     # Unpadded: i32[N] for the five per-token arrays, i32[R] for rows and order.
@@ -242,7 +245,7 @@ def pack(
         window_meta,
     )
     counts = _cached_tokens(chunks, cached, order)
-    return PackedBatch(inputs, order, n, list(cached.contexts), counts)
+    return PackedBatch(inputs, order, n, list(cached.contexts), counts, time.perf_counter() - start)
 
 
 def _scored_first(rows: np.ndarray, order: np.ndarray, scored: int | None):

@@ -65,7 +65,10 @@ class RunnerState:
             return BatchDone(id=batch.id, error="the KV pool was lost", retry=True)
         start = time.perf_counter()
         try:
-            outputs = self._run(batch.inputs)
+            self._count_compile(batch_shape(batch.inputs))
+            pending = self.program.run(batch.inputs)
+            dispatched = time.perf_counter()
+            outputs = np.asarray(pending)  # f32[S, L]
         except Exception as e:  # one bad batch must not stop the runner
             self.stats.failed += 1
             reset = self.program.kv.recover()
@@ -73,11 +76,9 @@ class RunnerState:
         elapsed = time.perf_counter() - start
         self.stats.batches += 1
         self.stats.busy_s += elapsed
-        return BatchDone(id=batch.id, outputs=outputs, device_s=elapsed)
-
-    def _run(self, inputs: PackedInputs) -> np.ndarray:
-        self._count_compile(batch_shape(inputs))
-        return np.asarray(self.program.run(inputs))  # f32[S, L]
+        return BatchDone(
+            id=batch.id, outputs=outputs, device_s=elapsed, dispatch_s=dispatched - start
+        )
 
     def _count_compile(self, shape: tuple[int, int, int]) -> None:
         if shape not in self.compiled:

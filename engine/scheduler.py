@@ -41,7 +41,9 @@ class _Request:
     remaining: int = 0
     first_batch_at: float | None = None
     build_s: float = 0.0
+    pack_s: float = 0.0
     device_s: float = 0.0
+    dispatch_s: float = 0.0
     cached_tokens: int = 0  # prompt tokens read from the KV cache
     # per runner's cache: (node, epoch) of the cached prefix pinned while queued, or None
     holds: list[tuple[int, int] | None] = field(default_factory=list)
@@ -313,6 +315,7 @@ class SchedulerState:
         self.runner_batches[runner] += 1
         for rid in {rid for rid, _ in rows}:
             self.requests[rid].build_s += build_s
+            self.requests[rid].pack_s += packed.pack_s
         return batch
 
     def _complete(self, done: BatchDone, now: float) -> list[Scored | Rejected]:
@@ -328,6 +331,7 @@ class SchedulerState:
         live = {rid: self.requests[rid] for rid, _ in rows if rid in self.requests}
         for req in live.values():  # cancelled or failed requests are no longer in the table
             req.device_s += done.device_s
+            req.dispatch_s += done.dispatch_s
         for r, (rid, idx) in enumerate(rows):
             if rid in live:
                 live[rid].outputs[idx] = done.outputs[r, : len(live[rid].msg.labels)].tolist()
@@ -377,7 +381,10 @@ class SchedulerState:
             tokenize=req.msg.tokenize_s,
             queue=req.first_batch_at - req.queued_at,
             batch_build=req.build_s,
+            plan=req.build_s - req.pack_s,
+            pack=req.pack_s,
             device=req.device_s,
+            dispatch=req.dispatch_s,
         )
         prompt = sum(map(len, req.msg.sequences))
         return Scored(

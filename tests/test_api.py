@@ -199,10 +199,20 @@ def test_timing_headers_in_milliseconds(client):
     r = client.post("/v1/score", json=score_cases()[0])
     times = {
         stage: float(r.headers[f"x-{stage}-time"])
-        for stage in ("tokenize", "queue", "batch-build", "device", "total")
+        for stage in (
+            "tokenize",
+            "queue",
+            "batch-build",
+            "plan",
+            "pack",
+            "device",
+            "dispatch",
+            "total",
+        )
     }
     assert all(t >= 0 for t in times.values())
-    assert times["total"] >= times["device"] > 0
+    assert times["total"] >= times["device"] >= times["dispatch"] > 0
+    assert times["batch-build"] >= times["pack"] > 0
 
 
 # -- /v1/rerank ------------------------------------------------------------------------------
@@ -629,7 +639,16 @@ def test_metrics(client):
     ok = ("scoring_http_requests_total", (("route", "/v1/score"), ("status", "200")))
     bad = ("scoring_http_requests_total", (("route", "/v1/score"), ("status", "400")))
     assert after[ok] - before.get(ok, 0) == 1 and after[bad] - before.get(bad, 0) == 1
-    for stage in ("tokenize", "queue", "batch_build", "device", "total"):
+    for stage in (
+        "tokenize",
+        "queue",
+        "batch_build",
+        "plan",
+        "pack",
+        "device",
+        "dispatch",
+        "total",
+    ):
         key = ("scoring_stage_seconds_count", (("stage", stage),))
         assert after[key] - before.get(key, 0) == 1
     device = after[("scoring_stage_seconds_sum", (("stage", "device"),))]

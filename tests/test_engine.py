@@ -226,6 +226,10 @@ def test_timings_are_reported(tiny_path):
         assert t.total >= t.queue >= 0
         assert t.tokenize > 0 and t.device > 0 and t.batch_build > 0
         assert t.total >= t.device
+        # the two splits: batch building into planning and packing, the device call into its
+        # dispatch and the wait for outputs
+        assert t.plan > 0 and t.pack > 0 and t.plan + t.pack == pytest.approx(t.batch_build)
+        assert 0 < t.dispatch <= t.device
 
     run(main)
 
