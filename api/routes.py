@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from api import dashboard, rerank_answers, schemas, tei, tokens, vllm_score
+from api import dashboard, embeddings, rerank_answers, schemas, tei, tokens, vllm_score
 from api.errors import ApiError, internal_error
 from api.metrics import CONTENT_TYPE
 from api.openapi import ANY_JSON, HTML, NO_BODY, PLAIN_TEXT, Answer, Endpoint, openapi
@@ -77,12 +77,17 @@ LABEL_SCORE_PATHS = ("/v1/score",)
 RERANK_PATHS = ("/v1/rerank", "/v2/rerank", "/rerank", "/v1/reranking", "/score")
 
 
+EMBEDDING_PATHS = ("/v1/embeddings",)
+
+
 def scoring_endpoints(engine: Engine) -> list[str]:
-    """The scoring routes this model answers (`/invocations` takes either kind of body)."""
+    """The scoring and embedding routes this model answers (`/invocations` takes either kind
+    of scoring body)."""
     paths = [] if engine.task.label_scores_refused() else [*LABEL_SCORE_PATHS]
     if engine.rerank_unavailable is None:
         paths += RERANK_PATHS
-    return [*paths, "/invocations"] if paths else []
+    embeds = [] if engine.task.embeddings_refused() else [*EMBEDDING_PATHS]
+    return [*paths, "/invocations", *embeds] if paths else embeds
 
 
 async def model_info(service: Service, request: Request) -> Response:
@@ -287,6 +292,15 @@ ENDPOINTS = (
     _rerank_at("/v2/rerank", COHERE, "Rerank documents (Cohere v2, vLLM)"),
     _rerank_at("/rerank", (COHERE, TEI), "Rerank documents (TEI's list for `texts`, vLLM)", True),
     _rerank_at("/v1/reranking", rerank_answers.MixedbreadResponse, "Rerank documents (Mixedbread)"),
+    Endpoint(
+        "/v1/embeddings",
+        "POST",
+        embeddings.embeddings,
+        "One vector per text (OpenAI)",
+        embeddings.EmbeddingResponse,
+        embeddings.EmbeddingRequest,
+        errors=SCORING_ERRORS,
+    ),
     Endpoint(
         "/invocations",
         "POST",

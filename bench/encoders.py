@@ -154,10 +154,13 @@ def write_encoder(
     model_max_length: int,
     vocab: int = TOKENIZER_VOCAB,
     perturb: float = 0.0,
+    embedder: tuple[str, bool, int | None] | None = None,
 ) -> Path:
     """A random `*ForSequenceClassification` checkpoint of `config_class(**fields)` saved with
     `save_pretrained`, with a tokenizer of `kind`. `perturb` > 0 moves norms and biases off
-    their initial 1 and 0 so that a test sees them."""
+    their initial 1 and 0 so that a test sees them. `embedder`: the bare model instead, with
+    the sentence-transformers modules of that pooling ("cls" or "mean", normalised or not) and
+    that `max_seq_length` (`write_st_modules`)."""
     import torch
     import transformers
 
@@ -170,7 +173,8 @@ def write_encoder(
         **{**ids, **fields, "num_labels": fields.get("num_labels", 1)}
     )
     torch.manual_seed(seed)
-    model = transformers.AutoModelForSequenceClassification.from_config(cfg, dtype=torch.float32)
+    auto = transformers.AutoModel if embedder else transformers.AutoModelForSequenceClassification
+    model = auto.from_config(cfg, dtype=torch.float32)
     if perturb:
         with torch.no_grad():
             for name, p in model.named_parameters():
@@ -178,7 +182,33 @@ def write_encoder(
                     p.add_(perturb * torch.randn_like(p))
     model.save_pretrained(path, safe_serialization=True)
     save_pair_tokenizer(tok, kind, path, model_max_length)
+    if embedder:
+        write_st_modules(path, cfg.hidden_size, *embedder)
     return path
+
+
+def write_st_modules(
+    path: Path, dimension: int, mode: str, normalize: bool, max_seq_length: int | None
+) -> None:
+    """The files that make the model directory `path` a sentence-transformers embedder: its
+    modules (Transformer, Pooling of `mode`, Normalize when `normalize`), the pooling's config,
+    and `max_seq_length` (None: left to the tokenizer)."""
+    kinds = ["Transformer", "Pooling"] + ["Normalize"] * normalize
+    paths = ["", "1_Pooling", "2_Normalize"]
+    modules = [
+        {"idx": i, "name": str(i), "path": paths[i], "type": f"sentence_transformers.models.{k}"}
+        for i, k in enumerate(kinds)
+    ]
+    (path / "modules.json").write_text(json.dumps(modules, indent=2))
+    (path / "1_Pooling").mkdir(exist_ok=True)
+    pooling = {f"pooling_mode_{m}": mode == short for m, short in _POOLING_KEYS.items()}
+    pooling["word_embedding_dimension"] = dimension
+    (path / "1_Pooling" / "config.json").write_text(json.dumps(pooling, indent=2))
+    bert_config = {"max_seq_length": max_seq_length, "do_lower_case": False}
+    (path / "sentence_bert_config.json").write_text(json.dumps(bert_config))
+
+
+_POOLING_KEYS = {"cls_token": "cls", "mean_tokens": "mean", "max_tokens": "max"}
 
 
 def write_encoder_shape(path: Path, name: str, seed: int) -> None:

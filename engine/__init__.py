@@ -15,6 +15,7 @@ from engine.messages import Timings
 from engine.offline import ScoringModel, load_model
 from engine.program import DenseChoice, DeviceProgram
 from engine.results import (
+    EmbedResult,
     EngineInfo,
     EngineStats,
     KVPoolInfo,
@@ -28,6 +29,7 @@ __all__ = [
     "CheckpointError",
     "DenseChoice",
     "DeviceProgram",
+    "EmbedResult",
     "Engine",
     "EngineClosed",
     "EngineConfig",

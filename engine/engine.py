@@ -20,11 +20,13 @@ import trio
 
 from engine import inputs, kv_cache, runner, scheduler, templates, tokenizer_actor
 from engine.config import EngineConfig
+from engine.embed import INPUT, embed_options
 from engine.errors import (
     EngineClosed,
     EngineOverloaded,
     InvalidInput,
     RejectKind,
+    Unsupported,
     rejection_error,
 )
 from engine.loaders import load_checkpoint
@@ -34,6 +36,7 @@ from engine.placement import Placement, device_groups
 from engine.program import DeviceProgram, enable_compile_cache
 from engine.rerank import DOCUMENTS, Reranker, RerankOptions, by_query, check_rerank
 from engine.results import (
+    EmbedResult,
     EngineInfo,
     EngineStats,
     RerankHit,
@@ -205,8 +208,9 @@ class Engine:
         request = (query, items, label_token_ids, item_first, normaliser, pairs)
         scored = await self._submit(*request)
         timings = msgspec.structs.replace(scored.timings, total=trio.current_time() - start)
-        width = len(label_token_ids) + normaliser
-        outputs = np.asarray(scored.outputs, np.float32).reshape(-1, width)  # f32[N, L]
+        width = self.task.dimensions if pairs and pairs.alone else len(label_token_ids) + normaliser
+        rows = scored.outputs
+        outputs = np.stack(rows)[:, :width] if rows else np.zeros((0, width), np.float32)
         result = ScoreResult(
             scores=[],
             prompt_tokens=scored.prompt_tokens,
@@ -293,6 +297,34 @@ class Engine:
         except InvalidInput as e:
             raise e.renamed(DOCUMENTS) from None
         return reranker.relevance(outputs, raw), result
+
+    async def embed(
+        self, texts: Sequence[str], *, truncate: bool = False, truncation_side: str = "right"
+    ) -> EmbedResult:
+        """One vector f32[E] per text, in order, exactly as the model's sentence-transformers
+        directory computes it (its pooling, its normalisation).
+
+        A text over the model's limit (its `max_seq_length`) is refused with InputTooLarge
+        naming `input[i]`, or with `truncate` cut at `truncation_side` ("right": its end, "left":
+        its start) and the tokens cut counted in `truncated_tokens`. Unsupported when the model
+        is not an embedder; other errors as `score`'s, naming `input`.
+        """
+        refused = self.task.embeddings_refused()
+        if refused:
+            raise Unsupported(refused)
+        limit = self.model_config.max_length
+        texts, options = embed_options(texts, limit, truncate, truncation_side)
+        try:
+            outputs, result = await self._outputs("", texts, [], False, pairs=options)
+        except InvalidInput as e:
+            raise e.renamed(INPUT) from None
+        return EmbedResult(
+            embeddings=self.task.embeddings(outputs),
+            prompt_tokens=result.prompt_tokens,
+            timings=result.timings,
+            cached_tokens=result.cached_tokens,
+            truncated_tokens=result.truncated_tokens,
+        )
 
     async def _submit(
         self, query, items, label_token_ids, item_first, normaliser, pairs=None

@@ -103,7 +103,7 @@ class Scored(msgspec.Struct, frozen=True, kw_only=True):
     timings."""
 
     id: int
-    outputs: list[list[float]]
+    outputs: list[np.ndarray]  # per item, its score row's f32[L] (what the caller reads first)
     prompt_tokens: int
     cached_tokens: int = 0  # of the prompt tokens, those read from the KV cache
     truncated_tokens: int = 0  # tokens of the input that truncation left out

@@ -14,17 +14,20 @@ from typing import NamedTuple
 import msgspec
 import tokenizers
 
-from engine.errors import InvalidInput
+from engine.errors import InputTooLarge, InvalidInput
 
 MAX_CUTTERS = 16  # truncating tokenizers kept, by limit and side
 
 
 class PairOptions(msgspec.Struct, frozen=True, kw_only=True):
-    """How a score request's items become pairs with its query: truncated to `limit` tokens,
-    cutting each text's end ("right") or start ("left")."""
+    """How a score request's items are encoded for an encoder: as pairs with its query, or
+    (`alone`: an embedder's texts) each by itself; truncated to `limit` tokens, cutting each
+    text's end ("right") or start ("left"), or (not `truncate`) refused over it."""
 
     limit: int
     side: str = "right"
+    truncate: bool = True
+    alone: bool = False
 
 
 class Encoded(NamedTuple):
@@ -44,17 +47,27 @@ class PairEncoder:
         self._cutters: dict[tuple[int, str], tokenizers.Tokenizer] = {}
 
     def encode(self, query: str, items: Sequence[str], options: PairOptions) -> Encoded:
-        """Each (query, item) pair's coded ids, truncated as `options` say; InvalidInput
-        naming `items[i]` for a token outside the model's vocabulary."""
-        pairs = [(query, item) for item in items]
+        """Each (query, item) pair's coded ids (each item's alone with `options.alone`),
+        truncated as `options` say; InvalidInput naming `items[i]` for a token outside the
+        model's vocabulary, InputTooLarge naming it for a text over the limit when not cut."""
+        pairs = items if options.alone else [(query, item) for item in items]
         encodings = self.whole.encode_batch_fast(pairs)
         over = [i for i, e in enumerate(encodings) if len(e.ids) > options.limit]
         truncated = 0
         if over:
-            least = self.whole.num_special_tokens_to_add(True) + 2  # a token of each text
+            if not options.truncate:
+                i = over[0]
+                raise InputTooLarge(
+                    f"items[{i}]",
+                    f"{len(encodings[i].ids)} tokens exceed the model's limit of {options.limit}; "
+                    "ask for truncation to cut it",
+                )
+            texts = 1 if options.alone else 2
+            least = self.whole.num_special_tokens_to_add(texts == 2) + texts  # a token of each
             if options.limit < least:
+                what = "a text" if options.alone else "a pair"
                 raise InvalidInput(
-                    "max_prompt_tokens", f"a pair needs at least {least} tokens for this model"
+                    "max_prompt_tokens", f"{what} needs at least {least} tokens for this model"
                 )
             cut = self._cutter(options).encode_batch_fast([pairs[i] for i in over])
             for i, e in zip(over, cut, strict=True):

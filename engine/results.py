@@ -1,6 +1,8 @@
-"""What the engine's calls answer: scores, rerank hits, and the counters of `Engine.stats`."""
+"""What the engine's calls answer: scores, rerank hits, embeddings, and the counters of
+`Engine.stats`."""
 
 import msgspec
+import numpy as np
 
 from engine.messages import Timings
 from kernels.dense_choice import DenseChoice
@@ -12,6 +14,14 @@ class ScoreResult(msgspec.Struct, frozen=True, kw_only=True):
     timings: Timings
     cached_tokens: int = 0  # of the prompt tokens, those read from the KV cache
     truncated_tokens: int = 0  # input tokens a cross-encoder's pair truncation left out
+
+
+class EmbedResult(msgspec.Struct, frozen=True, kw_only=True):
+    embeddings: np.ndarray  # f32[N, E]: one vector per text, in text order
+    prompt_tokens: int
+    timings: Timings
+    cached_tokens: int = 0  # of the prompt tokens, those read from the KV cache
+    truncated_tokens: int = 0  # tokens cut off texts over the model's limit (asked for)
 
 
 class RerankHit(msgspec.Struct, frozen=True, kw_only=True):
@@ -63,8 +73,8 @@ class EngineInfo(msgspec.Struct, frozen=True, kw_only=True):
     """What the loaded engine is, for people and dashboards (`Engine.info`)."""
 
     task: str  # `engine.tasks.Task.name`
-    architecture: str  # "decoder" | "cross-encoder"
-    head: str  # "language-model" | "sequence-classification"
+    architecture: str  # "decoder" | "cross-encoder" | "encoder" (an embedder's)
+    head: str  # "language-model" | "sequence-classification" | "embedding"
     dtype: str  # the compute mode: "bfloat16", "float32" or "int8"
     weight_bytes: int  # on the (first runner's) devices
     kv_bytes_per_token: int

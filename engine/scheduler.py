@@ -334,7 +334,7 @@ class SchedulerState:
             req.dispatch_s += done.dispatch_s
         for r, (rid, idx) in enumerate(rows):
             if rid in live:
-                live[rid].outputs[idx] = done.outputs[r, : len(live[rid].msg.labels)].tolist()
+                live[rid].outputs[idx] = done.outputs[r]  # the caller knows its width
                 live[rid].remaining -= 1
         finished = [self._finish(rid, now) for rid, req in live.items() if req.remaining == 0]
         self.last_done_at = now

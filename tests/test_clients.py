@@ -1,10 +1,12 @@
 """The clients people already run, unchanged, against a real hypercorn server on 127.0.0.1: the
 Cohere SDK (v1 and v2 clients), the Voyage SDK, and the `rerankers` library's API rankers for
 every provider whose wire format is served (Cohere, Jina, Voyage, Mixedbread, TEI). Each call's
-ranking and scores equal `Engine.rerank` on the same model, a decoder and a cross-encoder."""
+ranking and scores equal `Engine.rerank` on the same model, a decoder and a cross-encoder. And
+the OpenAI SDK's embeddings on the real all-MiniLM-L6-v2, equal to `Engine.embed`."""
 
 import cohere
 import numpy as np
+import openai
 import pytest
 import trio
 import voyageai
@@ -118,3 +120,34 @@ def test_rerankers_api_ranker(server, expected, provider):
     assert_ranked(pairs, expected[0])
     assert [r.rank for r in ranked.results] == [1, 2, 3, 4]
     # (the library's own `APIRanker.score` fails before it sends anything: it is not used)
+
+
+@pytest.fixture(scope="module")
+def embedder_server(minilm, tmp_path_factory):
+    """A server of the real all-MiniLM-L6-v2 embedder."""
+    log = tmp_path_factory.mktemp("clients") / "embedder.log"
+    with hypercorn_server("asyncio", tiny_env(minilm, SCORING_API_KEY=KEY), log) as server:
+        yield server
+
+
+def test_openai_embeddings_client(embedder_server, minilm):
+    texts = [*DOCS, "Zürich—São Paulo 🙂"]
+    config = tiny_config(minilm)
+
+    async def main():
+        async with open_engine(config) as engine:
+            return (await engine.embed(texts)).embeddings
+
+    want = trio.run(main)
+    client = openai.OpenAI(api_key=KEY, base_url=f"{embedder_server.url}/v1", max_retries=0)
+    res = client.embeddings.create(model="all-MiniLM-L6-v2", input=texts)  # base64 on the wire
+    np.testing.assert_array_equal(np.array([d.embedding for d in res.data], np.float32), want)
+    assert [d.index for d in res.data] == list(range(len(texts)))
+    assert res.usage.prompt_tokens == res.usage.total_tokens > len(texts)
+    res = client.embeddings.create(model="m", input=texts[0], encoding_format="float")
+    np.testing.assert_array_equal(np.float32(res.data[0].embedding), want[0])
+    with pytest.raises(openai.BadRequestError, match="input\\[1\\]: must not be an empty"):
+        client.embeddings.create(model="m", input=["fine", ""])
+    wrong = openai.OpenAI(api_key="wrong", base_url=f"{embedder_server.url}/v1", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        wrong.embeddings.create(model="m", input="a")

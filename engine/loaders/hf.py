@@ -7,14 +7,16 @@ sees a checkpoint's quirks.
 import json
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import tokenizers
 from safetensors import safe_open
 from tqdm import tqdm
 
+from engine.loaders import sentence_transformers
 from engine.loaders.checkpoint import Checkpoint, CheckpointError
 from engine.loaders.hf_encoder import encoder_params, with_max_length
-from engine.models import FAMILIES, MODEL_TYPES, gemma
+from engine.models import FAMILIES, MODEL_TYPES, ModelConfig, gemma
 
 # our name -> Hugging Face name under `model.layers.{i}.`, transposed when a matrix
 _LAYER_NAMES = {
@@ -62,7 +64,7 @@ def load_hf_dir(path: str | Path, *, progress: bool = True) -> Checkpoint:
         raise CheckpointError(f"{root / 'config.json'}: {e}") from e
     tensors = _TensorFiles(root)
     if cfg.encoder:
-        cfg = with_max_length(cfg, root)
+        cfg = _encoder_config(cfg, root)
         params = encoder_params(tensors, cfg, progress)
     else:
         params = _params(tensors, cfg, progress)
@@ -70,6 +72,23 @@ def load_hf_dir(path: str | Path, *, progress: bool = True) -> Checkpoint:
     if not tok_path.is_file():
         raise CheckpointError(f"{root}: missing tokenizer.json")
     return Checkpoint(cfg, params, tokenizers.Tokenizer.from_file(str(tok_path)), str(root))
+
+
+def _encoder_config(cfg: ModelConfig, root: Path) -> ModelConfig:
+    """An encoder's config with what it computes: its classifier's logits, or (no classifier)
+    a sentence-transformers embedder's pooled vectors; and the tokens a pair or text is cut to."""
+    cfg = with_max_length(cfg, root)
+    if cfg.num_labels:
+        return cfg
+    if not sentence_transformers.is_embedder(root):
+        raise CheckpointError(
+            f"{root}: an encoder is served as a cross-encoder (*ForSequenceClassification) or as "
+            "a sentence-transformers embedder (modules.json with a Pooling module); this has "
+            "neither"
+        )
+    pooling, limit = sentence_transformers.read_embedder(root)
+    length = min(limit or cfg.max_length, cfg.max_length)
+    return msgspec.structs.replace(cfg, embedding=pooling, max_length=length)
 
 
 def _read_json(path: Path) -> dict:

@@ -1,7 +1,7 @@
-"""Cross-encoder weights of Hugging Face directories (`*ForSequenceClassification` of BERT,
-XLM-RoBERTa and ModernBERT), mapped to the layout of `engine.models.encoder`; biases and norm
-biases a checkpoint does not have (ModernBERT's) are zeros. And the pair length CrossEncoder
-truncates to by default."""
+"""Encoder weights of Hugging Face directories (`*ForSequenceClassification` cross-encoders of
+BERT, XLM-RoBERTa and ModernBERT, or the bare model of a sentence-transformers embedder), mapped
+to the layout of `engine.models.encoder`; biases and norm biases a checkpoint does not have
+(ModernBERT's) are zeros. And the pair length CrossEncoder truncates to by default."""
 
 import json
 from pathlib import Path
@@ -75,6 +75,8 @@ _MODERN_TOP = {
     "embed_norm_b": "embeddings.norm.bias",
     "final_norm": "final_norm.weight",
     "final_norm_b": "final_norm.bias",
+}
+_MODERN_HEAD = {
     "pool_dense": "head.dense.weight",
     "pool_dense_b": "head.dense.bias",
     "pool_norm": "head.norm.weight",
@@ -91,7 +93,8 @@ def encoder_params(tensors, cfg: ModelConfig, progress: bool = True) -> dict:
         return _modernbert(tensors, cfg, progress)
     base = _BASES[cfg.family]
     get = _Lookup(tensors, cfg, (f"{base}.", ""))
-    top = {ours: get(theirs, ours) for ours, theirs in {**_BERT_TOP, **_HEADS[cfg.family]}.items()}
+    head = _HEADS[cfg.family] if cfg.num_labels else {}  # an embedder has none
+    top = {ours: get(theirs, ours) for ours, theirs in {**_BERT_TOP, **head}.items()}
     names = tqdm(_BERT_LAYER.items(), desc="loading weights", leave=False, disable=not progress)
     stacks = {
         ours: _stack(get, f"encoder.layer.{{i}}.{theirs}", ours, cfg.num_layers)
@@ -102,7 +105,8 @@ def encoder_params(tensors, cfg: ModelConfig, progress: bool = True) -> dict:
 
 def _modernbert(tensors, cfg: ModelConfig, progress: bool) -> dict:
     get = _Lookup(tensors, cfg, ("",))
-    top = {ours: get(theirs, ours) for ours, theirs in _MODERN_TOP.items()}
+    head = _MODERN_HEAD if cfg.num_labels else {}  # an embedder has none
+    top = {ours: get(theirs, ours) for ours, theirs in {**_MODERN_TOP, **head}.items()}
     names = tqdm(_MODERN_LAYER.items(), desc="loading weights", leave=False, disable=not progress)
     layers = {ours: _stack(get, f"layers.{{i}}.{t}", ours, cfg.num_layers) for ours, t in names}
     e, i = cfg.hidden_size, cfg.intermediate_size

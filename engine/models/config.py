@@ -35,6 +35,14 @@ class RopeScaling(msgspec.Struct, frozen=True, kw_only=True):
     original_max_position_embeddings: int = 8192
 
 
+class Pooling(msgspec.Struct, frozen=True, kw_only=True):
+    """How an embedder makes one vector of a sequence's token states (sentence-transformers'
+    Pooling and Normalize modules)."""
+
+    mode: str  # "cls" (the first token) or "mean" (of every token, special ones included)
+    normalize: bool = False  # divided by its L2 norm
+
+
 class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Everything the forward needs to know about an architecture; immutable and hashable."""
 
@@ -79,6 +87,9 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     pooling: str = "cls"  # the classifier reads the first token ("cls") or the mean ("mean")
     pooler: str = "tanh"  # "tanh": dense, tanh (BERT); "gelu_norm": dense, GELU, LayerNorm
     max_length: int = 0  # pairs are truncated to this many tokens (CrossEncoder's default)
+    # an embedder (no classifier): each sequence pooled into one vector; its texts are cut to
+    # `max_length` tokens only when asked (sentence-transformers' max_seq_length)
+    embedding: Pooling | None = None
 
     @property
     def attention_scale(self) -> float:

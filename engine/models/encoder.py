@@ -1,7 +1,8 @@
-"""The encoder stack shared by the cross-encoder families (BERT, XLM-RoBERTa, ModernBERT): each
-packed sequence is one query/document pair whose tokens see the whole pair and nothing else
-(own spans that end where the pair ends, `kernels.metadata`); the classifier reads each pair's
-first token or its mean at the score rows.
+"""The encoder stack shared by the cross-encoder and embedder families (BERT, XLM-RoBERTa,
+ModernBERT): each packed sequence (a cross-encoder's query/document pair, an embedder's text)
+sees itself whole and nothing else (own spans that end where the sequence ends,
+`kernels.metadata`); a classifier reads each pair's first token or its mean at the score rows
+(`pair_logits`), an embedder pools each text into one vector (`pooled`).
 
 Activations, LayerNorms and biases stay in f32; matmuls go through the `Dense` strategy with f32
 accumulation, as in the decoder. What differs between families is in `ModelConfig`: learned
@@ -27,7 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from engine.models import config, qwen2
-from engine.models.config import ModelConfig, num_labels_from_hf
+from engine.models.config import ModelConfig
 from engine.models.decoder import (
     Dense,
     PackedInputs,
@@ -48,13 +49,9 @@ HF_ACTIVATIONS |= {"relu": "relu", "silu": "silu"}
 
 
 def config_from_hf(hf: dict, *, family: str, **flags) -> ModelConfig:
-    """An encoder's ModelConfig from the fields encoder configs share; ValueError for a
-    checkpoint without a sequence-classification head or an unknown activation."""
-    if not num_labels_from_hf(hf):
-        raise ValueError(
-            f"{family}: only *ForSequenceClassification checkpoints (cross-encoders) are served, "
-            f"got architectures {hf.get('architectures')}"
-        )
+    """An encoder's ModelConfig from the fields encoder configs share (`num_labels` 0 without
+    a sequence-classification head: the loader then needs an embedder's pooling); ValueError
+    for an unknown activation."""
     act = hf.get("hidden_activation") or hf.get("hidden_act") or "gelu"
     if act not in HF_ACTIVATIONS:
         raise ValueError(f"unsupported hidden activation {act!r} for {family}")
@@ -184,15 +181,22 @@ def forward(
 def pair_logits(x: jax.Array, inputs: PackedInputs, params: dict, cfg: ModelConfig, dense: Dense):
     """f32[S, L]: the classifier's logits of `label_ids` (label indices) for each score row's
     pair, read from its first token or its mean (`cfg.pooling`)."""
-    pooled = _pool(x, inputs, cfg)  # [S, E]
+    pooled = _pool(x, inputs, cfg.pooling)  # [S, E]
     logits = _classify(pooled, params, cfg, dense)  # [S, num_labels]
     return jnp.take_along_axis(logits, inputs.label_ids, axis=1)
 
 
-def _pool(x: jax.Array, inputs: PackedInputs, cfg: ModelConfig) -> jax.Array:  # f32[S, E]
-    """The first token of each score row's pair, or the mean of its tokens: the pair is the
-    row's own span in the unwindowed metadata (encoders have no context region)."""
-    if cfg.pooling == "cls":
+def pooled(x: jax.Array, inputs: PackedInputs, params: dict, cfg: ModelConfig, dense: Dense):
+    """f32[S, E]: an embedder's vector of each score row's sequence, its first token or the
+    mean of its tokens (`cfg.embedding.mode`), before any normalisation."""
+    return _pool(x, inputs, cfg.embedding.mode)
+
+
+def _pool(x: jax.Array, inputs: PackedInputs, mode: str) -> jax.Array:  # f32[S, E]
+    """The first token of each score row's sequence ("cls"), or the mean of its tokens: the
+    sequence is the row's own span in the unwindowed metadata (encoders have no context
+    region)."""
+    if mode == "cls":
         return x[inputs.score_rows]
     start = inputs.meta.own_start[inputs.score_rows][:, None]  # i32[S, 1]
     end = inputs.meta.own_end[inputs.score_rows][:, None]

@@ -49,9 +49,9 @@ ENCODER_TOP_VECTORS = (
 
 
 def place_encoder(params: dict, cfg: ModelConfig, dtype, dense) -> dict:
-    """Device weights of a cross-encoder (`engine.models.encoder`): embedding tables in `dtype`,
-    norms and biases in f32, the fused q/k/v, the MLP (a gated one's pairs side by side), the
-    pooler dense and the classifier prepared by the `dense` strategy."""
+    """Device weights of an encoder (`engine.models.encoder`): embedding tables in `dtype`,
+    norms and biases in f32, the fused q/k/v, the MLP (a gated one's pairs side by side), and a
+    cross-encoder's pooler dense and classifier, prepared by the `dense` strategy."""
     layers, heads = params["layers"], cfg.num_kv_heads
     tables = [n for n in ("embed", "positions", "token_types") if n in params]
     up = (
@@ -62,8 +62,7 @@ def place_encoder(params: dict, cfg: ModelConfig, dtype, dense) -> dict:
     return {
         **{n: to_device(params[n], dtype) for n in tables},
         **{n: to_device(params[n], jnp.float32) for n in ENCODER_TOP_VECTORS if n in params},
-        "pool_dense": dense.prepare(params["pool_dense"][None], dtype),
-        "head": dense.prepare_head(params["head"], dtype),
+        **_classifier(params, dtype, dense),
         "layers": {n: to_device(layers[n], jnp.float32) for n in ENCODER_VECTORS if n in layers},
         "matrices": {
             "qkv": dense.prepare(fuse_qkv(layers["wq"], layers["wk"], layers["wv"], heads), dtype),
@@ -71,6 +70,16 @@ def place_encoder(params: dict, cfg: ModelConfig, dtype, dense) -> dict:
             "up": up,
             "down": dense.prepare(layers["w_down"], dtype),
         },
+    }
+
+
+def _classifier(params: dict, dtype, dense) -> dict:
+    """A cross-encoder's pooler dense and classifier, prepared; none for an embedder."""
+    if "head" not in params:
+        return {}
+    return {
+        "pool_dense": dense.prepare(params["pool_dense"][None], dtype),
+        "head": dense.prepare_head(params["head"], dtype),
     }
 
 

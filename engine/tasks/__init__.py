@@ -5,10 +5,11 @@ from engine.models import ModelConfig
 from engine.tasks.base import Task
 from engine.tasks.classifier import Classifier
 from engine.tasks.cross_encoder import CrossEncoder
+from engine.tasks.embedder import Embedder
 from engine.tasks.language_model import LanguageModel
 from engine.tasks.outputs import scores_from_logprobs
 
-KINDS: tuple[type[Task], ...] = (CrossEncoder, Classifier, LanguageModel)
+KINDS: tuple[type[Task], ...] = (Embedder, CrossEncoder, Classifier, LanguageModel)
 
 
 def task_for(config: ModelConfig) -> Task:
@@ -20,6 +21,7 @@ __all__ = [
     "KINDS",
     "Classifier",
     "CrossEncoder",
+    "Embedder",
     "LanguageModel",
     "Task",
     "scores_from_logprobs",

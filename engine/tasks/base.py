@@ -25,8 +25,8 @@ class Task:
     override what differs; `fits` says which configs a kind serves."""
 
     name: ClassVar[str]  # what `/get_model_info` and the REPL call this kind
-    architecture: ClassVar[str]  # "decoder" | "cross-encoder"
-    head: ClassVar[str]  # "language-model" | "sequence-classification"
+    architecture: ClassVar[str]  # "decoder" | "cross-encoder" | "encoder"
+    head: ClassVar[str]  # "language-model" | "sequence-classification" | "embedding"
     # each sequence packed alone, every token seeing all of it, scored at its first token (an
     # encoder's); False: sequences that share a prefix share its computation, causally
     whole_sequences: ClassVar[bool] = False
@@ -123,6 +123,10 @@ class Task:
         model's own limit), cut at `side`."""
         prompt, items = templates.rerank_inputs(template, tokenizer, query, documents, instruction)
         return prompt, items, None
+
+    def embeddings_refused(self) -> str | None:
+        """Why embeddings (`Engine.embed`) are unavailable, or None when they work."""
+        return f"this model is a {self.name} ({self.describe()}), not an embedder"
 
     def describe(self) -> str:
         """The model's kind in a few words, for people."""

@@ -1,0 +1,23 @@
+"""An embed call's arguments: checked before anything is tokenised, and the name its errors give
+the texts (`input`, as OpenAI's field)."""
+
+from collections.abc import Sequence
+
+from engine import truncation
+from engine.errors import InvalidInput
+from engine.pairs import PairOptions
+
+INPUT = {"items": "input"}  # the embed call's name for the items of its request
+
+
+def embed_options(texts, limit: int, truncate: bool, side: str) -> tuple[list[str], PairOptions]:
+    """The texts as a list, and how they are encoded: each alone, refused over `limit` tokens
+    unless `truncate` (then cut at `side`); InvalidInput naming the field otherwise."""
+    if isinstance(texts, str) or not isinstance(texts, Sequence) or not texts:
+        raise InvalidInput("input", "must be a non-empty list of strings")
+    bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
+    if bad is not None:
+        raise InvalidInput(f"input[{bad}]", "must be a string")
+    if side not in truncation.SIDES:
+        raise InvalidInput("truncation_side", f"must be one of {', '.join(truncation.SIDES)}")
+    return list(texts), PairOptions(limit=limit, side=side, truncate=truncate, alone=True)

@@ -1,0 +1,66 @@
+"""Sentence-transformers embedder directories: `modules.json` names the modules an embedding
+passes through (the transformer, then Pooling, then optionally Normalize), `1_Pooling/config.json`
+how token states become one vector, and `sentence_bert_config.json` the `max_seq_length` texts
+are cut to. Read here into the model's `Pooling` and length; a module this engine does not run is
+refused by name, never skipped."""
+
+import json
+from pathlib import Path
+
+from engine.loaders.checkpoint import CheckpointError
+from engine.models.config import Pooling
+
+MODULES = "modules.json"
+_TRANSFORMER = "sentence_transformers.models.Transformer"
+_POOLING = "sentence_transformers.models.Pooling"
+_NORMALIZE = "sentence_transformers.models.Normalize"
+_MODES = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean"}
+_UNSUPPORTED_MODES = (
+    "pooling_mode_max_tokens",
+    "pooling_mode_mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens",
+    "pooling_mode_lasttoken",
+)
+
+
+def is_embedder(root: Path) -> bool:
+    """Whether `root` is a sentence-transformers directory with a Pooling module."""
+    path = root / MODULES
+    return path.is_file() and any(m.get("type") == _POOLING for m in _read(path))
+
+
+def read_embedder(root: Path) -> tuple[Pooling, int | None]:
+    """The pooling of the sentence-transformers directory `root` and its `max_seq_length`
+    (None: not set, the model's own limit); CheckpointError naming the file for a module or
+    pooling mode that is not supported."""
+    modules = _read(root / MODULES)
+    kinds = [m.get("type") for m in modules]
+    if kinds[:2] != [_TRANSFORMER, _POOLING] or any(k != _NORMALIZE for k in kinds[2:]):
+        raise CheckpointError(
+            f"{root / MODULES}: supported modules are Transformer, Pooling and Normalize, in "
+            f"that order; got {kinds}"
+        )
+    if modules[0].get("path", "") != "":
+        raise CheckpointError(f"{root / MODULES}: the Transformer module must be the directory")
+    pooling_path = root / modules[1]["path"] / "config.json"
+    pooling = _read(pooling_path)
+    modes = [mode for key, mode in _MODES.items() if pooling.get(key)]
+    other = [key for key in _UNSUPPORTED_MODES if pooling.get(key)]
+    if len(modes) != 1 or other:
+        raise CheckpointError(
+            f"{pooling_path}: exactly one of pooling_mode_cls_token and pooling_mode_mean_tokens "
+            f"is supported; got {modes + other or 'none'}"
+        )
+    bert_config = root / "sentence_bert_config.json"
+    limit = _read(bert_config).get("max_seq_length") if bert_config.is_file() else None
+    normalize = _NORMALIZE in kinds
+    return Pooling(mode=modes[0], normalize=normalize), limit
+
+
+def _read(path: Path):
+    if not path.is_file():
+        raise CheckpointError(f"{path.parent}: missing {path.name}")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}: not JSON ({e})") from e
