@@ -16,15 +16,17 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from api.errors import ApiError
-from api.schemas import Usage, usage_of
+from api.schemas import Usage, documented, usage_of
 from api.scoring import json_response, timing_headers
 from api.service import Service
+
+Text = Annotated[str, documented(minLength=1)]
 
 
 class EmbeddingRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """OpenAI's embeddings body."""
 
-    input: str | list[str]  # one text or several; none empty
+    input: Text | Annotated[list[Text], documented(minItems=1)]  # one text or several
     model: str | None = None  # echoed
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Annotated[int, msgspec.Meta(ge=1)] | None = None  # only the model's own width

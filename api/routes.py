@@ -296,7 +296,7 @@ ENDPOINTS = (
         "/v1/embeddings",
         "POST",
         embeddings.embeddings,
-        "One vector per text (OpenAI)",
+        "One vector per text (OpenAI; an embedder's, other models answer 400)",
         embeddings.EmbeddingResponse,
         embeddings.EmbeddingRequest,
         errors=SCORING_ERRORS,

@@ -15,15 +15,15 @@ from engine import DenseChoice, EngineConfig, EngineStats, KVPoolInfo
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 
 
-def _documented(**json_schema) -> msgspec.Meta:
+def documented(**json_schema) -> msgspec.Meta:
     # the engine checks these and names the field; stating them in the schema only keeps its
     # messages (msgspec's would replace them)
     return msgspec.Meta(extra_json_schema=json_schema)
 
 
-TokenId = Annotated[int, _documented(minimum=0)]
+TokenId = Annotated[int, documented(minimum=0)]
 TokenIds = list[TokenId]
-Labels = Annotated[list[TokenId], _documented(minItems=1)]
+Labels = Annotated[list[TokenId], documented(minItems=1)]
 # as SGLang: an empty query, item or item list is allowed; only a sequence of no token is not
 Items = str | list[str | TokenIds]
 
@@ -80,9 +80,9 @@ class RerankRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """
 
     query: str  # not empty, but for TEI's requests
-    documents: Annotated[list[DocumentIn], _documented(minItems=1)] | None = None
-    texts: Annotated[list[str], _documented(minItems=1)] | None = None  # TEI
-    input: Annotated[list[DocumentIn], _documented(minItems=1)] | None = None  # Mixedbread
+    documents: Annotated[list[DocumentIn], documented(minItems=1)] | None = None
+    texts: Annotated[list[str], documented(minItems=1)] | None = None  # TEI
+    input: Annotated[list[DocumentIn], documented(minItems=1)] | None = None  # Mixedbread
     top_n: NonNegativeInt | None = None  # None or 0: every document
     top_k: NonNegativeInt | UnsetType | None = UNSET  # Voyage, Mixedbread: as top_n
     rank_fields: list[str] | None = None  # the object fields ranked, as "field: value" lines

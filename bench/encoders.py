@@ -188,11 +188,16 @@ def write_encoder(
 
 
 def write_st_modules(
-    path: Path, dimension: int, mode: str, normalize: bool, max_seq_length: int | None
+    path: Path,
+    dimension: int,
+    mode: str,
+    normalize: bool,
+    max_seq_length: int | None,
+    prompts: dict[str, str] | None = None,
 ) -> None:
     """The files that make the model directory `path` a sentence-transformers embedder: its
     modules (Transformer, Pooling of `mode`, Normalize when `normalize`), the pooling's config,
-    and `max_seq_length` (None: left to the tokenizer)."""
+    `max_seq_length` (None: left to the tokenizer) and the named `prompts`."""
     kinds = ["Transformer", "Pooling"] + ["Normalize"] * normalize
     paths = ["", "1_Pooling", "2_Normalize"]
     modules = [
@@ -206,9 +211,17 @@ def write_st_modules(
     (path / "1_Pooling" / "config.json").write_text(json.dumps(pooling, indent=2))
     bert_config = {"max_seq_length": max_seq_length, "do_lower_case": False}
     (path / "sentence_bert_config.json").write_text(json.dumps(bert_config))
+    if prompts:
+        st_config = {"prompts": prompts, "default_prompt_name": None}
+        (path / "config_sentence_transformers.json").write_text(json.dumps(st_config))
 
 
-_POOLING_KEYS = {"cls_token": "cls", "mean_tokens": "mean", "max_tokens": "max"}
+_POOLING_KEYS = {
+    "cls_token": "cls",
+    "mean_tokens": "mean",
+    "max_tokens": "max",
+    "lasttoken": "last",
+}
 
 
 def write_encoder_shape(path: Path, name: str, seed: int) -> None:

@@ -21,3 +21,11 @@ def embed_options(texts, limit: int, truncate: bool, side: str) -> tuple[list[st
     if side not in truncation.SIDES:
         raise InvalidInput("truncation_side", f"must be one of {', '.join(truncation.SIDES)}")
     return list(texts), PairOptions(limit=limit, side=side, truncate=truncate, alone=True)
+
+
+def with_prompt(texts: list[str], task, name: str | None, prompt: str | None) -> list[str]:
+    """Each text after the prompt `prompt`, or else after the embedder `task`'s prompt `name`
+    (None: its default); InvalidInput naming `prompt_name` for a prompt it does not have."""
+    if prompt is None:
+        prompt = task.prompt(name)
+    return [prompt + t for t in texts] if prompt else texts

@@ -20,7 +20,7 @@ import trio
 
 from engine import inputs, kv_cache, runner, scheduler, templates, tokenizer_actor
 from engine.config import EngineConfig
-from engine.embed import INPUT, embed_options
+from engine.embed import INPUT, embed_options, with_prompt
 from engine.errors import (
     EngineClosed,
     EngineOverloaded,
@@ -299,10 +299,21 @@ class Engine:
         return reranker.relevance(outputs, raw), result
 
     async def embed(
-        self, texts: Sequence[str], *, truncate: bool = False, truncation_side: str = "right"
+        self,
+        texts: Sequence[str],
+        *,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
+        truncate: bool = False,
+        truncation_side: str = "right",
     ) -> EmbedResult:
         """One vector f32[E] per text, in order, exactly as the model's sentence-transformers
         directory computes it (its pooling, its normalisation).
+
+        `prompt_name` puts that prompt of the directory before each text (a query
+        instruction; None: its default prompt, if it names one), `prompt` the text given
+        instead, as `SentenceTransformer.encode` does. Texts sharing a prompt compute it once
+        (decoders).
 
         A text over the model's limit (its `max_seq_length`) is refused with InputTooLarge
         naming `input[i]`, or with `truncate` cut at `truncation_side` ("right": its end, "left":
@@ -314,6 +325,7 @@ class Engine:
             raise Unsupported(refused)
         limit = self.model_config.max_length
         texts, options = embed_options(texts, limit, truncate, truncation_side)
+        texts = with_prompt(texts, self.task, prompt_name, prompt)
         try:
             outputs, result = await self._outputs("", texts, [], False, pairs=options)
         except InvalidInput as e:

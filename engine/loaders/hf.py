@@ -63,8 +63,8 @@ def load_hf_dir(path: str | Path, *, progress: bool = True) -> Checkpoint:
     except ValueError as e:
         raise CheckpointError(f"{root / 'config.json'}: {e}") from e
     tensors = _TensorFiles(root)
+    cfg = _head_config(cfg, root)
     if cfg.encoder:
-        cfg = _encoder_config(cfg, root)
         params = encoder_params(tensors, cfg, progress)
     else:
         params = _params(tensors, cfg, progress)
@@ -74,21 +74,24 @@ def load_hf_dir(path: str | Path, *, progress: bool = True) -> Checkpoint:
     return Checkpoint(cfg, params, tokenizers.Tokenizer.from_file(str(tok_path)), str(root))
 
 
-def _encoder_config(cfg: ModelConfig, root: Path) -> ModelConfig:
-    """An encoder's config with what it computes: its classifier's logits, or (no classifier)
-    a sentence-transformers embedder's pooled vectors; and the tokens a pair or text is cut to."""
-    cfg = with_max_length(cfg, root)
-    if cfg.num_labels:
+def _head_config(cfg: ModelConfig, root: Path) -> ModelConfig:
+    """The config with what the model computes besides its stack: a classifier's logits, a
+    decoder's language-model head, or (a sentence-transformers directory, no classifier) an
+    embedder's pooled vectors; and the tokens an encoder's pair or an embedder's text is cut
+    to."""
+    if cfg.encoder:
+        cfg = with_max_length(cfg, root)
+    if cfg.num_labels or not sentence_transformers.is_embedder(root):
+        if cfg.encoder and not cfg.num_labels:
+            raise CheckpointError(
+                f"{root}: an encoder is served as a cross-encoder (*ForSequenceClassification) "
+                "or as a sentence-transformers embedder (modules.json with a Pooling module); "
+                "this has neither"
+            )
         return cfg
-    if not sentence_transformers.is_embedder(root):
-        raise CheckpointError(
-            f"{root}: an encoder is served as a cross-encoder (*ForSequenceClassification) or as "
-            "a sentence-transformers embedder (modules.json with a Pooling module); this has "
-            "neither"
-        )
-    pooling, limit = sentence_transformers.read_embedder(root)
-    length = min(limit or cfg.max_length, cfg.max_length)
-    return msgspec.structs.replace(cfg, embedding=pooling, max_length=length)
+    pooling, limit = sentence_transformers.read_embedder(root, cfg.encoder)
+    most = cfg.max_length if cfg.encoder else cfg.max_position_embeddings
+    return msgspec.structs.replace(cfg, embedding=pooling, max_length=min(limit or most, most))
 
 
 def _read_json(path: Path) -> dict:
@@ -150,7 +153,7 @@ def _params(tensors: _TensorFiles, cfg, progress: bool = True) -> dict:
                 held[name] = held[name] + 1.0
     if cfg.num_labels:  # the classification head in the language-model head's place
         params["lm_head"] = tensors.get("score.weight")  # f32[num_labels, E]
-    elif not cfg.tie_word_embeddings:
+    elif cfg.embedding is None and not cfg.tie_word_embeddings:  # an embedder reads no head
         if "lm_head.weight" not in tensors:
             raise CheckpointError(f"{tensors.root}: missing tensor 'lm_head.weight'")
         params["lm_head"] = tensors.get("lm_head.weight")  # f32[V, E]

@@ -37,10 +37,14 @@ class RopeScaling(msgspec.Struct, frozen=True, kw_only=True):
 
 class Pooling(msgspec.Struct, frozen=True, kw_only=True):
     """How an embedder makes one vector of a sequence's token states (sentence-transformers'
-    Pooling and Normalize modules)."""
+    Pooling and Normalize modules), and the prompts its texts may be given."""
 
-    mode: str  # "cls" (the first token) or "mean" (of every token, special ones included)
+    # "cls": the first token, "mean": of every token (special ones included), both encoders';
+    # "last": the last token, a decoder's
+    mode: str
     normalize: bool = False  # divided by its L2 norm
+    prompts: tuple[tuple[str, str], ...] = ()  # (name, text put before a text given that name)
+    default_prompt: str | None = None  # the prompt name a text gets when none is asked for
 
 
 class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):

@@ -192,8 +192,9 @@ def forward(
     unroll: bool = False,
 ) -> tuple[jax.Array, KVPool | None]:
     """What `output` makes of the final hidden state at each score row, f32[S, L], and the pool:
-    `label_logprobs` (a language-model head) or `class_logits` (a sequence-classification
-    head), each called as `output(h f32[R, E], label_ids i32[R, L], head, cfg, dense)`.
+    `label_logprobs` (a language-model head), `class_logits` (a sequence-classification head)
+    or `last_hidden` (an embedder's: L is E), each called as `output(h f32[R, E], label_ids
+    i32[R, L], head, cfg, dense)`.
 
     `params` is laid out as `engine.models.layout.place_decoder` makes it: "embed", "final_norm",
     "head" and "matrices" prepared by `dense`, "layers" the per-layer vectors. With a `pool`,
@@ -261,6 +262,12 @@ def class_logits(h: jax.Array, labels: jax.Array, head, cfg: ModelConfig, dense:
     i32[R, L]) at rows h f32[R, E]."""
     logits = dense.head(h, head)  # [R, num_labels]
     return jnp.take_along_axis(logits, labels, axis=1)
+
+
+def last_hidden(h: jax.Array, labels: jax.Array, head, cfg: ModelConfig, dense: Dense):
+    """f32[R, E]: the final hidden state itself at rows h f32[R, E] (a last-token embedder's
+    vector, before any normalisation); no head is read."""
+    return h
 
 
 def _by_row_chunks(f: Callable, h: jax.Array, labels: jax.Array) -> jax.Array:

@@ -5,11 +5,17 @@ from engine.models import ModelConfig
 from engine.tasks.base import Task
 from engine.tasks.classifier import Classifier
 from engine.tasks.cross_encoder import CrossEncoder
-from engine.tasks.embedder import Embedder
+from engine.tasks.embedder import DecoderEmbedder, Embedder, EncoderEmbedder
 from engine.tasks.language_model import LanguageModel
 from engine.tasks.outputs import scores_from_logprobs
 
-KINDS: tuple[type[Task], ...] = (Embedder, CrossEncoder, Classifier, LanguageModel)
+KINDS: tuple[type[Task], ...] = (
+    EncoderEmbedder,
+    DecoderEmbedder,
+    CrossEncoder,
+    Classifier,
+    LanguageModel,
+)
 
 
 def task_for(config: ModelConfig) -> Task:
@@ -21,7 +27,9 @@ __all__ = [
     "KINDS",
     "Classifier",
     "CrossEncoder",
+    "DecoderEmbedder",
     "Embedder",
+    "EncoderEmbedder",
     "LanguageModel",
     "Task",
     "scores_from_logprobs",

@@ -1,39 +1,39 @@
-"""An encoder embedder (a sentence-transformers directory over BERT, XLM-RoBERTa or ModernBERT):
-each text packed alone with every token seeing all of it, pooled into one vector (its first
-token or its mean) and normalised as the directory says; no KV reuse, no label-token scores, no
-reranks."""
+"""Embedders (sentence-transformers directories): each text becomes one vector, normalised as
+the directory says; no label-token scores, no reranks.
+
+An encoder embedder (BERT, XLM-RoBERTa, ModernBERT) packs each text alone, every token seeing all
+of it, and pools its first token or its mean. A decoder embedder (Qwen3-Embedding; Qwen2, Llama
+and Gemma ones) reads the last token's final hidden state: texts that share a prefix (a query
+instruction) compute it once, and the KV cache keeps it across requests, as for scoring.
+"""
 
 import numpy as np
 
-from engine.models import encoder
-from engine.models.layout import place_encoder
+from engine.errors import InvalidInput
+from engine.models import decoder, encoder
+from engine.models.layout import place_decoder, place_encoder
 from engine.tasks.base import Task
 from engine.tasks.cross_encoder import CrossEncoder
 
 
 class Embedder(Task):
-    name = "embedder"
-    architecture = "encoder"
-    head = "embedding"
-    whole_sequences = True
-    forward = staticmethod(encoder.forward)
-    output = staticmethod(encoder.pooled)
-    place = staticmethod(place_encoder)
-    pair_encoder = CrossEncoder.pair_encoder  # each text alone, coded as the encoder reads ids
+    """What every embedder shares; `EncoderEmbedder` and `DecoderEmbedder` run it."""
 
-    @classmethod
-    def fits(cls, config) -> bool:
-        return config.encoder and config.embedding is not None
+    name = "embedder"
+    head = "embedding"
+    # each text encoded alone, with the tokenizer's special tokens, as sentence-transformers
+    # does (ids coded as an encoder reads them)
+    pair_encoder = CrossEncoder.pair_encoder
 
     @property
     def dimensions(self) -> int:
         return self.config.hidden_size
 
-    def unshardable(self) -> str:
-        return "encoder models run whole on each device: use data_parallel"
+    def embeddings_refused(self) -> None:
+        return None
 
     def unplannable(self) -> str:
-        return "the plan models decoders; this is an embedder"
+        return "the plan models label scoring; this is an embedder"
 
     def label_scores_refused(self) -> str:
         return (
@@ -41,14 +41,21 @@ class Embedder(Task):
             "label-token scores are unavailable (it answers /v1/embeddings)"
         )
 
-    def embeddings_refused(self) -> None:
-        return None
-
     def takes_recipe(self) -> bool:
         return False
 
     def rerank_labels(self, template, tokenizer) -> str:
         return f"this model is an embedder ({self.describe()}): it does not rerank"
+
+    def prompt(self, name: str | None) -> str:
+        """The text put before texts given prompt `name` (None: the default one, or none);
+        InvalidInput naming `prompt_name` for a prompt this model does not have."""
+        prompts = dict(self.config.embedding.prompts)
+        if name is not None and name not in prompts:
+            have = ", ".join(prompts) or "none"
+            raise InvalidInput("prompt_name", f"unknown prompt {name!r} (this model has: {have})")
+        name = name or self.config.embedding.default_prompt
+        return prompts[name] if name else ""
 
     def embeddings(self, outputs: np.ndarray) -> np.ndarray:
         """The vectors f32[N, E] from the pooled outputs f32[N, E]: divided by their L2 norm (at
@@ -59,5 +66,28 @@ class Embedder(Task):
         return outputs / np.maximum(norms, np.float32(1e-12))
 
     def describe(self) -> str:
-        mode = self.config.embedding.mode
-        return f"{self.config.family} embedder, {mode} pooling"
+        return f"{self.config.family} embedder, {self.config.embedding.mode} pooling"
+
+
+class EncoderEmbedder(Embedder):
+    architecture = "encoder"
+    whole_sequences = True
+    forward = staticmethod(encoder.forward)
+    output = staticmethod(encoder.pooled)
+    place = staticmethod(place_encoder)
+    unshardable = CrossEncoder.unshardable
+
+    @classmethod
+    def fits(cls, config) -> bool:
+        return config.encoder and config.embedding is not None
+
+
+class DecoderEmbedder(Embedder):
+    architecture = "decoder"
+    forward = staticmethod(decoder.forward)
+    output = staticmethod(decoder.last_hidden)
+    place = staticmethod(place_decoder)
+
+    @classmethod
+    def fits(cls, config) -> bool:
+        return not config.encoder and config.embedding is not None
