@@ -27,6 +27,7 @@ WORKLOADS = {
     "w4-ray": ("bench.w4_ray", "W4 users through Ray Serve: prefix affinity vs hashing vs default"),
     "int8": ("bench.int8", "W1 and W2 in int8 compute beside bf16, f32 and transformers bf16"),
     "dense": ("bench.dense_paths", "W1 and W2 through the measured dense default and each path"),
+    "embed": ("bench.embed", "2,000 texts of 8-256 tokens embedded, vs sentence-transformers"),
     "host": ("bench.host", "host time per request and stage: W1/W2/W3 on a device doing nothing"),
     "long": ("bench.long", "one 30,000-token sequence through chunked prefill: time, peak memory"),
     "dashboard": ("bench.dashboard_shot", "a screenshot of /dashboard under W3 load (chromium)"),

@@ -39,7 +39,8 @@ def parser(description: str) -> argparse.ArgumentParser:
     model.add_argument(
         "--shape",
         default=None,
-        help="random weights of this shape: qwen3-0.6b, smollm2-135m, or the cross-encoders "
+        help="random weights of this shape: qwen3-0.6b, smollm2-135m, the embedder "
+        "qwen3-embedding-0.6b, or the cross-encoders "
         "minilm-l6 and bge-reranker-v2-m3",
     )
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])

@@ -6,12 +6,13 @@ The tokenizer is a small byte-level BPE trained on the bench's own English-like 
 all lie far below the model's vocabulary size, and the LM head still spans the full vocabulary.
 """
 
+import json
 import os
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from bench.encoders import ENCODER_SHAPES, write_encoder_shape
+from bench.encoders import ENCODER_SHAPES, write_encoder_shape, write_st_modules
 from bench.workloads import bench_corpus
 
 # Qwen3-0.6B's config.json, weights aside.
@@ -60,6 +61,12 @@ QWEN3_CLS_TINY = {
     "tie_word_embeddings": False,
     "num_labels": 1,
 }
+# Qwen3-Embedding-0.6B: Qwen3-0.6B's stack (its own vocabulary aside), last-token pooling,
+# normalised, queries behind an instruction (the model card's prompt)
+QWEN3_EMBEDDING_PROMPT = (
+    "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:"
+)
+EMBEDDER_SHAPES = {"qwen3-embedding-0.6b": ("Qwen3Config", QWEN3_0_6B)}
 SHAPES = {
     "qwen3-0.6b": ("Qwen3Config", QWEN3_0_6B),
     "smollm2-135m": ("LlamaConfig", SMOLLM2_135M),
@@ -74,6 +81,7 @@ def shape_dir(name: str, *, seed: int = 0, root: Path | None = None) -> Path:
     writers = {
         **dict.fromkeys(SHAPES, write_checkpoint),
         **dict.fromkeys(ENCODER_SHAPES, write_encoder_shape),
+        **dict.fromkeys(EMBEDDER_SHAPES, write_embedder_shape),
     }
     if name not in writers:
         raise ValueError(f"--shape: {name!r} is not one of {sorted(writers)}")
@@ -85,6 +93,32 @@ def shape_dir(name: str, *, seed: int = 0, root: Path | None = None) -> Path:
     writers[name](partial, name, seed)
     partial.replace(path)
     return path
+
+
+def write_embedder_shape(path: Path, name: str, seed: int) -> None:
+    """A decoder embedder of shape `name` (`EMBEDDER_SHAPES`): the bare model, a tokenizer
+    that ends every text with `<|endoftext|>` (read as tokenizer.json is, by transformers too),
+    and the sentence-transformers modules (last token, normalised, the query prompt)."""
+    import torch
+    import transformers
+    from tokenizers import processors
+
+    cls_name, fields = EMBEDDER_SHAPES[name]
+    cfg = getattr(transformers, cls_name)(**fields)
+    torch.manual_seed(seed)
+    transformers.AutoModel.from_config(cfg, dtype=torch.float32).save_pretrained(
+        path, safe_serialization=True
+    )
+    tok = train_tokenizer(bench_corpus(seed), TOKENIZER_VOCAB)
+    eos = "<|endoftext|>"
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"$A {eos}", special_tokens=[(eos, tok.token_to_id(eos))]
+    )
+    tok.save(str(path / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "pad_token": eos, "eos_token": eos}
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    prompts = {"query": QWEN3_EMBEDDING_PROMPT, "document": ""}
+    write_st_modules(path, cfg.hidden_size, "last", True, 8192, prompts)
 
 
 def write_checkpoint(path: Path, name: str, seed: int) -> None:

@@ -699,6 +699,7 @@ def test_openapi_is_generated_from_the_route_table(client):
         "/v2/rerank",
         "/rerank",
         "/v1/reranking",
+        "/v1/embeddings",
         "/invocations",
         "/tokenize",
         "/detokenize",

@@ -25,7 +25,9 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_default_labels_are_yes_and_no_where_those_are_single_tokens():
     def engine_with(vocab, num_labels=0):
         encode = lambda text: SimpleNamespace(ids=vocab.get(text, [1, 2]))
-        config = SimpleNamespace(vocab_size=100, num_labels=num_labels, encoder=False)
+        config = SimpleNamespace(
+            vocab_size=100, num_labels=num_labels, encoder=False, embedding=None
+        )
         return SimpleNamespace(
             tokenizer=SimpleNamespace(encode=lambda text, add_special_tokens: encode(text)),
             model_config=config,

