@@ -249,3 +249,10 @@ def test_an_unknown_prompt_is_refused_naming_it(qwen3_embedder):
     error = embed(qwen3_embedder, ["a text"], prompt_name="passage")
     assert isinstance(error, InvalidInput) and error.field == "prompt_name"
     assert str(error) == "prompt_name: unknown prompt 'passage' (this model has: query, document)"
+
+
+def test_the_tokenizer_json_truncation_and_padding_are_dropped(minilm):
+    # all-MiniLM-L6-v2's tokenizer.json cuts at 128 tokens and pads: the engine decides both
+    tokenizer = load_checkpoint(minilm, progress=False).tokenizer
+    assert (tokenizer.truncation, tokenizer.padding) == (None, None)
+    assert len(tokenizer.encode(" ".join(CORPUS[:6]) * 4).ids) > 128

@@ -68,10 +68,19 @@ def load_hf_dir(path: str | Path, *, progress: bool = True) -> Checkpoint:
         params = encoder_params(tensors, cfg, progress)
     else:
         params = _params(tensors, cfg, progress)
-    tok_path = root / "tokenizer.json"
-    if not tok_path.is_file():
+    return Checkpoint(cfg, params, _tokenizer(root), str(root))
+
+
+def _tokenizer(root: Path) -> tokenizers.Tokenizer:
+    """tokenizer.json without the truncation or padding it may carry (all-MiniLM-L6-v2's cuts
+    at 128 tokens): the engine pads nothing, and cuts only where a caller asks."""
+    path = root / "tokenizer.json"
+    if not path.is_file():
         raise CheckpointError(f"{root}: missing tokenizer.json")
-    return Checkpoint(cfg, params, tokenizers.Tokenizer.from_file(str(tok_path)), str(root))
+    tokenizer = tokenizers.Tokenizer.from_file(str(path))
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    return tokenizer
 
 
 def _head_config(cfg: ModelConfig, root: Path) -> ModelConfig:
