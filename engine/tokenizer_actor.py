@@ -2,9 +2,10 @@
 
 Everything pending is encoded in one batch call in a worker thread, so the loop stays live
 (`encode_batch_fast`: the ids without character offsets, which nothing here reads); token ids
-are cached by text (bounded LRU). A cross-encoder's pair requests are encoded
-as pairs (`engine.pairs`), one call per request. A bad request fails alone with a `Rejected`.
-A `Cancel` is passed on in its place among the requests, so it always follows its request.
+are cached by text (bounded LRU). A cross-encoder's pair requests are encoded as pairs, an
+embedder's texts each alone (`engine.pairs`), one call per request. A bad request fails alone
+with a `Rejected`. A `Cancel` is passed on in its place among the requests, so it always
+follows its request.
 """
 
 import time
