@@ -19,6 +19,7 @@ import numpy as np
 import trio
 from tqdm import tqdm, trange
 
+from bench import common
 from bench.baseline import hf_label_logprobs, load_transformers
 from bench.flops import Cost, plan_flops
 from engine import EngineConfig, open_engine, packing
@@ -130,6 +131,25 @@ def run_padded_baseline(
 
 def best_batch(results: dict[int, dict]) -> int:
     return min(results, key=lambda bs: results[bs]["best_s"])
+
+
+def per_batch_baseline(
+    name: str, base: dict, n: int, flops: float, tokens: int, peaks: dict, dtype: str
+) -> dict:
+    """A baseline timed at several batch sizes (`base`: batch size -> its `best_s` and
+    `times_s`): its best batch size with the rates of `n` items, `flops` and `tokens` there,
+    and every batch size's rate."""
+    bs = best_batch(base)
+    return {
+        "name": name,
+        "batch_size": bs,
+        "items_per_s": n / base[bs]["best_s"],
+        **common.summary_numbers(flops, base[bs]["best_s"], tokens, peaks, dtype),
+        "flops": flops,
+        "per_batch_size": {
+            b: {"items_per_s": n / r["best_s"], "times_s": r["times_s"]} for b, r in base.items()
+        },
+    }
 
 
 def prefix_reuse_logprobs(hf, prompt: list[int], items: list[list[int]], labels, bs: int):

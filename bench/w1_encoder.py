@@ -193,18 +193,8 @@ def run_cross_encoder(ce, query, docs, batch_sizes, repeats: int, progress: bool
 def baseline_side(base: dict, n: int, eng: dict, peaks: dict, dtype: str) -> dict:
     """The CrossEncoder side: its best batch size, and every batch size's rate. It computes
     the same pairs as the engine (nothing shared), so the same FLOPs."""
-    bs = sides.best_batch(base)
-    tokens = eng["planned_real_tokens"]
-    return {
-        "name": "sentence-transformers CrossEncoder",
-        "batch_size": bs,
-        "items_per_s": n / base[bs]["best_s"],
-        **common.summary_numbers(eng["flops"], base[bs]["best_s"], tokens, peaks, dtype),
-        "flops": eng["flops"],
-        "per_batch_size": {
-            b: {"items_per_s": n / r["best_s"], "times_s": r["times_s"]} for b, r in base.items()
-        },
-    }
+    name, tokens = "sentence-transformers CrossEncoder", eng["planned_real_tokens"]
+    return sides.per_batch_baseline(name, base, n, eng["flops"], tokens, peaks, dtype)
 
 
 def summary(report: dict) -> str:
