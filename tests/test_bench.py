@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from bench import __main__ as entry
-from bench import common, w1, w2, w3
+from bench import common, embed, w1, w2, w3
 from bench.flops import Cost, common_prefix, shared_prefix_flops
 from engine.models import ModelConfig
 
@@ -431,3 +431,17 @@ def test_the_null_program_answers_zeros_of_the_batch_shape(tiny):
     out = null.run(empty_batch(128, 16, 4, 64))
     assert out.shape == (16, 4) and out.dtype == np.float32 and not out.any()
     assert null.kv is program.kv  # the rest is the real program's
+
+
+def test_embed_beside_sentence_transformers(minilm, tmp_path, capsys):
+    out = tmp_path / "embed.json"
+    embed.main(["--model", str(minilm), *QUICK, "--json", str(out)])
+    report = json.loads(out.read_text())
+    assert (report["workload"], report["family"], report["items"]) == ("embed", "bert", 16)
+    positive(report, "engine_items_per_s", "baseline_items_per_s", "ratio")
+    positive(report["engine"], "tokens_per_s", "mfu", "flops")
+    assert report["engine"]["flops"] == report["baseline"]["flops"]  # an encoder: each text whole
+    assert set(report["baseline"]["per_batch_size"]) == {"8"}
+    assert report["max_abs_component_diff_vs_baseline"] < 1e-5  # f32, unit vectors
+    assert capsys.readouterr().out.count("\n") == 1  # one summary line
+    assert out.with_suffix(".png").stat().st_size > 1000
