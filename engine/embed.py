@@ -4,10 +4,22 @@ the texts (`input`, as OpenAI's field)."""
 from collections.abc import Sequence
 
 from engine import truncation
-from engine.errors import InvalidInput
+from engine.errors import InvalidInput, Unsupported
 from engine.pairs import PairOptions
 
 INPUT = {"items": "input"}  # the embed call's name for the items of its request
+
+
+def embed_request(
+    task, texts, *, prompt_name, prompt, truncate: bool, side: str
+) -> tuple[list[str], PairOptions]:
+    """An embed call's texts, each after its prompt, and how they are encoded (`embed_options`,
+    `with_prompt`); Unsupported when the `task` is no embedder."""
+    refused = task.embeddings_refused()
+    if refused:
+        raise Unsupported(refused)
+    texts, options = embed_options(texts, task.config.max_length, truncate, side)
+    return with_prompt(texts, task, prompt_name, prompt), options
 
 
 def embed_options(texts, limit: int, truncate: bool, side: str) -> tuple[list[str], PairOptions]:

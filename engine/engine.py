@@ -20,13 +20,12 @@ import trio
 
 from engine import inputs, kv_cache, runner, scheduler, templates, tokenizer_actor
 from engine.config import EngineConfig
-from engine.embed import INPUT, embed_options, with_prompt
+from engine.embed import INPUT, embed_request
 from engine.errors import (
     EngineClosed,
     EngineOverloaded,
     InvalidInput,
     RejectKind,
-    Unsupported,
     rejection_error,
 )
 from engine.loaders import load_checkpoint
@@ -320,12 +319,14 @@ class Engine:
         its start) and the tokens cut counted in `truncated_tokens`. Unsupported when the model
         is not an embedder; other errors as `score`'s, naming `input`.
         """
-        refused = self.task.embeddings_refused()
-        if refused:
-            raise Unsupported(refused)
-        limit = self.model_config.max_length
-        texts, options = embed_options(texts, limit, truncate, truncation_side)
-        texts = with_prompt(texts, self.task, prompt_name, prompt)
+        texts, options = embed_request(
+            self.task,
+            texts,
+            prompt_name=prompt_name,
+            prompt=prompt,
+            truncate=truncate,
+            side=truncation_side,
+        )
         try:
             outputs, result = await self._outputs("", texts, [], False, pairs=options)
         except InvalidInput as e:

@@ -13,6 +13,7 @@ import tokenizers
 
 from engine import batching, inputs, templates
 from engine.buckets import DEFAULT_TOKEN_BUDGET, make_buckets
+from engine.embed import INPUT, embed_request
 from engine.errors import InvalidInput
 from engine.loaders import Checkpoint, load_checkpoint
 from engine.messages import Tokenized
@@ -173,14 +174,42 @@ class ScoringModel:
         """The validated token sequences `score` would run, one per item (labels aside)."""
         return inputs.as_lists(self.tokenize(query, items, [0], item_first=item_first).sequences)
 
-    def label_logprobs(
-        self, seqs: Sequence[Sequence[int]], labels: Sequence[Sequence[int]]
+    def embed(
+        self,
+        texts: Sequence[str],
+        *,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
+        truncate: bool = False,
+        truncation_side: str = "right",
     ) -> np.ndarray:
-        """Log-probs f32[N, L] of `labels[i]` after `seqs[i]`, packed into prefix batches.
+        """One vector per text, f32[N, E], exactly as `Engine.embed` computes it with the same
+        options. Unsupported when the model is no embedder; InvalidInput naming the field."""
+        texts, options = embed_request(
+            self.task,
+            texts,
+            prompt_name=prompt_name,
+            prompt=prompt,
+            truncate=truncate,
+            side=truncation_side,
+        )
+        try:
+            tokenized = self._tokenizer_state.tokenize("", texts, [], pairs=options)
+        except InvalidInput as e:
+            raise e.renamed(INPUT) from None
+        seqs = tokenized.sequences
+        outputs = self.label_logprobs(seqs, [[]] * len(seqs), width=self.task.dimensions)
+        return self.task.embeddings(outputs)
+
+    def label_logprobs(
+        self, seqs: Sequence[Sequence[int]], labels: Sequence[Sequence[int]], width: int = 0
+    ) -> np.ndarray:
+        """Log-probs f32[N, L] of `labels[i]` after `seqs[i]` (the outputs' first `width`
+        columns when given: an embedder's vectors), packed into prefix batches.
 
         Each batch is dispatched before the next is built, so host packing overlaps the device.
         """
-        width = max(len(lab) for lab in labels)
+        width = width or max(len(lab) for lab in labels)
         out = np.zeros((len(seqs), width), np.float32)
         pending = None
         batches = batching.batches(

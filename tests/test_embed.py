@@ -13,7 +13,7 @@ import trio
 from sentence_transformers import SentenceTransformer
 
 from bench.encoders import write_encoder, write_st_modules
-from engine import EngineConfig, InputTooLarge, InvalidInput, Unsupported, open_engine
+from engine import EngineConfig, InputTooLarge, InvalidInput, Unsupported, load_model, open_engine
 from engine.loaders import CheckpointError, load_checkpoint
 from tests.conftest import CORPUS, TINY_ENCODER, tiny_tokenizer, write_tiny_checkpoint
 
@@ -256,3 +256,11 @@ def test_the_tokenizer_json_truncation_and_padding_are_dropped(minilm):
     tokenizer = load_checkpoint(minilm, progress=False).tokenizer
     assert (tokenizer.truncation, tokenizer.padding) == (None, None)
     assert len(tokenizer.encode(" ".join(CORPUS[:6]) * 4).ids) > 128
+
+
+def test_the_offline_model_embeds_as_the_engine(minilm):
+    texts = varied_texts(30, seed=5)
+    offline = load_model(minilm, dtype="float32", progress=False).embed(texts, truncate=True)
+    np.testing.assert_array_equal(offline, embed(minilm, texts, truncate=True).embeddings)
+    with pytest.raises(InputTooLarge, match=r"^input\[0\]: \d+ tokens exceed"):
+        load_model(minilm, dtype="float32", progress=False).embed([" ".join(CORPUS[:6]) * 8])
