@@ -33,7 +33,7 @@ from bench.flops import Cost, encoder_flops, shared_prefix_flops
 from bench.peak import measure_peaks
 from bench.workloads import text_of_tokens
 from engine import open_engine
-from engine.embed import embed_options, with_prompt
+from engine.embed import embed_request
 
 QUICK = dict(texts=16, batch_sizes=[8], repeats=1, gemm=[512])
 MINILM = "all-MiniLM-L6-v2"
@@ -152,9 +152,8 @@ async def run_engine(config, args) -> dict:
 
 def sequences(engine, texts: list[str], prompt_name: str | None) -> list[list[int]]:
     """The token sequences the engine embeds for the texts (prompt put before, cut as asked)."""
-    options = embed_options(texts, engine.model_config.max_length, True, "right")[1]
-    prompted = with_prompt(texts, engine.task, prompt_name, None)
-    return engine.sequences("", prompted, [], pairs=options)
+    call = embed_request(engine.task, texts, prompt_name=prompt_name, truncate=True)
+    return engine.sequences("", call.inputs, [], pairs=call.pairs)
 
 
 def flops(cfg, seqs, shared: bool) -> float:

@@ -1,7 +1,10 @@
-"""An embed call's arguments: checked before anything is tokenised, and the name its errors give
-the texts (`input`, as OpenAI's field)."""
+"""An embed call's arguments: checked before anything is tokenised, the name its errors give
+the texts (`input`, as OpenAI's field), and how its pooled outputs become its vectors."""
 
 from collections.abc import Sequence
+
+import msgspec
+import numpy as np
 
 from engine import truncation
 from engine.errors import InvalidInput, Unsupported
@@ -10,34 +13,86 @@ from engine.pairs import PairOptions
 INPUT = {"items": "input"}  # the embed call's name for the items of its request
 
 
+class EmbedCall(msgspec.Struct, frozen=True, kw_only=True):
+    """One embed call, checked: its inputs (texts after their prompt, or token-id sequences as
+    given), how they are encoded, and the vectors' width and normalisation."""
+
+    inputs: list  # str texts, or list[int] token-id sequences
+    pairs: PairOptions
+    dimensions: int | None = None  # the vectors' first components kept (None: all)
+    normalize: bool | None = None  # None: as the model's directory says
+
+    def vectors(self, task, outputs: np.ndarray) -> np.ndarray:
+        """The call's vectors f32[N, D] from the pooled outputs f32[N, E] of `task`."""
+        return task.embeddings(outputs, dimensions=self.dimensions, normalize=self.normalize)
+
+
 def embed_request(
-    task, texts, *, prompt_name, prompt, truncate: bool, side: str
-) -> tuple[list[str], PairOptions]:
-    """An embed call's texts, each after its prompt, and how they are encoded (`embed_options`,
-    `with_prompt`); Unsupported when the `task` is no embedder."""
+    task,
+    inputs,
+    *,
+    prompt_name: str | None = None,
+    prompt: str | None = None,
+    truncate: bool = False,
+    side: str = "right",
+    dimensions: int | None = None,
+    normalize: bool | None = None,
+) -> EmbedCall:
+    """An embed call of `inputs` (texts, or token-id sequences), each text after its prompt;
+    Unsupported when the `task` is no embedder, InvalidInput naming the field."""
     refused = task.embeddings_refused()
     if refused:
         raise Unsupported(refused)
-    texts, options = embed_options(texts, task.config.max_length, truncate, side)
-    return with_prompt(texts, task, prompt_name, prompt), options
+    inputs, pairs = embed_options(inputs, task.config.max_length, truncate, side)
+    if dimensions is not None:
+        task.check_dimensions(dimensions)
+    if normalize is not None and not isinstance(normalize, bool):
+        raise InvalidInput("normalize", "must be true or false")
+    return EmbedCall(
+        inputs=with_prompt(inputs, task, prompt_name, prompt),
+        pairs=pairs,
+        dimensions=dimensions,
+        normalize=normalize,
+    )
 
 
-def embed_options(texts, limit: int, truncate: bool, side: str) -> tuple[list[str], PairOptions]:
-    """The texts as a list, and how they are encoded: each alone, refused over `limit` tokens
-    unless `truncate` (then cut at `side`); InvalidInput naming the field otherwise."""
-    if isinstance(texts, str) or not isinstance(texts, Sequence) or not texts:
-        raise InvalidInput("input", "must be a non-empty list of strings")
-    bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
+def embed_options(inputs, limit: int, truncate: bool, side: str) -> tuple[list, PairOptions]:
+    """The inputs as a list (all texts, or all token-id sequences), and how they are encoded:
+    each alone, refused over `limit` tokens unless `truncate` (then cut at `side`);
+    InvalidInput naming the field otherwise."""
+    if isinstance(inputs, str) or not isinstance(inputs, Sequence) or not inputs:
+        raise InvalidInput("input", "must be a non-empty list of strings or of token-id lists")
+    kind = str if isinstance(inputs[0], str) else list
+    bad = next((i for i, x in enumerate(inputs) if not _is(x, kind)), None)
     if bad is not None:
-        raise InvalidInput(f"input[{bad}]", "must be a string")
+        what = "a string" if kind is str else "a non-empty list of token ids, as input[0]"
+        raise InvalidInput(f"input[{bad}]", f"must be {what}")
     if side not in truncation.SIDES:
         raise InvalidInput("truncation_side", f"must be one of {', '.join(truncation.SIDES)}")
-    return list(texts), PairOptions(limit=limit, side=side, truncate=truncate, alone=True)
+    inputs = list(inputs) if kind is str else [list(x) for x in inputs]
+    return inputs, PairOptions(limit=limit, side=side, truncate=truncate, alone=True)
 
 
-def with_prompt(texts: list[str], task, name: str | None, prompt: str | None) -> list[str]:
+def _is(x, kind) -> bool:
+    if kind is str:
+        return isinstance(x, str)
+    return (
+        isinstance(x, Sequence)
+        and not isinstance(x, str)
+        and len(x) > 0
+        and all(isinstance(t, int | np.integer) and not isinstance(t, bool) for t in x)
+    )
+
+
+def with_prompt(inputs: list, task, name: str | None, prompt: str | None) -> list:
     """Each text after the prompt `prompt`, or else after the embedder `task`'s prompt `name`
-    (None: its default); InvalidInput naming `prompt_name` for a prompt it does not have."""
+    (None: its default); InvalidInput naming `prompt_name` for a prompt it does not have, or
+    the field given for token ids (which are embedded as given)."""
+    if inputs and not isinstance(inputs[0], str):
+        given = "prompt" if prompt is not None else "prompt_name" if name is not None else None
+        if given:
+            raise InvalidInput(given, "applies to texts; token ids are embedded as given")
+        return inputs
     if prompt is None:
         prompt = task.prompt(name)
-    return [prompt + t for t in texts] if prompt else texts
+    return [prompt + t for t in inputs] if prompt else inputs

@@ -299,40 +299,49 @@ class Engine:
 
     async def embed(
         self,
-        texts: Sequence[str],
+        texts: Sequence[str] | Sequence[Sequence[int]],
         *,
         prompt_name: str | None = None,
         prompt: str | None = None,
         truncate: bool = False,
         truncation_side: str = "right",
+        dimensions: int | None = None,
+        normalize: bool | None = None,
     ) -> EmbedResult:
-        """One vector f32[E] per text, in order, exactly as the model's sentence-transformers
+        """One vector f32[D] per text, in order, exactly as the model's sentence-transformers
         directory computes it (its pooling, its normalisation).
 
-        `prompt_name` puts that prompt of the directory before each text (a query
+        `texts` may instead be token-id sequences, embedded as given (no special tokens added,
+        no prompt). `prompt_name` puts that prompt of the directory before each text (a query
         instruction; None: its default prompt, if it names one), `prompt` the text given
         instead, as `SentenceTransformer.encode` does. Texts sharing a prompt compute it once
         (decoders).
+
+        `dimensions` keeps each vector's first components (a Matryoshka-trained model's shorter
+        embedding; InvalidInput naming `dimensions` for a width it is not trained for), then
+        normalises them if the model does; `normalize` overrides whether it does.
 
         A text over the model's limit (its `max_seq_length`) is refused with InputTooLarge
         naming `input[i]`, or with `truncate` cut at `truncation_side` ("right": its end, "left":
         its start) and the tokens cut counted in `truncated_tokens`. Unsupported when the model
         is not an embedder; other errors as `score`'s, naming `input`.
         """
-        texts, options = embed_request(
+        call = embed_request(
             self.task,
             texts,
             prompt_name=prompt_name,
             prompt=prompt,
             truncate=truncate,
             side=truncation_side,
+            dimensions=dimensions,
+            normalize=normalize,
         )
         try:
-            outputs, result = await self._outputs("", texts, [], False, pairs=options)
+            outputs, result = await self._outputs("", call.inputs, [], False, pairs=call.pairs)
         except InvalidInput as e:
             raise e.renamed(INPUT) from None
         return EmbedResult(
-            embeddings=self.task.embeddings(outputs),
+            embeddings=call.vectors(self.task, outputs),
             prompt_tokens=result.prompt_tokens,
             timings=result.timings,
             cached_tokens=result.cached_tokens,

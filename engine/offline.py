@@ -176,30 +176,34 @@ class ScoringModel:
 
     def embed(
         self,
-        texts: Sequence[str],
+        texts: Sequence[str] | Sequence[Sequence[int]],
         *,
         prompt_name: str | None = None,
         prompt: str | None = None,
         truncate: bool = False,
         truncation_side: str = "right",
+        dimensions: int | None = None,
+        normalize: bool | None = None,
     ) -> np.ndarray:
-        """One vector per text, f32[N, E], exactly as `Engine.embed` computes it with the same
+        """One vector per text, f32[N, D], exactly as `Engine.embed` computes it with the same
         options. Unsupported when the model is no embedder; InvalidInput naming the field."""
-        texts, options = embed_request(
+        call = embed_request(
             self.task,
             texts,
             prompt_name=prompt_name,
             prompt=prompt,
             truncate=truncate,
             side=truncation_side,
+            dimensions=dimensions,
+            normalize=normalize,
         )
         try:
-            tokenized = self._tokenizer_state.tokenize("", texts, [], pairs=options)
+            tokenized = self._tokenizer_state.tokenize("", call.inputs, [], pairs=call.pairs)
         except InvalidInput as e:
             raise e.renamed(INPUT) from None
         seqs = tokenized.sequences
         outputs = self.label_logprobs(seqs, [[]] * len(seqs), width=self.task.dimensions)
-        return self.task.embeddings(outputs)
+        return call.vectors(self.task, outputs)
 
     def label_logprobs(
         self, seqs: Sequence[Sequence[int]], labels: Sequence[Sequence[int]], width: int = 0

@@ -75,6 +75,27 @@ class PairEncoder:
                 encodings[i] = e
         return Encoded([self._coded(i, e) for i, e in enumerate(encodings)], truncated)
 
+    def given(self, sequences: Sequence[list[int]], options: PairOptions) -> Encoded:
+        """An embedder's token-id sequences, as given (no special tokens added), cut as
+        `options` say; InvalidInput or InputTooLarge naming `items[i]` as `encode`."""
+        out, truncated = [], 0
+        for i, ids in enumerate(sequences):
+            if len(ids) > options.limit:
+                if not options.truncate:
+                    raise InputTooLarge(
+                        f"items[{i}]",
+                        f"{len(ids)} tokens exceed the model's limit of {options.limit}; "
+                        "ask for truncation to cut it",
+                    )
+                truncated += len(ids) - options.limit
+                ids = ids[: options.limit] if options.side == "right" else ids[-options.limit :]
+            if min(ids) < 0 or max(ids) >= self.vocab_size:
+                raise InvalidInput(
+                    f"items[{i}]", f"token id outside the vocabulary [0, {self.vocab_size})"
+                )
+            out.append(list(ids))  # coded with token type 0: the id itself
+        return Encoded(out, truncated)
+
     def _coded(self, index: int, e: tokenizers.Encoding) -> list[int]:
         if e.ids and max(e.ids) >= self.vocab_size:
             raise InvalidInput(

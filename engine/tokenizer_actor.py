@@ -155,10 +155,12 @@ class TokenizerState:
     def _pairs(self, r: ScoreRequest, items: list) -> Encoded:
         if self.pairs is None:
             raise InvalidInput("query/items", "this model does not score text pairs")
+        options = msgspec.structs.replace(r.pairs, limit=min(r.pairs.limit, self.max_len))
+        if options.alone and all(isinstance(it, list) for it in items):
+            return self.pairs.given(items, options)
         if not (isinstance(r.query, str) and all(isinstance(it, str) for it in items)):
             raise InvalidInput("query/items", "a pair's query and items must be text")
-        limit = min(r.pairs.limit, self.max_len)
-        return self.pairs.encode(r.query, items, msgspec.structs.replace(r.pairs, limit=limit))
+        return self.pairs.encode(r.query, items, options)
 
     def _labels(self, r: ScoreRequest) -> list[int]:
         """The labels read at each score row: the caller's, and the normaliser when asked;

@@ -5,6 +5,7 @@ truncation, refusals and the errors that name the field."""
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ from sentence_transformers import SentenceTransformer
 from bench.encoders import write_encoder, write_st_modules
 from engine import EngineConfig, InputTooLarge, InvalidInput, Unsupported, load_model, open_engine
 from engine.loaders import CheckpointError, load_checkpoint
+from engine.truncation import SIDES
 from tests.conftest import CORPUS, TINY_ENCODER, tiny_tokenizer, write_tiny_checkpoint
 
 EMBEDDERS = {
@@ -146,11 +148,46 @@ def test_over_the_limit_is_refused_unless_truncated(minilm):
         ("one text", {}, "input"),
         (["fine", 3], {}, "input[1]"),
         (["fine"], {"truncation_side": "middle"}, "truncation_side"),
+        (["fine", [1, 2]], {}, "input[1]"),  # texts and ids mixed
+        ([[101, 102], []], {}, "input[1]"),
+        ([[101, 102], [101, 30522]], {}, "input[1]"),  # outside the vocabulary
+        ([[101, 102], [5, -1]], {}, "input[1]"),
+        ([[101, 102]], {"prompt_name": "query"}, "prompt_name"),  # ids take no prompt
+        (["fine"], {"dimensions": 100}, "dimensions"),  # not Matryoshka-trained
+        (["fine"], {"dimensions": 0}, "dimensions"),
+        (["fine"], {"normalize": "yes"}, "normalize"),
     ],
 )
 def test_bad_arguments_name_their_field(minilm, texts, options, field):
     error = embed(minilm, texts, **options)
     assert isinstance(error, InvalidInput) and error.field == field
+
+
+def test_token_ids_embed_as_their_text(minilm):
+    tokenizer = SentenceTransformer(str(minilm), device="cpu").tokenizer
+    texts = varied_texts(12, seed=6)[1:]
+    ids = [tokenizer(t, truncation=True, max_length=256)["input_ids"] for t in texts]
+    by_text, by_ids = embed(minilm, texts, truncate=True), embed(minilm, ids)
+    assert np.abs(by_ids.embeddings - by_text.embeddings).max() <= 1e-6
+    assert by_ids.prompt_tokens == sum(map(len, ids)) == by_text.prompt_tokens
+    long = list(range(1000, 1300))
+    error = embed(minilm, [long])
+    assert isinstance(error, InputTooLarge) and error.field == "input[0]"
+    right, left = (embed(minilm, [long], truncate=True, truncation_side=s) for s in SIDES)
+    assert right.truncated_tokens == left.truncated_tokens == 44
+    np.testing.assert_array_equal(right.embeddings, embed(minilm, [long[:256]]).embeddings)
+    np.testing.assert_array_equal(left.embeddings, embed(minilm, [long[-256:]]).embeddings)
+
+
+def test_normalize_false_answers_the_pooled_vector(minilm):
+    texts = varied_texts(20, seed=7)
+    model = SentenceTransformer(str(minilm), device="cpu")
+    pooled = SentenceTransformer(modules=list(model)[:2], device="cpu")  # without Normalize
+    assert type(list(model)[2]).__name__ == "Normalize"
+    want = pooled.encode(texts, batch_size=16, convert_to_numpy=True)
+    got = embed(minilm, texts, truncate=True, normalize=False).embeddings
+    assert np.abs(got - want).max() < 1e-5
+    assert np.abs(np.linalg.norm(got, axis=1) - 1).max() > 0.1  # indeed not unit vectors
 
 
 def test_an_embedder_refuses_scores_and_reranks_and_a_scorer_refuses_embeddings(minilm, tiny_path):
@@ -205,6 +242,8 @@ def qwen3_embedder(tmp_path_factory) -> Path:
     }
     (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
     write_st_modules(path, 64, "last", True, 40, prompts={"query": QUERY_PROMPT, "document": ""})
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "is_matryoshka": True}))
     return path
 
 
@@ -215,6 +254,32 @@ def test_a_decoder_embedder_equals_sentence_transformers(qwen3_embedder):
         got = embed(qwen3_embedder, texts, truncate=True, **options)
         want = model.encode(texts, batch_size=16, convert_to_numpy=True, **options)
         assert np.abs(got.embeddings - want).max() < 1e-5, options
+
+
+def test_matryoshka_dimensions_equal_sentence_transformers_truncate_dim(qwen3_embedder):
+    texts = varied_texts(20, seed=8)
+    model = SentenceTransformer(str(qwen3_embedder), device="cpu")
+    for dimensions in (64, 16, 1):
+        got = embed(qwen3_embedder, texts, truncate=True, dimensions=dimensions).embeddings
+        want = model.encode(
+            texts, batch_size=16, truncate_dim=dimensions, normalize_embeddings=True
+        )
+        assert got.shape == (20, dimensions)
+        assert np.abs(got - want).max() < 1e-5, dimensions
+    error = embed(qwen3_embedder, texts, dimensions=65)
+    assert isinstance(error, InvalidInput) and str(error) == "dimensions: must be from 1 to 64"
+
+
+def test_matryoshka_widths_listed_in_the_config_are_the_only_ones(qwen3_embedder, tmp_path):
+    path = tmp_path / "listed"
+    shutil.copytree(qwen3_embedder, path)
+    config = json.loads((path / "config.json").read_text())
+    config = {**config, "is_matryoshka": False, "matryoshka_dimensions": [32, 16]}
+    (path / "config.json").write_text(json.dumps(config))
+    assert embed(path, ["a text"], dimensions=16).embeddings.shape == (1, 16)
+    error = embed(path, ["a text"], dimensions=20)
+    assert isinstance(error, InvalidInput)
+    assert str(error) == "dimensions: this model is trained for 16, 32 dimensions"
 
 
 def test_a_shared_prompt_is_computed_once_and_cached(qwen3_embedder):

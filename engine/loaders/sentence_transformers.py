@@ -66,9 +66,24 @@ def read_embedder(root: Path, encoder: bool) -> tuple[Pooling, int | None]:
     limit = _read(bert_config).get("max_seq_length") if bert_config.is_file() else None
     prompts, default = _prompts(root / "config_sentence_transformers.json")
     pooling = Pooling(
-        mode=modes[0], normalize=_NORMALIZE in kinds, prompts=prompts, default_prompt=default
+        mode=modes[0],
+        normalize=_NORMALIZE in kinds,
+        prompts=prompts,
+        default_prompt=default,
+        **_matryoshka(root / "config.json"),
     )
     return pooling, limit
+
+
+def _matryoshka(path: Path) -> dict:
+    """Whether the model's `config.json` says it is Matryoshka-trained (`is_matryoshka`, or the
+    widths it was trained at as `matryoshka_dimensions`), as vLLM reads it."""
+    config = _read(path) if path.is_file() else {}
+    widths = config.get("matryoshka_dimensions") or []
+    if not (isinstance(widths, list) and all(type(d) is int and d > 0 for d in widths)):
+        raise CheckpointError(f"{path}: matryoshka_dimensions must be a list of widths")
+    trained = bool(config.get("is_matryoshka")) or bool(widths)
+    return {"matryoshka": trained, "matryoshka_dimensions": tuple(sorted(widths))}
 
 
 def _prompts(path: Path) -> tuple[tuple[tuple[str, str], ...], str | None]:

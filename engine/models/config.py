@@ -45,6 +45,10 @@ class Pooling(msgspec.Struct, frozen=True, kw_only=True):
     normalize: bool = False  # divided by its L2 norm
     prompts: tuple[tuple[str, str], ...] = ()  # (name, text put before a text given that name)
     default_prompt: str | None = None  # the prompt name a text gets when none is asked for
+    # trained so that a vector's first components are themselves an embedding (Matryoshka), at
+    # these widths (empty: at any width)
+    matryoshka: bool = False
+    matryoshka_dimensions: tuple[int, ...] = ()
 
 
 class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):

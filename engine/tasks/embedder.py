@@ -57,13 +57,36 @@ class Embedder(Task):
         name = name or self.config.embedding.default_prompt
         return prompts[name] if name else ""
 
-    def embeddings(self, outputs: np.ndarray) -> np.ndarray:
-        """The vectors f32[N, E] from the pooled outputs f32[N, E]: divided by their L2 norm (at
-        least 1e-12, as torch's `normalize`) when the model normalises."""
-        if not self.config.embedding.normalize:
-            return outputs
-        norms = np.linalg.norm(outputs, axis=1, keepdims=True)
-        return outputs / np.maximum(norms, np.float32(1e-12))
+    def embeddings(
+        self, outputs: np.ndarray, dimensions: int | None = None, normalize: bool | None = None
+    ) -> np.ndarray:
+        """The vectors f32[N, D] from the pooled outputs f32[N, E]: their first `dimensions`
+        components (None: all), divided by their L2 norm (at least 1e-12, as torch's
+        `normalize`) when `normalize` (None: when the model normalises)."""
+        vectors = outputs[:, :dimensions] if dimensions else outputs
+        if not (self.config.embedding.normalize if normalize is None else normalize):
+            return vectors
+        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+        return vectors / np.maximum(norms, np.float32(1e-12))
+
+    def check_dimensions(self, dimensions: int) -> None:
+        """InvalidInput naming `dimensions` unless the model answers vectors that wide: its
+        own width, or a width its Matryoshka training covers."""
+        pooling, width = self.config.embedding, self.dimensions
+        if dimensions == width:
+            return
+        if isinstance(dimensions, bool) or not isinstance(dimensions, int):
+            raise InvalidInput("dimensions", "must be an integer")
+        if not pooling.matryoshka:
+            why = f"this model answers {width} dimensions and is not trained for others"
+        elif pooling.matryoshka_dimensions and dimensions not in pooling.matryoshka_dimensions:
+            trained = ", ".join(map(str, pooling.matryoshka_dimensions))
+            why = f"this model is trained for {trained} dimensions"
+        elif not 1 <= dimensions <= width:
+            why = f"must be from 1 to {width}"
+        else:
+            return
+        raise InvalidInput("dimensions", why)
 
     def describe(self) -> str:
         return f"{self.config.family} embedder, {self.config.embedding.mode} pooling"
