@@ -1,42 +1,55 @@
-"""OpenAI's embeddings API, `POST /v1/embeddings`: one vector per input text, as floats or as
-base64 of little-endian float32 (what OpenAI's Python SDK asks for by default).
+"""`POST /v1/embeddings`: one vector per input, in the fields of OpenAI's embeddings API, of
+Voyage's (`input_type`, `output_dimension`, `output_dtype`, `truncation`), and of vLLM's
+(`truncate_prompt_tokens`, `normalize`). One body may mix them; the answer is OpenAI's list,
+which the Voyage SDK reads too.
 
-As OpenAI, an empty string is refused and a text over the model's limit is an error, never cut
-silently; `truncate: true` (an extension, as vLLM's `truncate_prompt_tokens`) cuts it instead and
-reports the tokens cut in `usage.prompt_tokens_details.truncated_tokens`. `dimensions` is taken
-only at the model's own width (none of the served embedders is trained for shorter ones).
+As OpenAI, an input is a string, strings, token ids or lists of token ids; an empty string is
+refused and a text over the model's limit is an error, never cut silently. `truncation: true`
+(Voyage's), `truncate: true` (an extension) or `truncate_prompt_tokens` (vLLM's: keep the last k
+tokens) cut it instead, and the tokens cut are reported in
+`usage.prompt_tokens_details.truncated_tokens`. `dimensions` / `output_dimension` keep the first
+components of a Matryoshka-trained model's vectors (its own width on any model).
 """
 
-import base64
 from typing import Annotated, Literal
 
 import msgspec
-import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response
 
+from api import embed_answers
 from api.errors import ApiError
 from api.schemas import Usage, documented, usage_of
 from api.scoring import json_response, timing_headers
 from api.service import Service
 
 Text = Annotated[str, documented(minLength=1)]
+TokenId = Annotated[int, msgspec.Meta(ge=0)]
+Width = Annotated[int, msgspec.Meta(ge=1)]
 
 
 class EmbeddingRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """OpenAI's embeddings body."""
+    """OpenAI's embeddings body, with Voyage's and vLLM's fields beside."""
 
-    input: Text | Annotated[list[Text], documented(minItems=1)]  # one text or several
+    # one text, texts, one token-id list, or token-id lists
+    input: Text | Annotated[list[Text | TokenId | list[TokenId]], documented(minItems=1)]
     model: str | None = None  # echoed
-    encoding_format: Literal["float", "base64"] = "float"
-    dimensions: Annotated[int, msgspec.Meta(ge=1)] | None = None  # only the model's own width
+    encoding_format: Literal["float", "base64"] | None = None  # None: float
+    dimensions: Width | None = None  # OpenAI's: the vectors' first components
     user: str | None = None  # accepted
-    truncate: bool = False  # cut a text over the model's limit instead of refusing it
+    input_type: Literal["query", "document"] | None = None  # Voyage's: the model's prompt of it
+    output_dimension: Width | None = None  # Voyage's `dimensions`
+    output_dtype: Literal[embed_answers.FORMATS] | None = None  # Voyage's: None is float
+    truncation: bool | None = None  # Voyage's: cut a text over the limit (None: refuse it)
+    truncate: bool = False  # the same, as an extension of OpenAI's body
+    truncate_prompt_tokens: Annotated[int, msgspec.Meta(ge=-1)] | None = None  # vLLM's
+    normalize: bool | None = None  # vLLM's (None: as the model's directory says)
 
 
 class Embedding(msgspec.Struct, kw_only=True):
     index: int  # the input's position
-    embedding: list[float] | str  # floats, or base64 of little-endian float32
+    # floats, integers (Voyage's integer types), or base64 of the format's bytes
+    embedding: list[float | int] | str
     object: str = "embedding"
 
 
@@ -51,35 +64,42 @@ decoder = msgspec.json.Decoder(EmbeddingRequest)
 
 
 async def embeddings(service: Service, request: Request) -> Response:
-    """OpenAI's `/v1/embeddings`."""
+    """OpenAI's (and Voyage's, and vLLM's) `/v1/embeddings`."""
     req = await service.decode(request, decoder)
-    texts = [req.input] if isinstance(req.input, str) else req.input
-    if not texts:
-        raise ApiError(400, "input: must not be an empty list", param="input")
-    empty = next((i for i, t in enumerate(texts) if not t), None)
-    if empty is not None:
-        field = "input" if isinstance(req.input, str) else f"input[{empty}]"
-        raise ApiError(400, f"{field}: must not be an empty string", param=field)
-    result = await service.call(request, lambda engine: _embed(engine, texts, req))
-    service.metrics.observe(request.url.path, result.timings, len(texts))
-    encode = _base64 if req.encoding_format == "base64" else lambda v: v.tolist()
-    data = [Embedding(index=i, embedding=encode(v)) for i, v in enumerate(result.embeddings)]
+    inputs = embed_answers.inputs(req.input, "input")
+    result = await embed_answers.embed(
+        service,
+        request,
+        inputs,
+        _renames(req),
+        input_type=req.input_type,
+        dimensions=_dimensions(req),
+        normalize=req.normalize,
+        **embed_answers.truncation(
+            bool(req.truncation or req.truncate), req.truncate_prompt_tokens
+        ),
+    )
+    vectors = embed_answers.formatted(result.embeddings, req.output_dtype or "float")
+    encode = embed_answers.as_base64 if req.encoding_format == "base64" else embed_answers.as_lists
+    data = [Embedding(index=i, embedding=v) for i, v in enumerate(encode(vectors))]
     body = EmbeddingResponse(
         data=data, model=req.model or service.model_name, usage=usage_of(Usage, result)
     )
     return json_response(body, headers=timing_headers(result.timings))
 
 
-async def _embed(engine, texts: list[str], req: EmbeddingRequest):
-    width = engine.task.dimensions if engine.task.embeddings_refused() is None else None
-    if req.dimensions is not None and width is not None and req.dimensions != width:
+def _renames(req: EmbeddingRequest) -> dict[str, str]:
+    """The request's names for the engine's fields it set."""
+    renames = {"max_tokens": "truncate_prompt_tokens"}
+    if req.dimensions is None and req.output_dimension is not None:
+        renames["dimensions"] = "output_dimension"
+    return renames
+
+
+def _dimensions(req: EmbeddingRequest) -> int | None:
+    both = req.dimensions is not None and req.output_dimension is not None
+    if both and req.dimensions != req.output_dimension:
         raise ApiError(
-            400,
-            f"dimensions: this model answers {width} dimensions and is not trained for fewer",
-            param="dimensions",
+            400, "output_dimension: differs from dimensions (give one)", param="output_dimension"
         )
-    return await engine.embed(texts, truncate=req.truncate)
-
-
-def _base64(vector: np.ndarray) -> str:
-    return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
+    return req.dimensions or req.output_dimension

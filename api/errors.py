@@ -60,7 +60,7 @@ class ApiError(Exception):
 
     def response(self) -> Response:
         fields = dict(message=self.message, type=self.type, param=self.param, code=self.status)
-        body = encode(ErrorResponse(error=ErrorDetail(**fields), **fields))
+        body = encode(ErrorResponse(error=ErrorDetail(**fields), detail=self.message, **fields))
         return Response(body, self.status, self.headers, media_type="application/json")
 
 

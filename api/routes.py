@@ -13,7 +13,18 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from api import dashboard, embeddings, rerank_answers, schemas, tei, tokens, vllm_score
+from api import (
+    cohere_embed,
+    dashboard,
+    embeddings,
+    rerank_answers,
+    schemas,
+    tei,
+    tei_embed,
+    tokens,
+    vllm_pooling,
+    vllm_score,
+)
 from api.errors import ApiError, internal_error
 from api.metrics import CONTENT_TYPE
 from api.openapi import ANY_JSON, HTML, NO_BODY, PLAIN_TEXT, Answer, Endpoint, openapi
@@ -77,7 +88,7 @@ LABEL_SCORE_PATHS = ("/v1/score",)
 RERANK_PATHS = ("/v1/rerank", "/v2/rerank", "/rerank", "/v1/reranking", "/score")
 
 
-EMBEDDING_PATHS = ("/v1/embeddings",)
+EMBEDDING_PATHS = ("/v1/embeddings", "/v2/embed", "/embed", "/similarity", "/pooling")
 
 
 def scoring_endpoints(engine: Engine) -> list[str]:
@@ -296,9 +307,47 @@ ENDPOINTS = (
         "/v1/embeddings",
         "POST",
         embeddings.embeddings,
-        "One vector per text (OpenAI; an embedder's, other models answer 400)",
+        "One vector per input (OpenAI, Voyage, vLLM; an embedder's, other models answer 400)",
         embeddings.EmbeddingResponse,
         embeddings.EmbeddingRequest,
+        errors=SCORING_ERRORS,
+    ),
+    Endpoint(
+        "/v2/embed",
+        "POST",
+        cohere_embed.embed,
+        "Vectors of texts in each number format asked for (Cohere v2)",
+        cohere_embed.CohereEmbedResponse,
+        cohere_embed.CohereEmbedRequest,
+        errors=SCORING_ERRORS,
+    ),
+    Endpoint(
+        "/embed",
+        "POST",
+        tei_embed.embed,
+        "One vector per input (TEI)",
+        tei_embed.TEI_VECTORS,
+        tei_embed.TeiEmbedRequest,
+        errors=TEI_ERRORS,
+        error_body=schemas.TeiErrorResponse,
+    ),
+    Endpoint(
+        "/similarity",
+        "POST",
+        tei_embed.similarity,
+        "Cosine similarity of a source sentence to each of several (TEI)",
+        tei_embed.SIMILARITIES,
+        tei_embed.SimilarityRequest,
+        errors=TEI_ERRORS,
+        error_body=schemas.TeiErrorResponse,
+    ),
+    Endpoint(
+        "/pooling",
+        "POST",
+        vllm_pooling.pooling,
+        "Each input's pooled vector (vLLM, an embedder's)",
+        vllm_pooling.PoolingResponse,
+        vllm_pooling.PoolingRequest,
         errors=SCORING_ERRORS,
     ),
     Endpoint(

@@ -138,13 +138,15 @@ class ErrorDetail(msgspec.Struct, kw_only=True):
 
 
 class ErrorResponse(msgspec.Struct, kw_only=True):
-    """OpenAI's and vLLM's `error` object, and SGLang's flat fields beside it."""
+    """OpenAI's and vLLM's `error` object, SGLang's flat fields beside it, and the message as
+    Voyage's (and FastAPI's) `detail`."""
 
     error: ErrorDetail
     message: str
     type: str
     param: str | None
     code: int
+    detail: str
     object: str = "error"
 
 

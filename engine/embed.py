@@ -37,13 +37,20 @@ def embed_request(
     side: str = "right",
     dimensions: int | None = None,
     normalize: bool | None = None,
+    max_tokens: int | None = None,
 ) -> EmbedCall:
-    """An embed call of `inputs` (texts, or token-id sequences), each text after its prompt;
-    Unsupported when the `task` is no embedder, InvalidInput naming the field."""
+    """An embed call of `inputs` (texts, or token-id sequences), each text after its prompt
+    and held to `max_tokens` tokens (None: the model's limit); Unsupported when the `task` is no
+    embedder, InvalidInput naming the field."""
     refused = task.embeddings_refused()
     if refused:
         raise Unsupported(refused)
-    inputs, pairs = embed_options(inputs, task.config.max_length, truncate, side)
+    limit = task.config.max_length
+    if max_tokens is not None:
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise InvalidInput("max_tokens", "must be a positive integer")
+        limit = min(limit, max_tokens)
+    inputs, pairs = embed_options(inputs, limit, truncate, side)
     if dimensions is not None:
         task.check_dimensions(dimensions)
     if normalize is not None and not isinstance(normalize, bool):
@@ -82,6 +89,13 @@ def _is(x, kind) -> bool:
         and len(x) > 0
         and all(isinstance(t, int | np.integer) and not isinstance(t, bool) for t in x)
     )
+
+
+def prompt_named(task, kind: str | None) -> str | None:
+    """`kind` ("query", "document", ...) where the embedder `task` has a prompt of that name,
+    else None: what a peer's `input_type` picks."""
+    pooling = task.config.embedding
+    return kind if pooling is not None and kind in dict(pooling.prompts) else None
 
 
 def with_prompt(inputs: list, task, name: str | None, prompt: str | None) -> list:

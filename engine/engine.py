@@ -307,6 +307,7 @@ class Engine:
         truncation_side: str = "right",
         dimensions: int | None = None,
         normalize: bool | None = None,
+        max_tokens: int | None = None,
     ) -> EmbedResult:
         """One vector f32[D] per text, in order, exactly as the model's sentence-transformers
         directory computes it (its pooling, its normalisation).
@@ -321,10 +322,11 @@ class Engine:
         embedding; InvalidInput naming `dimensions` for a width it is not trained for), then
         normalises them if the model does; `normalize` overrides whether it does.
 
-        A text over the model's limit (its `max_seq_length`) is refused with InputTooLarge
-        naming `input[i]`, or with `truncate` cut at `truncation_side` ("right": its end, "left":
-        its start) and the tokens cut counted in `truncated_tokens`. Unsupported when the model
-        is not an embedder; other errors as `score`'s, naming `input`.
+        A text over the model's limit (its `max_seq_length`; `max_tokens` when lower) is refused
+        with InputTooLarge naming `input[i]`, or with `truncate` cut at `truncation_side`
+        ("right": its end, "left": its start) and the tokens cut counted in `truncated_tokens`.
+        Unsupported when the model is not an embedder; other errors as `score`'s, naming
+        `input`.
         """
         call = embed_request(
             self.task,
@@ -335,6 +337,7 @@ class Engine:
             side=truncation_side,
             dimensions=dimensions,
             normalize=normalize,
+            max_tokens=max_tokens,
         )
         try:
             outputs, result = await self._outputs("", call.inputs, [], False, pairs=call.pairs)

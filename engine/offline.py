@@ -184,6 +184,7 @@ class ScoringModel:
         truncation_side: str = "right",
         dimensions: int | None = None,
         normalize: bool | None = None,
+        max_tokens: int | None = None,
     ) -> np.ndarray:
         """One vector per text, f32[N, D], exactly as `Engine.embed` computes it with the same
         options. Unsupported when the model is no embedder; InvalidInput naming the field."""
@@ -196,6 +197,7 @@ class ScoringModel:
             side=truncation_side,
             dimensions=dimensions,
             normalize=normalize,
+            max_tokens=max_tokens,
         )
         try:
             tokenized = self._tokenizer_state.tokenize("", call.inputs, [], pairs=call.pairs)

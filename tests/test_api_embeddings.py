@@ -1,11 +1,16 @@
-"""OpenAI's `/v1/embeddings` on the real all-MiniLM-L6-v2: values equal to `Engine.embed`, as
-floats and as base64, the model card naming the route, and every refusal naming its field."""
+"""The embedding APIs on the real all-MiniLM-L6-v2: OpenAI's `/v1/embeddings` (with Voyage's and
+vLLM's fields), TEI's `/embed` and `/similarity`, Cohere's `/v2/embed` and vLLM's `/pooling`.
+Values equal `Engine.embed`'s (quantised formats an independent computation of them), the model
+card names the routes, and every refusal names its field."""
 
 import base64
 
 import numpy as np
 import pytest
 import trio
+from sentence_transformers import SentenceTransformer
+from sentence_transformers.util import cos_sim
+from sentence_transformers.util.quantization import quantize_embeddings
 
 from api.app import create_app
 from api.settings import settings_from_env
@@ -16,10 +21,10 @@ from tests.test_api_support import serving, tiny_config, tiny_env
 TEXTS = [*CORPUS[:6], "a", "Zürich—São Paulo—Kraków 🙂"]
 
 
-def engine_embeddings(path, texts) -> np.ndarray:
+def engine_embeddings(path, texts, **options) -> np.ndarray:
     async def main():
         async with open_engine(tiny_config(path)) as engine:  # the service's configuration
-            return (await engine.embed(texts)).embeddings
+            return (await engine.embed(texts, **options)).embeddings
 
     return trio.run(main)
 
@@ -56,9 +61,10 @@ def test_floats_and_base64_equal_the_engine(client, minilm):
 def test_the_model_card_names_the_embedding_route(client):
     info = client.get("/get_model_info").json()
     assert (info["head"], info["architecture"]) == ("embedding", "encoder")
-    assert info["endpoints"] == ["/v1/embeddings"]
-    assert client.get("/v1/models").json()["data"][0]["endpoints"] == ["/v1/embeddings"]
-    assert "/v1/embeddings" in client.get("/openapi.json").json()["paths"]
+    routes = ["/v1/embeddings", "/v2/embed", "/embed", "/similarity", "/pooling"]
+    assert info["endpoints"] == routes
+    assert client.get("/v1/models").json()["data"][0]["endpoints"] == routes
+    assert set(routes) <= set(client.get("/openapi.json").json()["paths"])
 
 
 @pytest.mark.parametrize(
@@ -100,3 +106,142 @@ def test_an_embedder_refuses_scores_and_a_scorer_refuses_embeddings(client, tiny
         r = scorer.post("/v1/embeddings", json={"input": ["a"]})
         assert r.status_code == 400 and "not an embedder" in r.json()["error"]["message"]
         assert "/v1/embeddings" not in scorer.get("/get_model_info").json()["endpoints"]
+
+
+@pytest.fixture(scope="module")
+def want(minilm) -> np.ndarray:
+    """`Engine.embed` of TEXTS: f32[N, 384], unit vectors."""
+    return engine_embeddings(minilm, TEXTS)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(minilm):
+    return SentenceTransformer(str(minilm), device="cpu").tokenizer
+
+
+def int8_of(vectors: np.ndarray) -> np.ndarray:
+    """The documented int8 format, computed here: the unit vector times 127, rounded."""
+    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    return np.rint(unit.astype(np.float64) * 127).astype(np.int64)
+
+
+def test_token_ids_embed_as_their_texts(client, want, tokenizer):
+    ids = [tokenizer(t)["input_ids"] for t in TEXTS]
+    r = client.post("/v1/embeddings", json={"input": ids})
+    assert r.status_code == 200, r.text
+    got = np.array([d["embedding"] for d in r.json()["data"]], np.float32)
+    assert np.abs(got - want).max() <= 1e-6
+    r = client.post("/v1/embeddings", json={"input": ids[0]})  # one token-id list
+    assert len(r.json()["data"]) == 1
+    assert np.abs(np.float32(r.json()["data"][0]["embedding"]) - want[0]).max() <= 1e-6
+
+
+def test_voyage_output_dtypes(client, want):
+    for dtype, expected in (
+        ("int8", int8_of(want)),
+        ("uint8", int8_of(want) + 128),
+        ("binary", quantize_embeddings(want, precision="binary")),
+        ("ubinary", quantize_embeddings(want, precision="ubinary")),
+    ):
+        body = {"input": TEXTS, "output_dtype": dtype, "input_type": "document"}
+        r = client.post("/v1/embeddings", json=body)
+        assert r.status_code == 200, r.text
+        got = np.array([d["embedding"] for d in r.json()["data"]])
+        np.testing.assert_array_equal(got, expected, err_msg=dtype)
+        r = client.post("/v1/embeddings", json={**body, "encoding_format": "base64"})
+        kind = {"int8": "i1", "binary": "i1"}.get(dtype, "u1")
+        packed = [np.frombuffer(base64.b64decode(d["embedding"]), kind) for d in r.json()["data"]]
+        np.testing.assert_array_equal(np.stack(packed), expected, err_msg=dtype)
+    # the int8 vectors point where the floats do: cosine 0.999, where one step less (63 for
+    # 127) would measure ~0.996
+    int8 = int8_of(want)
+    cosine = (int8 * want).sum(1) / np.linalg.norm(int8, axis=1) / np.linalg.norm(want, axis=1)
+    assert cosine.min() > 0.998, cosine
+
+
+def test_tei_embed(client, minilm, want):
+    r = client.post("/embed", json={"inputs": TEXTS})
+    assert r.status_code == 200, r.text
+    np.testing.assert_array_equal(np.float32(r.json()), want)
+    r = client.post("/embed", json={"inputs": TEXTS[0], "normalize": False})
+    raw = engine_embeddings(minilm, TEXTS[:1], normalize=False)
+    np.testing.assert_array_equal(np.float32(r.json()), raw)
+    long = " ".join(CORPUS[:6]) * 8
+    r = client.post("/embed", json={"inputs": ["a", long]})
+    assert r.status_code == 422, r.text
+    assert r.json()["error_type"] == "Validation" and r.json()["error"].startswith("inputs[1]: ")
+    body = {"inputs": [long], "truncate": True, "truncation_direction": "Left"}
+    r = client.post("/embed", json=body)
+    left = engine_embeddings(minilm, [long], truncate=True, truncation_side="left")
+    np.testing.assert_array_equal(np.float32(r.json()), left)
+    r = client.post("/embed", json={"inputs": ["a"], "dimensions": 100})
+    assert r.status_code == 422 and r.json()["error"].startswith("dimensions: ")
+
+
+def test_tei_similarity(client, want):
+    body = {"inputs": {"source_sentence": TEXTS[0], "sentences": TEXTS[1:]}}
+    r = client.post("/similarity", json=body)
+    assert r.status_code == 200, r.text
+    cosine = cos_sim(want[:1].astype(np.float64), want[1:].astype(np.float64))[0].numpy()
+    np.testing.assert_allclose(r.json(), cosine, atol=1e-6)
+    body["inputs"]["sentences"] = ["fine", ""]
+    r = client.post("/similarity", json={**body, "parameters": {"truncate": True}})
+    assert r.status_code == 422, r.text
+    assert r.json()["error"].startswith("inputs.sentences[1]: must not be empty")
+    body["inputs"]["sentences"] = []
+    r = client.post("/similarity", json=body)
+    assert r.status_code == 422 and r.json()["error"].startswith("inputs.sentences: ")
+
+
+def test_cohere_embed(client, minilm, want):
+    types = ["float", "int8", "ubinary", "base64"]
+    body = {"texts": TEXTS, "input_type": "search_document", "embedding_types": types}
+    r = client.post("/v2/embed", json=body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert (out["response_type"], out["texts"]) == ("embeddings_by_type", TEXTS)
+    assert out["meta"]["billed_units"]["input_tokens"] > 2 * len(TEXTS)
+    by_type = out["embeddings"]
+    assert set(by_type) == set(types)
+    np.testing.assert_array_equal(np.float32(by_type["float"]), want)
+    np.testing.assert_array_equal(np.array(by_type["int8"]), int8_of(want))
+    ubinary = quantize_embeddings(want, precision="ubinary")
+    np.testing.assert_array_equal(np.array(by_type["ubinary"]), ubinary)
+    floats = [np.frombuffer(base64.b64decode(s), "<f4") for s in by_type["base64"]]
+    np.testing.assert_array_equal(np.stack(floats), want)
+
+    long = " ".join(CORPUS[:6]) * 8
+    r = client.post("/v2/embed", json={"texts": ["a", long], "truncate": "NONE"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "texts[1]"
+    r = client.post("/v2/embed", json={"texts": [long], "truncate": "START", "max_tokens": 40})
+    start = engine_embeddings(minilm, [long], truncate=True, truncation_side="left", max_tokens=40)
+    np.testing.assert_array_equal(np.float32(r.json()["embeddings"]["float"]), start)
+    r = client.post("/v2/embed", json={"texts": ["a"], "images": ["data:image/png;base64,AA=="]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "images"
+
+
+def test_vllm_pooling(client, minilm, want, tokenizer):
+    r = client.post("/pooling", json={"input": TEXTS, "model": "mini"})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["id"].startswith("pool-") and out["object"] == "list" and out["model"] == "mini"
+    assert {d["object"] for d in out["data"]} == {"pooling"}
+    np.testing.assert_array_equal(np.float32([d["data"] for d in out["data"]]), want)
+    r = client.post("/pooling", json={"input": TEXTS[:1], "encoding_format": "base64"})
+    packed = np.frombuffer(base64.b64decode(r.json()["data"][0]["data"]), "<f4")
+    np.testing.assert_array_equal(packed, want[0])
+
+    long = " ".join(CORPUS[:6]) * 8
+    r = client.post("/pooling", json={"input": [long], "truncate_prompt_tokens": 12})
+    assert r.status_code == 200, r.text
+    tokenizer.truncation_side = "left"  # vLLM's: the last tokens kept
+    kept = tokenizer(long, truncation=True, max_length=12)["input_ids"]
+    assert len(kept) == 12
+    np.testing.assert_array_equal(
+        np.float32(r.json()["data"][0]["data"]), engine_embeddings(minilm, [kept])[0]
+    )
+    assert r.json()["usage"]["prompt_tokens"] == 12
+    r = client.post("/pooling", json={"input": ["a"], "task": "classify"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "task"
+    r = client.post("/pooling", json={"input": ["a"], "truncate_prompt_tokens": 0})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens"

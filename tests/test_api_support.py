@@ -185,9 +185,10 @@ def _assert_usage(body: dict, expected: RerankResult) -> None:
 
 
 def error_body(message: str, type: str, param: str | None = None) -> dict:
-    """An error answer's body: OpenAI's `error` object and SGLang's flat fields beside it."""
+    """An error answer's body: OpenAI's `error` object, SGLang's flat fields beside it, and
+    Voyage's `detail`."""
     fields = {"message": message, "type": type, "param": param, "code": STATUS_OF[type]}
-    return {"error": fields, "object": "error", **fields}
+    return {"error": fields, "object": "error", **fields, "detail": message}
 
 
 STATUS_OF = {kind: status for status, kind in TYPES.items()}

@@ -373,9 +373,11 @@ def check(client: httpx2.Client, case: Bad) -> None:
     assert r.status_code == case.status, r.text[:500]
     assert r.headers["content-type"] == "application/json"
     body = r.json()
-    assert list(body) == ["error", "message", "type", "param", "code", "object"]
+    assert list(body) == ["error", "message", "type", "param", "code", "detail", "object"]
     assert list(body["error"]) == ["message", "type", "param", "code"]
-    assert body == {"error": body["error"], "object": "error", **body["error"]}
+    assert body == {**body["error"], "error": body["error"], "detail": body["message"]} | {
+        "object": "error"
+    }
     assert body["code"] == case.status
     assert body["error"]["type"] == TYPES[case.status] and body["error"]["message"]
     assert body["error"]["param"] == case.param, body

@@ -2,7 +2,8 @@
 Cohere SDK (v1 and v2 clients), the Voyage SDK, and the `rerankers` library's API rankers for
 every provider whose wire format is served (Cohere, Jina, Voyage, Mixedbread, TEI). Each call's
 ranking and scores equal `Engine.rerank` on the same model, a decoder and a cross-encoder. And
-the OpenAI SDK's embeddings on the real all-MiniLM-L6-v2, equal to `Engine.embed`."""
+the embedding clients (the OpenAI, Voyage and Cohere SDKs, `huggingface_hub`'s TEI client) on the
+real all-MiniLM-L6-v2, equal to `Engine.embed`."""
 
 import cohere
 import numpy as np
@@ -10,6 +11,7 @@ import openai
 import pytest
 import trio
 import voyageai
+from huggingface_hub import InferenceClient
 from rerankers.models import api_rankers
 
 from bench.encoders import write_encoder
@@ -130,15 +132,23 @@ def embedder_server(minilm, tmp_path_factory):
         yield server
 
 
-def test_openai_embeddings_client(embedder_server, minilm):
-    texts = [*DOCS, "Zürich—São Paulo 🙂"]
+EMBED_TEXTS = [*DOCS, "Zürich—São Paulo 🙂"]
+
+
+@pytest.fixture(scope="module")
+def embedded(minilm) -> np.ndarray:
+    """`Engine.embed` of EMBED_TEXTS on the served model."""
     config = tiny_config(minilm)
 
     async def main():
         async with open_engine(config) as engine:
-            return (await engine.embed(texts)).embeddings
+            return (await engine.embed(EMBED_TEXTS)).embeddings
 
-    want = trio.run(main)
+    return trio.run(main)
+
+
+def test_openai_embeddings_client(embedder_server, embedded):
+    texts, want = EMBED_TEXTS, embedded
     client = openai.OpenAI(api_key=KEY, base_url=f"{embedder_server.url}/v1", max_retries=0)
     res = client.embeddings.create(model="all-MiniLM-L6-v2", input=texts)  # base64 on the wire
     np.testing.assert_array_equal(np.array([d.embedding for d in res.data], np.float32), want)
@@ -146,8 +156,45 @@ def test_openai_embeddings_client(embedder_server, minilm):
     assert res.usage.prompt_tokens == res.usage.total_tokens > len(texts)
     res = client.embeddings.create(model="m", input=texts[0], encoding_format="float")
     np.testing.assert_array_equal(np.float32(res.data[0].embedding), want[0])
-    with pytest.raises(openai.BadRequestError, match="input\\[1\\]: must not be an empty"):
+    with pytest.raises(openai.BadRequestError, match="input\\[1\\]: must not be empty"):
         client.embeddings.create(model="m", input=["fine", ""])
     wrong = openai.OpenAI(api_key="wrong", base_url=f"{embedder_server.url}/v1", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         wrong.embeddings.create(model="m", input="a")
+
+
+def test_voyage_embeddings_client(embedder_server, embedded):
+    client = voyageai.Client(api_key=KEY, base_url=f"{embedder_server.url}/v1", max_retries=0)
+    res = client.embed(EMBED_TEXTS, model="voyage-3.5", input_type="query")  # base64 on the wire
+    np.testing.assert_array_equal(np.float32(res.embeddings), embedded)
+    assert res.total_tokens > len(EMBED_TEXTS)
+    res = client.embed(EMBED_TEXTS, model="voyage-3.5", output_dtype="ubinary")
+    np.testing.assert_array_equal(np.array(res.embeddings), np.packbits(embedded > 0, axis=1))
+    with pytest.raises(voyageai.error.InvalidRequestError, match="output_dimension"):
+        client.embed(EMBED_TEXTS, model="voyage-3.5", output_dimension=256)
+
+
+def test_cohere_embed_client(embedder_server, embedded):
+    client = cohere.ClientV2(api_key=KEY, base_url=embedder_server.url, max_retries=0)
+    res = client.embed(
+        model="embed-v4.0",
+        texts=EMBED_TEXTS,
+        input_type="search_query",
+        embedding_types=["float", "int8"],
+    )
+    np.testing.assert_array_equal(np.float32(res.embeddings.float_), embedded)
+    unit = embedded / np.linalg.norm(embedded, axis=1, keepdims=True)
+    np.testing.assert_array_equal(np.array(res.embeddings.int8), np.rint(unit * 127))
+    assert res.meta.billed_units.input_tokens > len(EMBED_TEXTS)
+    with pytest.raises(cohere.errors.BadRequestError, match="texts\\[1\\]"):
+        client.embed(model="m", texts=["a", "b " * 400], input_type="search_query", truncate="NONE")
+
+
+def test_huggingface_hub_tei_client(embedder_server, embedded):
+    headers = {"Authorization": f"Bearer {KEY}"}
+    tei = InferenceClient(model=f"{embedder_server.url}/embed", headers=headers)
+    got = tei.feature_extraction(EMBED_TEXTS[0], truncate=True, truncation_direction="left")
+    np.testing.assert_array_equal(got, embedded[:1])
+    similarity = InferenceClient(model=f"{embedder_server.url}/similarity", headers=headers)
+    scores = similarity.sentence_similarity(EMBED_TEXTS[0], EMBED_TEXTS[1:])
+    np.testing.assert_allclose(scores, embedded[1:] @ embedded[0], atol=1e-6)

@@ -200,6 +200,23 @@ def test_a_cross_encoder_reranks_from_the_start(tmp_path):
     assert len(errors) == 1 and "label-token scores are unavailable" in errors[0]
 
 
+def test_an_embedder_ranks_by_similarity(minilm, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    docs = ["The river runs past the house.", "Stocks fell sharply.", "A house by the water"]
+    done = run_script(str(minilm), [f"? {QUERY}", *docs, "", ":top 2", *docs, ""], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "bert embedder, mean pooling" in done.stderr
+    full, top = tables(done.stdout)
+    model = SentenceTransformer(str(minilm), device="cpu")
+    want = model.similarity(model.encode([QUERY]), model.encode(docs))[0].numpy()
+    order = sorted(range(3), key=lambda i: -want[i])
+    got = rerank_rows(full)
+    assert [i for i, _ in got] == order
+    np.testing.assert_allclose([s for _, s in got], [want[i] for i in order], atol=1e-5)
+    assert rerank_rows(top) == got[:2]
+
+
 # Make the pty the controlling terminal (so Ctrl-C sends SIGINT), then become the program. Done
 # in the child rather than with preexec_fn, which forks the multithreaded (JAX) test process.
 # SIGINT is made deliverable first, as at a person's terminal: a test run started in the

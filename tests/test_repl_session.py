@@ -2,7 +2,7 @@
 
 import pytest
 
-from engine.repl.session import Quit, Rerank, Say, Score, Session, ShowStats
+from engine.repl.session import Embed, Quit, Rerank, Say, Score, Session, ShowStats
 from tests.test_repl_support import fake_encode, ready
 
 
@@ -106,6 +106,20 @@ def test_rerank_mode_with_instruction_and_top(session):
         with pytest.raises(ValueError, match="top: expected a positive number or 'all'"):
             session.handle(bad)
     assert session.handle(":rerank off") == Say("rerank: off")
+
+
+def test_embed_mode_ranks_the_items_by_similarity(session):
+    session.embed = True  # as `make_session` sets it for an embedder
+    session.handle("? where")
+    session.handle("doc a")
+    assert session.prompt() == "embed[1]> "
+    assert session.handle("") == Embed("where", ["doc a"], None)  # needs no labels
+    session.handle(":top 3")
+    session.handle("doc b")
+    assert session.handle("") == Embed("where", ["doc b"], 3)
+    with pytest.raises(ValueError, match="rerank: this model embeds"):
+        session.handle(":rerank on")
+    assert "mode:        embed" in session.handle(":show").text
 
 
 def test_clear_show_stats_help_quit(session):

@@ -17,13 +17,14 @@ from engine.repl.format import (
     format_stats,
 )
 from engine.repl.loop import perform, serve
-from engine.repl.session import Action, Quit, Rerank, Say, Score, Session, ShowStats
+from engine.repl.session import Action, Embed, Quit, Rerank, Say, Score, Session, ShowStats
 from engine.repl.terminal import HISTORY_FILE, enable_history, history_path, read_pipe, read_tty
 
 __all__ = [
     "DEFAULT_LABELS",
     "HISTORY_FILE",
     "Action",
+    "Embed",
     "Quit",
     "Rerank",
     "Say",

@@ -4,7 +4,8 @@
                           [--no-precompile]
 
 Set a query with `? text`, type one item per line, and an empty line scores them: a table of each
-item's label probabilities (or, with `:rerank`, the documents in relevance order). `:help` lists
+item's label probabilities (or, with `:rerank`, the documents in relevance order; for an embedder,
+the items by the cosine similarity of their embeddings to the query's). `:help` lists
 the commands. Piped input works for scripts: no prompts, results on stdout, errors on stderr as
 `error: <message>`; whatever items are pending at end of input are scored.
 """
@@ -28,7 +29,7 @@ DEFAULT_LABELS = (" yes", " no")
 
 def make_session(engine: Engine) -> Session:
     """A session for this engine's tokenizer, labelled " yes" / " no" where those are tokens,
-    in rerank mode for a model with a classification head."""
+    in rerank mode for a model with a classification head, in embed mode for an embedder."""
     tokenizer = engine.tokenizer
     session = Session(
         lambda text: tokenizer.encode(text, add_special_tokens=False).ids,
@@ -38,6 +39,7 @@ def make_session(engine: Engine) -> Session:
         session.set_labels(DEFAULT_LABELS)
     # a model without label-token scores (a classification head) reranks: that is what it does
     session.rerank = engine.task.label_scores_refused() is not None
+    session.embed = engine.task.embeddings_refused() is None
     return session
 
 

@@ -7,8 +7,8 @@ from engine.results import RerankHit
 
 
 def format_probability(p: float) -> str:
-    """Nine decimals, or scientific notation below 1e-3, so small values keep 7 digits."""
-    return f"{p:.9f}" if p >= 1e-3 else f"{p:.6e}"
+    """Nine decimals, or scientific notation below 1e-3 in size, so small values keep 7 digits."""
+    return f"{p:.9f}" if abs(p) >= 1e-3 else f"{p:.6e}"
 
 
 def clip(text: str, width: int) -> str:
@@ -33,8 +33,11 @@ def format_scores(action: Score, scores: list[list[float]], columns: int) -> str
     return "\n".join([_row(widths, ["#", *names], "item"), *rows])
 
 
-def format_rerank(documents: list[str], hits: list[RerankHit], columns: int) -> str:
-    """One row per returned document, best first: rank, index, relevance score, document text."""
+def format_rerank(
+    documents: list[str], hits: list[RerankHit], columns: int, measure: str = "relevance"
+) -> str:
+    """One row per returned document, best first: rank, index, its score (headed `measure`),
+    document text."""
     widths = [4, max(5, len(str(len(documents) - 1))), 12]
     text_w = _text_width(sum(w + 2 for w in widths), columns)
     rows = [
@@ -45,7 +48,7 @@ def format_rerank(documents: list[str], hits: list[RerankHit], columns: int) -> 
         )
         for rank, h in enumerate(hits, 1)
     ]
-    return "\n".join([_row(widths, ["rank", "index", "relevance"], "document"), *rows])
+    return "\n".join([_row(widths, ["rank", "index", measure], "document"), *rows])
 
 
 def _row(widths: list[int], cells: list, text: str) -> str:

@@ -4,12 +4,15 @@ print the result; user and engine errors are printed and the loop goes on."""
 import shutil
 from collections.abc import Callable
 
+import numpy as np
 import trio
 
+from engine.embed import prompt_named
 from engine.engine import Engine
 from engine.errors import EngineError
 from engine.repl.format import format_footer, format_rerank, format_scores, format_stats
-from engine.repl.session import Action, Quit, Rerank, Say, Score, Session, ShowStats
+from engine.repl.session import Action, Embed, Quit, Rerank, Say, Score, Session, ShowStats
+from engine.results import RerankHit
 
 
 async def perform(engine: Engine, action: Action, columns: int) -> str:
@@ -23,6 +26,8 @@ async def perform(engine: Engine, action: Action, columns: int) -> str:
             return await _score(engine, action, columns)
         case Rerank():
             return await _rerank(engine, action, columns)
+        case Embed():
+            return await _embed(engine, action, columns)
     raise TypeError(f"not an action: {action!r}")
 
 
@@ -46,6 +51,24 @@ async def _rerank(engine: Engine, action: Rerank, columns: int) -> str:
         len(action.documents), "documents", r.prompt_tokens, r.cached_tokens, r.timings.total
     )
     return f"{format_rerank(action.documents, r.results, columns)}\n{foot}"
+
+
+async def _embed(engine: Engine, action: Embed, columns: int) -> str:
+    """The documents by the cosine similarity of their vectors to the query's (the query given
+    the model's "query" prompt where it has one), best first."""
+    query = await engine.embed([action.query], prompt_name=prompt_named(engine.task, "query"))
+    docs = await engine.embed(action.documents)
+    vectors, q = docs.embeddings, query.embeddings[0]
+    cosine = vectors @ q / np.maximum(np.linalg.norm(vectors, axis=1) * np.linalg.norm(q), 1e-12)
+    order = np.argsort(-cosine, kind="stable")[: action.top_n]
+    hits = [RerankHit(index=int(i), relevance_score=float(cosine[i])) for i in order]
+    tokens, cached = (
+        query.prompt_tokens + docs.prompt_tokens,
+        query.cached_tokens + docs.cached_tokens,
+    )
+    seconds = query.timings.total + docs.timings.total
+    foot = format_footer(len(action.documents), "documents", tokens, cached, seconds)
+    return f"{format_rerank(action.documents, hits, columns, 'cosine')}\n{foot}"
 
 
 async def serve(

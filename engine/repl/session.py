@@ -43,6 +43,15 @@ class Rerank:
 
 
 @dataclass(frozen=True)
+class Embed:
+    """Rank `documents` by the cosine similarity of their embeddings to `query`'s."""
+
+    query: str
+    documents: list[str]
+    top_n: int | None
+
+
+@dataclass(frozen=True)
 class ShowStats:
     """Print the engine's counters."""
 
@@ -52,7 +61,7 @@ class Quit:
     """End the session."""
 
 
-Action = Say | Score | Rerank | ShowStats | Quit
+Action = Say | Score | Rerank | Embed | ShowStats | Quit
 
 
 class Session:
@@ -71,13 +80,17 @@ class Session:
         self.softmax = False
         self.item_first = False
         self.rerank = False
+        self.embed = False  # an embedder's session: items ranked by similarity to the query
         self.instruction: str | None = None
         self.top_n: int | None = None
 
     def prompt(self) -> str:
         """The input prompt: the mode, and how many items are pending."""
         pending = f"[{len(self.items)}]" if self.items else ""
-        return f"{'rerank' if self.rerank else 'score'}{pending}> "
+        return f"{self._mode()}{pending}> "
+
+    def _mode(self) -> str:
+        return "embed" if self.embed else "rerank" if self.rerank else "score"
 
     def handle(self, line: str) -> Action | None:
         """The action for one input line (None: nothing to do)."""
@@ -141,12 +154,14 @@ class Session:
     def _label_list(self) -> str:
         return ", ".join(f"{n} (#{t})" if n[0] != "#" else n for n, t in self.labels) or "(none)"
 
-    def _score(self, arg: str) -> Score | Rerank:
+    def _score(self, arg: str) -> Score | Rerank | Embed:
         if self.query is None:
             raise ValueError("no query: set one with `? text`")
         if not self.items:
             raise ValueError("no items: type one per line, then an empty line")
-        if self.rerank:
+        if self.embed:
+            action = Embed(self.query, self.items, self.top_n)
+        elif self.rerank:
             action = Rerank(self.query, self.items, self.top_n, self.instruction)
         elif not self.labels:
             raise ValueError("no labels: set them with `:labels yes no` or `:labels #id ...`")
@@ -169,6 +184,8 @@ class Session:
         return Say(f"item_first: {_on(self.item_first)}")
 
     def _rerank(self, arg: str) -> Say:
+        if self.embed:
+            raise ValueError("rerank: this model embeds; items are ranked by similarity")
         self.rerank = _switch("rerank", self.rerank, arg)
         return Say(f"rerank: {_on(self.rerank)}")
 
@@ -191,7 +208,7 @@ class Session:
 
     def _show(self, arg: str) -> Say:
         rows = [
-            ("mode", "rerank" if self.rerank else "score"),
+            ("mode", self._mode()),
             ("query", "(none)" if self.query is None else repr(self.query)),
             ("labels", self._label_list()),
             ("softmax", _on(self.softmax)),
@@ -223,7 +240,7 @@ class Session:
         "item_first": (_item_first, "[on|off]", "score item + query instead of query + item"),
         "rerank": (_rerank, "[on|off]", "rerank mode: items are documents, best first"),
         "instruction": (_instruction, "[TEXT]", "rerank instruction (none: the default)"),
-        "top": (_top, "[N|all]", "rerank: show only the best N documents"),
+        "top": (_top, "[N|all]", "rerank, embed: show only the best N documents"),
         "show": (_show, "", "current settings and pending items"),
         "stats": (lambda s, a: ShowStats(), "", "engine counters"),
         "help": (_help, "", "this list"),

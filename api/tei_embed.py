@@ -1,0 +1,113 @@
+"""TEI's embedding routes: `/embed` (one vector per input, TEI's bare list of lists) and
+`/similarity` (the cosine similarity of a source sentence to each of several). Errors are TEI's
+`{"error", "error_type"}` bodies with its statuses, as on TEI's other routes."""
+
+from typing import Annotated, Literal
+
+import msgspec
+import numpy as np
+from starlette.requests import Request
+from starlette.responses import Response
+
+from api import embed_answers
+from api.errors import ApiError, TeiError
+from api.schemas import documented
+from api.scoring import json_response, timing_headers
+from api.service import Service
+
+Direction = Literal["right", "left", "Right", "Left"]
+TokenId = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class TeiEmbedRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """TEI's `/embed` body."""
+
+    # one text, texts, one token-id list, or token-id lists
+    inputs: str | Annotated[list[str | TokenId | list[TokenId]], documented(minItems=1)]
+    truncate: bool | None = None  # cut a text over the limit (None, false: refuse it)
+    truncation_direction: Direction = "right"  # the end cut
+    prompt_name: str | None = None  # a prompt of the model's sentence-transformers directory
+    normalize: bool = True  # unit vectors (TEI's default, whatever the model's directory says)
+    dimensions: Annotated[int, msgspec.Meta(ge=1)] | None = None  # Matryoshka width
+
+
+class SimilarityInput(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    source_sentence: str
+    sentences: list[str]  # each compared to source_sentence
+
+
+class SimilarityParameters(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    truncate: bool | None = None
+    truncation_direction: Direction = "right"
+    prompt_name: str | None = None
+
+
+class SimilarityRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """TEI's (and the Hugging Face sentence-similarity task's) `/similarity` body."""
+
+    inputs: SimilarityInput
+    parameters: SimilarityParameters | None = None
+
+
+TEI_VECTORS = list[list[float]]
+SIMILARITIES = list[float]
+embed_decoder = msgspec.json.Decoder(TeiEmbedRequest)
+similarity_decoder = msgspec.json.Decoder(SimilarityRequest)
+
+
+async def embed(service: Service, request: Request) -> Response:
+    """TEI's `/embed`."""
+    try:
+        req = await service.decode(request, embed_decoder)
+        result = await embed_answers.embed(
+            service,
+            request,
+            embed_answers.inputs(req.inputs, "inputs"),
+            {"input": "inputs"},
+            truncate=bool(req.truncate),
+            truncation_side=req.truncation_direction.lower(),
+            prompt_name=req.prompt_name,
+            normalize=req.normalize,
+            dimensions=req.dimensions,
+        )
+    except ApiError as e:
+        raise TeiError(e) from None
+    return json_response(result.embeddings.tolist(), headers=timing_headers(result.timings))
+
+
+async def similarity(service: Service, request: Request) -> Response:
+    """TEI's `/similarity`: cosine similarities, in the order of `sentences`."""
+    try:
+        req = await service.decode(request, similarity_decoder)
+        given, options = req.inputs, req.parameters or SimilarityParameters()
+        if not given.sentences:
+            field = "inputs.sentences"
+            raise ApiError(400, f"{field}: must not be an empty list", param=field)
+        texts = [given.source_sentence, *given.sentences]
+        result = await embed_answers.embed(
+            service,
+            request,
+            embed_answers.inputs(texts, "inputs"),
+            {"input": "inputs"},
+            truncate=bool(options.truncate),
+            truncation_side=options.truncation_direction.lower(),
+            prompt_name=options.prompt_name,
+            normalize=True,
+        )
+    except ApiError as e:
+        raise TeiError(_similarity_field(e)) from None
+    source, others = result.embeddings[0], result.embeddings[1:]
+    scores = np.clip(others @ source, -1.0, 1.0)
+    return json_response(scores.tolist(), headers=timing_headers(result.timings))
+
+
+def _similarity_field(error: ApiError) -> ApiError:
+    """The error naming `inputs.source_sentence` or `inputs.sentences[j]` for the text it found
+    bad (the texts embedded are the source, then the sentences)."""
+    param = error.param or ""
+    if not param.startswith("inputs["):
+        return error
+    i = int(param[len("inputs[") : param.index("]")])
+    field = "inputs.source_sentence" if i == 0 else f"inputs.sentences[{i - 1}]"
+    message = field + error.message[len(param) :] if error.message.startswith(param) else None
+    return ApiError(error.status, message or error.message, param=field)
