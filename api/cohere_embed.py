@@ -16,20 +16,19 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from api import embed_answers
-from api.errors import ApiError
 from api.rerank_answers import ApiVersion
 from api.schemas import documented
 from api.scoring import json_response, timing_headers
 from api.service import Service
 
-InputType = Literal["search_document", "search_query", "classification", "clustering", "image"]
+InputType = Literal["search_document", "search_query", "classification", "clustering"]
 EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
 PROMPT_OF = {"search_query": "query", "search_document": "document"}  # others by their name
 SIDE_OF = {"END": "right", "START": "left"}
 
 
 class CohereEmbedRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """Cohere's v2 embed body (text inputs)."""
+    """Cohere's v2 embed body, for texts (`images` and `inputs` are unknown fields here)."""
 
     texts: Annotated[list[Annotated[str, documented(minLength=1)]], documented(minItems=1)]
     input_type: InputType | None = None  # Cohere requires it; None here: no prompt
@@ -39,8 +38,6 @@ class CohereEmbedRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
     max_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None  # tokens kept of each text
     truncate: Literal["NONE", "START", "END"] = "END"
     priority: int | None = None  # accepted
-    images: list[str] | None = None  # refused: text only
-    inputs: list | None = None  # refused: text only
 
 
 class EmbeddingsByType(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -75,11 +72,6 @@ decoder = msgspec.json.Decoder(CohereEmbedRequest)
 async def embed(service: Service, request: Request) -> Response:
     """Cohere's `/v2/embed`."""
     req = await service.decode(request, decoder)
-    for field in ("images", "inputs"):
-        if getattr(req, field) is not None:
-            raise ApiError(400, f"{field}: only texts are embedded here", param=field)
-    if req.input_type == "image":
-        raise ApiError(400, "input_type: only texts are embedded here", param="input_type")
     truncate = req.truncate != "NONE"
     result = await embed_answers.embed(
         service,

@@ -26,6 +26,8 @@ from api.service import Service
 Text = Annotated[str, documented(minLength=1)]
 TokenId = Annotated[int, msgspec.Meta(ge=0)]
 Width = Annotated[int, msgspec.Meta(ge=1)]
+# vLLM's `truncate_prompt_tokens`: keep the last k tokens (-1: the model's limit)
+KeepLast = Annotated[int, msgspec.Meta(ge=-1), documented(**{"not": {"const": 0}})]
 
 
 class EmbeddingRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -42,7 +44,7 @@ class EmbeddingRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     output_dtype: Literal[embed_answers.FORMATS] | None = None  # Voyage's: None is float
     truncation: bool | None = None  # Voyage's: cut a text over the limit (None: refuse it)
     truncate: bool = False  # the same, as an extension of OpenAI's body
-    truncate_prompt_tokens: Annotated[int, msgspec.Meta(ge=-1)] | None = None  # vLLM's
+    truncate_prompt_tokens: KeepLast | None = None  # vLLM's
     normalize: bool | None = None  # vLLM's (None: as the model's directory says)
 
 

@@ -10,20 +10,20 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from api import embed_answers
+from api.embeddings import Text, TokenId
 from api.errors import ApiError, TeiError
 from api.schemas import documented
 from api.scoring import json_response, timing_headers
 from api.service import Service
 
 Direction = Literal["right", "left", "Right", "Left"]
-TokenId = Annotated[int, msgspec.Meta(ge=0)]
 
 
 class TeiEmbedRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """TEI's `/embed` body."""
 
     # one text, texts, one token-id list, or token-id lists
-    inputs: str | Annotated[list[str | TokenId | list[TokenId]], documented(minItems=1)]
+    inputs: Text | Annotated[list[Text | TokenId | list[TokenId]], documented(minItems=1)]
     truncate: bool | None = None  # cut a text over the limit (None, false: refuse it)
     truncation_direction: Direction = "right"  # the end cut
     prompt_name: str | None = None  # a prompt of the model's sentence-transformers directory
@@ -32,8 +32,8 @@ class TeiEmbedRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class SimilarityInput(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    source_sentence: str
-    sentences: list[str]  # each compared to source_sentence
+    source_sentence: Text
+    sentences: Annotated[list[Text], documented(minItems=1)]  # each compared to source_sentence
 
 
 class SimilarityParameters(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from api import embed_answers
-from api.embeddings import Text, TokenId
+from api.embeddings import KeepLast, Text, TokenId
 from api.schemas import Usage, documented, usage_of
 from api.scoring import json_response, timing_headers
 from api.service import Service
@@ -23,7 +23,7 @@ class PoolingRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model: str | None = None  # echoed
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Annotated[int, msgspec.Meta(ge=1)] | None = None
-    truncate_prompt_tokens: Annotated[int, msgspec.Meta(ge=-1)] | None = None  # keep the last k
+    truncate_prompt_tokens: KeepLast | None = None  # keep the last k tokens
     normalize: bool | None = None  # None: as the model's directory says
     task: Literal["embed"] | None = None  # the only pooling task an embedder answers
     user: str | None = None  # accepted

@@ -199,15 +199,15 @@ class Engine:
     async def _outputs(
         self, query, items, label_token_ids, item_first: bool, normaliser=False, pairs=None
     ):
-        """The score rows' outputs f32[N, L] (label log-probs, or a classification head's
-        logits) and the result (scores empty) carrying the usage; with
+        """The score rows' outputs f32[N, L] (label log-probs, a classification head's logits,
+        or an embedder's pooled vectors) and the result (scores empty) carrying the usage; with
         `normaliser` each row's negated log-normaliser follows its labels; with `pairs`
         (`engine.pairs.PairOptions`) each item is a cross-encoder's pair with the query."""
         start = trio.current_time()
         request = (query, items, label_token_ids, item_first, normaliser, pairs)
         scored = await self._submit(*request)
         timings = msgspec.structs.replace(scored.timings, total=trio.current_time() - start)
-        width = self.task.dimensions if pairs and pairs.alone else len(label_token_ids) + normaliser
+        width = self.task.output_width(len(label_token_ids) + normaliser)
         rows = scored.outputs
         outputs = np.stack(rows)[:, :width] if rows else np.zeros((0, width), np.float32)
         result = ScoreResult(

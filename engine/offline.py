@@ -204,7 +204,7 @@ class ScoringModel:
         except InvalidInput as e:
             raise e.renamed(INPUT) from None
         seqs = tokenized.sequences
-        outputs = self.label_logprobs(seqs, [[]] * len(seqs), width=self.task.dimensions)
+        outputs = self.label_logprobs(seqs, [[]] * len(seqs), width=self.task.output_width(0))
         return call.vectors(self.task, outputs)
 
     def label_logprobs(

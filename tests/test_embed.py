@@ -28,6 +28,12 @@ EMBEDDERS = {
         ("cls", True, 48),
     ),
     "bert-mean": ("BertConfig", dict(TINY_ENCODER, type_vocab_size=2), "bert", ("mean", False, 64)),
+    "bert-max-normalised": (
+        "BertConfig",
+        dict(TINY_ENCODER, type_vocab_size=2),
+        "bert",
+        ("max", True, 64),
+    ),
     "xlm-roberta-mean-normalised": (
         "XLMRobertaConfig",
         dict(TINY_ENCODER, type_vocab_size=1, max_position_embeddings=130),
@@ -209,13 +215,38 @@ def test_an_embedder_refuses_scores_and_reranks_and_a_scorer_refuses_embeddings(
 
 def test_a_directory_with_an_unsupported_module_is_refused(embedder):
     modules = json.loads((embedder / "modules.json").read_text())
-    dense = {"idx": 9, "name": "9", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}
-    (embedder / "modules.json").write_text(json.dumps([*modules, dense]))
+    norm = {"idx": 9, "name": "9", "path": "9_LN", "type": "sentence_transformers.models.LayerNorm"}
+    (embedder / "modules.json").write_text(json.dumps([*modules, norm]))
     try:
         with pytest.raises(CheckpointError, match="supported modules are Transformer, Pooling"):
             load_checkpoint(embedder, progress=False)
     finally:
         (embedder / "modules.json").write_text(json.dumps(modules))
+
+
+def test_dense_modules_equal_sentence_transformers(embedder, tmp_path):
+    import torch
+    from sentence_transformers.sentence_transformer.modules import Dense, Normalize
+
+    torch.manual_seed(0)
+    base = SentenceTransformer(str(embedder), device="cpu")
+    transformer, pooling = list(base)[:2]
+    width = pooling.get_sentence_embedding_dimension()
+    first = Dense(width, 24)  # tanh
+    second = Dense(24, 16, bias=False, activation_function=torch.nn.Identity())
+    model = SentenceTransformer(modules=[transformer, pooling, first, second, Normalize()])
+    model.save(str(tmp_path / "dense"))
+    texts = varied_texts(24, seed=9)
+    want = model.encode(texts, batch_size=8, convert_to_numpy=True)
+    got = embed(tmp_path / "dense", texts, truncate=True).embeddings
+    assert got.shape == (24, 16)
+    assert np.abs(got - want).max() < 1e-5
+
+    config = json.loads((tmp_path / "dense" / "2_Dense" / "config.json").read_text())
+    config["use_residual"] = True
+    (tmp_path / "dense" / "2_Dense" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="without a residual, is supported here"):
+        load_checkpoint(tmp_path / "dense", progress=False)
 
 
 QUERY_PROMPT = "Instruct: find the passage about the fox\nQuery: "

@@ -34,7 +34,7 @@ BEYOND_SCHEMA = re.compile(
     r"give the documents as one of|give the two sides|^output_dir: must be|no tokens|"
     r"cannot be empty|must not be empty|^Input lengths|^At least one|required \(or name the|"
     r"has none of the rank_fields|must be a string|queries are never cut|has no prompts|"
-    r"select a smaller truncation size|not an embedder|"
+    r"select a smaller truncation size|not an embedder|differs from dimensions \(give one\)|"
     r"^Expected `int[^`]*`, got `float`"
 )
 

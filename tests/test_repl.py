@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from engine import templates
+from engine.models.config import Pooling
 from engine.repl.cli import make_session
 from engine.tasks import task_for
 from tests.test_repl_support import VOCAB
@@ -23,10 +24,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_default_labels_are_yes_and_no_where_those_are_single_tokens():
-    def engine_with(vocab, num_labels=0):
+    def engine_with(vocab, num_labels=0, embedding=None):
         encode = lambda text: SimpleNamespace(ids=vocab.get(text, [1, 2]))
         config = SimpleNamespace(
-            vocab_size=100, num_labels=num_labels, encoder=False, embedding=None
+            vocab_size=100,
+            num_labels=num_labels,
+            encoder=False,
+            embedding=embedding,
+            family="llama",
         )
         return SimpleNamespace(
             tokenizer=SimpleNamespace(encode=lambda text, add_special_tokens: encode(text)),
@@ -39,6 +44,9 @@ def test_default_labels_are_yes_and_no_where_those_are_single_tokens():
     assert not make_session(engine_with(VOCAB)).rerank
     # a classification head (a cross-encoder) has no label scores: the session reranks
     assert make_session(engine_with(VOCAB, num_labels=1)).rerank
+    # an embedder ranks by similarity
+    assert not make_session(engine_with(VOCAB)).embed
+    assert make_session(engine_with(VOCAB, embedding=Pooling(mode="last"))).embed
 
 
 # --- end to end: the real program ---------------------------------------------------------

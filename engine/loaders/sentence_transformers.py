@@ -1,37 +1,49 @@
 """Sentence-transformers embedder directories: `modules.json` names the modules an embedding
-passes through (the transformer, then Pooling, then optionally Normalize), `1_Pooling/config.json`
-how token states become one vector, `sentence_bert_config.json` the `max_seq_length` texts are
-cut to, and `config_sentence_transformers.json` the prompts put before texts (a query
-instruction). Read here into the model's `Pooling` and length; a module or pooling mode this
-engine does not run is refused by name, never skipped."""
+passes through (the transformer, then Pooling, then any Dense projections, then optionally
+Normalize), `1_Pooling/config.json` how token states become one vector, each Dense module's
+`config.json` and `model.safetensors` its projection, `sentence_bert_config.json` the
+`max_seq_length` texts are cut to, and `config_sentence_transformers.json` the prompts put
+before texts (a query instruction). Read here into the model's `Pooling` and length; a module or
+pooling mode this engine does not run is refused by name, never skipped."""
 
 import json
 from pathlib import Path
 
+from safetensors import safe_open
+
 from engine.loaders.checkpoint import CheckpointError
-from engine.models.config import Pooling
+from engine.models.config import DenseLayer, Pooling
 
 MODULES = "modules.json"
-_TRANSFORMER = "sentence_transformers.models.Transformer"
-_POOLING = "sentence_transformers.models.Pooling"
-_NORMALIZE = "sentence_transformers.models.Normalize"
+# modules by class name: sentence-transformers names them `sentence_transformers.models.Pooling`,
+# and since version 6 by their module path (`...sentence_transformer.modules.pooling.Pooling`)
+_TRANSFORMER, _POOLING, _NORMALIZE, _DENSE = "Transformer", "Pooling", "Normalize", "Dense"
+_ACTIVATIONS = {  # torch's class -> the name `engine.tasks.embedder.ACTIVATIONS` knows it by
+    "torch.nn.modules.activation.Tanh": "tanh",
+    "torch.nn.modules.linear.Identity": "identity",
+    "torch.nn.modules.activation.ReLU": "relu",
+    "torch.nn.modules.activation.Sigmoid": "sigmoid",
+}
 _MODES = {
     "pooling_mode_cls_token": "cls",
     "pooling_mode_mean_tokens": "mean",
     "pooling_mode_lasttoken": "last",
+    "pooling_mode_max_tokens": "max",
 }
+_NAMED = {"cls": "cls", "mean": "mean", "max": "max", "lasttoken": "last"}  # `pooling_mode`s
 _UNSUPPORTED_MODES = (
-    "pooling_mode_max_tokens",
     "pooling_mode_mean_sqrt_len_tokens",
     "pooling_mode_weightedmean_tokens",
 )
-MODES_OF = {True: ("cls", "mean"), False: ("last",)}  # by whether the model is an encoder
+_TANH = "torch.nn.modules.activation.Tanh"  # a Dense module's default activation
+_SENTENCE = "sentence_embedding"
+MODES_OF = {True: ("cls", "mean", "max"), False: ("last",)}  # by whether the model is an encoder
 
 
 def is_embedder(root: Path) -> bool:
     """Whether `root` is a sentence-transformers directory with a Pooling module."""
     path = root / MODULES
-    return path.is_file() and any(m.get("type") == _POOLING for m in _read(path))
+    return path.is_file() and _POOLING in _kinds(_read(path))
 
 
 def read_embedder(root: Path, encoder: bool) -> tuple[Pooling, int | None]:
@@ -39,18 +51,18 @@ def read_embedder(root: Path, encoder: bool) -> tuple[Pooling, int | None]:
     decoder) and its `max_seq_length` (None: not set, the model's own limit); CheckpointError
     naming the file for a module or pooling mode that is not supported."""
     modules = _read(root / MODULES)
-    kinds = [m.get("type") for m in modules]
-    if kinds[:2] != [_TRANSFORMER, _POOLING] or any(k != _NORMALIZE for k in kinds[2:]):
+    kinds = _kinds(modules)
+    middle = kinds[2:-1] if kinds[-1:] == [_NORMALIZE] else kinds[2:]
+    if kinds[:2] != [_TRANSFORMER, _POOLING] or any(k != _DENSE for k in middle):
         raise CheckpointError(
-            f"{root / MODULES}: supported modules are Transformer, Pooling and Normalize, in "
-            f"that order; got {kinds}"
+            f"{root / MODULES}: supported modules are Transformer, Pooling, any Dense and "
+            f"Normalize, in that order; got {kinds}"
         )
     if modules[0].get("path", "") != "":
         raise CheckpointError(f"{root / MODULES}: the Transformer module must be the directory")
     pooling_path = root / modules[1]["path"] / "config.json"
     pooling = _read(pooling_path)
-    modes = [mode for key, mode in _MODES.items() if pooling.get(key)]
-    other = [key for key in _UNSUPPORTED_MODES if pooling.get(key)]
+    modes, other = _pooling_modes(pooling)
     if pooling.get("include_prompt") is False:
         raise CheckpointError(
             f"{pooling_path}: pooling that leaves out the prompt is not supported"
@@ -70,9 +82,50 @@ def read_embedder(root: Path, encoder: bool) -> tuple[Pooling, int | None]:
         normalize=_NORMALIZE in kinds,
         prompts=prompts,
         default_prompt=default,
+        dense=tuple(_dense(root / m["path"]) for m in modules[2 : 2 + len(middle)]),
         **_matryoshka(root / "config.json"),
     )
     return pooling, limit
+
+
+def _pooling_modes(config: dict) -> tuple[list[str], list[str]]:
+    """The pooling modes a Pooling config asks for that this engine runs, and the others: by
+    `pooling_mode` (a name or a list of them, sentence-transformers 6), or by the older
+    `pooling_mode_*` flags."""
+    if "pooling_mode" in config:
+        given = config["pooling_mode"]
+        names = [given] if isinstance(given, str) else list(given)
+        return [_NAMED[n] for n in names if n in _NAMED], [n for n in names if n not in _NAMED]
+    modes = [mode for key, mode in _MODES.items() if config.get(key)]
+    return modes, [key for key in _UNSUPPORTED_MODES if config.get(key)]
+
+
+def _kinds(modules: list[dict]) -> list[str]:
+    """Each module's class name, where it is sentence-transformers' own (else its whole type)."""
+    types = [str(m.get("type")) for m in modules]
+    return [t.rpartition(".")[2] if t.startswith("sentence_transformers.") else t for t in types]
+
+
+def _dense(path: Path) -> DenseLayer:
+    """A Dense module's projection; CheckpointError naming the file for what is not run here."""
+    config = _read(path / "config.json")
+    activation = _ACTIVATIONS.get(config.get("activation_function", _TANH))
+    io = (config.get("module_input_name"), config.get("module_output_name"))
+    if activation is None or config.get("use_residual") or io[0] not in (None, _SENTENCE):
+        raise CheckpointError(
+            f"{path / 'config.json'}: a Dense module of {', '.join(_ACTIVATIONS.values())} on "
+            "the pooled vector, without a residual, is supported here"
+        )
+    weights = path / "model.safetensors"
+    if not weights.is_file():
+        raise CheckpointError(f"{path}: missing model.safetensors (convert the module's weights)")
+    n, m = config["out_features"], config["in_features"]
+    with safe_open(weights, "numpy") as f:
+        shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
+    want = {"linear.weight": (n, m)} | ({"linear.bias": (n,)} if config.get("bias", True) else {})
+    if shapes != want:
+        raise CheckpointError(f"{weights}: expected tensors {want}, got {shapes}")
+    return DenseLayer(path=str(path), in_features=m, out_features=n, activation=activation)
 
 
 def _matryoshka(path: Path) -> dict:

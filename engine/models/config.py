@@ -35,12 +35,22 @@ class RopeScaling(msgspec.Struct, frozen=True, kw_only=True):
     original_max_position_embeddings: int = 8192
 
 
+class DenseLayer(msgspec.Struct, frozen=True, kw_only=True):
+    """A sentence-transformers Dense module after the pooling: `activation(x @ W.T + b)`, its
+    weights read from `path`'s `model.safetensors` when the vectors are made."""
+
+    path: str  # the module's directory
+    in_features: int
+    out_features: int
+    activation: str  # a key of `engine.tasks.embedder.ACTIVATIONS`
+
+
 class Pooling(msgspec.Struct, frozen=True, kw_only=True):
     """How an embedder makes one vector of a sequence's token states (sentence-transformers'
     Pooling and Normalize modules), and the prompts its texts may be given."""
 
-    # "cls": the first token, "mean": of every token (special ones included), both encoders';
-    # "last": the last token, a decoder's
+    # "cls": the first token, "mean": of every token (special ones included), "max": their
+    # elementwise max, all encoders'; "last": the last token, a decoder's
     mode: str
     normalize: bool = False  # divided by its L2 norm
     prompts: tuple[tuple[str, str], ...] = ()  # (name, text put before a text given that name)
@@ -49,6 +59,7 @@ class Pooling(msgspec.Struct, frozen=True, kw_only=True):
     # these widths (empty: at any width)
     matryoshka: bool = False
     matryoshka_dimensions: tuple[int, ...] = ()
+    dense: tuple[DenseLayer, ...] = ()  # applied in order after the pooling, before Normalize
 
 
 class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):

@@ -187,22 +187,42 @@ def pair_logits(x: jax.Array, inputs: PackedInputs, params: dict, cfg: ModelConf
 
 
 def pooled(x: jax.Array, inputs: PackedInputs, params: dict, cfg: ModelConfig, dense: Dense):
-    """f32[S, E]: an embedder's vector of each score row's sequence, its first token or the
-    mean of its tokens (`cfg.embedding.mode`), before any normalisation."""
+    """f32[S, E]: an embedder's vector of each score row's sequence, its first token, the
+    mean of its tokens or their elementwise max (`cfg.embedding.mode`), before any
+    normalisation."""
     return _pool(x, inputs, cfg.embedding.mode)
 
 
 def _pool(x: jax.Array, inputs: PackedInputs, mode: str) -> jax.Array:  # f32[S, E]
-    """The first token of each score row's sequence ("cls"), or the mean of its tokens: the
-    sequence is the row's own span in the unwindowed metadata (encoders have no context
-    region)."""
+    """The first token of each score row's sequence ("cls"), the mean of its tokens, or their
+    max: the sequence is the row's own span in the unwindowed metadata (encoders have no
+    context region)."""
     if mode == "cls":
         return x[inputs.score_rows]
+    if mode == "max":
+        return _max_pool(x, inputs)
     start = inputs.meta.own_start[inputs.score_rows][:, None]  # i32[S, 1]
     end = inputs.meta.own_end[inputs.score_rows][:, None]
     key = jnp.arange(x.shape[0])[None, :]
     weights = ((key >= start) & (key < end)).astype(jnp.float32) / (end - start)  # [S, T]
     return jnp.matmul(weights, x, precision=jax.lax.Precision.HIGHEST)
+
+
+def _max_pool(x: jax.Array, inputs: PackedInputs) -> jax.Array:  # f32[S, E]
+    """Each sequence's elementwise max over its tokens: every token is given the span that holds
+    it (padding none), one segment max takes them all, and each row reads its span's. Spans are
+    keyed by their start's first place among the sorted starts, as padding rows repeat a
+    sequence's."""
+    start = inputs.meta.own_start[inputs.score_rows]  # i32[S]
+    order = jnp.argsort(start)
+    starts, ends = start[order], inputs.meta.own_end[inputs.score_rows][order]  # sorted
+    token = jnp.arange(x.shape[0])  # i32[T]
+    at = jnp.clip(jnp.searchsorted(starts, token, side="right") - 1, 0)  # i32[T]
+    span = jnp.searchsorted(starts, starts[at], side="left")
+    s = start.shape[0]
+    span = jnp.where((token >= starts[at]) & (token < ends[at]), span, s)  # s: no sequence's
+    maxes = jax.ops.segment_max(x, span, num_segments=s + 1)  # f32[S + 1, E]
+    return maxes[jnp.searchsorted(starts, start, side="left")]
 
 
 def _classify(pooled: jax.Array, params: dict, cfg: ModelConfig, dense: Dense) -> jax.Array:

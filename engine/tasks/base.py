@@ -124,6 +124,10 @@ class Task:
         prompt, items = templates.rerank_inputs(template, tokenizer, query, documents, instruction)
         return prompt, items, None
 
+    def output_width(self, labels: int) -> int:
+        """The columns of a score row's output the caller reads, for `labels` labels read."""
+        return labels
+
     def embeddings_refused(self) -> str | None:
         """Why embeddings (`Engine.embed`) are unavailable, or None when they work."""
         return f"this model is a {self.name} ({self.describe()}), not an embedder"

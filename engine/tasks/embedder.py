@@ -7,13 +7,25 @@ and Gemma ones) reads the last token's final hidden state: texts that share a pr
 instruction) compute it once, and the KV cache keeps it across requests, as for scoring.
 """
 
+import functools
+from collections.abc import Callable
+from pathlib import Path
+
 import numpy as np
+from safetensors.numpy import load_file
 
 from engine.errors import InvalidInput
 from engine.models import decoder, encoder
 from engine.models.layout import place_decoder, place_encoder
 from engine.tasks.base import Task
 from engine.tasks.cross_encoder import CrossEncoder
+
+ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {  # a Dense module's, f32
+    "tanh": np.tanh,
+    "identity": lambda x: x,
+    "relu": lambda x: np.maximum(x, np.float32(0)),
+    "sigmoid": lambda x: np.float32(1) / (np.float32(1) + np.exp(-x)),
+}
 
 
 class Embedder(Task):
@@ -26,8 +38,30 @@ class Embedder(Task):
     pair_encoder = CrossEncoder.pair_encoder
 
     @property
-    def dimensions(self) -> int:
+    def pooled_width(self) -> int:
+        """The width of the pooled vectors the device answers: the final hidden state's."""
         return self.config.hidden_size
+
+    def output_width(self, labels: int) -> int:
+        return self.pooled_width  # a row's output is its pooled vector
+
+    @property
+    def dimensions(self) -> int:
+        """The width of the model's vectors: its last Dense module's, or the pooled one."""
+        dense = self.config.embedding.dense
+        return dense[-1].out_features if dense else self.pooled_width
+
+    @functools.cached_property
+    def _projections(self) -> list[tuple[np.ndarray, np.ndarray | None, Callable]]:
+        """Each Dense module's (weight f32[N, M], bias f32[N] or None, activation)."""
+        out = []
+        for layer in self.config.embedding.dense:
+            tensors = load_file(str(Path(layer.path) / "model.safetensors"))
+            weight = tensors["linear.weight"].astype(np.float32)
+            bias = tensors.get("linear.bias")
+            bias = None if bias is None else bias.astype(np.float32)
+            out.append((weight, bias, ACTIVATIONS[layer.activation]))
+        return out
 
     def embeddings_refused(self) -> None:
         return None
@@ -60,9 +94,12 @@ class Embedder(Task):
     def embeddings(
         self, outputs: np.ndarray, dimensions: int | None = None, normalize: bool | None = None
     ) -> np.ndarray:
-        """The vectors f32[N, D] from the pooled outputs f32[N, E]: their first `dimensions`
-        components (None: all), divided by their L2 norm (at least 1e-12, as torch's
-        `normalize`) when `normalize` (None: when the model normalises)."""
+        """The vectors f32[N, D] from the pooled outputs f32[N, E]: through the Dense modules,
+        their first `dimensions` components (None: all), divided by their L2 norm (at least
+        1e-12, as torch's `normalize`) when `normalize` (None: when the model normalises)."""
+        for weight, bias, activation in self._projections:
+            outputs = outputs @ weight.T
+            outputs = activation(outputs if bias is None else outputs + bias)
         vectors = outputs[:, :dimensions] if dimensions else outputs
         if not (self.config.embedding.normalize if normalize is None else normalize):
             return vectors
