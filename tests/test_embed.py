@@ -54,7 +54,8 @@ def varied_texts(n: int, seed: int = 0) -> list[str]:
     """`n` texts: prose, code, unicode, numbers, empty-ish ones, and ones far over 256 tokens."""
     rng = np.random.default_rng(seed)
     pieces = [*CORPUS[:6], "Zürich—São Paulo—Kraków", "print('hi')  # café", "🙂🙃 😀"]
-    special = ["", " ", ".", "a", "\n\t", "x" * 3, " ".join(CORPUS[:6]) * 8]
+    # with a padding token typed in the text: XLM-RoBERTa counts no position for it
+    special = ["", "a <pad> b <pad>", " ", ".", "a", "\n\t", "x" * 3, " ".join(CORPUS[:6]) * 8]
     texts = []
     for i in range(n):
         if i % 10 == 0:

@@ -540,3 +540,67 @@ def test_a_reranker_head_loads_in_place_of_the_language_model_head(tmp_path):
     logprobs = lm.label_logprobs(seqs, [[yes, no]] * 3)
     logits = ranker.label_logprobs(seqs, [[0]] * 3)
     np.testing.assert_allclose(logits[:, 0], logprobs[:, 0] - logprobs[:, 1], atol=1e-5)
+
+
+# GGUF name (a layer's under `blk.{i}.`) -> transformers' Qwen3Model parameter
+_QWEN3_NAMES = {
+    "token_embd.weight": "embed_tokens.weight",
+    "output_norm.weight": "norm.weight",
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+
+
+def test_a_last_token_embedder_equals_transformers(tmp_path):
+    """llama.cpp writes Qwen3-Embedding with `qwen3.pooling_type` LAST: each sequence's vector
+    is the final hidden state at its last token, normalised."""
+    import torch
+    import transformers
+
+    spec = TinySpec("qwen3", tied=True, head_dim=32, key_length=32, rope_theta=1e6)
+    meta = {"qwen3.pooling_type": ("add_uint32", 3)}
+    originals, _ = _write_model(tmp_path / "embed.gguf", spec, Q.F32, extra_meta=meta)
+    model = load_model(str(tmp_path / "embed.gguf"), dtype="float32")
+    assert model.task.name == "embedder" and model.task.dimensions == spec.hidden
+    seqs = [[5, 6, 7, 8, 9], [40, 41], [7, 8, 9, 10, 11, 12, 13, 0]]
+    got = model.embed(seqs)
+
+    config = transformers.Qwen3Config(
+        vocab_size=len(TINY_TOKENS),
+        hidden_size=spec.hidden,
+        intermediate_size=spec.intermediate,
+        num_hidden_layers=spec.layers,
+        num_attention_heads=spec.heads,
+        num_key_value_heads=spec.kv_heads,
+        head_dim=spec.head_dim,
+        rms_norm_eps=1e-6,
+        rope_theta=spec.rope_theta,
+        max_position_embeddings=128,
+    )
+    reference = transformers.Qwen3Model(config).eval()
+    state = {}
+    for name, weight in originals.items():
+        layer, suffix = (None, name) if not name.startswith("blk.") else name[4:].split(".", 1)
+        ours = _QWEN3_NAMES[suffix]
+        state[ours if layer is None else f"layers.{layer}.{ours}"] = torch.from_numpy(weight)
+    reference.load_state_dict(state, strict=True)
+    with torch.no_grad():
+        last = [reference(torch.tensor([s])).last_hidden_state[0, -1] for s in seqs]
+    want = torch.nn.functional.normalize(torch.stack(last), dim=-1).numpy()
+    assert np.abs(got - want).max() < 1e-5
+
+
+def test_a_decoder_with_mean_pooling_is_refused(tmp_path):
+    meta = {"qwen3.pooling_type": ("add_uint32", 1)}
+    _write_model(tmp_path / "mean.gguf", SPECS["qwen3"], Q.F32, extra_meta=meta)
+    with pytest.raises(CheckpointError, match=r"unsupported pooling type 1 \(qwen3.pooling_type\)"):
+        load_gguf(tmp_path / "mean.gguf")

@@ -82,7 +82,7 @@ def gguf_path(request, hf_dir, tmp_path_factory):
 # --- llama.cpp's conversion ----------------------------------------------------------------------
 
 
-def _convert(hf_dir, out, *, half: bool = False, rank: bool = False, drop=()) -> str:
+def _convert(hf_dir, out, *, half: bool = False, rank: bool = False, drop=(), pooling=None) -> str:
     """What `convert_hf_to_gguf.py` writes for an XLMRobertaForSequenceClassification directory
     with a tokenizer.json (conversion/bert.py: XLMRobertaModel over BertModel, on TextModel's
     metadata and tensor types), less what its charsmap step needs: this tokenizer.json has no
@@ -100,6 +100,8 @@ def _convert(hf_dir, out, *, half: bool = False, rank: bool = False, drop=()) ->
     writer.add_causal_attention(False)
     if rank:  # the converter writes one only from a sentence-transformers Pooling module
         writer.add_pooling_type(PoolingType.RANK)
+    if pooling is not None:  # an embedder's, from its Pooling module
+        writer.add_pooling_type(pooling)
     writer.add_classifier_output_labels([label for _, label in sorted(hf["id2label"].items())])
     _write_vocab(writer, hf_dir, hf)
     for name, weight in _tensors(hf_dir, hf, offset):
@@ -154,6 +156,8 @@ def _tensors(hf_dir, hf: dict, offset: int):
     names = get_tensor_name_map(MODEL_ARCH.BERT, hf["num_hidden_layers"])
     for name, weight in load_file(hf_dir / "model.safetensors").items():
         name = name.removeprefix("roberta.")
+        if name.startswith("pooler."):  # an XLMRobertaModel's pooler: the converter drops it
+            continue
         if name == "embeddings.position_embeddings.weight":
             weight = weight[offset:]
         yield names.get_name(name, try_suffixes=(".weight", ".bias")), weight.astype(np.float32)
@@ -324,14 +328,18 @@ def f32_path(hf_dir, tmp_path_factory):
 @pytest.mark.parametrize(
     "change, match",
     [
-        # a BERT embedding model: mean pooling, no head
+        # mean pooling is an embedder's, which has no head
         (
             dict(set_keys={"bert.pooling_type": ("add_uint32", 1)}),
-            r"unsupported pooling type MEAN \(bert\.pooling_type\): an embedding model",
+            r"an embedder \(MEAN\) with a head",
+        ),
+        (
+            dict(set_keys={"bert.pooling_type": ("add_uint32", 3)}),
+            r"unsupported pooling type LAST \(bert\.pooling_type\)",
         ),
         (
             dict(drop_tensors=("cls.weight", "cls.bias", "cls.output.weight", "cls.output.bias")),
-            r"no classification head.*'cls\.output\.weight'",
+            r"no classification head.*'cls\.output\.weight'\) for RANK pooling",
         ),
         # BERT's own cross-encoder: a WordPiece vocabulary, its pooler dropped by the converter
         (
@@ -345,7 +353,15 @@ def f32_path(hf_dir, tmp_path_factory):
             r"tensor 'position_embd\.weight' has shape \[128, 64\], expected \[64, 64\]",
         ),
     ],
-    ids=["mean-pooling", "no-head", "bert-vocab", "no-dense", "missing-tensor", "positions"],
+    ids=[
+        "mean-pooling",
+        "last-pooling",
+        "no-head",
+        "bert-vocab",
+        "no-dense",
+        "missing-tensor",
+        "positions",
+    ],
 )
 def test_unsupported_files_are_refused(f32_path, tmp_path, change, match):
     path = _rewritten(f32_path, tmp_path / "changed.gguf", **change)
@@ -358,3 +374,41 @@ def test_absent_biases_load_as_zeros(f32_path, tmp_path):
     params = load_checkpoint(path, progress=False).params
     np.testing.assert_array_equal(params["layers"]["bq"][0], 0.0)
     assert np.any(params["layers"]["bq"][1] != 0.0)
+
+
+# --- embedders -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["mean", "cls"])
+def test_an_embedder_file_equals_sentence_transformers(mode, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    hf_dir = write_encoder(
+        tmp_path / "embedder",
+        "XLMRobertaConfig",
+        FIELDS,
+        "xlm-roberta",
+        seed=8,
+        corpus=CORPUS,
+        model_max_length=MAX_LENGTH,
+        vocab=300,
+        perturb=0.3,
+        embedder=(mode, True, None),
+    )
+    path = _convert(hf_dir, tmp_path / "embedder.gguf", pooling=POOLING_OF[mode])
+    texts = [d for d in DOCUMENTS if d]
+    config = EngineConfig(
+        model=path, dtype="float32", progress=False, precompile=False, compile_cache_dir=None
+    )
+
+    async def main():
+        async with open_engine(config) as engine:
+            assert engine.info().head == "embedding"
+            return (await engine.embed(texts, truncate=True)).embeddings
+
+    got = trio.run(main)
+    want = SentenceTransformer(str(hf_dir), device="cpu").encode(texts, convert_to_numpy=True)
+    assert np.abs(got - want).max() < 1e-5
+
+
+POOLING_OF = {"mean": PoolingType.MEAN, "cls": PoolingType.CLS}

@@ -1,5 +1,6 @@
-"""Loading llama.cpp GGUF files (llama, qwen2, qwen3; XLM-RoBERTa cross-encoders filed as
-"bert", `engine.loaders.gguf_encoder`) into a `Checkpoint`.
+"""Loading llama.cpp GGUF files (llama, qwen2, qwen3 language models, rerankers and last-token
+embedders; XLM-RoBERTa cross-encoders and embedders filed as "bert", `engine.loaders.gguf_encoder`)
+into a `Checkpoint`.
 
 The container is parsed by `engine.loaders.gguf_file`. Tensors are dequantised one at a time to
 float32 with `gguf.quants.dequantize` and written straight into preallocated, layer-stacked
@@ -19,7 +20,7 @@ from engine.loaders.gguf_file import GGUFFile, GGUFTensor, metadata_value, read_
 from engine.loaders.gguf_tensors import dequantized, owned, require_tensor
 from engine.loaders.gguf_tokenizer import tokenizer_from_gguf
 from engine.models import FAMILIES as MODEL_FAMILIES
-from engine.models.config import ModelConfig, RopeScaling
+from engine.models.config import ModelConfig, Pooling, RopeScaling
 
 FAMILIES = ("llama", "qwen2", "qwen3")  # general.architecture names read as decoders
 
@@ -91,6 +92,8 @@ def _config(reader: GGUFFile, tensors: dict[str, GGUFTensor], source: str) -> Mo
     # llama.cpp treats a missing kv head count as plain multi-head attention.
     num_kv_heads = int(value("attention.head_count_kv", num_heads))
     head_dim = _head_dim(reader, arch, hidden, num_heads, source)
+    embedding = _embedding(reader, arch, source)
+    context = int(value("context_length"))
     return ModelConfig(
         family=arch,
         vocab_size=_vocab_size(tensors, source),
@@ -102,12 +105,29 @@ def _config(reader: GGUFFile, tensors: dict[str, GGUFTensor], source: str) -> Mo
         intermediate_size=int(value("feed_forward_length")),
         norm_eps=float(value("attention.layer_norm_rms_epsilon")),
         rope_theta=float(value("rope.freq_base", theta)),
-        max_position_embeddings=int(value("context_length")),
+        max_position_embeddings=context,
         tie_word_embeddings="output.weight" not in tensors,
         rope_scaling=_rope_scaling(reader, tensors, arch, source),
         num_labels=_num_labels(tensors),
+        embedding=embedding,
+        max_length=context if embedding else 0,  # an embedder's texts: up to the context
         **traits,
     )
+
+
+def _embedding(reader: GGUFFile, arch: str, source: str) -> Pooling | None:
+    """A decoder embedder's pooling (`{arch}.pooling_type` LAST, as llama.cpp writes
+    Qwen3-Embedding), its vectors normalised as llama.cpp's embeddings are by default; None for a
+    language model or a reranker (no pooling type, or RANK)."""
+    pooling = metadata_value(reader, f"{arch}.pooling_type", source, None)
+    if pooling is None or pooling == _RANK:
+        return None
+    if pooling != _LAST:
+        raise CheckpointError(
+            f"{source}: unsupported pooling type {pooling} ({arch}.pooling_type) for a decoder: "
+            "LAST (3) embedders and RANK (4) rerankers are supported"
+        )
+    return Pooling(mode="last", normalize=True)
 
 
 def _num_labels(tensors: dict[str, GGUFTensor]) -> int:
@@ -168,6 +188,7 @@ def _rope_scaling(
 # --- tensors -------------------------------------------------------------------------------------
 
 CLS_HEAD = "cls.output.weight"  # a reranker's classification head (llama.cpp's converter)
+_LAST, _RANK = 3, 4  # gguf.PoolingType: a last-token embedder's, a reranker's
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,10 @@
-"""llama.cpp GGUF files of XLM-RoBERTa cross-encoders (bge-reranker-base/large/v2-m3), as its
-`convert_hf_to_gguf.py` writes an `XLMRobertaForSequenceClassification`: architecture "bert", a
-SentencePiece Unigram vocabulary (`tokenizer.ggml.model` "t5"), the position table with its first
-`pad_token_id + 1` rows cut off (`context_length` counts what is left), and the classification
-head as `cls` (dense, then tanh) and `cls.output` (out_proj).
+"""llama.cpp GGUF files of XLM-RoBERTa cross-encoders (bge-reranker-base/large/v2-m3) and
+embedders (bge-m3, multilingual-e5), as its `convert_hf_to_gguf.py` writes them: architecture
+"bert", a SentencePiece Unigram vocabulary (`tokenizer.ggml.model` "t5"), the position table with
+its first `pad_token_id + 1` rows cut off (`context_length` counts what is left). A cross-encoder
+(RANK pooling, or none written) has its classification head as `cls` (dense, then tanh) and
+`cls.output` (out_proj); an embedder has no head and MEAN or CLS pooling (`bert.pooling_type`),
+its vectors normalised, as llama.cpp's embeddings are by default.
 
 The config is what `engine.models.xlm_roberta.config` gives for the original config.json, rebuilt
 from metadata; the parameters follow `engine.models.encoder`'s layout, the cut-off position rows
@@ -20,10 +22,12 @@ from engine.loaders.checkpoint import CheckpointError
 from engine.loaders.gguf_file import GGUFFile, GGUFTensor, metadata_value
 from engine.loaders.gguf_tensors import dequantized, owned, require_tensor
 from engine.models import ModelConfig, xlm_roberta
+from engine.models.config import Pooling
 
 ARCHITECTURE = "bert"
 _POOLINGS = {0: "NONE", 1: "MEAN", 2: "CLS", 3: "LAST", 4: "RANK"}  # gguf.PoolingType
 _RANK = 4
+_EMBEDDER_MODES = {1: "mean", 2: "cls"}  # an embedder's pooling type -> `Pooling.mode`
 _HEAD, _DENSE = "cls.output.weight", "cls.weight"
 
 # GGUF tensor name (under `blk.{i}.` for a layer) -> our parameter
@@ -62,42 +66,50 @@ _TABLES = ("embed", "positions", "token_types", "head")  # kept [rows, E]; other
 def encoder_checkpoint(
     reader: GGUFFile, tensors: dict[str, GGUFTensor], source: str, progress: bool = True
 ) -> tuple[ModelConfig, dict]:
-    """(config, float32 host params) of an XLM-RoBERTa reranker file; `CheckpointError` naming
-    the file for anything else llama.cpp files as "bert" (embedding models, BERT's own
-    cross-encoders, which lose their pooler in conversion)."""
-    _check_reranker(reader, tensors, source)
-    cfg = _config(reader, tensors, source)
+    """(config, float32 host params) of an XLM-RoBERTa reranker or embedder file;
+    `CheckpointError` naming the file for anything else llama.cpp files as "bert" (BERT's own
+    models, which lose their pooler in conversion and have a WordPiece vocabulary)."""
+    mode = _check(reader, tensors, source)
+    cfg = _config(reader, tensors, source, mode)
     return cfg, _params(tensors, cfg, source, progress)
 
 
-def _check_reranker(reader: GGUFFile, tensors: dict[str, GGUFTensor], source: str) -> None:
+def _check(reader: GGUFFile, tensors: dict[str, GGUFTensor], source: str) -> str | None:
+    """An embedder's pooling mode, or None for a cross-encoder; CheckpointError otherwise."""
     pooling = metadata_value(reader, f"{ARCHITECTURE}.pooling_type", source, _RANK)
-    if pooling != _RANK:
+    mode = _EMBEDDER_MODES.get(pooling)
+    if pooling != _RANK and mode is None:
         raise CheckpointError(
             f"{source}: unsupported pooling type {_POOLINGS.get(pooling, pooling)} "
-            f"({ARCHITECTURE}.pooling_type): an embedding model; only rerankers (RANK pooling "
-            "with a classification head) are supported"
+            f"({ARCHITECTURE}.pooling_type): rerankers (RANK pooling with a classification "
+            "head) and MEAN or CLS embedders are supported"
         )
-    if _HEAD not in tensors:
+    if mode is None and _HEAD not in tensors:
         raise CheckpointError(
-            f"{source}: no classification head (tensor {_HEAD!r}): an embedding model, not a "
-            "cross-encoder"
+            f"{source}: no classification head (tensor {_HEAD!r}) for RANK pooling: a "
+            "cross-encoder needs one"
         )
+    if mode is not None and (_HEAD in tensors or _DENSE in tensors):
+        raise CheckpointError(f"{source}: an embedder ({_POOLINGS[pooling]}) with a head")
     vocab = metadata_value(reader, "tokenizer.ggml.model", source)
     if vocab != "t5":
         raise CheckpointError(
             f"{source}: only XLM-RoBERTa cross-encoders (tokenizer.ggml.model 't5') are "
             f"supported, not {vocab!r} (BERT's own lose their pooler in llama.cpp's conversion)"
         )
-    if _DENSE not in tensors:
+    if mode is None and _DENSE not in tensors:
         raise CheckpointError(f"{source}: missing tensor {_DENSE!r} (the head's dense layer)")
     if metadata_value(reader, f"{ARCHITECTURE}.attention.causal", source, False):
         raise CheckpointError(f"{source}: {ARCHITECTURE}.attention.causal is set for an encoder")
+    return mode
 
 
-def _config(reader: GGUFFile, tensors: dict[str, GGUFTensor], source: str) -> ModelConfig:
+def _config(
+    reader: GGUFFile, tensors: dict[str, GGUFTensor], source: str, mode: str | None
+) -> ModelConfig:
     """`xlm_roberta.config` of the config.json the file was converted from, with the pair length
-    CrossEncoder would use: all the positions (GGUF keeps no `model_max_length`)."""
+    CrossEncoder would use: all the positions (GGUF keeps no `model_max_length`); an embedder's
+    (`mode`: its pooling) without a head, its texts up to all the positions too."""
 
     def value(key: str, *default):
         return metadata_value(reader, f"{ARCHITECTURE}.{key}", source, *default)
@@ -106,8 +118,8 @@ def _config(reader: GGUFFile, tensors: dict[str, GGUFTensor], source: str) -> Mo
     offset = 0 if pad is None else int(pad) + 1  # the converter cut rows only given a pad id
     types = require_tensor(tensors, "token_types.weight", source).shape[-1]
     hf = {
-        "architectures": ["XLMRobertaForSequenceClassification"],
-        "num_labels": int(require_tensor(tensors, _HEAD, source).shape[-1]),
+        "architectures": ["XLMRobertaModel" if mode else "XLMRobertaForSequenceClassification"],
+        "num_labels": 0 if mode else int(require_tensor(tensors, _HEAD, source).shape[-1]),
         "vocab_size": int(require_tensor(tensors, "token_embd.weight", source).shape[-1]),
         "hidden_size": int(value("embedding_length")),
         "num_hidden_layers": int(value("block_count")),
@@ -123,7 +135,8 @@ def _config(reader: GGUFFile, tensors: dict[str, GGUFTensor], source: str) -> Mo
         cfg = xlm_roberta.config(hf)
     except (ValueError, msgspec.ValidationError) as error:
         raise CheckpointError(f"{source}: {error}") from error
-    return msgspec.structs.replace(cfg, max_length=cfg.max_position_embeddings)
+    embedding = Pooling(mode=mode, normalize=True) if mode else None
+    return msgspec.structs.replace(cfg, max_length=cfg.max_position_embeddings, embedding=embedding)
 
 
 def _decimal(value: float) -> float:
@@ -153,14 +166,14 @@ def _shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 def _params(tensors: dict[str, GGUFTensor], cfg: ModelConfig, source: str, progress: bool) -> dict:
     """Every tensor dequantised once, layers written straight into stacks f32[N, ...]."""
-    names = {**_TOP} | {
+    top = {k: v for k, v in _TOP.items() if not (cfg.embedding and k.startswith("cls."))}
+    names = top | {
         f"blk.{n}.{suffix}": ours for n in range(cfg.num_layers) for suffix, ours in _LAYER.items()
     }
     unexpected = sorted(set(tensors) - set(names))
     if unexpected:
         raise CheckpointError(
-            f"{source}: unsupported tensors for an XLM-RoBERTa cross-encoder: "
-            f"{', '.join(unexpected[:5])}"
+            f"{source}: unsupported tensors for an XLM-RoBERTa model: {', '.join(unexpected[:5])}"
         )
     shapes = _shapes(cfg)
     params: dict = {}

@@ -127,13 +127,27 @@ def embed(params: dict, inputs: PackedInputs, cfg: ModelConfig) -> jax.Array:  #
     `type * vocab_size + id` when the model has several token types (`engine.pairs`)."""
     tokens = inputs.tokens
     coded = cfg.type_vocab_size > 1  # one type (XLM-RoBERTa): its row is added to every token
-    x = params["embed"][tokens % cfg.vocab_size if coded else tokens].astype(jnp.float32)
+    ids = tokens % cfg.vocab_size if coded else tokens
+    x = params["embed"][ids].astype(jnp.float32)
     if cfg.type_vocab_size:
         types = tokens // cfg.vocab_size if coded else jnp.zeros_like(tokens)
         x = x + params["token_types"][types].astype(jnp.float32)
     if cfg.position_table:
-        x = x + params["positions"][inputs.positions + cfg.position_offset].astype(jnp.float32)
+        x = x + params["positions"][_position_rows(ids, inputs, cfg)].astype(jnp.float32)
     return layer_norm(x, params["embed_norm"], params["embed_norm_b"], cfg.norm_eps)
+
+
+def _position_rows(ids: jax.Array, inputs: PackedInputs, cfg: ModelConfig) -> jax.Array:
+    """Each token's row of the position table (i32[T]). With an offset (XLM-RoBERTa's
+    `pad_token_id + 1`), as transformers counts them from the ids: a padding id in the text
+    reads the padding row and is not counted in the positions of the tokens after it."""
+    if not cfg.position_offset:
+        return inputs.positions
+    pad = ids == cfg.position_offset - 1  # bool[T]
+    before = jnp.cumsum(pad) - pad  # padding ids before each token, over the whole batch
+    start = inputs.meta.own_start  # i32[T]: where each token's sequence starts
+    counted = inputs.positions - (before - before[start])  # the sequence's own pads left out
+    return jnp.where(pad, cfg.position_offset - 1, counted + cfg.position_offset)
 
 
 def forward(
