@@ -41,7 +41,8 @@ class CohereEmbedRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
 
 
 class EmbeddingsByType(msgspec.Struct, kw_only=True, omit_defaults=True):
-    float: list[list[float]] | None = None
+    # `float` on the wire: the name would shadow the type in the fields after it
+    float_: list[list[float]] | None = msgspec.field(default=None, name="float")
     int8: list[list[int]] | None = None
     uint8: list[list[int]] | None = None
     binary: list[list[int]] | None = None
@@ -76,7 +77,7 @@ async def embed(service: Service, request: Request) -> Response:
     result = await embed_answers.embed(
         service,
         request,
-        req.texts,
+        embed_answers.inputs(req.texts, "texts"),
         {"input": "texts", "dimensions": "output_dimension"},
         input_type=PROMPT_OF.get(req.input_type, req.input_type),
         dimensions=req.output_dimension,
@@ -86,7 +87,7 @@ async def embed(service: Service, request: Request) -> Response:
     )
     kinds = dict.fromkeys(req.embedding_types or ["float"])
     by_type = {
-        kind: embed_answers.as_base64(result.embeddings)
+        ("float_" if kind == "float" else kind): embed_answers.as_base64(result.embeddings)
         if kind == "base64"
         else embed_answers.formatted(result.embeddings, kind).tolist()
         for kind in kinds

@@ -10,7 +10,8 @@ from engine import truncation
 from engine.errors import InvalidInput, Unsupported
 from engine.pairs import PairOptions
 
-INPUT = {"items": "input"}  # the embed call's name for the items of its request
+# the embed call's names for the fields of the score request it makes
+INPUT = {"items": "input", "max_prompt_tokens": "max_tokens"}
 
 
 class EmbedCall(msgspec.Struct, frozen=True, kw_only=True):

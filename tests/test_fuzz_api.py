@@ -1,6 +1,7 @@
 """Schemathesis over `/openapi.json`: every operation fuzzed in process against the ASGI app on
-the tiny model, with bodies that fit the schema and bodies that do not. No answer is a 5xx, and
-every answer is one the document describes (status, content type, body schema).
+the tiny model, and the embedding operations again on the real all-MiniLM-L6-v2 embedder, with
+bodies that fit the schema and bodies that do not. No answer is a 5xx, and every answer is one
+the document describes (status, content type, body schema).
 
 `FUZZ_EXAMPLES=500 python -m pytest tests/test_fuzz_api.py` fuzzes longer (40 per operation).
 """
@@ -35,6 +36,8 @@ BEYOND_SCHEMA = re.compile(
     r"cannot be empty|must not be empty|^Input lengths|^At least one|required \(or name the|"
     r"has none of the rank_fields|must be a string|queries are never cut|has no prompts|"
     r"select a smaller truncation size|not an embedder|differs from dimensions \(give one\)|"
+    r"dimensions?: this model (answers \d+ dimensions and is not|is) trained for|as input\[0\]$|"
+    r"needs at least \d+ tokens for this model|^prompt_name: unknown prompt|"
     r"^Expected `int[^`]*`, got `float`"
 )
 
@@ -106,6 +109,39 @@ def test_every_operation_answers_as_documented(app, case):
         wait_ready(client)
     response = case.call_and_validate(
         app=app,
+        excluded_checks=[positive_data_acceptance],
+        additional_checks=[accepted_unless_beyond_schema],
+    )
+    assert response.status_code < 500, response.text
+
+
+EMBEDDING_OPERATIONS = schema.include(
+    path_regex=r"^/(v1/embeddings|v2/embed|embed|similarity|pooling)$"
+)
+
+
+@pytest.fixture(scope="module")
+def embedder_app(minilm):
+    """The service on the real embedder, its engine ready; its lifespan ends with the module."""
+    app = create_app(settings_from_env(tiny_env(minilm)))
+    with asgi.get_client(app) as client:
+        wait_ready(client)
+        yield app
+    asgi.shutdown_lifespans()
+
+
+@EMBEDDING_OPERATIONS.parametrize()
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+def test_every_embedding_operation_answers_an_embedder_as_documented(embedder_app, case):
+    with asgi.get_client(embedder_app) as client:
+        wait_ready(client)
+    response = case.call_and_validate(
+        app=embedder_app,
         excluded_checks=[positive_data_acceptance],
         additional_checks=[accepted_unless_beyond_schema],
     )
