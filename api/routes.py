@@ -22,6 +22,7 @@ from api import (
     tei,
     tei_embed,
     tokens,
+    vllm_generative,
     vllm_pooling,
     vllm_score,
 )
@@ -84,7 +85,7 @@ def _model_facts(engine: Engine) -> dict:
 # the scoring routes by what their own bodies need: label-token log-probs (a language-model
 # head: SGLang's /v1/score), or the model's rerank recipe (any head, its labels single tokens of
 # the vocabulary; vLLM's score body, on /v1/score too, goes this way)
-LABEL_SCORE_PATHS = ("/v1/score",)
+LABEL_SCORE_PATHS = ("/v1/score", "/generative_scoring")
 RERANK_PATHS = ("/v1/rerank", "/v2/rerank", "/rerank", "/v1/reranking", "/score")
 
 
@@ -284,6 +285,15 @@ ENDPOINTS = (
         "Label-token probabilities per item (SGLang), or vLLM's pair scores for its fields",
         (schemas.ScoreResponse, vllm_score.VllmScoreResponse),
         (schemas.ScoreRequest, vllm_score.VllmScoreRequest),
+        errors=SCORING_ERRORS,
+    ),
+    Endpoint(
+        "/generative_scoring",
+        "POST",
+        vllm_generative.generative_scoring,
+        "The first label token's probability after query + item, per item (vLLM)",
+        vllm_generative.GenerativeScoringResponse,
+        vllm_generative.GenerativeScoringRequest,
         errors=SCORING_ERRORS,
     ),
     Endpoint(

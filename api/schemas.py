@@ -40,7 +40,7 @@ class ScoreRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     label_token_ids: Labels
     apply_softmax: bool = False  # softmax over the labels instead of full-vocabulary probs
     item_first: bool = False  # item + query instead of query + item
-    model: str | None = None  # accepted for compatibility; the served model answers
+    model: str | None = None  # echoed in the answer (the served model's name when absent)
 
 
 class PromptTokensDetails(msgspec.Struct, kw_only=True, omit_defaults=True):

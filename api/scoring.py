@@ -73,7 +73,7 @@ async def _score(service: Service, request: Request, req: schemas.ScoreRequest) 
     service.metrics.observe("/v1/score", result.timings, len(result.scores))
     body = schemas.ScoreResponse(
         scores=result.scores,
-        model=service.model_name,
+        model=req.model or service.model_name,  # echoed, as SGLang does
         usage=schemas.usage_of(schemas.Usage, result),
     )
     return json_response(body, headers=timing_headers(result.timings))

@@ -178,8 +178,11 @@ def test_score_equals_the_reference(client, reference, case):
     cached = got["usage"].pop("prompt_tokens_details")["cached_tokens"]
     assert got["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0}
     assert 0 <= cached < tokens  # earlier cases may have cached a prefix
-    assert got["model"] == "llama-untied" and got["object"] == "scoring"
+    assert got["model"] == body.get("model", "llama-untied") and got["object"] == "scoring"
     assert set(got) == {"scores", "model", "usage", "object"}
+    r = client.post("/v1/score", json={**body, "model": "asked-for"})  # echoed, as SGLang does
+    assert r.json()["model"] == "asked-for"
+    assert_scores(r.json()["scores"], got["scores"])
 
 
 @pytest.mark.parametrize("path", ["/v1/score", "/v1/rerank"])
@@ -495,7 +498,8 @@ MODEL_FACTS += ("architecture", "num_labels", "rerank_template", "endpoints")
 
 
 # every scoring route: a language-model head and a recipe whose labels are single tokens
-ENDPOINTS = ["/v1/score", "/v1/rerank", "/v2/rerank", "/rerank", "/v1/reranking", "/score"]
+ENDPOINTS = ["/v1/score", "/generative_scoring", "/v1/rerank", "/v2/rerank", "/rerank"]
+ENDPOINTS += ["/v1/reranking", "/score"]
 ENDPOINTS += ["/invocations"]
 
 
@@ -694,6 +698,7 @@ def test_openapi_is_generated_from_the_route_table(client):
     assert {(path, m) for path, ops in doc["paths"].items() for m in ops} == served
     assert set(doc["paths"]) == {
         "/v1/score",
+        "/generative_scoring",
         "/score",
         "/v1/rerank",
         "/v2/rerank",

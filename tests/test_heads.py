@@ -221,6 +221,7 @@ def test_a_one_label_recipe_needs_its_tokens(tiny_checkpoints, tmp_path):
         assert r.status_code == 400 and why[path] in r.json()["error"]["message"]
         assert client.get("/v1/models").json()["data"][0]["endpoints"] == [
             "/v1/score",
+            "/generative_scoring",
             "/invocations",
         ]
         r = client.post("/v1/score", json={"query": QUERY, "items": DOCS, "label_token_ids": [5]})
