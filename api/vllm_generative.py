@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from api.errors import ApiError
-from api.schemas import TokenId, documented
+from api.schemas import Labels, TokenId, documented
 from api.scoring import json_response, timing_headers
 from api.service import Service
 
@@ -31,8 +31,8 @@ class GenerativeScoringRequest(msgspec.Struct, kw_only=True, forbid_unknown_fiel
     """vLLM's generative scoring body."""
 
     query: str | list[TokenId]  # text, or token ids
-    items: list[Item]  # texts, or token-id lists (not mixed)
-    label_token_ids: list[TokenId]  # the first one's probability is each item's score
+    items: Annotated[list[Item], documented(minItems=1)]  # texts, or token-id lists (not mixed)
+    label_token_ids: Labels  # the first one's probability is each item's score
     model: str | None = None  # echoed
     apply_softmax: bool = True  # over the labels; false: over the whole vocabulary
     item_first: bool = False
