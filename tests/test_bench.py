@@ -287,8 +287,10 @@ def test_int8_beside_bf16_and_f32(tiny, tmp_path):
         assert sides["float32"]["max_abs_logprob_dev_vs_f32"] == 0
         assert sides["float32"]["spearman_vs_f32"] == pytest.approx(1)
         # int8 approximates f32, more coarsely than bf16 on this random model's scores
-        assert 0 < sides["int8"]["mean_abs_logprob_dev_vs_f32"] < 1
-        assert sides["transformers-bfloat16"]["max_abs_logprob_dev_vs_f32"] < 1
+        # measured 0.046-0.057 (int8, mean) and 0.038-0.052 (transformers bf16, max) in nats;
+        # a wrong scale or layout is whole nats off
+        assert 0 < sides["int8"]["mean_abs_logprob_dev_vs_f32"] < 0.25
+        assert sides["transformers-bfloat16"]["max_abs_logprob_dev_vs_f32"] < 0.25
         positive(workload, "int8_over_bf16", "int8_over_transformers_bf16")
 
 
@@ -357,7 +359,8 @@ def test_w1_cross_encoder(tiny_cross_encoder, tmp_path, capsys):
     assert set(report["baseline"]["per_batch_size"]) == {"4", "8"}
     low, high = report["engine_score_range"]
     assert high - low > 1e-2  # scores far apart, so that agreeing says something
-    assert report["max_abs_score_diff_vs_baseline"] < 1e-4  # CrossEncoder's raw logits, f32
+    # CrossEncoder's raw logits, f32: measured 7.2e-7 (the README's "within 2e-6")
+    assert report["max_abs_score_diff_vs_baseline"] < 2e-6
     recorded = {k: v for k, v in report.items() if k != "argv"}
     assert not [s for s in strings(recorded) if s.startswith("/")]
     assert capsys.readouterr().out.count("\n") == 1  # one summary line

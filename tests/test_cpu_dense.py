@@ -96,10 +96,10 @@ def test_the_layer_index_picks_the_matrix():
 def test_thread_count_does_not_change_results():
     rng = np.random.default_rng(5)
     x, w = bf16(rng, 300, 128), jnp.asarray(cpu.pack_dense(bf16(rng, 1, 128, 96)))
-    every = native(x, w, 0)
+    every = np.asarray(native(x, w, 0))  # computed now, on every thread (dispatch is async)
     try:
         cpu.set_threads(1)
-        one = jax.jit(lambda x, w: cpu.dense_cpu(x, w, 0) + 0)(x, w)
+        one = np.asarray(jax.jit(lambda x, w: cpu.dense_cpu(x, w, 0) + 0)(x, w))
     finally:
         cpu.set_threads(0)
     np.testing.assert_array_equal(every, one)

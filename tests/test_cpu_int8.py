@@ -139,10 +139,10 @@ def test_thread_count_does_not_change_results():
     rng = np.random.default_rng(6)
     x, q, scale = operands(rng, 300, 576, 96)
     w = jnp.asarray(cpu.pack_int8(q))
-    every = native(x, w, scale, 0)
+    every = np.asarray(native(x, w, scale, 0))  # computed now, on every thread (async dispatch)
     try:
         cpu.set_threads(1)
-        one = jax.jit(lambda x, w, s: cpu.dense_int8(x, w, s, 0) + 0)(x, w, scale)
+        one = np.asarray(jax.jit(lambda x, w, s: cpu.dense_int8(x, w, s, 0) + 0)(x, w, scale))
     finally:
         cpu.set_threads(0)
     np.testing.assert_array_equal(every, one)

@@ -198,17 +198,22 @@ def test_a_lost_pool_costs_no_wrong_score(tiny_path, reference):
 
 def test_bf16_cached_scores_stay_within_the_bf16_bound(tiny_path):
     """In bf16 a key read from a page is the key computed (same dtype), so the cache moves a
-    score no more than batch composition does (the bound the soak holds served bf16 to)."""
+    score no more than batch composition does: within the bound the soak holds served bf16 to
+    against the one-by-one reference, and by under 0.05 nats against the same requests computed
+    without it (measured 0.013; a page of another prompt's keys moves them by far more)."""
     reference = load_model(tiny_path, dtype="bfloat16", progress=False)
     requests = [Request(p + [5, 6], [[i, 7] for i in range(1, 4)], [1, 2]) for p in PROMPTS]
 
     def run(engine, reference):
+        rounds = []
         for _ in range(2):  # the second round reads every prompt from the cache
-            for r, got in zip(requests, submit(engine, requests), strict=True):
-                got = np.log(got.unwrap().scores)
+            rounds.append([np.log(got.unwrap().scores) for got in submit(engine, requests)])
+            for r, got in zip(requests, rounds[-1], strict=True):
                 want = np.log(r.reference(reference))
                 np.testing.assert_allclose(got, want, atol=TOLERANCE["bfloat16"], rtol=0)
         assert engine.scheduler.cache.stats.hit_tokens > 0
+        for computed, cached in zip(*rounds, strict=True):
+            np.testing.assert_allclose(cached, computed, atol=0.05, rtol=0)
 
     config = engine_config(tiny_path, dtype="bfloat16", kv_cache_bytes=None)
     run_in_engine(run, tiny_path, config=config, reference=reference, check=settled)
