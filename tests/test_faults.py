@@ -10,6 +10,7 @@ import functools
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -202,6 +203,7 @@ def test_clients_that_leave_have_their_work_dropped(server, reference, leaving):
     staying = score_cases()[:2]
     needed = leaving * 4000 * 110 // 512  # batches the leaving requests would take
     batches, left_before = stats(server.url)["batches"], left(server.url)
+    release = threading.Event()  # the device runs no batch until the clients have left
 
     def held() -> int:  # requests the engine holds
         return server.engine.stats().in_flight
@@ -231,15 +233,23 @@ def test_clients_that_leave_have_their_work_dropped(server, reference, leaving):
                 await until(lambda: queued() == leaving + len(staying))  # behind the leaving
                 for goodbye in goodbyes:
                     goodbye.cancel()
+                await until(lambda: left(server.url) - left_before == leaving)  # each a 499
+                release.set()
         return answers
 
-    answers = anyio.run(main)
+    with device_faults(server.engine, lambda inputs: release.wait(120)):
+        try:
+            answers = anyio.run(main)
+        finally:
+            release.set()
     for answer, body in zip(answers, staying, strict=True):
         assert answer.status_code == 200, answer.text
         assert_scores(answer.json()["scores"], expected_scores(reference, body))
-    assert wait_until(lambda: left(server.url) - left_before == leaving)  # each answered 499
     server.settle()
-    assert stats(server.url)["batches"] - batches < needed // 2
+    # what ran: the batch held when they left (and one more the scheduler may have handed over),
+    # and the staying requests' own
+    ran = stats(server.url)["batches"] - batches  # measured 3, of the 859-3,437 needed
+    assert ran <= 2 + len(staying) < needed
 
 
 # -- a full queue ----------------------------------------------------------------------------
@@ -249,9 +259,10 @@ def test_a_full_queue_is_503_with_retry_after_then_recovers(server, reference):
     rng = np.random.default_rng(3)
     distinct = [marked(rng, i, items=64, length=100) for i in range(4)]
     expected = [expected_scores(reference, body) for body in distinct]
-    flood = anyio.run(post_all, server.url, [distinct[i % 4] for i in range(48)])
+    flood = held_flood(server, [distinct[i % 4] for i in range(48)])
     statuses = [answer.status_code for answer in flood]
-    assert set(statuses) == {200, 503} and statuses.count(200) >= LIMIT, statuses
+    # the device held: the first LIMIT requests wait in the engine, every other one is refused
+    assert statuses.count(200) == LIMIT and statuses.count(503) == 48 - LIMIT, statuses
     for i, answer in enumerate(flood):
         if answer.status_code == 503:
             assert answer.headers["retry-after"] == "3"
@@ -265,6 +276,33 @@ def test_a_full_queue_is_503_with_retry_after_then_recovers(server, reference):
     for i, answer in enumerate(after):
         assert answer.status_code == 200, answer.text
         assert_scores(answer.json()["scores"], expected[i % 4])
+
+
+def held_flood(server: InProcess, bodies: list[dict]) -> list[httpx2.Response]:
+    """Every body posted at once, each on its own connection, while the device program is held:
+    it is released once every request the engine could not take has been answered."""
+    release = threading.Event()
+    limits = httpx2.Limits(max_connections=len(bodies))
+    answers: list = [None] * len(bodies)
+
+    async def main() -> None:
+        async with httpx2.AsyncClient(base_url=server.url, limits=limits, timeout=120) as client:
+
+            async def post(i: int) -> None:
+                answers[i] = await client.post("/v1/score", json=bodies[i])
+
+            async with anyio.create_task_group() as tasks:
+                for i in range(len(bodies)):
+                    tasks.start_soon(post, i)
+                await until(lambda: sum(a is not None for a in answers) == len(bodies) - LIMIT)
+                release.set()
+
+    with device_faults(server.engine, lambda inputs: release.wait(120)):
+        try:
+            anyio.run(main)
+        finally:
+            release.set()
+    return answers
 
 
 # -- SIGTERM ---------------------------------------------------------------------------------
