@@ -38,7 +38,7 @@ BEYOND_SCHEMA = re.compile(
     r"select a smaller truncation size|not an embedder|differs from dimensions \(give one\)|"
     r"dimensions?: this model (answers \d+ dimensions and is not|is) trained for|as input\[0\]$|"
     r"needs at least \d+ tokens for this model|^prompt_name: unknown prompt|"
-    r"all items are texts or all token ids|"
+    r"all items are texts or all token ids|applies to texts; token ids are embedded as given|"
     r"^Expected `int[^`]*`, got `float`"
 )
 
