@@ -406,21 +406,22 @@ def check_good(client: httpx2.Client, reference) -> None:
         assert_scores(r.json()["scores"], expected_scores(reference, body))
 
 
-def median_latency(client: httpx2.Client, n: int = 20) -> float:
+def best_latency(client: httpx2.Client, n: int = 20) -> float:
     body, seconds = score_cases()[0], []
     for _ in range(n):
         r = client.post("/v1/score", json=body)
         assert r.status_code == 200
         seconds.append(r.elapsed.total_seconds())
-    return float(np.median(seconds))
+    # the best of n: what the server itself takes, which other work on the machine only adds to
+    return min(seconds)
 
 
 @pytest.fixture(scope="module")
 def baseline(server, client, reference) -> tuple[int, float]:
-    """The worker's RSS (KiB) and a good request's median latency before any bad input."""
+    """The worker's RSS (KiB) and a good request's best latency before any bad input."""
     check_good(client, reference)  # also compiles what good requests need
-    median_latency(client, 5)
-    return worker_rss_kib(server), median_latency(client)
+    best_latency(client, 5)
+    return worker_rss_kib(server), best_latency(client)
 
 
 @pytest.mark.parametrize("case", BATTERY, ids=[case.name for case in BATTERY])
@@ -456,7 +457,7 @@ def test_the_server_is_unharmed_by_the_battery(server, client, baseline, referen
         battery(client, 1)
         samples.append(worker_rss_kib(server))
     check_good(client, reference)
-    rss, latency = max(samples), median_latency(client)
+    rss, latency = max(samples), best_latency(client)
     rss0, latency0 = baseline
     trend = rss_trend(samples[1:])
     kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(SENT.items()))
@@ -465,9 +466,10 @@ def test_the_server_is_unharmed_by_the_battery(server, client, baseline, referen
         f"worker RSS {rss0 / 1024:.1f} MiB, then after each round "
         f"{', '.join(f'{s / 1024:.1f}' for s in samples)}; "
         f"(trend {trend / 1024:+.2f} MiB a round); "
-        f"median good latency {latency0 * 1e3:.1f} -> {latency * 1e3:.1f} ms"
+        f"best good latency {latency0 * 1e3:.1f} -> {latency * 1e3:.1f} ms"
     )
     assert rss - rss0 < RSS_HIGH_WATER_KIB and trend < RSS_LEAK_KIB
-    assert latency < 2 * latency0 + 0.025
+    # a server slowed by the battery (a task left spinning, a table grown) is slower at its best
+    assert latency < 2 * latency0 + 0.010
     log = server.log.read_text()
     assert "internal error" not in log and "Traceback" not in log
