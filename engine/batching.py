@@ -25,17 +25,22 @@ def batches(
     buckets: Buckets,
     cache: KVCache | None = None,
     whole: bool = False,
+    alone: bool = False,
 ) -> Iterator[PackedBatch | None]:
     """Every sequence scored once. Without `cache` this never yields None. With it, the caller
     commits or aborts each batch's contexts when the batch is done, and answers a None with
     `send(idle)` once its running batches are done (see the module docstring). `whole`: each
-    sequence alone, seen whole by its tokens (`packing.plan`; no cache then)."""
+    sequence alone, seen whole by its tokens; `alone`: each alone, causally (`packing.plan`;
+    no cache for either)."""
     if cache is None:
-        for chunks in packing.plan(seqs, token_budget=token_budget, buckets=buckets, whole=whole):
+        plan = packing.plan(
+            seqs, token_budget=token_budget, buckets=buckets, whole=whole, alone=alone
+        )
+        for chunks in plan:
             yield packing.pack(seqs, labels, chunks, buckets, whole=whole)
         return
-    if whole:
-        raise ValueError("whole sequences are not cached: a token's keys depend on all of it")
+    if whole or alone:
+        raise ValueError("sequences packed alone are not cached: nothing is shared")
     every, planned, reused = _plan(seqs, token_budget, buckets, cache)
     every_labels = list(labels) + [[]] * (len(every) - len(seqs))
     pack = lambda chunks, contexts: _packed(

@@ -99,6 +99,7 @@ class Engine:
             max_queued_tokens=config.max_queued_tokens,
             linger=config.batch_linger_ms / 1000,
             whole_sequences=self.task.whole_sequences,
+            alone=not self.task.shares_prefixes,
             caches=kv_cache.runner_caches(
                 [(p.kv.num_pages * config.prefix_cache, p.kv.page_size) for p in self.programs],
                 max_context=self.buckets.max_context,

@@ -224,6 +224,7 @@ class ScoringModel:
             token_budget=self.token_budget,
             buckets=self.buckets,
             whole=self.task.whole_sequences,
+            alone=not self.task.shares_prefixes,
         )
         for batch in batches:
             running = (self.program.run(batch.inputs), batch.order)

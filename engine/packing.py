@@ -119,6 +119,7 @@ def plan(
     groups: Sequence[Chunk] | None = None,
     cached: Mapping[int, int] | None = None,
     whole: bool = False,
+    alone: bool = False,
 ) -> list[list[Chunk]]:
     """Group sequences by shared prefix (or take `groups`), then split them into batches that
     fit the grid, `cached` tokens (by member) read from the KV cache rather than laid out.
@@ -126,10 +127,12 @@ def plan(
     Batches fill up to `token_budget` in order. The last one is re-split in two when that costs
     less: its padded bucket against two smaller ones (repeated prefixes included), each batch
     charged `BATCH_OVERHEAD_TOKENS` more. `whole` sequences (an encoder's: every token depends
-    on all of it) share nothing: each is a group of its own.
+    on all of it) and `alone` ones (an output that reads every token of its sequence) share
+    nothing: each is a group of its own.
     """
     if groups is None:
-        groups = [Chunk(0, (i,)) for i in range(len(seqs))] if whole else group_by_prefix(seqs)
+        groups = [Chunk(0, (i,)) for i in range(len(seqs))] if whole or alone else None
+        groups = groups or group_by_prefix(seqs)
     lengths = [len(s) for s in seqs]
     limits = dict(token_budget=token_budget, max_rows=buckets.max_rows, cached=cached)
     batches = plan_batches(groups, lengths, **limits)

@@ -77,9 +77,11 @@ class SchedulerState:
         linger: float = 0.0,
         caches: Sequence[KVCache | None] = (None,),
         whole_sequences: bool = False,
+        alone: bool = False,
     ):
         self.buckets = buckets
         self.whole_sequences = whole_sequences  # packed alone (`engine.tasks.Task`)
+        self.alone = alone  # packed alone, causally (`engine.tasks.Task.shares_prefixes`)
         self.caches = list(caches)  # one per device runner
         self.assigned = [0] * len(self.caches)  # batches handed to each runner, not done
         self.runner_batches = [0] * len(self.caches)  # batches each runner was handed
@@ -260,6 +262,7 @@ class SchedulerState:
             buckets=self.buckets,
             cache=self.caches[self._planned_for],
             whole=self.whole_sequences,
+            alone=self.alone,
         )
 
     def fail_waiting(self, error: Exception) -> list[Rejected]:

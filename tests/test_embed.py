@@ -314,6 +314,22 @@ def test_matryoshka_widths_listed_in_the_config_are_the_only_ones(qwen3_embedder
     assert str(error) == "dimensions: this model is trained for 16, 32 dimensions"
 
 
+def test_a_mean_pooling_decoder_equals_sentence_transformers(qwen3_embedder, tmp_path):
+    path = tmp_path / "mean"
+    shutil.copytree(qwen3_embedder, path)
+    write_st_modules(path, 64, "mean", True, 40, prompts={"query": QUERY_PROMPT, "document": ""})
+    texts = varied_texts(30, seed=10)
+    model = SentenceTransformer(str(path), device="cpu")
+    for options in ({}, {"prompt_name": "query"}):  # the prompt's tokens are in the mean
+        got = embed(path, texts, truncate=True, **options)
+        want = model.encode(texts, batch_size=16, convert_to_numpy=True, **options)
+        assert np.abs(got.embeddings - want).max() < 1e-5, options
+        assert got.cached_tokens == 0  # nothing shared, nothing kept: every token is read
+    alone = np.concatenate([embed(path, [t], truncate=True).embeddings for t in texts[:8]])
+    packed = embed(path, texts[:8], truncate=True).embeddings
+    assert np.abs(packed - alone).max() <= 1e-6
+
+
 def test_a_shared_prompt_is_computed_once_and_cached(qwen3_embedder):
     texts = [t for t in varied_texts(24, seed=4) if t.strip()][:16]
     config = EngineConfig(

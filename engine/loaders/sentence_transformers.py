@@ -37,7 +37,10 @@ _UNSUPPORTED_MODES = (
 )
 _TANH = "torch.nn.modules.activation.Tanh"  # a Dense module's default activation
 _SENTENCE = "sentence_embedding"
-MODES_OF = {True: ("cls", "mean", "max"), False: ("last",)}  # by whether the model is an encoder
+MODES_OF = {
+    True: ("cls", "mean", "max"),
+    False: ("last", "mean"),
+}  # by whether the model is an encoder
 
 
 def is_embedder(root: Path) -> bool:

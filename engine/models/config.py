@@ -49,8 +49,8 @@ class Pooling(msgspec.Struct, frozen=True, kw_only=True):
     """How an embedder makes one vector of a sequence's token states (sentence-transformers'
     Pooling and Normalize modules), and the prompts its texts may be given."""
 
-    # "cls": the first token, "mean": of every token (special ones included), "max": their
-    # elementwise max, all encoders'; "last": the last token, a decoder's
+    # "cls": the first token, "max": the elementwise max of every token's, encoders'; "last": the
+    # last token, a decoder's; "mean": of every token (special ones included), either's
     mode: str
     normalize: bool = False  # divided by its L2 norm
     prompts: tuple[tuple[str, str], ...] = ()  # (name, text put before a text given that name)

@@ -190,11 +190,13 @@ def forward(
     output: Callable,
     write_kv: Callable | None = None,
     unroll: bool = False,
+    rows: Callable | None = None,
 ) -> tuple[jax.Array, KVPool | None]:
     """What `output` makes of the final hidden state at each score row, f32[S, L], and the pool:
     `label_logprobs` (a language-model head), `class_logits` (a sequence-classification head)
     or `last_hidden` (an embedder's: L is E), each called as `output(h f32[R, E], label_ids
-    i32[R, L], head, cfg, dense)`.
+    i32[R, L], head, cfg, dense)`. `rows(h f32[T, E], inputs)` may make the rows' states of
+    every token's instead (`mean_rows`: the mean of the row's sequence).
 
     `params` is laid out as `engine.models.layout.place_decoder` makes it: "embed", "final_norm",
     "head" and "matrices" prepared by `dense`, "layers" the per-layer vectors. With a `pool`,
@@ -234,7 +236,10 @@ def forward(
     layer = lambda carry, xs: _layer(carry, xs, step)
     xs = (indices, sliding, params["layers"])
     (x, pool), _ = jax.lax.scan(layer, (x, pool), xs, unroll=unroll)
-    h = rms_norm(x[inputs.score_rows], params["final_norm"], cfg.norm_eps)  # [S, E]
+    if rows is None:
+        h = rms_norm(x[inputs.score_rows], params["final_norm"], cfg.norm_eps)  # [S, E]
+    else:
+        h = rows(rms_norm(x, params["final_norm"], cfg.norm_eps), inputs)  # [S, E]
     head = lambda h, labels: output(h, labels, params["head"], cfg, dense)
     return _by_row_chunks(head, h, inputs.label_ids), pool
 
@@ -243,6 +248,16 @@ def forward(
 # instead of one f32[S, V] array (300 MB for 1,536 rows of a 49k vocabulary), which measured
 # ~4% off a 12k-token batch's device time on a 2-core CPU and removed most of its page faults.
 HEAD_ROWS = 128
+
+
+def mean_rows(h: jax.Array, inputs: PackedInputs) -> jax.Array:  # f32[S, E]
+    """The mean of the final states h f32[T, E] over each score row's sequence, its own span up
+    to the row (a sequence packed alone: all of it)."""
+    start = inputs.meta.own_start[inputs.score_rows][:, None]  # i32[S, 1]
+    end = inputs.score_rows[:, None] + 1
+    key = jnp.arange(h.shape[0])[None, :]
+    weights = ((key >= start) & (key < end)).astype(jnp.float32) / (end - start)  # [S, T]
+    return jnp.matmul(weights, h, precision=jax.lax.Precision.HIGHEST)
 
 
 def label_logprobs(h: jax.Array, labels: jax.Array, head, cfg: ModelConfig, dense: Dense):

@@ -76,9 +76,15 @@ class Task:
         return exactly(forward) if exact else forward
 
     @property
+    def shares_prefixes(self) -> bool:
+        """Whether sequences that share a prefix compute it once (causal models whose output at
+        a row reads no token state but its own); False: each sequence is packed alone."""
+        return not self.whole_sequences
+
+    @property
     def reuses_kv(self) -> bool:
         """Whether a token's K/V may be kept and read again by later sequences (a KV pool)."""
-        return not self.whole_sequences
+        return self.shares_prefixes
 
     def unshardable(self) -> str | None:
         """Why this kind cannot be sharded over devices (tensor parallelism), or None."""

@@ -148,6 +148,17 @@ class DecoderEmbedder(Embedder):
     output = staticmethod(decoder.last_hidden)
     place = staticmethod(place_decoder)
 
+    @property
+    def shares_prefixes(self) -> bool:
+        # a mean reads every token's state: a shared prefix's are computed once, but its
+        # sequences would each need them (and a cached one's are not computed at all)
+        return self.config.embedding.mode == "last"
+
+    def forward_of(self, attention, dense, **options):
+        if self.config.embedding.mode == "mean":
+            options = {**options, "rows": decoder.mean_rows}
+        return super().forward_of(attention, dense, **options)
+
     @classmethod
     def fits(cls, config) -> bool:
         return not config.encoder and config.embedding is not None
