@@ -560,14 +560,15 @@ _QWEN3_NAMES = {
 }
 
 
-def test_a_last_token_embedder_equals_transformers(tmp_path):
+@pytest.mark.parametrize("pooling", [3, 1], ids=["last", "mean"])
+def test_a_decoder_embedder_equals_transformers(tmp_path, pooling):
     """llama.cpp writes Qwen3-Embedding with `qwen3.pooling_type` LAST: each sequence's vector
-    is the final hidden state at its last token, normalised."""
+    is the final hidden state at its last token, normalised; MEAN: the mean of every token's."""
     import torch
     import transformers
 
     spec = TinySpec("qwen3", tied=True, head_dim=32, key_length=32, rope_theta=1e6)
-    meta = {"qwen3.pooling_type": ("add_uint32", 3)}
+    meta = {"qwen3.pooling_type": ("add_uint32", pooling)}
     originals, _ = _write_model(tmp_path / "embed.gguf", spec, Q.F32, extra_meta=meta)
     model = load_model(str(tmp_path / "embed.gguf"), dtype="float32")
     assert model.task.name == "embedder" and model.task.dimensions == spec.hidden
@@ -594,13 +595,14 @@ def test_a_last_token_embedder_equals_transformers(tmp_path):
         state[ours if layer is None else f"layers.{layer}.{ours}"] = torch.from_numpy(weight)
     reference.load_state_dict(state, strict=True)
     with torch.no_grad():
-        last = [reference(torch.tensor([s])).last_hidden_state[0, -1] for s in seqs]
-    want = torch.nn.functional.normalize(torch.stack(last), dim=-1).numpy()
+        states = [reference(torch.tensor([s])).last_hidden_state[0] for s in seqs]
+    pooled = [h[-1] if pooling == 3 else h.mean(0) for h in states]
+    want = torch.nn.functional.normalize(torch.stack(pooled), dim=-1).numpy()
     assert np.abs(got - want).max() < 1e-5
 
 
-def test_a_decoder_with_mean_pooling_is_refused(tmp_path):
-    meta = {"qwen3.pooling_type": ("add_uint32", 1)}
-    _write_model(tmp_path / "mean.gguf", SPECS["qwen3"], Q.F32, extra_meta=meta)
-    with pytest.raises(CheckpointError, match=r"unsupported pooling type 1 \(qwen3.pooling_type\)"):
-        load_gguf(tmp_path / "mean.gguf")
+def test_a_decoder_with_cls_pooling_is_refused(tmp_path):
+    meta = {"qwen3.pooling_type": ("add_uint32", 2)}
+    _write_model(tmp_path / "cls.gguf", SPECS["qwen3"], Q.F32, extra_meta=meta)
+    with pytest.raises(CheckpointError, match=r"unsupported pooling type 2 \(qwen3.pooling_type\)"):
+        load_gguf(tmp_path / "cls.gguf")

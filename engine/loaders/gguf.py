@@ -117,17 +117,17 @@ def _config(reader: GGUFFile, tensors: dict[str, GGUFTensor], source: str) -> Mo
 
 def _embedding(reader: GGUFFile, arch: str, source: str) -> Pooling | None:
     """A decoder embedder's pooling (`{arch}.pooling_type` LAST, as llama.cpp writes
-    Qwen3-Embedding), its vectors normalised as llama.cpp's embeddings are by default; None for a
-    language model or a reranker (no pooling type, or RANK)."""
+    Qwen3-Embedding, or MEAN), its vectors normalised as llama.cpp's embeddings are by default;
+    None for a language model or a reranker (no pooling type, or RANK)."""
     pooling = metadata_value(reader, f"{arch}.pooling_type", source, None)
     if pooling is None or pooling == _RANK:
         return None
-    if pooling != _LAST:
+    if pooling not in _DECODER_MODES:
         raise CheckpointError(
             f"{source}: unsupported pooling type {pooling} ({arch}.pooling_type) for a decoder: "
-            "LAST (3) embedders and RANK (4) rerankers are supported"
+            "MEAN (1) and LAST (3) embedders and RANK (4) rerankers are supported"
         )
-    return Pooling(mode="last", normalize=True)
+    return Pooling(mode=_DECODER_MODES[pooling], normalize=True)
 
 
 def _num_labels(tensors: dict[str, GGUFTensor]) -> int:
@@ -188,7 +188,8 @@ def _rope_scaling(
 # --- tensors -------------------------------------------------------------------------------------
 
 CLS_HEAD = "cls.output.weight"  # a reranker's classification head (llama.cpp's converter)
-_LAST, _RANK = 3, 4  # gguf.PoolingType: a last-token embedder's, a reranker's
+_RANK = 4  # gguf.PoolingType: a reranker's
+_DECODER_MODES = {1: "mean", 3: "last"}  # an embedder's gguf.PoolingType -> `Pooling.mode`
 
 
 @dataclass(frozen=True)
