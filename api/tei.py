@@ -11,15 +11,18 @@ from api.service import Service
 from api.settings import model_path
 
 RERANKER = {"reranker": {"id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}}
+POOLING = {"last": "last_token"}  # TEI's names for the pooling modes it names differently
 
 
 class TeiInfo(msgspec.Struct, kw_only=True):
-    """TEI's `/info`, for a reranker: every field of TEI's, null where nothing here matches."""
+    """TEI's `/info`: every field of TEI's, null where nothing here matches."""
 
     model_id: str  # the checkpoint
     model_dtype: str
     served_model_name: str
-    model_type: dict  # {"reranker": {"id2label", "label2id"}}: one relevance score per text
+    # {"reranker": {"id2label", "label2id"}}: one relevance score per text; an embedder's
+    # {"embedding": {"pooling"}}
+    model_type: dict
     max_concurrent_requests: int  # requests in flight before a 429
     max_input_length: int  # the longest query + document prompt, in tokens
     max_batch_tokens: int  # the token budget of one packed batch
@@ -46,7 +49,7 @@ async def info(service: Service, request: Request, version: str) -> Response:
         model_id=model_path(config.model) or service.model_name,
         model_dtype=engine.info().dtype,
         served_model_name=service.model_name,
-        model_type=RERANKER,
+        model_type=_model_type(engine),
         max_concurrent_requests=config.max_queued_requests,
         max_input_length=engine.max_sequence_tokens,
         max_batch_tokens=config.token_budget,
@@ -56,6 +59,13 @@ async def info(service: Service, request: Request, version: str) -> Response:
         version=version,
     )
     return Response(encode(body), media_type="application/json")
+
+
+def _model_type(engine) -> dict:
+    pooling = engine.model_config.embedding
+    if pooling is None:
+        return RERANKER
+    return {"embedding": {"pooling": POOLING.get(pooling.mode, pooling.mode)}}
 
 
 async def ping(service: Service, request: Request) -> Response:

@@ -61,6 +61,7 @@ def test_floats_and_base64_equal_the_engine(client, minilm):
 def test_the_model_card_names_the_embedding_route(client):
     info = client.get("/get_model_info").json()
     assert (info["head"], info["architecture"]) == ("embedding", "encoder")
+    assert client.get("/info").json()["model_type"] == {"embedding": {"pooling": "mean"}}  # TEI's
     routes = ["/v1/embeddings", "/v2/embed", "/embed", "/similarity", "/pooling"]
     assert info["endpoints"] == routes
     assert client.get("/v1/models").json()["data"][0]["endpoints"] == routes
