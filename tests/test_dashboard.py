@@ -5,6 +5,7 @@ against what `/metrics` says under a bounded load, the charts, a screenshot."""
 
 import concurrent.futures
 import shutil
+import threading
 
 import anyio
 import httpx2
@@ -127,17 +128,23 @@ def test_the_key_form_opens_the_dashboard_and_a_reload_keeps_it(page, server):
 def test_figures_equal_metrics_under_load_and_charts_draw(page, server, tmp_path):
     open_dashboard(page, server)
     before = metrics(server)
+    seen = threading.Event()  # the load goes on until the page has shown a rate
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        load = pool.submit(anyio.run, score_load, f"{server.url}{PREFIX}")
-        # live: rates from the polls that saw the load
-        page.wait_for_function("() => document.getElementById('items-rate').dataset.value > 0")
-        assert load.result() == [200] * LOAD
+        load = pool.submit(anyio.run, score_load, f"{server.url}{PREFIX}", seen)
+        try:
+            # live: rates from the polls that saw the load
+            page.wait_for_function("() => document.getElementById('items-rate').dataset.value > 0")
+        finally:
+            seen.set()
+        statuses = load.result()
+    sent = len(statuses)
+    assert statuses == [200] * sent and sent >= LOAD
     # a request is counted once its answer has gone out: wait for the last one's count
-    done = figures(before)["requests-total"] + LOAD
+    done = figures(before)["requests-total"] + sent
     assert wait_until(lambda: figures(metrics(server))["requests-total"] == done)
     after = metrics(server)
     want = figures(after)
-    assert want["items-total"] == figures(before)["items-total"] + LOAD * ITEMS
+    assert want["items-total"] == figures(before)["items-total"] + sent * ITEMS
     assert want["queue-depth"] == want["in-flight"] == want["errors-total"] == 0
     assert want["hit-total"] > 0 and want["padding-total"] > 0
     # the load is over: the counters stand still, and the page shows them once it polls again
@@ -163,9 +170,10 @@ def test_figures_equal_metrics_under_load_and_charts_draw(page, server, tmp_path
     assert flat(got) == pytest.approx(window(before, after, 2.0), rel=1e-12)
 
 
-async def score_load(url: str) -> list[int]:
+async def score_load(url: str, seen: threading.Event) -> list[int]:
     """LOAD small `/v1/score` requests, CONCURRENCY at a time, on one long query (its prefix
-    is read from the KV cache after the first): their statuses."""
+    is read from the KV cache after the first), and then more of them until `seen` is set:
+    their statuses."""
     rng = np.random.default_rng(18)
     query = ids(rng, 64)
     bodies = [
@@ -178,6 +186,9 @@ async def score_load(url: str) -> list[int]:
         async def send(share: list[dict]) -> None:
             for body in share:
                 statuses.append((await client.post("/v1/score", json=body)).status_code)
+            with anyio.fail_after(WAIT_MS / 1000):
+                while not seen.is_set():
+                    statuses.append((await client.post("/v1/score", json=share[0])).status_code)
 
         async with anyio.create_task_group() as tasks:
             for i in range(CONCURRENCY):
