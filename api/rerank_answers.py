@@ -34,7 +34,7 @@ ECHO_BY_DEFAULT = {
 
 
 def shape_of(path: str, req: RerankRequest, sglang_v1: bool) -> Shape:
-    """The answer's shape for a request at `path` (README: "Clients")."""
+    """The answer's shape for a request at `path` (docs/clients.md)."""
     if path == "/v1/reranking":
         return "mixedbread"
     if req.texts is not None and path in ("/rerank", "/invocations"):

@@ -75,7 +75,7 @@ DocumentIn = str | dict[str, str | int | float | bool | None]
 
 class RerankRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """One rerank body for every client: Cohere (v1, v2), Jina, vLLM, SGLang, Voyage, TEI and
-    Mixedbread spell it differently, and each spelling is read (the README's client table says
+    Mixedbread spell it differently, and each spelling is read (docs/clients.md's table says
     what each field does). Give the documents as `documents`, `texts` or `input`: one of them.
     """
 
@@ -86,7 +86,7 @@ class RerankRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     top_n: NonNegativeInt | None = None  # None or 0: every document
     top_k: NonNegativeInt | UnsetType | None = UNSET  # Voyage, Mixedbread: as top_n
     rank_fields: list[str] | None = None  # the object fields ranked, as "field: value" lines
-    return_documents: bool | None = None  # None: the answer's own default (README)
+    return_documents: bool | None = None  # None: the answer's own default (docs/clients.md)
     return_text: bool | None = None  # TEI
     return_input: bool | None = None  # Mixedbread
     instruction: str | None = None  # None: the template's default instruction
@@ -97,7 +97,7 @@ class RerankRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     truncation_direction: Literal["Left", "Right", "left", "right"] = "Right"  # TEI
     raw_scores: bool = False  # TEI: the yes/no logit instead of its sigmoid
     use_activation: bool | None = None  # vLLM: false gives raw scores
-    truncate_prompt_tokens: Annotated[int, msgspec.Meta(ge=-1)] | None = None  # vLLM (README)
+    truncate_prompt_tokens: Annotated[int, msgspec.Meta(ge=-1)] | None = None  # vLLM (docs/http.md)
     max_chunks_per_doc: PositiveInt | None = None  # Cohere v1: accepted; never chunked here
     priority: int | None = None  # Cohere v2, vLLM: accepted; requests run in arrival order
     rewrite_query: bool | None = None  # Mixedbread: accepted; the query is used as given

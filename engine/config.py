@@ -20,7 +20,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
     model: str | None = None  # a .gguf file or HF directory; None is the default model
     # weight dtype: "bfloat16" or "float32"; or "int8": bf16 with the layer matrices quantised
-    # to int8 at load and multiplied in int8 (README "int8 compute")
+    # to int8 at load and multiplied in int8 (docs/int8.md)
     dtype: str = "bfloat16"
     # "reference" | "xla" | "cpu" | "pallas"; None picks by backend (cpu on CPU, pallas on TPU/GPU)
     attention: str | None = None

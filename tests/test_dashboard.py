@@ -200,7 +200,7 @@ def metrics(server) -> str:
     return httpx2.get(f"{server.url}{PREFIX}/metrics", headers=AUTH, timeout=60).text
 
 
-# -- the figures from /metrics, as the README defines them (the oracle of the page's) ---------
+# -- the figures from /metrics, as docs/dashboard.md defines them (the page's oracle) ---------
 
 
 def counts(text: str) -> dict:

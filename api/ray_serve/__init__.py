@@ -3,7 +3,7 @@ health checks, graceful drain and queue-depth autoscaling (`pip install ".[ray]"
 
     serve run api.ray_serve:build_app replicas=2
 
-See `api.ray_serve.deployment` for the options and the README ("Scale-out on Ray Serve").
+See `api.ray_serve.deployment` for the options and docs/ray-serve.md.
 """
 
 from api.ray_serve.deployment import RayOptions, build_app
