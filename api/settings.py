@@ -24,13 +24,15 @@ log = logging.getLogger("api")
 class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """What the HTTP layer adds to the engine's configuration."""
 
-    model_name: str | None = None  # served name; None: the model file or directory name
-    api_key: str | None = None  # when set, every route but /health needs `Bearer <api_key>`
-    max_body_bytes: int = 16 * 2**20
+    model_name: str | None = None  # served name (`model` fields, /v1/models); None: the file's stem
+    # when set, every route but /health and /ping needs `Authorization: Bearer <api_key>`
+    api_key: str | None = None
+    max_body_bytes: int = 16 * 2**20  # a larger request body is answered 413
+    # where /start_profile writes JAX profiler traces (its `output_dir`: a subdirectory)
     profile_dir: str = str(Path(tempfile.gettempdir()) / "llm-scoring-engine-profile")
     retry_after_s: int = 1  # the Retry-After of a 503
-    cors_origins: tuple[str, ...] = ()  # empty: no CORS headers at all
-    log_level: str = "INFO"
+    cors_origins: tuple[str, ...] = ()  # origins allowed to call from a browser; empty: CORS off
+    log_level: str = "INFO"  # the `api` logger's level
     # the answer of /v1/rerank: Cohere's object (Jina's, vLLM's), or SGLang's bare list
     rerank_format: Literal["cohere", "sglang"] = "cohere"
 

@@ -28,32 +28,44 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # under dtype "int8": "int8" (the native VNNI kernel) | "int8-xla"; None: each weight shape
     # by the fastest of those that run, measured on this CPU once (kept in compile_cache_dir)
     dense: str | None = None
-    token_budget: int = DEFAULT_TOKEN_BUDGET  # most real tokens in one packed batch
+    # most real tokens in one packed batch; lower it to bound a batch's latency under load
+    token_budget: int = DEFAULT_TOKEN_BUDGET
     block_size: int = DEFAULT_BLOCK_SIZE  # attention block (tokens); buckets are multiples of it
     # padded batch sizes in tokens, ascending multiples of block_size; None: powers of two from
-    # 2 * block_size to 1024, then four per octave, up to the model's context (buckets <=
-    # token_budget are compiled at start)
+    # 2 * block_size to 1024, then four per octave (1024, 1280, 1536, 1792, 2048, 2560, ...) up to
+    # the larger of token_budget and the model's context. Buckets up to token_budget are compiled
+    # at start; the longest sequence accepted is the smaller of the context and the largest bucket
     token_buckets: tuple[int, ...] | None = None
     row_divisors: tuple[int, ...] = DEFAULT_ROW_DIVISORS  # score-row buckets of T tokens: T // d
     label_widths: tuple[int, ...] = DEFAULT_LABEL_WIDTHS  # padded label counts; last: the limit
-    # after answering requests, how long an idle device waits for as many to queue again (the
-    # same clients coming back) before batching what is there
+    # after answering N requests, how long an idle device waits for N to queue again (the same
+    # clients coming back) before batching what is there; a lone request never waits, 0 batches
+    # at once
     batch_linger_ms: float = 50.0
     max_queued_requests: int = 1024  # in-flight requests before score() fails as overloaded
     max_queued_tokens: int = 2_000_000  # tokenised tokens waiting before requests are refused
-    max_items_per_request: int = 4096
+    max_items_per_request: int = 4096  # items (or documents, texts) in one request; more: refused
     tokenizer_cache_size: int = 65536  # texts whose token ids are kept (LRU)
-    # KV pool size in bytes (prefix reuse across requests); None: an eighth of the device's memory
-    # (the host's on CPU; runners sharing it share that), at most what 262144 tokens need; 0: no
-    # pool. Refused at start when it does not fit in the memory free beside the weights
+    # KV pool size in bytes (prefix reuse across requests, docs/kv-cache.md); None: an eighth of
+    # the device's memory (the host's on CPU; runners sharing it share that), at most what 262144
+    # tokens need; 0: no pool (no prefix reuse, no chunked prefill). Refused at start, naming this
+    # field, when it does not fit in 90% of the memory free beside the weights
     kv_cache_bytes: int | None = None
-    kv_page_size: int = DEFAULT_PAGE_SIZE  # tokens per pool page; must divide block_size
-    prefix_cache: bool = True  # reuse cached prefixes across requests and batches
+    # tokens per pool page (prefixes are cached in whole pages); must divide block_size
+    kv_page_size: int = DEFAULT_PAGE_SIZE
+    # reuse cached prefixes across requests and batches, and chunk work longer than a batch;
+    # False computes every request from scratch
+    prefix_cache: bool = True
+    # compiled programs and dense-path measurements kept between starts (None: not kept);
+    # by default ~/.cache/llm-scoring-engine/jax
     compile_cache_dir: str | None = msgspec.field(default_factory=default_compile_cache_dir)
-    precompile: bool = True  # compile the bucket grid at start, before serving
+    # compile the (T, S, L) grid before serving: each token bucket up to token_budget with each of
+    # its row buckets; the compile cache makes a restart load them instead
+    precompile: bool = True
     progress: bool = True  # progress bars while loading and compiling
-    # the rerank recipe: "qwen3-reranker" | "mxbai-rerank-v2" | "chatml" | "plain"; None
-    # detects it from the checkpoint (engine.templates.template_for)
+    # the rerank recipe: "qwen3-reranker" | "mxbai-rerank-v2" | "bge-reranker-v2-gemma" |
+    # "chatml" | "plain"; None detects it from the checkpoint (engine.templates.template_for); a
+    # cross-encoder takes none (naming one is an error)
     reranker: str | None = None
     # device runners, each with its own weights, programs and KV pool; None: as many as the
     # local devices make in groups of tensor_parallel

@@ -5,6 +5,7 @@ navigation fails here; and every example in them run as a reader would run it.""
 import contextlib
 import os
 import re
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,17 @@ README_LINES = 150
 def test_the_readme_is_short():
     lines = (ROOT / "README.md").read_text().splitlines()
     assert len(lines) <= README_LINES, len(lines)
+
+
+REFERENCES = [("configuration", "page"), ("http-reference", "http_page")]  # page, generator
+
+
+@pytest.mark.parametrize(("page", "generate"), REFERENCES)
+def test_the_references_are_generated(page, generate):
+    reference = runpy.run_path(str(ROOT / "docs" / "_hooks" / "reference.py"))
+    assert (ROOT / "docs" / f"{page}.md").read_text() == reference[generate](), (
+        f"docs/{page}.md is out of date: python docs/_hooks/reference.py"
+    )
 
 
 def test_the_site_builds_strictly(tmp_path):
