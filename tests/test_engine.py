@@ -1,5 +1,7 @@
 """The Engine end to end on a tiny model: concurrency, cancellation, overload, faults, shutdown."""
 
+import threading
+
 import numpy as np
 import pytest
 import trio
@@ -156,6 +158,11 @@ def test_token_bound_rejects_with_overload(tiny_path):
         async with open_engine(config(tiny_path, max_queued_tokens=100)) as engine:
             with pytest.raises(InputTooLarge, match="items: 120 tokens exceed the queue limit"):
                 await engine.score([1] * 60, [[2] * 60], [7])
+            held, release = threading.Event(), threading.Event()
+
+            def hold(inputs):  # the device runs nothing until the burst has been answered
+                held.set()
+                release.wait(120)
 
             async def one():
                 try:
@@ -164,15 +171,27 @@ def test_token_bound_rejects_with_overload(tiny_path):
                 except EngineOverloaded as e:
                     outcomes.append(str(e))
 
-            async with trio.open_nursery() as nursery:
-                for _ in range(10):
-                    nursery.start_soon(one)
+            faulty = inject_faults(engine, hold)
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(engine.score, [9] * 10, [[8] * 10], [7])  # on the device
+                    await trio.to_thread.run_sync(held.wait, 120)
+                    for _ in range(10):
+                        nursery.start_soon(one)
+                    with trio.fail_after(120):  # those that did not fit are answered at once
+                        while len(outcomes) < 7:
+                            await trio.sleep(0.01)
+                    release.set()
+            finally:
+                release.set()
+                engine.runner.program = faulty.program
             assert len((await engine.score([1] * 10, [[2] * 10], [7])).scores) == 1
             _tables_empty(engine)
 
     run(main)
-    assert outcomes.count("ok") >= 3  # a burst of 300 tokens against a bound of 100
-    assert sum(o.startswith("queue full:") for o in outcomes) >= 5
+    # a burst of ten 30-token requests behind a busy device, against a bound of 100 tokens
+    assert outcomes.count("ok") == 3
+    assert sum(o.startswith("queue full:") for o in outcomes) == 7
 
 
 def test_a_failing_batch_fails_only_its_requests(tiny_path):
