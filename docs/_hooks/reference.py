@@ -26,15 +26,14 @@ start with an error naming the variable.
 
 
 def fields(cls) -> list[tuple[str, str, str, str]]:
-    """(name, type, default, comment) of each field of the Struct `cls`, from its source."""
-    lines, _ = inspect.getsourcelines(cls)
-    source = "".join(lines)
-    tree = ast.parse(inspect.cleandoc("\n" + source) if source[0].isspace() else source)
+    """(name, type, default, comment) of each field of the module-level Struct `cls`, from its
+    source."""
+    source = inspect.getsource(cls)
+    text = source.splitlines()
     out = []
-    for node in tree.body[0].body:
+    for node in ast.parse(source).body[0].body:
         if not isinstance(node, ast.AnnAssign):
             continue
-        text = source.splitlines()
         comment = _above(text, node.lineno - 1) + _beside(text, node.lineno - 1)
         kind = ast.get_source_segment(source, node.annotation)
         default = _default(cls, node.target.id, ast.get_source_segment(source, node.value))
