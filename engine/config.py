@@ -22,7 +22,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # weight dtype: "bfloat16" or "float32"; or "int8": bf16 with the layer matrices quantised
     # to int8 at load and multiplied in int8 (docs/int8.md)
     dtype: str = "bfloat16"
-    # "reference" | "xla" | "cpu" | "pallas"; None picks by backend (cpu on CPU, pallas on TPU/GPU)
+    # "reference" | "xla" | "cpu" | "pallas" | "mosaic" (Hopper+, bf16); None picks by backend
+    # (cpu on CPU, pallas on TPU/GPU)
     attention: str | None = None
     # layer matmuls: "xla" | "cpu" (bf16 weights packed once for the native AVX512-BF16 kernel);
     # under dtype "int8": "int8" (the native VNNI kernel) | "int8-xla"; None: each weight shape

@@ -1,6 +1,7 @@
 """The device program lowered for TPU or GPU on any host (`jax.export`): the forward of one
-packed batch with the Pallas attention in its compiled form, so that a program the accelerator
-could not be given fails here, on the CPU, rather than on the device."""
+packed batch with the Pallas attention in its compiled form (TPU's, Triton's on "gpu", or the
+Mosaic GPU form on "mosaic_gpu"), so that a program the accelerator could not be given fails
+here, on the CPU, rather than on the device."""
 
 import functools
 
@@ -10,10 +11,16 @@ from jax import export
 from engine.packing import empty_batch
 from engine.program import DeviceProgram
 from kernels.dense import XLA
+from kernels.mosaic_gpu import attention_mosaic_gpu
 from kernels.pallas import attention_pallas
 
-TARGETS = {"tpu": "tpu", "gpu": "cuda"}  # our platform names -> jax.export's
-KERNEL_CALLS = {"tpu": "tpu_custom_call", "gpu": "__gpu$xla.gpu.triton"}  # the kernel's launch
+# our platform names -> jax.export's, and the custom call that launches the kernel
+TARGETS = {"tpu": "tpu", "gpu": "cuda", "mosaic_gpu": "cuda"}
+KERNEL_CALLS = {
+    "tpu": "tpu_custom_call",
+    "gpu": "__gpu$xla.gpu.triton",
+    "mosaic_gpu": "mosaic_gpu_v2",
+}
 # JAX promises no serialisation compatibility for Triton calls: lowering is what is checked
 _UNCHECKED = {"gpu": [export.DisabledSafetyCheck.custom_call(KERNEL_CALLS["gpu"])]}
 
@@ -27,8 +34,8 @@ def export_program(
     context: int = 0,
 ) -> export.Exported:
     """`program`'s forward of a batch of shape (T, S, L) that reads `context` keys from the KV
-    pool, lowered for `platform` ("tpu" or "gpu") with the Pallas kernel compiled at that
-    platform's tuned tiles. Only shapes and dtypes are used, not the weights' values. The
+    pool, lowered for `platform` ("tpu", "gpu" or "mosaic_gpu") with the Pallas kernel compiled
+    at that platform's tuned tiles. Only shapes and dtypes are used, not the weights' values. The
     program must take the XLA dense path (the native kernel is the CPU's) and, for a context,
     have a pool. Raises ValueError otherwise; a lowering error propagates."""
     if platform not in TARGETS:
@@ -37,7 +44,11 @@ def export_program(
         raise ValueError(f"export needs the 'xla' dense path, not {program.dense.name!r}")
     if context and program.kv.arrays is None:
         raise ValueError("a context region needs a KV pool (kv_cache_bytes > 0)")
-    attention = functools.partial(attention_pallas, platform=platform)
+    attention = (
+        attention_mosaic_gpu
+        if platform == "mosaic_gpu"
+        else functools.partial(attention_pallas, platform=platform)
+    )
     forward = program.forward_of(attention)
     window = program.config.window
     batch = empty_batch(*shape, block_size, window, context=context, page_size=program.kv.page_size)

@@ -6,20 +6,23 @@ from collections.abc import Callable
 import jax.numpy as jnp
 import numpy as np
 
-from kernels import cpu, dense_choice, onednn, pallas
+from kernels import cpu, dense_choice, mosaic_gpu, onednn, pallas
 from kernels.cpu import attention_cpu
 from kernels.dense import STRATEGIES, Dense
 from kernels.metadata import AttentionMeta
+from kernels.mosaic_gpu import attention_mosaic_gpu, attention_mosaic_gpu_auto
 from kernels.pallas import attention_pallas, attention_pallas_auto
 from kernels.reference import attention_reference
 from kernels.schedule import build_block_schedule, local_spans, make_meta, window_spans
 from kernels.xla import attention_xla
 
-# "pallas" compiles on TPU and GPU and runs in the (slow) Pallas interpreter elsewhere.
+# "pallas" compiles on TPU and GPU (Triton) and runs in the (slow) Pallas interpreter elsewhere;
+# "mosaic" is the Mosaic GPU form for Hopper and newer (bf16), GPU-interpreted off a GPU.
 ATTENTION: dict[str, Callable] = {
     "reference": attention_reference,
     "xla": attention_xla,
     "pallas": attention_pallas_auto,
+    "mosaic": attention_mosaic_gpu_auto,
 }
 if cpu.AVAILABLE:
     ATTENTION["cpu"] = attention_cpu
@@ -34,8 +37,10 @@ def select_attention(
     native kernel when it was built and supports `head_dim` and `dtype`; on "tpu" and "gpu" it
     is the Pallas kernel when it supports them (None counts as supported); everywhere else, and
     as the fallback, it is "xla", which runs anywhere. The native CPU kernel has no score
-    soft-capping: with `softcap` the default is never "cpu". Raises ValueError for an unknown
-    name, listing the known ones, or for "cpu" with `softcap`.
+    soft-capping: with `softcap` the default is never "cpu". "mosaic" (the Mosaic GPU form,
+    `kernels.mosaic_gpu`) is never a default yet. Raises ValueError for an unknown name, listing
+    the known ones, for "cpu" with `softcap`, or for "mosaic" with a dtype or head dim it does
+    not run (`mosaic_gpu.supports`).
     """
     if name is None:
         name = _default_name(backend, head_dim, dtype, softcap)
@@ -43,6 +48,11 @@ def select_attention(
         raise ValueError(f"unknown attention {name!r}; known: {sorted(ATTENTION)}")
     if name == "cpu" and softcap:
         raise ValueError("attention 'cpu' has no score soft-capping, which this model uses")
+    if name == "mosaic" and not mosaic_gpu.supports(head_dim, dtype):
+        raise ValueError(
+            "attention 'mosaic' runs bfloat16 with a head dim that is a multiple of 64, not "
+            f"{np.dtype(dtype) if dtype is not None else None} with head dim {head_dim}"
+        )
     return ATTENTION[name]
 
 
@@ -129,6 +139,8 @@ __all__ = [
     "AttentionMeta",
     "Dense",
     "attention_cpu",
+    "attention_mosaic_gpu",
+    "attention_mosaic_gpu_auto",
     "attention_pallas",
     "attention_pallas_auto",
     "attention_reference",

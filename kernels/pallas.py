@@ -11,9 +11,12 @@ reach it:
   and skip the compute. The softmax state lives in VMEM scratch along the step axis. The G query
   heads of a kv head are folded into the tile's rows, so one K/V tile feeds G * block_q MXU rows
   and K/V are read once per kv head.
-- GPU (`_gpu_kernel`): Triton has no scalar prefetch and no scratch carried across grid steps, so
-  the grid is (query head, query tile) and the body loops over the scheduled key tiles, loading
-  each from the kv head `h // G` of the unrepeated K/V.
+- GPU (`_gpu_kernel`, the Triton form): Triton has no scalar prefetch and no scratch carried
+  across grid steps, so the grid is (query head, query tile) and the body loops over the
+  scheduled key tiles, loading each from the kv head `h // G` of the unrepeated K/V.
+
+Hopper and newer GPUs also have the Mosaic GPU form (`kernels.mosaic_gpu`, bfloat16), built on
+the tiles, schedule walk and checks shared from here (`Tiles`, `key_tile`, `check_inputs`).
 
 `interpret=True` runs either form with the Pallas interpreter, which is how the CPU tests run it.
 `interpret=pltpu.InterpretParams(...)` runs the TPU form in Pallas' TPU interpret mode instead: it
@@ -43,10 +46,10 @@ DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 
 # Finite, so a row with no visible key so far keeps a finite max and rescales by exp(0) instead
 # of computing inf - inf = NaN; its masked probabilities are zeroed explicitly.
-_MASKED = -1e30
+MASKED = -1e30
 
 
-class _Tiles(NamedTuple):
+class Tiles(NamedTuple):
     """Static tiling of one call: tiles, and how they divide the schedule's blocks of B."""
 
     block_q: int
@@ -98,12 +101,12 @@ def attention_pallas(
         raise ValueError(f"platform must be one of {PLATFORMS}, got {platform!r}")
     if isinstance(interpret, pltpu.InterpretParams) and platform != "tpu":
         raise ValueError(f"TPU interpret mode runs the TPU form, not platform {platform!r}")
-    _check_inputs(q, k, v, meta)
+    check_inputs(q, k, v, meta)
     # The plain interpreter's cost is per step, so it takes the "cpu" entry: the largest tiles.
     sizes = block_sizes or tuning.lookup(
         q.shape[-1], q.dtype, "cpu" if interpret is True else platform
     )
-    tiles = _tiles(sizes, meta.block_kv.shape, meta.block_size, tuned=block_sizes is None)
+    tiles = tiles_of(sizes, meta.block_kv.shape, meta.block_size, tuned=block_sizes is None)
     _check_lowering(q.shape[-1], tiles, platform, interpret)
     if platform == "tpu":
         return _run_tpu(
@@ -159,7 +162,7 @@ def _visible(
 
 def _empty_state(rows: int, head_dim: int) -> _Softmax:
     return _Softmax(
-        jnp.full((rows, 1), _MASKED, jnp.float32),
+        jnp.full((rows, 1), MASKED, jnp.float32),
         jnp.zeros((rows, 1), jnp.float32),
         jnp.zeros((rows, head_dim), jnp.float32),
     )
@@ -181,7 +184,7 @@ def _fold_tile(
         q, k, (((1,), (1,)), ((), ())), precision=precision, preferred_element_type=jnp.float32
     )  # f32[R, Bk]
     scores = soft_cap(scores * scale, softcap)
-    scores = jnp.where(visible, scores, _MASKED)
+    scores = jnp.where(visible, scores, MASKED)
     new_max = jnp.maximum(state.running_max, scores.max(axis=1, keepdims=True))
     # Zeroed where masked: a row with nothing visible yet must not count exp(0) per masked key.
     probs = jnp.where(visible, jnp.exp(scores - new_max), 0.0)
@@ -199,12 +202,12 @@ def _finish(state: _Softmax) -> jax.Array:  # f32[R, D]
     return state.acc / jnp.maximum(state.total, jnp.finfo(jnp.float32).tiny)
 
 
-def _key_tile(
+def key_tile(
     block_kv_ref,  # i32[n * K], the schedule flattened row-major
     count_ref,  # i32[n]
     q_tile: jax.Array,  # i32[]
     step: jax.Array,  # i32[]
-    tiles: _Tiles,
+    tiles: Tiles,
 ) -> jax.Array:  # i32[]: index of the key tile visited at `step`
     """Steps past the schedule's count stay on its last tile (no new copy on TPU)."""
     row = _div(q_tile, tiles.q_split)
@@ -244,7 +247,7 @@ def _tpu_kernel(
     *,
     scale: float,
     softcap: float = 0.0,
-    tiles: _Tiles,
+    tiles: Tiles,
 ):
     q_tile, step = pl.program_id(1), pl.program_id(2)
     state_refs = (max_ref, total_ref, acc_ref)
@@ -258,7 +261,7 @@ def _tpu_kernel(
 
     @pl.when(step < count_ref[row] * tiles.k_split)
     def _fold():
-        key_start = _key_tile(block_kv_ref, count_ref, q_tile, step, tiles) * tiles.block_k
+        key_start = key_tile(block_kv_ref, count_ref, q_tile, step, tiles) * tiles.block_k
         spans = tuple(ref[...] for ref in (prefix_start_ref, prefix_end_ref, own_start_ref))
         visible = _visible((*spans, own_end_ref[...]), key_start, tiles.block_k)
         state = _Softmax(*(ref[...] for ref in state_refs))
@@ -279,7 +282,7 @@ def _run_tpu(
     *,
     scale: float,
     softcap: float,
-    tiles: _Tiles,
+    tiles: Tiles,
     interpret: bool | pltpu.InterpretParams,
 ):
     t, num_heads, head_dim = q.shape
@@ -291,7 +294,7 @@ def _run_tpu(
     span_spec = pl.BlockSpec((rows, 1), lambda h, i, s, *_: (i, 0))
 
     def kv_index(h, i, s, block_kv_ref, count_ref):
-        return h, _key_tile(block_kv_ref, count_ref, i, s, tiles), 0
+        return h, key_tile(block_kv_ref, count_ref, i, s, tiles), 0
 
     kv_spec = pl.BlockSpec((None, tiles.block_k, head_dim), kv_index)
     grid_spec = pltpu.PrefetchScalarGridSpec(
@@ -316,7 +319,7 @@ def _run_tpu(
         meta.block_kv.reshape(-1),
         meta.block_count,
         q_rows,
-        *(_row_column(x, group, tiles.block_q) for x in _span_columns(meta)),
+        *(_row_column(x, group, tiles.block_q) for x in span_columns(meta)),
         k.transpose(1, 0, 2),  # [Hkv, C + T, D]
         v.transpose(1, 0, 2),  # [Hkv, C + T, D]
     )
@@ -371,7 +374,7 @@ def _gpu_kernel(
     *,
     scale: float,
     softcap: float = 0.0,
-    tiles: _Tiles,
+    tiles: Tiles,
 ):
     q_tile = pl.program_id(1)
     refs = (prefix_start_ref, prefix_end_ref, own_start_ref, own_end_ref)
@@ -379,7 +382,7 @@ def _gpu_kernel(
     q = q_ref[...]
 
     def fold(step, state: _Softmax) -> _Softmax:
-        key_start = _key_tile(block_kv_ref, count_ref, q_tile, step, tiles) * tiles.block_k
+        key_start = key_tile(block_kv_ref, count_ref, q_tile, step, tiles) * tiles.block_k
         keys = pl.ds(pl.multiple_of(key_start, tiles.block_k), tiles.block_k)
         visible = _visible(spans, key_start, tiles.block_k)
         return _fold_tile(state, q, k_ref[keys, :], v_ref[keys, :], visible, scale, softcap)
@@ -397,7 +400,7 @@ def _run_gpu(
     *,
     scale: float,
     softcap: float,
-    tiles: _Tiles,
+    tiles: Tiles,
     interpret: bool,
     sizes,
 ):
@@ -420,13 +423,13 @@ def _run_gpu(
         meta.block_kv.reshape(-1),
         meta.block_count,
         q,
-        *_span_columns(meta),
+        *span_columns(meta),
         k,
         v,
     )
 
 
-def _span_columns(meta: AttentionMeta) -> tuple[jax.Array, ...]:  # 4 x i32[T, 1]
+def span_columns(meta: AttentionMeta) -> tuple[jax.Array, ...]:  # 4 x i32[T, 1]
     t = meta.prefix_start.shape[0]
     return tuple(
         jnp.asarray(x, jnp.int32).reshape(t, 1)
@@ -441,7 +444,7 @@ def _default_platform() -> str:
     return "tpu" if devices.backend() == "tpu" else "gpu"
 
 
-def _check_inputs(q, k, v, meta: AttentionMeta) -> None:
+def check_inputs(q, k, v, meta: AttentionMeta) -> None:
     if q.ndim != 3 or k.ndim != 3 or k.shape != v.shape:
         raise ValueError(
             f"q must be [T, H, D] and k, v [C + T, Hkv, D], got {q.shape}, {k.shape}, {v.shape}"
@@ -465,9 +468,9 @@ def _check_inputs(q, k, v, meta: AttentionMeta) -> None:
         raise ValueError("attention metadata must be int32")
 
 
-def _tiles(
+def tiles_of(
     sizes: BlockSizes, schedule_shape: tuple[int, int], block: int, *, tuned: bool
-) -> _Tiles:
+) -> Tiles:
     if tuned:
         # Tuned tiles are powers of two; gcd keeps them dividing any schedule block.
         block_q, block_k = math.gcd(sizes.block_q, block), math.gcd(sizes.block_k, block)
@@ -478,11 +481,11 @@ def _tiles(
                 f"block sizes {sizes.block_q}/{sizes.block_k} must divide the schedule "
                 f"block {block}"
             )
-    return _Tiles(block_q, block_k, block // block_q, block // block_k, schedule_shape[1])
+    return Tiles(block_q, block_k, block // block_q, block // block_k, schedule_shape[1])
 
 
 def _check_lowering(
-    head_dim: int, tiles: _Tiles, platform: str, interpret: bool | pltpu.InterpretParams
+    head_dim: int, tiles: Tiles, platform: str, interpret: bool | pltpu.InterpretParams
 ) -> None:
     if interpret is True:
         return

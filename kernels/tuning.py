@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-BACKENDS = ("tpu", "gpu", "cpu")
+BACKENDS = ("tpu", "gpu", "mosaic_gpu", "cpu")
 
 
 class BlockSizes(NamedTuple):
@@ -39,18 +39,23 @@ TUNED: dict[tuple[int, str, str], BlockSizes] = {
     (64, "float32", "gpu"): BlockSizes(64, 64, num_warps=4, num_stages=2),
     (128, "bfloat16", "gpu"): BlockSizes(64, 64, num_warps=4, num_stages=3),
     (128, "float32", "gpu"): BlockSizes(64, 32, num_warps=4, num_stages=2),
+    # the Mosaic GPU form (kernels.mosaic_gpu): 64-row query tiles, one warpgroup's wgmma
+    (64, "bfloat16", "mosaic_gpu"): BlockSizes(64, 128),
+    (128, "bfloat16", "mosaic_gpu"): BlockSizes(64, 64),
 }
 
 # For shapes the table does not list.
 DEFAULT: dict[str, BlockSizes] = {
     "tpu": BlockSizes(128, 128),
     "gpu": BlockSizes(64, 64, num_warps=4, num_stages=2),
+    "mosaic_gpu": BlockSizes(64, 64),
     "cpu": BlockSizes(1024, 1024),
 }
 
 
 def lookup(head_dim: int, dtype, backend: str) -> BlockSizes:
-    """The tuned tiles for this head dim, dtype and backend ("tpu", "gpu" or "cpu").
+    """The tuned tiles for this head dim, dtype and backend ("tpu", "gpu" (Triton),
+    "mosaic_gpu" or "cpu").
 
     Falls back to the backend's default for shapes not in `TUNED`; raises ValueError for an
     unknown backend.

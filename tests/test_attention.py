@@ -298,7 +298,8 @@ def test_select_attention() -> None:
     assert select_attention(None, "other") is attention_xla
     assert select_attention("reference", "gpu") is attention_reference
     assert select_attention("xla", "tpu") is attention_xla
-    assert {"reference", "xla", "pallas"} <= set(ATTENTION) <= {"reference", "xla", "pallas", "cpu"}
+    assert {"reference", "xla", "pallas", "mosaic"} <= set(ATTENTION)
+    assert set(ATTENTION) <= {"reference", "xla", "pallas", "mosaic", "cpu"}
     with pytest.raises(ValueError, match=r"unknown attention 'flash'; known: \[.*'xla'\]"):
         select_attention("flash", "cpu")
 

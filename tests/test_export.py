@@ -1,7 +1,8 @@
-"""The Pallas kernel and the whole scoring program lowered for TPU (Mosaic) and GPU (Triton) on a
-machine that has neither: `jax.export` of the compiled form, at the tiles `kernels.tuning` gives
-each platform, for head dims 64/128, f32/bf16 and GQA groups 1/3/8, with paged context, sliding
-windows and soft-capped scores. A lowering error on either platform fails here."""
+"""The Pallas kernel and the whole scoring program lowered for TPU (Mosaic), GPU (Triton) and
+Hopper GPUs (Mosaic GPU, bf16 only) on a machine that has none: `jax.export` of the compiled
+form, at the tiles `kernels.tuning` gives each platform, for head dims 64/128, f32/bf16 and GQA
+groups 1/3/8, with paged context, sliding windows and soft-capped scores. A lowering error on
+any platform fails here."""
 
 import math
 import re
@@ -16,7 +17,9 @@ from engine.export import KERNEL_CALLS, TARGETS, export_program
 from engine.loaders import load_checkpoint
 from engine.program import DeviceProgram
 from kernels import tuning
+from kernels.mosaic_gpu import attention_mosaic_gpu
 from kernels.pallas import attention_pallas
+from tests.conftest import write_tiny_checkpoint
 from tests.test_attention import layout_meta, random_qkv
 from tests.test_paging import Group, groups_layout, paged_layout
 
@@ -25,13 +28,22 @@ PLATFORMS = {p: (TARGETS[p], KERNEL_CALLS[p]) for p in TARGETS}
 TRITON = export.DisabledSafetyCheck.custom_call(KERNEL_CALLS["gpu"])
 BLOCK = 256  # the schedule block: at least every tuned tile, so the tuned tiles are the ones used
 HEADS = {1: (4, 4), 3: (6, 2), 8: (8, 1)}  # GQA group -> (heads, kv heads)
+DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
+# the platforms' kernels, and the dtypes each compiles (wgmma has no exact f32 product)
+KERNELS = {
+    "tpu": partial(attention_pallas, platform="tpu"),
+    "gpu": partial(attention_pallas, platform="gpu"),
+    "mosaic_gpu": attention_mosaic_gpu,
+}
+RUNS = {"tpu": ("f32", "bf16"), "gpu": ("f32", "bf16"), "mosaic_gpu": ("bf16",)}
+CASES = [(p, d) for p in sorted(PLATFORMS) for d in RUNS[p]]
 
 
 def lowered(platform: str, q, k, v, meta, pool=None, **kwargs) -> str:
     """The kernel exported for `platform`, as MLIR text."""
     target, _ = PLATFORMS[platform]
     scale = q.shape[-1] ** -0.5
-    run = partial(attention_pallas, scale=scale, platform=platform, **kwargs)
+    run = partial(KERNELS[platform], scale=scale, **kwargs)
     f = jax.jit(lambda q, k, v, meta, pool: run(q, k, v, meta, pool=pool))
     checks = [TRITON] if platform == "gpu" else []
     exported = export.export(f, platforms=[target], disabled_checks=checks)(q, k, v, meta, pool)
@@ -48,10 +60,10 @@ def shapes(tokens: int, group: int, head_dim: int, dtype):
 
 
 @pytest.mark.parametrize("group", sorted(HEADS))
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize("platform", sorted(PLATFORMS))
-def test_the_kernel_lowers_at_the_tuned_tiles(platform, head_dim, dtype, group):
+@pytest.mark.parametrize("platform,dtype", CASES)
+def test_the_kernel_lowers_at_the_tuned_tiles(platform, dtype, head_dim, group):
+    dtype = DTYPES[dtype]
     tiles = tuning.lookup(head_dim, dtype, platform)
     assert math.gcd(tiles.block_q, BLOCK) == tiles.block_q
     assert math.gcd(tiles.block_k, BLOCK) == tiles.block_k
@@ -89,13 +101,24 @@ def test_soft_capped_scores_lower(platform):
     assert capped != kernel_call(lowered(platform, *args, meta), marker)
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-@pytest.mark.parametrize("name", ["qwen3", "gemma2", "gemma3"])
-@pytest.mark.parametrize("platform", sorted(PLATFORMS))
-def test_the_scoring_program_lowers(platform, name, dtype, tiny_checkpoints):
+FAMILIES = ["qwen3", "gemma2", "gemma3"]
+
+
+@pytest.fixture(scope="module")
+def head_dim_64(tmp_path_factory):
+    """The families at head dim 64, the smallest the Mosaic GPU form runs."""
+    root = tmp_path_factory.mktemp("head-dim-64")
+    return {name: write_tiny_checkpoint(root, name, head_dim=64) for name in FAMILIES}
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("platform,dtype", CASES)
+def test_the_scoring_program_lowers(platform, dtype, name, tiny_checkpoints, head_dim_64):
     """The whole forward (q/k norms; Gemma's windows, soft-capping, sandwich norms, local RoPE)
     with a context region read from the pool and the batch's K/V written back."""
-    checkpoint = load_checkpoint(tiny_checkpoints[name], progress=False)
+    dtype = {"f32": "float32", "bf16": "bfloat16"}[dtype]
+    checkpoints = head_dim_64 if platform == "mosaic_gpu" else tiny_checkpoints
+    checkpoint = load_checkpoint(checkpoints[name], progress=False)
     program = DeviceProgram(
         checkpoint, dtype=dtype, attention="xla", dense="xla", kv_cache_bytes=2**20
     )
@@ -105,7 +128,8 @@ def test_the_scoring_program_lowers(platform, name, dtype, tiny_checkpoints):
     assert [(x.shape, x.dtype) for x in pool] == [(x.shape, x.dtype) for x in program.kv.arrays]
     text = exported.mlir_module()
     assert KERNEL_CALLS[platform] in text
-    assert "tpu_custom_call" not in text if platform == "gpu" else "triton" not in text
+    others = {call for p, call in KERNEL_CALLS.items() if p != platform}
+    assert not any(call in text for call in others)
     # f32 is exact on every backend: no dot left to the device's default (TF32 on a GPU, bf16
     # passes on a TPU); bf16 keeps the default
     precisions = xla_dot_precisions(text)
@@ -187,3 +211,14 @@ def test_export_refuses_what_cannot_lower(tiny_checkpoints):
     )
     with pytest.raises(ValueError, match="not whole blocks"):
         export_program(pooled, "gpu", (256, 16, 4), 64, context=40)
+
+
+def test_the_mosaic_form_refuses_f32(head_dim_64):
+    """wgmma multiplies f32 only as TF32: an f32 program is not lowered inexact."""
+    checkpoint = load_checkpoint(head_dim_64["qwen3"], progress=False)
+    program = DeviceProgram(checkpoint, dtype="float32", attention="xla", dense="xla")
+    with pytest.raises(ValueError, match="wgmma multiplies f32 only as TF32"):
+        export_program(program, "mosaic_gpu", (256, 16, 4), 64)
+    q, kv, _ = shapes(256, 3, 64, jnp.float32)
+    with pytest.raises(ValueError, match="bfloat16"):
+        lowered("mosaic_gpu", q, kv, kv, layout_meta([(0, [200])], BLOCK))

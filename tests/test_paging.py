@@ -143,7 +143,8 @@ def groups_layout(groups: Sequence[Group]) -> list[tuple[int, list[int]]]:
 @pytest.mark.parametrize("window", [0, 20], ids=["global", "window20"])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
-@pytest.mark.parametrize("name", sorted(ATTENTION))
+# the Mosaic GPU form runs bf16 at 64-token blocks: tests/test_mosaic_gpu.py pages it there
+@pytest.mark.parametrize("name", sorted(set(ATTENTION) - {"mosaic"}))
 def test_paged_context_equals_one_batch(name, scenario, dtype, window, request) -> None:
     if name == "cpu":
         request.getfixturevalue("on_the_cpu")  # the native kernel reads host memory
