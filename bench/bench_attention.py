@@ -7,8 +7,9 @@ Packing: one 2000-token prompt shared as a prefix by 20-token items, as many as 
 then padding. Attention shape of SmolLM2 (H=9, Hkv=3, D=64) or Qwen3-0.6B (H=16, Hkv=8, D=128).
 Each kernel is jitted, warmed up, then timed; the median of `--repeats` calls is reported with
 the host schedule build time. `--kernels` picks the columns: "pallas" (compiled on GPU/TPU, the
-Pallas interpreter on CPU: slow, for debugging only), "xla" (block-sparse), "reference" (dense
-mask, skipped above `--max-reference-tokens`) and, where built, "cpu" (the native kernel).
+Pallas interpreter on CPU: slow, for debugging only), "mosaic" (the Mosaic GPU form: Hopper and
+newer, bfloat16; GPU interpret mode elsewhere), "xla" (block-sparse), "reference" (dense mask,
+skipped above `--max-reference-tokens`) and, where built, "cpu" (the native kernel).
 """
 
 import argparse
@@ -23,7 +24,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels import ATTENTION, AttentionMeta, attention_pallas, devices, make_meta, pallas
+from kernels import (
+    ATTENTION,
+    AttentionMeta,
+    attention_mosaic_gpu,
+    attention_pallas,
+    devices,
+    make_meta,
+    pallas,
+)
 from kernels.tuning import BlockSizes
 
 SHAPES = {"smollm2": (9, 3, 64), "qwen3-0.6b": (16, 8, 128)}  # (H, Hkv, D)
@@ -73,6 +82,9 @@ def kernel_table(backend: str, block_sizes: BlockSizes | None) -> dict[str, Call
         interpret=interpret,
         block_sizes=block_sizes,
         platform=None if interpret else backend,
+    )
+    kernels["mosaic"] = functools.partial(
+        attention_mosaic_gpu, interpret=backend != "gpu", block_sizes=block_sizes
     )
     return kernels
 

@@ -50,6 +50,12 @@ def parser(description: str) -> argparse.ArgumentParser:
         help="force the engine's dense matmul path (xla, cpu, onednn; int8, int8-xla): the "
         "default is the one measured fastest per weight shape",
     )
+    p.add_argument(
+        "--attention",
+        default=None,
+        help="force the engine's attention (xla, cpu, pallas, mosaic): the default is the "
+        "backend's (docs/configuration.md)",
+    )
     p.add_argument("--json", default=None, help="report file (default: bench/results/...)")
     p.add_argument("--quick", action="store_true", help="the smallest run: for tests")
     p.add_argument("--seed", type=int, default=0)

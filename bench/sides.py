@@ -30,6 +30,7 @@ def engine_config(args, path) -> EngineConfig:
         model=str(path),
         dtype=args.dtype,
         dense=args.dense,
+        attention=args.attention,
         token_budget=args.token_budget,
         tokenizer_cache_size=0,
         precompile=not args.no_precompile,
