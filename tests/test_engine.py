@@ -254,13 +254,20 @@ def test_timings_are_reported(tiny_path):
 
 
 def test_shutdown_with_work_in_flight_ends_every_caller(tiny_path):
+    """The engine closes while its device is held busy on the first batch: every caller is
+    answered EngineClosed by the close itself, since no batch can finish until all 40 have."""
     outcomes = []
+    held, release = threading.Event(), threading.Event()
+
+    def hold(inputs):
+        held.set()
+        release.wait(120)
 
     async def main():
         with trio.fail_after(120):
             async with trio.open_nursery() as callers:
                 async with open_engine(config(tiny_path)) as engine:
-                    first = trio.Event()
+                    faulty = inject_faults(engine, hold)
 
                     async def one(i):
                         try:
@@ -268,18 +275,23 @@ def test_shutdown_with_work_in_flight_ends_every_caller(tiny_path):
                             outcomes.append("ok")
                         except EngineClosed:
                             outcomes.append("closed")
-                        first.set()
+                        if len(outcomes) == 40:
+                            release.set()  # only now may the device finish its batch
 
                     for i in range(40):
                         callers.start_soon(one, i)
-                    await first.wait()  # leave with most of the work still queued
-                closed_at = trio.current_time()
-            assert trio.current_time() - closed_at < 1  # callers woke at once
+                    await trio.to_thread.run_sync(held.wait, 120)
+                    while engine.stats().in_flight < 40:  # every caller's request is in
+                        await trio.sleep(0.01)
+            engine.runner.program = faulty.program
             with pytest.raises(EngineClosed):
                 await engine.score([1], [[2]], [3])
 
-    run(main)
-    assert len(outcomes) == 40 and "closed" in outcomes
+    try:
+        run(main)
+    finally:
+        release.set()
+    assert outcomes == ["closed"] * 40
 
 
 def test_rerank_orders_by_yes_probability(tiny_path, reference):
