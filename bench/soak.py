@@ -17,8 +17,9 @@ Per phase: sent, answered (200), correct (a 200 whose scores equal the reference
 `--tolerance` in log space; rerank also in order, top_n and echoed documents), errors by status
 or exception, lost = sent - answered - errors (requests cut off by the hard stop; must be 0).
 The serving process (hypercorn's worker, or `--pid`) is sampled from /proc after the warm-up
-and at the end, each time after the clients' connections have closed: VmRSS, VmHWM and open file
-descriptors, plus the peak VmRSS sampled every 0.5 s during the run.
+and at the end, each time after the clients' connections have closed and the descriptor count
+has settled: VmRSS, VmHWM and open file descriptors, plus the peak VmRSS sampled every 0.5 s
+during the run.
 """
 
 import contextlib
@@ -285,11 +286,23 @@ async def until_idle(url: str, timeout: float = 120.0) -> None:
                 await anyio.sleep(0.05)
 
 
+async def settled_sample(pid: int, timeout: float = 30.0) -> dict:
+    """`process_sample` once the descriptor count has stopped moving (the same in three samples
+    0.2 s apart, or after `timeout` s): sockets the clients just closed are closed on the
+    server's side a little later, and a count taken mid-close is not a leak."""
+    last: list[int] = []
+    with anyio.move_on_after(timeout):
+        while len(last) < 3 or len(set(last[-3:])) > 1:
+            last.append(process_sample(pid)["fds"])
+            await anyio.sleep(0.2)
+    return process_sample(pid)
+
+
 async def soak(url: str, pid: int | None, requests, expected, args) -> dict:
     """Warm-up, sample, measured run (peak RSS sampled), sample; the phases' reports."""
     warmup = await closed_loop(url, requests, expected, args, args.warmup)
     await until_idle(url)
-    before = process_sample(pid) if pid else None
+    before = await settled_sample(pid) if pid else None
     peak = [before["rss_mib"] if before else 0.0]
     async with anyio.create_task_group() as tasks:
         if pid:
@@ -297,7 +310,7 @@ async def soak(url: str, pid: int | None, requests, expected, args) -> dict:
         run = await closed_loop(url, requests, expected, args, args.seconds)
         tasks.cancel_scope.cancel()
     await until_idle(url)
-    after = process_sample(pid) if pid else None
+    after = await settled_sample(pid) if pid else None
     async with httpx2.AsyncClient(base_url=url) as http:
         stats = (await http.get("/get_server_info")).json()["stats"]
     return {

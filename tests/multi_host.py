@@ -28,11 +28,18 @@ def batch():
     return packing.pack(seqs, [[1, 2]] * len(seqs), chunks, buckets).inputs, len(seqs)
 
 
+BARRIER_S = 300  # the peer's load at most: far past any machine's, short of the test's timeout
+
+
 def barrier(directory: Path, process: int, name: str) -> None:
-    """Wait, without a deadline, until both processes reach `name`: gloo gives its first
-    collective 30 s, which two processes compiling on a loaded machine may need between them."""
+    """Wait until both processes reach `name` (gloo gives its first collective only 30 s, which
+    two processes compiling on a loaded machine may need between them); exits with an error
+    when the peer has not come within `BARRIER_S` seconds (it failed or hangs)."""
     (directory / f"{name}-{process}").touch()
+    deadline = time.monotonic() + BARRIER_S
     while not (directory / f"{name}-{1 - process}").exists():
+        if time.monotonic() > deadline:
+            sys.exit(f"process {1 - process} did not reach {name!r} within {BARRIER_S} s")
         time.sleep(0.05)
 
 

@@ -265,24 +265,23 @@ def test_shutdown_with_work_in_flight_ends_every_caller(tiny_path):
 
     async def main():
         with trio.fail_after(120):
-            async with trio.open_nursery() as callers:
-                async with open_engine(config(tiny_path)) as engine:
-                    faulty = inject_faults(engine, hold)
+            async with trio.open_nursery() as callers, open_engine(config(tiny_path)) as engine:
+                faulty = inject_faults(engine, hold)
 
-                    async def one(i):
-                        try:
-                            await engine.score([1, 2, i % 300], [[3] * 50] * 64, [4])
-                            outcomes.append("ok")
-                        except EngineClosed:
-                            outcomes.append("closed")
-                        if len(outcomes) == 40:
-                            release.set()  # only now may the device finish its batch
+                async def one(i):
+                    try:
+                        await engine.score([1, 2, i % 300], [[3] * 50] * 64, [4])
+                        outcomes.append("ok")
+                    except EngineClosed:
+                        outcomes.append("closed")
+                    if len(outcomes) == 40:
+                        release.set()  # only now may the device finish its batch
 
-                    for i in range(40):
-                        callers.start_soon(one, i)
-                    await trio.to_thread.run_sync(held.wait, 120)
-                    while engine.stats().in_flight < 40:  # every caller's request is in
-                        await trio.sleep(0.01)
+                for i in range(40):
+                    callers.start_soon(one, i)
+                await trio.to_thread.run_sync(held.wait, 120)
+                while engine.stats().in_flight < 40:  # every caller's request is in
+                    await trio.sleep(0.01)
             engine.runner.program = faulty.program
             with pytest.raises(EngineClosed):
                 await engine.score([1], [[2]], [3])

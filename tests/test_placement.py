@@ -159,7 +159,11 @@ def test_two_processes_form_one_mesh_and_score_as_one(tiny_checkpoints, tmp_path
         )
         for i in range(2)
     ]
-    outs = [p.communicate(timeout=600) for p in procs]
+    try:
+        outs = [p.communicate(timeout=2 * multi_host.BARRIER_S) for p in procs]
+    finally:  # neither outlives the test, whatever failed
+        for p in procs:
+            p.kill()
     for p, (_, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-3000:]
     got = [json.loads(out.splitlines()[-1]) for out, _ in outs]
