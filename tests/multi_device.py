@@ -1,12 +1,15 @@
 """Run by `tests/test_placement.py` in a subprocess whose XLA_FLAGS give the CPU 8 host devices:
 scores the same requests from many concurrent clients with each data x tensor layout, with and
-without the KV cache, and prints one JSON line per run.
+without the KV cache, and prints one JSON line per run. With several runners, the first batch
+is held on its device until another runner has taken a batch: a spread the scheduler must make,
+not one the machine's timing happens to allow.
 
     python -m tests.multi_device MODEL_DIR [--fault]
 """
 
 import json
 import sys
+import threading
 
 import jax
 import trio
@@ -80,19 +83,50 @@ class _Once:
             raise RuntimeError("injected device fault")
 
 
+class _HoldFirst:
+    """Holds the first batch any runner gets until another runner gets one (at most 120 s:
+    then it goes on, and the runners' batch counts show the spread that did not happen)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.first: int | None = None
+        self.spread = threading.Event()
+
+    def at(self, runner: int):
+        return lambda inputs: self(runner)
+
+    def __call__(self, runner: int) -> None:
+        with self.lock:
+            if self.first is None:
+                self.first = runner
+        if runner == self.first:
+            self.spread.wait(120)
+        else:
+            self.spread.set()
+
+
+def _wrap(engine, runner: int, fault) -> None:
+    saved = engine.runners[0]
+    try:
+        engine.runners[0] = engine.runners[runner]  # inject_faults wraps the first runner's
+        inject_faults(engine, fault)
+    finally:
+        engine.runners[0] = saved
+
+
+def hold_until_spread(engine) -> None:
+    hold = _HoldFirst()
+    for i in range(len(engine.runners)):
+        _wrap(engine, i, hold.at(i))
+
+
 def inject_faults_at(engine, runner: int) -> _Once:
     """One fault shared by every runner, `runner`'s first: it fails the first batch that scores
     items, whichever runner is handed it (a runner handed only prefix pieces fails none, so a
     fault in one runner alone left the test to the scheduling)."""
     fault = _Once()
-    saved = engine.runners[0]
-    order = [runner] + [i for i in range(len(engine.runners)) if i != runner]
-    try:
-        for i in order:
-            engine.runners[0] = engine.runners[i]  # inject_faults wraps the first runner's
-            inject_faults(engine, fault)
-    finally:
-        engine.runners[0] = saved
+    for i in [runner] + [i for i in range(len(engine.runners)) if i != runner]:
+        _wrap(engine, i, fault)
     return fault
 
 
@@ -102,6 +136,8 @@ async def main(model: str, fault: bool) -> None:
     for cache in [True] if fault else [True, False]:
         for data, tensor in layouts:
             async with open_engine(config(model, data, tensor, cache)) as engine:
+                if data > 1 and not fault:
+                    hold_until_spread(engine)
                 scores = await score_all(engine, fault_runner=1 if fault else None)
                 stats = engine.stats()
             line = {

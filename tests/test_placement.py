@@ -120,7 +120,7 @@ def test_one_device_with_and_without_the_cache_agree(layouts) -> None:
 def test_many_clients_spread_over_the_runners(layouts, data: int, tensor: int) -> None:
     batches = layouts[(data, tensor, False)]["runner_batches"]
     assert len(batches) == data
-    # the queue holds several batches' work: while one runner computes, others take the next
+    # the first batch is held on its runner until another runner takes one (tests.multi_device)
     assert sum(n > 0 for n in batches) >= 2
 
 
