@@ -52,7 +52,10 @@ from tests.test_api_support import (
 WORKERS = ["asyncio", "trio"]
 LIMIT = 8  # SCORING_MAX_QUEUED_REQUESTS of the in-process servers
 MARK = 256  # request i's query starts with token MARK + i; every other token id is below MARK
-GRACE = 20  # --graceful-timeout of the SIGTERM test, seconds
+# --graceful-timeout of the SIGTERM test, seconds: far longer than the drain, so an exit that
+# waited for it cannot pass for one that followed the last answer (EXIT_S after it, at most)
+GRACE = 120
+EXIT_S = 30  # a loaded machine's process teardown, with room; the grace period is 4x it
 LEFT_499 = 'scoring_http_requests_total{route="/v1/score",status="499"}'
 
 
@@ -384,7 +387,7 @@ def test_sigterm_drains_the_requests_in_flight_and_exits_0(worker, tiny_path, re
         assert answer.status_code == 200, answer.text
         assert_scores(answer.json()["scores"], expected[i % 4])
     # exits once the work is done, not when the grace period runs out
-    assert result["exit"] == 0 and result["exit_s"] < min(GRACE, result["last_answer_s"] + 3)
+    assert result["exit"] == 0 and result["exit_s"] < result["last_answer_s"] + EXIT_S < GRACE
     assert "engine shutting down" in log.read_text()
 
 
