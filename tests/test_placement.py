@@ -22,7 +22,7 @@ from engine.errors import InvalidInput
 from engine.loaders import load_checkpoint
 from engine.placement import Placement, device_groups
 from engine.program import DeviceProgram
-from tests import multi_host
+from tests import multi_device, multi_host
 from tests.multi_device import CLIENTS, LAYOUTS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,6 +109,19 @@ def test_a_layout_scores_as_one_device(layouts, data: int, tensor: int, cache: b
     got = log_scores(layouts[(data, tensor, cache)]["scores"])
     assert len(got) == len(one) == CLIENTS * 3 * 2
     assert max(abs(a - b) for a, b in zip(got, one, strict=True)) <= TOLERANCE
+
+
+def test_one_device_equals_transformers(layouts, tiny_checkpoints) -> None:
+    """The layouts above are held to one device; one device is held to transformers, each
+    prompt + item scored alone."""
+    from bench.baseline import hf_label_logprobs, load_transformers
+
+    model = load_transformers(tiny_checkpoints["qwen3"], "float32")
+    seqs = [prompt + item for prompt, items in multi_device.requests() for item in items]
+    want = hf_label_logprobs(model, seqs, [1, 2]).ravel()
+    got = log_scores(layouts[(1, 1, True)]["scores"])
+    assert len(got) == len(want) == CLIENTS * 3 * 2
+    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) <= TOLERANCE
 
 
 def test_one_device_with_and_without_the_cache_agree(layouts) -> None:
