@@ -27,6 +27,7 @@ from engine.loaders.gguf_file import read_gguf
 from engine.loaders.gguf_tokenizer import tokenizer_from_gguf
 from engine.pairs import PairEncoder, PairOptions
 from tests.conftest import CORPUS, TINY_ENCODER
+from tests.test_encoders import hf_logits
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("torch")  # write_encoder saves a transformers model
@@ -270,6 +271,10 @@ def test_rerank_scores_equal_hf(hf_dir, gguf_path):
     atol = 6e-4 if gguf_path.endswith("f16.gguf") else 1e-6
     np.testing.assert_allclose(got, want, rtol=0, atol=atol)
     assert np.ptp(want) > 0.05  # the documents score differently
+    # and both against transformers on the original weights, not only against each other
+    logits = hf_logits(hf_dir, QUERY, DOCUMENTS, max_length=MAX_LENGTH)[:, -1]
+    np.testing.assert_allclose(want, logits, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(got, logits, rtol=0, atol=atol + 1e-5)
 
 
 def _rerank(model, docs: list[str]) -> np.ndarray:
