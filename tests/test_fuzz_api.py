@@ -8,6 +8,7 @@ the document describes (status, content type, body schema).
 
 import os
 import re
+from collections import Counter
 
 import pytest
 import schemathesis
@@ -86,11 +87,26 @@ def test_answers_before_the_engine_is_ready_are_documented(
     schema[path][method].validate_response(response)
 
 
+# per operation, the schema-valid cases answered 2xx: every fuzzed operation must have some, or
+# the allowance above would be hiding an operation that refuses everything
+ACCEPTED: Counter[str] = Counter()
+POSITIVE: Counter[str] = Counter()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def every_operation_accepts_valid_bodies():
+    yield
+    refused = sorted(op for op in POSITIVE if not ACCEPTED[op])
+    assert not refused, f"no schema-valid body answered 2xx: {refused} ({dict(POSITIVE)})"
+
+
 def accepted_unless_beyond_schema(ctx, response, case) -> None:
     """A body that fits the schema is answered, or refused only for a rule the schema cannot
     state (a 400 or 413 naming it)."""
     if case.meta is None or not case.meta.generation.mode.is_positive:
         return
+    POSITIVE[case.operation.label] += 1
+    ACCEPTED[case.operation.label] += response.status_code < 300
     if response.status_code in (400, 413, 422):
         error = response.json()["error"]
         message = error if isinstance(error, str) else error["message"]  # TEI's, or ours
