@@ -3,17 +3,27 @@ any host (simulated shared memory, TMA copies and barriers, race detection on, u
 memory reading NaN), compiled only where a Hopper or newer GPU is present. Its lowering for
 CUDA is checked in tests/test_export.py."""
 
+import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
 
 from engine.offline import load_model
-from kernels import ATTENTION, devices, mosaic_gpu, select_attention, tuning
+from kernels import ATTENTION, devices, make_meta, mosaic_gpu, select_attention, tuning
 from kernels.mosaic_gpu import attention_mosaic_gpu, attention_mosaic_gpu_auto
 from kernels.tuning import BlockSizes
 from tests.conftest import write_tiny_checkpoint
-from tests.test_attention import SCENARIOS, TOLERANCE, layout_meta, random_qkv
+from tests.test_attention import (
+    PROPERTY_T,
+    SCENARIOS,
+    TOLERANCE,
+    layout_meta,
+    layout_spans,
+    packings,
+    random_qkv,
+)
 from tests.test_paging import SCENARIOS as PAGED
 from tests.test_paging import groups_layout, paged_layout, run_whole
 from tests.test_pallas import run_reference
@@ -51,6 +61,17 @@ def assert_matches_reference(q, k, v, meta, **kwargs) -> np.ndarray:
 @pytest.mark.parametrize("name", RUNS)
 def test_matches_reference(name: str) -> None:
     assert_matches_reference(*scenario(name))
+
+
+@settings(max_examples=10, deadline=None)
+@given(groups=packings(), seed=st.integers(0, 2**16))
+def test_matches_reference_on_random_packings(groups, seed: int) -> None:
+    # PROPERTY_T tokens and one schedule width: one compiled shape across examples
+    used = sum(p + sum(items) for p, items in groups)
+    spans = layout_spans(groups, BLOCK, PROPERTY_T - used)
+    n = PROPERTY_T // BLOCK
+    meta = make_meta(*spans, block_size=BLOCK, width_buckets=(n,))
+    assert_matches_reference(*random_qkv(PROPERTY_T, 6, 2, 64, jnp.bfloat16, seed=seed), meta)
 
 
 def test_wide_key_tiles_visit_whole_schedule_blocks() -> None:
