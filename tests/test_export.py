@@ -116,7 +116,7 @@ def head_dim_64(tmp_path_factory):
 def test_the_scoring_program_lowers(platform, dtype, name, tiny_checkpoints, head_dim_64):
     """The whole forward (q/k norms; Gemma's windows, soft-capping, sandwich norms, local RoPE)
     with a context region read from the pool and the batch's K/V written back."""
-    dtype = {"f32": "float32", "bf16": "bfloat16"}[dtype]
+    dtype = jnp.dtype(DTYPES[dtype]).name
     checkpoints = head_dim_64 if platform == "mosaic_gpu" else tiny_checkpoints
     checkpoint = load_checkpoint(checkpoints[name], progress=False)
     program = DeviceProgram(
