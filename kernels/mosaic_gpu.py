@@ -23,13 +23,15 @@ shared-memory tiles; every copy, barrier and index is the compiled form's.
 """
 
 import functools
+import importlib.util
+import sys
+from types import ModuleType
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from kernels import devices, tuning
 from kernels.metadata import AttentionMeta
@@ -38,11 +40,27 @@ from kernels.pallas import MASKED, Tiles, check_inputs, key_tile, span_columns, 
 from kernels.softcap import soft_cap
 from kernels.tuning import BlockSizes
 
+
+def _imported_on_first_use(name: str) -> ModuleType:
+    """Module `name`, its body run at its first attribute access (the standard library's lazy
+    import recipe)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.find_spec(name)
+    spec.loader = importlib.util.LazyLoader(spec.loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+# JAX's Mosaic GPU backend costs about half a second to import, which no run that does not
+# call this form (every CPU and TPU run) should pay
+plgpu = _imported_on_first_use("jax.experimental.pallas.mosaic_gpu")
+
 BACKEND = "mosaic_gpu"  # its key in `kernels.tuning`
 ROWS = 64  # query rows per tile: one warpgroup's wgmma (M = 64)
 _SLOTS = 2  # K/V tiles in flight
-# 128-byte swizzled tiles of 64 bf16 columns, as wgmma reads shared memory
-_SMEM_TILES = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "softcap", "interpret", "block_sizes"))
@@ -68,6 +86,7 @@ def attention_mosaic_gpu(
     inputs this form cannot run (`supports`) or malformed metadata. The context region's keys
     are gathered from `pool`'s pages first (`kernels.paging`).
     """
+    _require_backend()
     k, v = with_context(k, v, meta, pool)
     check_inputs(q, k, v, meta)
     sizes = block_sizes or tuning.lookup(q.shape[-1], q.dtype, BACKEND)
@@ -181,11 +200,13 @@ def _kernel(
         plgpu.wait_smem_to_gmem(0)
 
     dtype = q_ref.dtype
+    # 128-byte swizzled tiles of 64 bf16 columns, as wgmma reads shared memory
+    swizzled = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
     pl.run_scoped(
         scoped,
-        plgpu.SMEM((ROWS, head_dim), dtype, transforms=_SMEM_TILES),
-        plgpu.SMEM((_SLOTS, tiles.block_k, head_dim), dtype, transforms=_SMEM_TILES),
-        plgpu.SMEM((_SLOTS, tiles.block_k, head_dim), dtype, transforms=_SMEM_TILES),
+        plgpu.SMEM((ROWS, head_dim), dtype, transforms=swizzled),
+        plgpu.SMEM((_SLOTS, tiles.block_k, head_dim), dtype, transforms=swizzled),
+        plgpu.SMEM((_SLOTS, tiles.block_k, head_dim), dtype, transforms=swizzled),
         plgpu.SMEM((4, ROWS), jnp.int32),
         (
             plgpu.Barrier(),
@@ -313,6 +334,16 @@ def _check(q: jax.Array, block: int, tiles: Tiles) -> None:
             f"tile that is a multiple of 64 up to 256, got block {block}, key tile "
             f"{tiles.block_k}"
         )
+
+
+def _require_backend() -> None:
+    try:
+        plgpu.kernel  # noqa: B018 (the first attribute read runs the deferred import)
+    except ModuleNotFoundError as e:
+        raise ImportError(
+            f"the Mosaic GPU attention form needs {e.name}, which JAX's Mosaic GPU backend "
+            "imports: pip install -e '.[gpu]'"
+        ) from e
 
 
 def _interpret_params():
