@@ -54,7 +54,7 @@ def _imported_on_first_use(name: str) -> ModuleType:
     return module
 
 
-# JAX's Mosaic GPU backend costs about half a second to import, which no run that does not
+# JAX's Mosaic GPU backend takes hundreds of milliseconds to import, which no run that does not
 # call this form (every CPU and TPU run) should pay
 plgpu = _imported_on_first_use("jax.experimental.pallas.mosaic_gpu")
 
