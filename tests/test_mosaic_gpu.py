@@ -3,10 +3,6 @@ any host (simulated shared memory, TMA copies and barriers, race detection on, u
 memory reading NaN), compiled only where a Hopper or newer GPU is present. Its lowering for
 CUDA is checked in tests/test_export.py."""
 
-import subprocess
-import sys
-from pathlib import Path
-
 import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
@@ -32,7 +28,6 @@ from tests.test_paging import SCENARIOS as PAGED
 from tests.test_paging import groups_layout, paged_layout, run_whole
 from tests.test_pallas import run_reference
 
-ROOT = Path(__file__).resolve().parent.parent
 BLOCK = 64  # the schedule block: the form's 64-row query tile must divide it
 TOL = TOLERANCE[jnp.bfloat16]
 # the attention scenario tables' layouts at this form's block; head dim 32 is not its shape
@@ -172,29 +167,6 @@ def test_selected_by_name_only() -> None:
         select_attention("mosaic", "gpu", head_dim=96, dtype=jnp.bfloat16)
     assert mosaic_gpu.supports(None, None) and not mosaic_gpu.supports(64, jnp.float32)
     assert tuning.lookup(64, jnp.bfloat16, "mosaic_gpu").block_q == mosaic_gpu.ROWS
-
-
-def test_without_its_dependency_it_says_what_to_install() -> None:
-    """Importing the engine never loads JAX's Mosaic GPU backend; using the form without absl
-    (a `.[gpu]` extra) names the package and the extra."""
-    script = (
-        "import sys; sys.modules['absl'] = None\n"
-        "import kernels, jax.numpy as jnp\n"
-        "from tests.test_attention import layout_meta, random_qkv\n"
-        "meta = layout_meta([(0, [64])], 64)\n"
-        "q, k, v = random_qkv(64, 2, 1, 64, jnp.bfloat16)\n"
-        "try:\n"
-        "    kernels.ATTENTION['mosaic'](q, k, v, meta, scale=0.1)\n"
-        "except ImportError as e:\n"
-        "    print(e)\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "needs absl, which JAX's Mosaic GPU backend imports: pip install -e '.[gpu]'" in (
-        out.stdout
-    )
 
 
 def _hopper() -> bool:
