@@ -21,6 +21,12 @@ KERNEL_CALLS = {
     "gpu": "__gpu$xla.gpu.triton",
     "mosaic_gpu": "mosaic_gpu_v2",
 }
+# the compiled kernel form exported for each platform
+KERNELS = {
+    "tpu": functools.partial(attention_pallas, platform="tpu"),
+    "gpu": functools.partial(attention_pallas, platform="gpu"),
+    "mosaic_gpu": attention_mosaic_gpu,
+}
 # JAX promises no serialisation compatibility for Triton calls: lowering is what is checked
 _UNCHECKED = {"gpu": [export.DisabledSafetyCheck.custom_call(KERNEL_CALLS["gpu"])]}
 
@@ -44,12 +50,7 @@ def export_program(
         raise ValueError(f"export needs the 'xla' dense path, not {program.dense.name!r}")
     if context and program.kv.arrays is None:
         raise ValueError("a context region needs a KV pool (kv_cache_bytes > 0)")
-    attention = (
-        attention_mosaic_gpu
-        if platform == "mosaic_gpu"
-        else functools.partial(attention_pallas, platform=platform)
-    )
-    forward = program.forward_of(attention)
+    forward = program.forward_of(KERNELS[platform])
     window = program.config.window
     batch = empty_batch(*shape, block_size, window, context=context, page_size=program.kv.page_size)
     lower = export.export(

@@ -13,12 +13,10 @@ import jax.numpy as jnp
 import pytest
 from jax import export
 
-from engine.export import KERNEL_CALLS, TARGETS, export_program
+from engine.export import KERNEL_CALLS, KERNELS, TARGETS, export_program
 from engine.loaders import load_checkpoint
 from engine.program import DeviceProgram
 from kernels import tuning
-from kernels.mosaic_gpu import attention_mosaic_gpu
-from kernels.pallas import attention_pallas
 from tests.conftest import write_tiny_checkpoint
 from tests.test_attention import layout_meta, random_qkv
 from tests.test_paging import Group, groups_layout, paged_layout
@@ -29,12 +27,7 @@ TRITON = export.DisabledSafetyCheck.custom_call(KERNEL_CALLS["gpu"])
 BLOCK = 256  # the schedule block: at least every tuned tile, so the tuned tiles are the ones used
 HEADS = {1: (4, 4), 3: (6, 2), 8: (8, 1)}  # GQA group -> (heads, kv heads)
 DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
-# the platforms' kernels, and the dtypes each compiles (wgmma has no exact f32 product)
-KERNELS = {
-    "tpu": partial(attention_pallas, platform="tpu"),
-    "gpu": partial(attention_pallas, platform="gpu"),
-    "mosaic_gpu": attention_mosaic_gpu,
-}
+# the dtypes each platform's kernel compiles (wgmma has no exact f32 product)
 RUNS = {"tpu": ("f32", "bf16"), "gpu": ("f32", "bf16"), "mosaic_gpu": ("bf16",)}
 CASES = [(p, d) for p in sorted(PLATFORMS) for d in RUNS[p]]
 
