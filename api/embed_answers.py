@@ -20,7 +20,7 @@ from starlette.requests import Request
 
 from api.errors import ApiError
 from api.service import Service
-from engine import EmbedResult
+from engine import EmbedResult, TokenEmbedResult
 from engine.embed import prompt_named
 
 FORMATS = ("float", "int8", "uint8", "binary", "ubinary")
@@ -32,16 +32,18 @@ async def embed(
     inputs: list,
     renames: dict[str, str],
     input_type: str | None = None,
+    tokens: bool = False,
     **options,
-) -> EmbedResult:
-    """`Engine.embed(inputs, **options)` where the engine runs, recorded in the metrics; engine
-    errors as HTTP answers naming the request's fields (`renames`: the engine's name -> the
-    request's). `input_type` ("query", "document", ...) picks the model's prompt of that name,
-    where it has one."""
+) -> EmbedResult | TokenEmbedResult:
+    """`Engine.embed(inputs, **options)` (with `tokens`, `Engine.embed_tokens`) where the engine
+    runs, recorded in the metrics; engine errors as HTTP answers naming the request's fields
+    (`renames`: the engine's name -> the request's). `input_type` ("query", "document", ...)
+    picks the model's prompt of that name, where it has one."""
 
     async def call(engine):
         named = prompt_named(engine.task, input_type)
-        return await engine.embed(inputs, **options, **({"prompt_name": named} if named else {}))
+        method = engine.embed_tokens if tokens else engine.embed
+        return await method(inputs, **options, **({"prompt_name": named} if named else {}))
 
     result = await service.call(request, call, renames=renames)
     service.metrics.observe(request.url.path, result.timings, len(inputs))

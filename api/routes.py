@@ -89,7 +89,7 @@ LABEL_SCORE_PATHS = ("/v1/score", "/generative_scoring")
 RERANK_PATHS = ("/v1/rerank", "/v2/rerank", "/rerank", "/v1/reranking", "/score")
 
 
-EMBEDDING_PATHS = ("/v1/embeddings", "/v2/embed", "/embed", "/similarity", "/pooling")
+EMBEDDING_PATHS = ("/v1/embeddings", "/v2/embed", "/embed", "/embed_all", "/similarity", "/pooling")
 
 
 def scoring_endpoints(engine: Engine) -> list[str]:
@@ -338,6 +338,16 @@ ENDPOINTS = (
         "One vector per input (TEI)",
         tei_embed.TEI_VECTORS,
         tei_embed.TeiEmbedRequest,
+        errors=TEI_ERRORS,
+        error_body=schemas.TeiErrorResponse,
+    ),
+    Endpoint(
+        "/embed_all",
+        "POST",
+        tei_embed.embed_all,
+        "Every token's vector of each input, before pooling (TEI)",
+        tei_embed.TEI_TOKEN_VECTORS,
+        tei_embed.TeiEmbedAllRequest,
         errors=TEI_ERRORS,
         error_body=schemas.TeiErrorResponse,
     ),

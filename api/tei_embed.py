@@ -1,6 +1,7 @@
-"""TEI's embedding routes: `/embed` (one vector per input, TEI's bare list of lists) and
-`/similarity` (the cosine similarity of a source sentence to each of several). Errors are TEI's
-`{"error", "error_type"}` bodies with its statuses, as on TEI's other routes."""
+"""TEI's embedding routes: `/embed` (one vector per input, TEI's bare list of lists),
+`/embed_all` (every token's vector of each input, before pooling) and `/similarity` (the cosine
+similarity of a source sentence to each of several). Errors are TEI's `{"error", "error_type"}`
+bodies with its statuses, as on TEI's other routes."""
 
 from typing import Annotated, Literal
 
@@ -31,6 +32,15 @@ class TeiEmbedRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     dimensions: Annotated[int, msgspec.Meta(ge=1)] | None = None  # Matryoshka width
 
 
+class TeiEmbedAllRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """TEI's `/embed_all` body: `/embed`'s, less what only a pooled vector has."""
+
+    inputs: Text | Annotated[list[Text | TokenId | list[TokenId]], documented(minItems=1)]
+    truncate: bool | None = None
+    truncation_direction: Direction = "right"
+    prompt_name: str | None = None
+
+
 class SimilarityInput(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     source_sentence: Text
     sentences: Annotated[list[Text], documented(minItems=1)]  # each compared to source_sentence
@@ -50,8 +60,10 @@ class SimilarityRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
 
 
 TEI_VECTORS = list[list[float]]
+TEI_TOKEN_VECTORS = list[list[list[float]]]  # per input, per token
 SIMILARITIES = list[float]
 embed_decoder = msgspec.json.Decoder(TeiEmbedRequest)
+embed_all_decoder = msgspec.json.Decoder(TeiEmbedAllRequest)
 similarity_decoder = msgspec.json.Decoder(SimilarityRequest)
 
 
@@ -73,6 +85,27 @@ async def embed(service: Service, request: Request) -> Response:
     except ApiError as e:
         raise TeiError(e) from None
     return json_response(result.embeddings.tolist(), headers=timing_headers(result.timings))
+
+
+async def embed_all(service: Service, request: Request) -> Response:
+    """TEI's `/embed_all`: each input's token vectors (its final hidden states, special and
+    prompt tokens included), in input order."""
+    try:
+        req = await service.decode(request, embed_all_decoder)
+        result = await embed_answers.embed(
+            service,
+            request,
+            embed_answers.inputs(req.inputs, "inputs"),
+            {"input": "inputs"},
+            tokens=True,
+            truncate=bool(req.truncate),
+            truncation_side=req.truncation_direction.lower(),
+            prompt_name=req.prompt_name,
+        )
+    except ApiError as e:
+        raise TeiError(e) from None
+    vectors = [v.tolist() for v in result.embeddings]
+    return json_response(vectors, headers=timing_headers(result.timings))
 
 
 async def similarity(service: Service, request: Request) -> Response:

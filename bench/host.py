@@ -45,7 +45,8 @@ STAGES = ("tokenize", "queue", "plan", "pack", "dispatch", "wait")
 
 class NullProgram:
     """A device program that computes nothing: `run` puts the batch on the device and answers
-    zeros f32[S, L] on the host. Everything else is the wrapped program's."""
+    zeros f32[S, L] (token states: f32[T, E]) on the host. Everything else is the wrapped
+    program's."""
 
     def __init__(self, program):
         self.program = program
@@ -56,10 +57,11 @@ class NullProgram:
     def compile(self, shape, block_size: int) -> None:
         pass
 
-    def run(self, inputs) -> np.ndarray:
+    def run(self, inputs, states: bool = False) -> np.ndarray:
         jax.block_until_ready(jax.device_put(inputs))  # the transfer in
-        _, rows, labels = batch_shape(inputs)
-        return np.zeros((rows, labels), np.float32)
+        tokens, rows, labels = batch_shape(inputs)
+        shape = (tokens, self.program.config.hidden_size) if states else (rows, labels)
+        return np.zeros(shape, np.float32)
 
 
 def split(timings: Timings) -> dict[str, float]:

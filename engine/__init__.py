@@ -22,6 +22,7 @@ from engine.results import (
     RerankHit,
     RerankResult,
     ScoreResult,
+    TokenEmbedResult,
 )
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "ScoreResult",
     "ScoringModel",
     "Timings",
+    "TokenEmbedResult",
     "Unsupported",
     "default_model_path",
     "load_checkpoint",

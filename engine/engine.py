@@ -41,6 +41,7 @@ from engine.results import (
     RerankHit,
     RerankResult,
     ScoreResult,
+    TokenEmbedResult,
 )
 from engine.tasks import scores_from_logprobs
 from kernels import devices
@@ -352,8 +353,48 @@ class Engine:
             truncated_tokens=result.truncated_tokens,
         )
 
+    async def embed_tokens(
+        self,
+        texts: Sequence[str] | Sequence[Sequence[int]],
+        *,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
+        truncate: bool = False,
+        truncation_side: str = "right",
+        max_tokens: int | None = None,
+    ) -> TokenEmbedResult:
+        """Every token's vector f32[n, E] of each text, in order: the final hidden state of each
+        of its n tokens (special and prompt tokens included), before pooling, projection or
+        normalisation, as `SentenceTransformer.encode(..., output_value="token_embeddings")`
+        computes it (TEI's `/embed_all`).
+
+        Each text is computed whole and alone (nothing shared with other texts or read from
+        the KV cache). The options and errors are `embed`'s.
+        """
+        call = embed_request(
+            self.task,
+            texts,
+            prompt_name=prompt_name,
+            prompt=prompt,
+            truncate=truncate,
+            side=truncation_side,
+            max_tokens=max_tokens,
+        )
+        start = trio.current_time()
+        try:
+            scored = await self._submit("", call.inputs, [], False, False, call.pairs, states=True)
+        except InvalidInput as e:
+            raise e.renamed(INPUT) from None
+        timings = msgspec.structs.replace(scored.timings, total=trio.current_time() - start)
+        return TokenEmbedResult(
+            embeddings=scored.outputs,
+            prompt_tokens=scored.prompt_tokens,
+            timings=timings,
+            truncated_tokens=scored.truncated_tokens,
+        )
+
     async def _submit(
-        self, query, items, label_token_ids, item_first, normaliser, pairs=None
+        self, query, items, label_token_ids, item_first, normaliser, pairs=None, states=False
     ) -> Scored:
         if self._closed:
             raise EngineClosed("engine shut down")
@@ -372,6 +413,7 @@ class Engine:
                 item_first=item_first,
                 normaliser=normaliser,
                 pairs=pairs,
+                states=states,
                 arrived=trio.current_time(),
             )
         )

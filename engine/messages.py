@@ -45,6 +45,9 @@ class ScoreRequest(msgspec.Struct, frozen=True, kw_only=True):
     # engine-internal: each item is a (query, item) text pair for a cross-encoder, tokenised
     # and truncated as `engine.pairs` says; None: query and item joined (sglang's semantics)
     pairs: PairOptions | None = None
+    # engine-internal: answer every token's final state f32[n, E] of each item (an embedder's
+    # token vectors) instead of its score row's output
+    states: bool = False
     arrived: float
 
 
@@ -57,6 +60,7 @@ class Tokenized(msgspec.Struct, frozen=True, kw_only=True):
     arrived: float
     tokenize_s: float
     truncated: int = 0  # tokens pair truncation took off (`engine.pairs`)
+    states: bool = False  # answer every token's state (`ScoreRequest.states`)
 
 
 class Rejected(msgspec.Struct, frozen=True, kw_only=True):
@@ -83,14 +87,15 @@ class Batch(msgspec.Struct, frozen=True, kw_only=True):
     real_tokens: int
     build_s: float
     pool_generation: int = 0  # the KV pool it was planned against (see `BatchDone.pool_reset`)
+    states: bool = False  # answer every token's final state f32[T, E], not the rows' outputs
 
 
 class BatchDone(msgspec.Struct, frozen=True, kw_only=True):
     """The outputs f32[S, L] of a batch's score rows (label log-probs, or a classification
-    head's logits: `engine.tasks`), or the error that stopped it."""
+    head's logits: `engine.tasks`; a states batch's f32[T, E]), or the error that stopped it."""
 
     id: int
-    outputs: np.ndarray | None = None  # f32[S, L]
+    outputs: np.ndarray | None = None  # f32[S, L], or f32[T, E]
     error: str | None = None
     device_s: float = 0.0
     dispatch_s: float = 0.0  # of `device_s`: until the program was launched
@@ -103,7 +108,8 @@ class Scored(msgspec.Struct, frozen=True, kw_only=True):
     timings."""
 
     id: int
-    outputs: list[np.ndarray]  # per item, its score row's f32[L] (what the caller reads first)
+    # per item, its score row's f32[L] (what the caller reads first), or its tokens' f32[n, E]
+    outputs: list[np.ndarray]
     prompt_tokens: int
     cached_tokens: int = 0  # of the prompt tokens, those read from the KV cache
     truncated_tokens: int = 0  # tokens of the input that truncation left out

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import tokenizers
 
-from engine import batching, inputs, templates
+from engine import batching, inputs, packing, templates
 from engine.buckets import DEFAULT_TOKEN_BUDGET, make_buckets
 from engine.embed import INPUT, embed_request
 from engine.errors import InvalidInput
@@ -199,13 +199,55 @@ class ScoringModel:
             normalize=normalize,
             max_tokens=max_tokens,
         )
-        try:
-            tokenized = self._tokenizer_state.tokenize("", call.inputs, [], pairs=call.pairs)
-        except InvalidInput as e:
-            raise e.renamed(INPUT) from None
-        seqs = tokenized.sequences
+        seqs = self._embedded(call)
         outputs = self.label_logprobs(seqs, [[]] * len(seqs), width=self.task.output_width(0))
         return call.vectors(self.task, outputs)
+
+    def embed_tokens(
+        self,
+        texts: Sequence[str] | Sequence[Sequence[int]],
+        *,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
+        truncate: bool = False,
+        truncation_side: str = "right",
+        max_tokens: int | None = None,
+    ) -> list[np.ndarray]:
+        """Every token's vector f32[n, E] of each text, exactly as `Engine.embed_tokens`
+        computes it with the same options."""
+        call = embed_request(
+            self.task,
+            texts,
+            prompt_name=prompt_name,
+            prompt=prompt,
+            truncate=truncate,
+            side=truncation_side,
+            max_tokens=max_tokens,
+        )
+        seqs = self._embedded(call)
+        out: list[np.ndarray] = [np.zeros(0)] * len(seqs)
+        whole = self.task.whole_sequences
+        batches = batching.batches(
+            seqs,
+            [[]] * len(seqs),
+            token_budget=self.token_budget,
+            buckets=self.buckets,
+            whole=whole,
+            alone=True,
+        )
+        for batch in batches:
+            states = np.asarray(self.program.run(batch.inputs, states=True))  # f32[T, E]
+            spans = packing.token_spans(batch, seqs, whole)
+            for i, (start, end) in zip(batch.order, spans, strict=True):
+                out[i] = states[start:end].copy()
+        return out
+
+    def _embedded(self, call) -> list:
+        """The token sequences of an embed call's inputs; InvalidInput naming `input[i]`."""
+        try:
+            return self._tokenizer_state.tokenize("", call.inputs, [], pairs=call.pairs).sequences
+        except InvalidInput as e:
+            raise e.renamed(INPUT) from None
 
     def label_logprobs(
         self, seqs: Sequence[Sequence[int]], labels: Sequence[Sequence[int]], width: int = 0

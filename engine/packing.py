@@ -251,6 +251,17 @@ def pack(
     return PackedBatch(inputs, order, n, list(cached.contexts), counts, time.perf_counter() - start)
 
 
+def token_spans(batch: PackedBatch, seqs: Sequence[Tokens], whole: bool) -> list[tuple[int, int]]:
+    """Each real score row's sequence's tokens [start, end) in `batch`, a batch of sequences
+    packed alone with none cached: a row is its sequence's first token (`whole`, an encoder's)
+    or its last."""
+    rows = batch.inputs.score_rows[: len(batch.order)].tolist()
+    lengths = [len(seqs[i]) for i in batch.order]
+    if whole:
+        return [(r, r + n) for r, n in zip(rows, lengths, strict=True)]
+    return [(r + 1 - n, r + 1) for r, n in zip(rows, lengths, strict=True)]
+
+
 def _scored_first(rows: np.ndarray, order: np.ndarray, scored: int | None):
     """The rows with the scored sequences' first, in order, and the scored sequences' order."""
     if scored is not None:

@@ -1,6 +1,7 @@
 """The device program: a model's weights on the device and the jitted forward of one packed
 batch. The device runner owns one; the offline scorer drives one the same way."""
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -111,14 +112,25 @@ class DeviceProgram:
         )
         # the pool is updated in place, and keeps its sharding from step to step
         outputs = (self.placement.replicated(), self.kv.shardings())
-        forward = self.forward_of(self.attention)
-        self._forward = jax.jit(forward, donate_argnums=2, out_shardings=outputs)
+        self._jit = functools.partial(jax.jit, donate_argnums=2, out_shardings=outputs)
+        self._forward = self._jit(self.forward_of(self.attention))
+        self._states: Callable | None = None  # jitted when first asked for
 
-    def forward_of(self, attention) -> Callable:
+    def forward_of(self, attention, *, states: bool = False) -> Callable:
         """This program's forward with `attention` (`Task.forward_of`): its weights' layout and
-        dense path, writing K/V to the pool, exact in float32."""
+        dense path, writing K/V to the pool, exact in float32; with `states`, the one that
+        answers every token's final state."""
         exact = self.dtype == "float32"
-        return self.task.forward_of(attention, self.dense, write_kv=write, exact=exact)
+        return self.task.forward_of(
+            attention, self.dense, write_kv=write, exact=exact, states=states
+        )
+
+    def _program(self, states: bool) -> Callable:
+        if not states:
+            return self._forward
+        if self._states is None:
+            self._states = self._jit(self.forward_of(self.attention, states=True))
+        return self._states
 
     @property
     def dense_choice(self) -> DenseChoice | None:
@@ -137,15 +149,18 @@ class DeviceProgram:
         return sum(buffers.values())
 
     def compile(self, shape: tuple[int, int, int], block_size: int) -> None:
-        """Compile the program of batch shape (T, S, L), without context, without running it."""
+        """Compile the program of batch shape (T, S, L), without context, without running it
+        (the token-states program is compiled when first run)."""
         batch = empty_batch(*shape, block_size, self.config.window)
         self._forward.lower(self.params, batch, self.kv.arrays).compile()
 
-    def run(self, batch: PackedInputs) -> jax.Array:
-        """Dispatch one packed batch; its outputs f32[S, L] are computed asynchronously.
+    def run(self, batch: PackedInputs, states: bool = False) -> jax.Array:
+        """Dispatch one packed batch; its outputs f32[S, L] (with `states`: every token's final
+        state f32[T, E], for an embedder, `Task.token_states_refused`) are computed
+        asynchronously.
 
         The batch writes its K/V into the pool at `batch.cache_slots` and reads its context
         region from it. After a failure call `kv.recover`.
         """
-        outputs, self.kv.arrays = self._forward(self.params, batch, self.kv.arrays)
+        outputs, self.kv.arrays = self._program(states)(self.params, batch, self.kv.arrays)
         return outputs

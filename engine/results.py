@@ -24,6 +24,13 @@ class EmbedResult(msgspec.Struct, frozen=True, kw_only=True):
     truncated_tokens: int = 0  # tokens cut off texts over the model's limit (asked for)
 
 
+class TokenEmbedResult(msgspec.Struct, frozen=True, kw_only=True):
+    embeddings: list[np.ndarray]  # per text, in text order, f32[n, E]: each of its n tokens' state
+    prompt_tokens: int
+    timings: Timings
+    truncated_tokens: int = 0  # tokens cut off texts over the model's limit (asked for)
+
+
 class RerankHit(msgspec.Struct, frozen=True, kw_only=True):
     index: int
     relevance_score: float

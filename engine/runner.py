@@ -38,7 +38,8 @@ class RunnerState:
     def __init__(self, program: DeviceProgram, *, block_size: int):
         self.program = program
         self.block_size = block_size
-        self.compiled: set[tuple[int, int, int]] = set()
+        # (T, S, L) shapes, and (T, S, L, True) those of the token-states program
+        self.compiled: set[tuple] = set()
         self.stats = RunnerStats()
 
     def warm_up(
@@ -65,10 +66,11 @@ class RunnerState:
             return BatchDone(id=batch.id, error="the KV pool was lost", retry=True)
         start = time.perf_counter()
         try:
-            self._count_compile(batch_shape(batch.inputs))
-            pending = self.program.run(batch.inputs)
+            shape = batch_shape(batch.inputs)
+            self._count_compile((*shape, True) if batch.states else shape)
+            pending = self.program.run(batch.inputs, batch.states)
             dispatched = time.perf_counter()
-            outputs = np.asarray(pending)  # f32[S, L]
+            outputs = np.asarray(pending)  # f32[S, L], or f32[T, E]
         except Exception as e:  # one bad batch must not stop the runner
             self.stats.failed += 1
             reset = self.program.kv.recover()
@@ -80,7 +82,7 @@ class RunnerState:
             id=batch.id, outputs=outputs, device_s=elapsed, dispatch_s=dispatched - start
         )
 
-    def _count_compile(self, shape: tuple[int, int, int]) -> None:
+    def _count_compile(self, shape: tuple) -> None:
         if shape not in self.compiled:
             self.stats.compiles += 1
             self.compiled.add(shape)

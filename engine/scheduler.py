@@ -7,6 +7,8 @@ the device. When the device has just answered requests, it waits up to `linger` 
 that many more requests to queue: closed-loop clients come straight back, and without the wait
 their cohorts split into small, slow batches. A lone request is never held back (its cohort is
 itself). Requests are served in arrival order; one of many items may span several batches.
+Requests for token states (an embedder's token vectors) run in batches of their own, each text
+packed alone and computed whole (nothing read from the KV cache).
 
 With several device runners (data parallel) each has its own KV pool, so each has its own
 cache here, and a window is planned for one runner: a free runner whose cache holds most of the
@@ -20,6 +22,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import trio
 
 from engine import batching, packing
@@ -55,6 +58,9 @@ class _InFlight:
     contexts: list  # engine.packing.Context | None per chunk: committed or aborted when done
     cached: list[int]  # tokens of each row read from the KV cache
     runner: int = 0
+    # a states batch's: each row's sequence's tokens [start, end) in the batch; None: a row's
+    # output is its answer
+    spans: list[tuple[int, int]] | None = None
 
 
 @dataclass
@@ -154,7 +160,8 @@ class SchedulerState:
         self._replan()
         self.requests[msg.id] = req = _Request(msg, now, [None] * n, n)
         prefix = msg.sequences[0][:-1]  # what it finds cached stays cached until it runs
-        req.holds = [None if c is None else (c.hold(prefix), c.epoch) for c in self.caches]
+        caches = [None if msg.states else c for c in self.caches]  # states read no cache
+        req.holds = [None if c is None else (c.hold(prefix), c.epoch) for c in caches]
         self.queue[msg.id] = deque(range(n))
         self.queued_tokens += tokens
         return []
@@ -226,7 +233,9 @@ class SchedulerState:
         self._count(batch.inputs, batch.real_tokens, sum(len(seqs[i]) for i in batch.order))
         for (rid, _), cached in zip(rows, batch.cached, strict=True):
             self.requests[rid].cached_tokens += cached
-        return self._emit(batch, rows, time.perf_counter() - start, runner)
+        states = self._window_states
+        spans = packing.token_spans(batch, seqs, self.whole_sequences) if states else None
+        return self._emit(batch, rows, time.perf_counter() - start, runner, spans)
 
     def _next_packed(self) -> packing.PackedBatch | None:
         """The next batch of the planned window; a window used up is replaced by the next one
@@ -254,16 +263,23 @@ class SchedulerState:
         self._window = window = self._head()
         self._window_sequences = [self.requests[r].msg.sequences[i] for r, i in window]
         labels = [self.requests[r].msg.labels for r, _ in window]
+        states = self._window_states
         self._blocked = False
         self._batches = batching.batches(
             self._window_sequences,
             labels,
             token_budget=self.token_budget,
             buckets=self.buckets,
-            cache=self.caches[self._planned_for],
+            cache=None if states else self.caches[self._planned_for],
             whole=self.whole_sequences,
-            alone=self.alone,
+            alone=self.alone or states,  # every token's state is computed, none cached
         )
+
+    @property
+    def _window_states(self) -> bool:
+        """Whether the window at the head answers token states (its requests all do, or none)."""
+        rid = self._window[0][0] if self._window else None
+        return rid is not None and self.requests[rid].msg.states
 
     def fail_waiting(self, error: Exception) -> list[Rejected]:
         """Fail every request at the head of the queue: the batch they formed could not be built.
@@ -275,8 +291,14 @@ class SchedulerState:
         return self._fail(ids, f"batch build failed: {type(error).__name__}: {error}")
 
     def _head(self) -> list[tuple[int, int]]:
-        window = []
+        """The items at the head of the queue: up to `WINDOW_ITEMS`, of requests that all answer
+        token states or all do not (the two run different programs)."""
+        window, states = [], None
         for rid, items in self.queue.items():
+            kind = self.requests[rid].msg.states
+            if states is not None and kind != states:
+                break
+            states = kind
             window.extend((rid, idx) for idx in items)
             if len(window) >= WINDOW_ITEMS:
                 break
@@ -303,7 +325,9 @@ class SchedulerState:
         self.stats.padded_tokens += int(inputs.tokens.shape[0]) - real
         self.stats.prefix_tokens_saved += unshared - real
 
-    def _emit(self, packed: packing.PackedBatch, rows, build_s: float, runner: int) -> Batch:
+    def _emit(
+        self, packed: packing.PackedBatch, rows, build_s: float, runner: int, spans=None
+    ) -> Batch:
         batch = Batch(
             id=self.next_batch_id,
             inputs=packed.inputs,
@@ -311,9 +335,11 @@ class SchedulerState:
             real_tokens=packed.real_tokens,
             build_s=build_s,
             pool_generation=self.pool_generation[runner],
+            states=spans is not None,
         )
         self.next_batch_id += 1
-        self.in_flight[batch.id] = _InFlight(rows, packed.contexts, packed.cached, runner)
+        flight = _InFlight(rows, packed.contexts, packed.cached, runner, spans)
+        self.in_flight[batch.id] = flight
         self.assigned[runner] += 1
         self.runner_batches[runner] += 1
         for rid in {rid for rid, _ in rows}:
@@ -337,7 +363,7 @@ class SchedulerState:
             req.dispatch_s += done.dispatch_s
         for r, (rid, idx) in enumerate(rows):
             if rid in live:
-                live[rid].outputs[idx] = done.outputs[r]  # the caller knows its width
+                live[rid].outputs[idx] = _answer(done.outputs, r, flight.spans)
                 live[rid].remaining -= 1
         finished = [self._finish(rid, now) for rid, req in live.items() if req.remaining == 0]
         self.last_done_at = now
@@ -406,6 +432,15 @@ class SchedulerState:
     def idle(self) -> bool:
         """True when no request is tracked: nothing queued, planned or running."""
         return not (self.requests or self.queue or self.in_flight) and self.queued_tokens == 0
+
+
+def _answer(outputs: np.ndarray, row: int, spans: list[tuple[int, int]] | None) -> np.ndarray:
+    """What score row `row` answers: its output f32[L] (the caller knows its width), or its
+    sequence's token states f32[n, E] (a copy: the batch's f32[T, E] is let go)."""
+    if spans is None:
+        return outputs[row]
+    start, end = spans[row]
+    return outputs[start:end].copy()
 
 
 async def run(

@@ -201,6 +201,7 @@ class TokenizerState:
             arrived=r.arrived,
             tokenize_s=time.perf_counter() - start,
             truncated=truncated,
+            states=r.states,
         )
 
 

@@ -176,10 +176,10 @@ class FaultyProgram:
     def compile(self, shape, block_size: int) -> None:
         self.program.compile(shape, block_size)
 
-    def run(self, inputs):
+    def run(self, inputs, states: bool = False):
         if self.fault is not None:
             self.fault(inputs)
-        return self.program.run(inputs)
+        return self.program.run(inputs, states)
 
     @property
     def kv(self):

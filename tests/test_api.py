@@ -707,6 +707,7 @@ def test_openapi_is_generated_from_the_route_table(client):
         "/v1/embeddings",
         "/v2/embed",
         "/embed",
+        "/embed_all",
         "/similarity",
         "/pooling",
         "/invocations",

@@ -1,9 +1,11 @@
 """The embedding APIs on the real all-MiniLM-L6-v2: OpenAI's `/v1/embeddings` (with Voyage's and
-vLLM's fields), TEI's `/embed` and `/similarity`, Cohere's `/v2/embed` and vLLM's `/pooling`.
+vLLM's fields), TEI's `/embed`, `/embed_all` and `/similarity`, Cohere's `/v2/embed` and vLLM's
+`/pooling`.
 Values equal `Engine.embed`'s (quantised formats an independent computation of them), the model
 card names the routes, and every refusal names its field."""
 
 import base64
+import functools
 
 import numpy as np
 import pytest
@@ -62,7 +64,7 @@ def test_the_model_card_names_the_embedding_route(client):
     info = client.get("/get_model_info").json()
     assert (info["head"], info["architecture"]) == ("embedding", "encoder")
     assert client.get("/info").json()["model_type"] == {"embedding": {"pooling": "mean"}}  # TEI's
-    routes = ["/v1/embeddings", "/v2/embed", "/embed", "/similarity", "/pooling"]
+    routes = ["/v1/embeddings", "/v2/embed", "/embed", "/embed_all", "/similarity", "/pooling"]
     assert info["endpoints"] == routes
     assert client.get("/v1/models").json()["data"][0]["endpoints"] == routes
     assert set(routes) <= set(client.get("/openapi.json").json()["paths"])
@@ -106,7 +108,10 @@ def test_an_embedder_refuses_scores_and_a_scorer_refuses_embeddings(client, tiny
     for scorer in serving(create_app(settings_from_env(tiny_env(tiny_path))), "asyncio"):
         r = scorer.post("/v1/embeddings", json={"input": ["a"]})
         assert r.status_code == 400 and "not an embedder" in r.json()["error"]["message"]
-        assert "/v1/embeddings" not in scorer.get("/get_model_info").json()["endpoints"]
+        r = scorer.post("/embed_all", json={"inputs": ["a"]})  # TEI's error body and status
+        assert r.status_code == 422 and "not an embedder" in r.json()["error"], r.text
+        endpoints = scorer.get("/get_model_info").json()["endpoints"]
+        assert not {"/v1/embeddings", "/embed_all"} & set(endpoints)
 
 
 @pytest.fixture(scope="module")
@@ -177,6 +182,32 @@ def test_tei_embed(client, minilm, want):
     np.testing.assert_array_equal(np.float32(r.json()), left)
     r = client.post("/embed", json={"inputs": ["a"], "dimensions": 100})
     assert r.status_code == 422 and r.json()["error"].startswith("dimensions: ")
+
+
+def test_tei_embed_all(client, minilm):
+    async def main(texts, **options):
+        async with open_engine(tiny_config(minilm)) as engine:  # the service's configuration
+            return (await engine.embed_tokens(texts, **options)).embeddings
+
+    r = client.post("/embed_all", json={"inputs": TEXTS})
+    assert r.status_code == 200, r.text
+    want = trio.run(main, TEXTS)
+    assert [len(v) for v in r.json()] == [len(w) for w in want]  # each input's every token
+    for got, expected in zip(r.json(), want, strict=True):
+        np.testing.assert_array_equal(np.float32(got), expected)
+    long = " ".join(CORPUS[:6]) * 8
+    body = {"inputs": long, "truncate": True, "truncation_direction": "left"}
+    r = client.post("/embed_all", json=body)
+    (left,) = trio.run(functools.partial(main, truncate=True, truncation_side="left"), [long])
+    np.testing.assert_array_equal(np.float32(r.json()[0]), left)
+    assert float(r.headers["x-device-time"]) > 0
+    r = client.post("/embed_all", json={"inputs": ["a", long]})
+    assert r.status_code == 422, r.text
+    assert r.json()["error_type"] == "Validation" and r.json()["error"].startswith("inputs[1]: ")
+    r = client.post("/embed_all", json={"inputs": ["a"], "normalize": True})
+    assert r.status_code == 422 and "normalize" in r.json()["error"]  # no such field there
+    r = client.post("/embed_all", json={"inputs": ["a"], "prompt_name": "query"})
+    assert r.status_code == 422 and r.json()["error"].startswith("prompt_name: unknown prompt")
 
 
 def test_tei_similarity(client, want):

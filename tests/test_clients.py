@@ -190,11 +190,19 @@ def test_cohere_embed_client(embedder_server, embedded):
         client.embed(model="m", texts=["a", "b " * 400], input_type="search_query", truncate="NONE")
 
 
-def test_huggingface_hub_tei_client(embedder_server, embedded):
+def test_huggingface_hub_tei_client(embedder_server, embedded, minilm):
     headers = {"Authorization": f"Bearer {KEY}"}
     tei = InferenceClient(model=f"{embedder_server.url}/embed", headers=headers)
     got = tei.feature_extraction(EMBED_TEXTS[0], truncate=True, truncation_direction="left")
     np.testing.assert_array_equal(got, embedded[:1])
+    tokens = InferenceClient(model=f"{embedder_server.url}/embed_all", headers=headers)
+    got = tokens.feature_extraction(EMBED_TEXTS[-1])  # f32[1, n, E]: TEI's list per input
+
+    async def token_vectors():
+        async with open_engine(tiny_config(minilm)) as engine:
+            return (await engine.embed_tokens(EMBED_TEXTS[-1:])).embeddings
+
+    np.testing.assert_array_equal(got, trio.run(token_vectors)[0][None])
     similarity = InferenceClient(model=f"{embedder_server.url}/similarity", headers=headers)
     scores = similarity.sentence_similarity(EMBED_TEXTS[0], EMBED_TEXTS[1:])
     np.testing.assert_allclose(scores, embedded[1:] @ embedded[0], atol=1e-6)

@@ -90,9 +90,14 @@ def reference(path, texts) -> np.ndarray:
 
 @pytest.fixture(scope="module", params=sorted(EMBEDDERS))
 def embedder(request, tmp_path_factory) -> Path:
-    cls, fields, kind, st = EMBEDDERS[request.param]
-    path = tmp_path_factory.mktemp("embedders") / request.param
-    seed = sum(map(ord, request.param))
+    return tiny_embedder(tmp_path_factory.mktemp("embedders"), request.param)
+
+
+def tiny_embedder(root: Path, name: str) -> Path:
+    """The tiny encoder embedder `name` of EMBEDDERS, written under `root`."""
+    cls, fields, kind, st = EMBEDDERS[name]
+    path = root / name
+    seed = sum(map(ord, name))
     return write_encoder(
         path,
         cls,
@@ -255,11 +260,15 @@ QUERY_PROMPT = "Instruct: find the passage about the fox\nQuery: "
 
 @pytest.fixture(scope="module")
 def qwen3_embedder(tmp_path_factory) -> Path:
-    """A tiny Qwen3-Embedding-like directory: the bare Qwen3 model, a tokenizer that appends
-    `<|endoftext|>` to every text, last-token pooling, normalised, and a query prompt."""
+    return qwen3_embedding(tmp_path_factory.mktemp("decoder-embedders"))
+
+
+def qwen3_embedding(root: Path) -> Path:
+    """A tiny Qwen3-Embedding-like directory under `root`: the bare Qwen3 model, a tokenizer
+    that appends `<|endoftext|>` to every text, last-token pooling, normalised, and a query
+    prompt."""
     from tokenizers import processors
 
-    root = tmp_path_factory.mktemp("decoder-embedders")
     path = write_tiny_checkpoint(root, "qwen3", auto="AutoModel")
     tok = tiny_tokenizer()
     eos = tok.token_to_id("<|endoftext|>")

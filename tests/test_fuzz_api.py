@@ -143,7 +143,7 @@ def test_every_operation_answers_as_documented(app, case):
 
 
 EMBEDDING_OPERATIONS = schema.include(
-    path_regex=r"^/(v1/embeddings|v2/embed|embed|similarity|pooling)$"
+    path_regex=r"^/(v1/embeddings|v2/embed|embed|embed_all|similarity|pooling)$"
 )
 
 

@@ -247,3 +247,39 @@ def test_a_lost_pool_voids_only_its_runners_cache():
     (rejected,) = st.handle(failed, 2.0)
     assert rejected.kind is RejectKind.FAILED
     assert st.pool_generation == [0, 1] and st.caches[0].peek([5] * 20) == 16
+
+
+def test_token_state_requests_run_in_batches_of_their_own_and_answer_each_token():
+    """Requests for token states are never batched with score requests, share no prefix, read
+    no cache, and answer each sequence's rows of the batch's f32[T, E] states."""
+    st = runners_state(1)
+    shared = list(range(1, 17))  # two pages of 8
+    st.handle(tokenized(0, [shared + [30], shared + [31]]), 0.0)
+    states = Tokenized(
+        id=1,
+        sequences=[shared + [32], shared + [33, 34]],
+        labels=[],
+        arrived=0.0,
+        tokenize_s=0.0,
+        states=True,
+    )
+    st.handle(states, 0.0)
+    st.handle(tokenized(2, [shared + [35]]), 0.0)
+    first = st.next_batch(1.0)
+    assert not first.states and sorted(first.rows) == [(0, 0), (0, 1)]
+    st.handle(done_for(first), 1.5)  # the shared pages are cached now
+    second, third = st.next_batch(2.0), st.next_batch(2.0)
+    assert st.next_batch(2.0) is None
+    assert second.states and not third.states and third.rows == [(2, 0)]
+    assert second.real_tokens == 17 + 18  # each laid out whole, nothing read from the cache
+    t = second.inputs.tokens.shape[0]
+    hidden = np.arange(t * 2, dtype=np.float32).reshape(t, 2)  # f32[T, E]: token i is [2i, 2i+1]
+    (scored,) = st.handle(BatchDone(id=second.id, outputs=hidden, device_s=0.01), 3.0)
+    assert scored.id == 1 and scored.cached_tokens == 0 and scored.prompt_tokens == 35
+    tokens = second.inputs.tokens
+    for seq, answer in zip(states.sequences, scored.outputs, strict=True):
+        assert answer.shape == (len(seq), 2)
+        at = (answer[:, 0] / 2).astype(int)  # the batch position each answered row came from
+        assert tokens[at].tolist() == seq and at.tolist() == list(range(at[0], at[0] + len(seq)))
+    (last,) = st.handle(done_for(third), 3.0)
+    assert last.cached_tokens == 16  # the score request after it still reads the cache

@@ -196,7 +196,8 @@ def forward(
     `label_logprobs` (a language-model head), `class_logits` (a sequence-classification head)
     or `last_hidden` (an embedder's: L is E), each called as `output(h f32[R, E], label_ids
     i32[R, L], head, cfg, dense)`. `rows(h f32[T, E], inputs)` may make the rows' states of
-    every token's instead (`mean_rows`: the mean of the row's sequence).
+    every token's instead (`mean_rows`: the mean of the row's sequence; `every_token`: a row
+    per token, f32[T, E]).
 
     `params` is laid out as `engine.models.layout.place_decoder` makes it: "embed", "final_norm",
     "head" and "matrices" prepared by `dense`, "layers" the per-layer vectors. With a `pool`,
@@ -240,6 +241,8 @@ def forward(
         h = rms_norm(x[inputs.score_rows], params["final_norm"], cfg.norm_eps)  # [S, E]
     else:
         h = rows(rms_norm(x, params["final_norm"], cfg.norm_eps), inputs)  # [S, E]
+    if output is last_hidden:  # the states are the answer: no head to apply row by row
+        return h, pool
     head = lambda h, labels: output(h, labels, params["head"], cfg, dense)
     return _by_row_chunks(head, h, inputs.label_ids), pool
 
@@ -258,6 +261,11 @@ def mean_rows(h: jax.Array, inputs: PackedInputs) -> jax.Array:  # f32[S, E]
     key = jnp.arange(h.shape[0])[None, :]
     weights = ((key >= start) & (key < end)).astype(jnp.float32) / (end - start)  # [S, T]
     return jnp.matmul(weights, h, precision=jax.lax.Precision.HIGHEST)
+
+
+def every_token(h: jax.Array, inputs: PackedInputs) -> jax.Array:  # f32[T, E]
+    """Every token's final state, a row per token (an embedder's token vectors)."""
+    return h
 
 
 def label_logprobs(h: jax.Array, labels: jax.Array, head, cfg: ModelConfig, dense: Dense):

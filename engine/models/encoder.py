@@ -192,6 +192,11 @@ def forward(
     return output(x, inputs, params, cfg, dense), None
 
 
+def states(x: jax.Array, inputs: PackedInputs, params: dict, cfg: ModelConfig, dense: Dense):
+    """f32[T, E]: every token's final state (an embedder's token vectors, before pooling)."""
+    return x
+
+
 def pair_logits(x: jax.Array, inputs: PackedInputs, params: dict, cfg: ModelConfig, dense: Dense):
     """f32[S, L]: the classifier's logits of `label_ids` (label indices) for each score row's
     pair, read from its first token or its mean (`cfg.pooling`)."""

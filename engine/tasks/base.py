@@ -46,6 +46,9 @@ class Task:
 
     forward: ClassVar[Callable]  # (params, inputs, pool, *, cfg, family, ...) -> (f32[S, L], pool)
     output: ClassVar[Callable]  # what `forward` returns at the score rows (its `output`)
+    # what `forward` returns as every token's final state, f32[T, E] (None: this kind answers
+    # no token vectors)
+    states_output: ClassVar[Callable | None] = None
     place: ClassVar[Callable]  # (host params, cfg, dtype, dense) -> device params
 
     def forward_of(
@@ -55,13 +58,17 @@ class Task:
         *,
         config: ModelConfig | None = None,
         exact: bool = False,
+        states: bool = False,
         **options,
     ) -> Callable:
         """The forward of one packed batch, `(params, inputs, pool) -> (f32[S, L], pool)`: this
         task's model with `attention` and `dense` (`kernels.select_*`), of `config` (another of
         the same model, e.g. cut to fewer layers; by default its own); `options` are the
         model's (`write_kv`, `unroll`). `exact`: every dot at full f32 precision (the f32
-        program's; see `exactly`). The one assembly the program, export and plan share."""
+        program's; see `exactly`). `states`: every token's final state f32[T, E] instead (see
+        `token_states_refused`). The one assembly the program, export and plan share."""
+        if states and self.token_states_refused():
+            raise ValueError(self.token_states_refused())
         cfg = config or self.config
         family = FAMILIES[cfg.family]
         forward = functools.partial(
@@ -70,7 +77,7 @@ class Task:
             family=family,
             attention=attention,
             dense=dense,
-            output=self.output,
+            output=self.states_output if states else self.output,
             **options,
         )
         return exactly(forward) if exact else forward
@@ -137,6 +144,11 @@ class Task:
     def embeddings_refused(self) -> str | None:
         """Why embeddings (`Engine.embed`) are unavailable, or None when they work."""
         return f"this model is a {self.name} ({self.describe()}), not an embedder"
+
+    def token_states_refused(self) -> str | None:
+        """Why token vectors (every token's final state: `Engine.embed_tokens`) are
+        unavailable, or None when they work."""
+        return self.embeddings_refused()
 
     def describe(self) -> str:
         """The model's kind in a few words, for people."""

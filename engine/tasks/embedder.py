@@ -134,6 +134,7 @@ class EncoderEmbedder(Embedder):
     whole_sequences = True
     forward = staticmethod(encoder.forward)
     output = staticmethod(encoder.pooled)
+    states_output = staticmethod(encoder.states)
     place = staticmethod(place_encoder)
     unshardable = CrossEncoder.unshardable
 
@@ -146,6 +147,7 @@ class DecoderEmbedder(Embedder):
     architecture = "decoder"
     forward = staticmethod(decoder.forward)
     output = staticmethod(decoder.last_hidden)
+    states_output = staticmethod(decoder.last_hidden)  # of a row per token (`forward_of`)
     place = staticmethod(place_decoder)
 
     @property
@@ -154,10 +156,12 @@ class DecoderEmbedder(Embedder):
         # sequences would each need them (and a cached one's are not computed at all)
         return self.config.embedding.mode == "last"
 
-    def forward_of(self, attention, dense, **options):
-        if self.config.embedding.mode == "mean":
+    def forward_of(self, attention, dense, *, states: bool = False, **options):
+        if states:
+            options = {**options, "rows": decoder.every_token}
+        elif self.config.embedding.mode == "mean":
             options = {**options, "rows": decoder.mean_rows}
-        return super().forward_of(attention, dense, **options)
+        return super().forward_of(attention, dense, states=states, **options)
 
     @classmethod
     def fits(cls, config) -> bool:
