@@ -17,7 +17,7 @@ from tests.test_api_support import (
     assert_scores,
     error_body,
     expected_scores,
-    hypercorn_server,
+    held_start_server,
     rerank_cases,
     rerank_references,
     score_cases,
@@ -32,7 +32,7 @@ BURST = 256
 def server(request, tiny_checkpoints, tmp_path_factory):
     log = tmp_path_factory.mktemp("hypercorn") / f"{request.param}.log"
     env = tiny_env(tiny_checkpoints["llama-untied"], SCORING_PRECOMPILE="1", SCORING_PROGRESS="1")
-    with hypercorn_server(request.param, env, log) as server:
+    with held_start_server(request.param, env, log) as server:
         yield server
 
 

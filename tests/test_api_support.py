@@ -26,6 +26,7 @@ from engine import Engine, EngineConfig, RerankResult, open_engine
 from tests.conftest import inject_faults
 
 ROOT = Path(__file__).resolve().parents[1]
+HELD_START = Path(__file__).resolve().parent / "held_start"  # see its sitecustomize
 
 YES, NO = 264, 265  # " yes" and " no" in the tiny tokenizer
 
@@ -297,10 +298,7 @@ def wait_healthy(url: str, process: subprocess.Popen, log: Path, timeout: float)
     seen: set[int | None] = set()
 
     def healthy() -> bool:
-        if process.poll() is not None:
-            pytest.fail(f"hypercorn exited with {process.returncode}:\n{log.read_text()}")
-        with contextlib.suppress(httpx2.TransportError):  # not listening yet
-            seen.add(httpx2.get(f"{url}/health", timeout=2).status_code)
+        seen.add(_health(url, process, log))
         return 200 in seen
 
     if not wait_until(healthy, timeout):
@@ -340,6 +338,33 @@ def hypercorn_server(worker: str, env: dict[str, str], log: Path, *args: str) ->
         yield Server(worker, url, log, wait_healthy(url, process, log, 120), process.pid, process)
     finally:
         stop(process)
+
+
+@contextlib.contextmanager
+def held_start_server(worker: str, env: dict[str, str], log: Path) -> Iterator[Server]:
+    """A `hypercorn_server` whose engine start-up is held (`tests/held_start`) until its
+    /health has answered 503, then let go: `saw_503` holds whatever the machine's speed."""
+    gate = log.with_suffix(".gate")
+    path = os.pathsep.join(filter(None, [str(HELD_START), str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = env | {"HELD_START_GATE": str(gate), "PYTHONPATH": path}
+    process, url = launch(worker, env, log)
+    try:
+        starting = lambda: _health(url, process, log) == 503
+        if not wait_until(starting, 120):
+            pytest.fail(f"/health never answered 503 while the start was held:\n{log.read_text()}")
+        gate.touch()
+        yield Server(worker, url, log, wait_healthy(url, process, log, 120), process.pid, process)
+    finally:
+        stop(process)
+
+
+def _health(url: str, process: subprocess.Popen, log: Path) -> int | None:
+    """/health's status (None: not listening yet); fails the test if the server died."""
+    if process.poll() is not None:
+        pytest.fail(f"hypercorn exited with {process.returncode}:\n{log.read_text()}")
+    with contextlib.suppress(httpx2.TransportError):
+        return httpx2.get(f"{url}/health", timeout=2).status_code
+    return None
 
 
 def worker_rss_kib(server: Server) -> int:
