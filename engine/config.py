@@ -46,6 +46,9 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     max_queued_requests: int = 1024  # in-flight requests before score() fails as overloaded
     max_queued_tokens: int = 2_000_000  # tokenised tokens waiting before requests are refused
     max_items_per_request: int = 4096  # items (or documents, texts) in one request; more: refused
+    # tokens whose vectors one token-vector request (`Engine.embed_tokens`, /embed_all) may ask
+    # for, each answering the model's hidden size in floats; more: refused
+    max_token_vectors_per_request: int = 32768
     tokenizer_cache_size: int = 65536  # texts whose token ids are kept (LRU)
     # KV pool size in bytes (prefix reuse across requests, docs/kv-cache.md); None: an eighth of
     # the device's memory (the host's on CPU; runners sharing it share that), at most what 262144

@@ -93,6 +93,7 @@ class Engine:
             self.buckets,
             max_items=config.max_items_per_request,
             cache_size=config.tokenizer_cache_size,
+            max_token_vectors=config.max_token_vectors_per_request,
         )
         self.scheduler = scheduler.SchedulerState(
             self.buckets,

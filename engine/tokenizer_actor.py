@@ -63,12 +63,14 @@ class TokenizerState:
         max_labels: int,
         cache_size: int,
         pairs: PairEncoder | None = None,
+        max_token_vectors: int | None = None,
     ):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_len = max_len
         self.max_items = max_items
         self.max_labels = max_labels
+        self.max_token_vectors = max_token_vectors  # tokens a states request may answer
         self.cache = TokenCache(cache_size)
         self.pairs = pairs  # a cross-encoder's pair tokenisation; None: pairs are refused
 
@@ -81,6 +83,7 @@ class TokenizerState:
         *,
         max_items: int | None,
         cache_size: int,
+        max_token_vectors: int | None = None,
     ) -> "TokenizerState":
         """The state for a model of `task` batched on `buckets`: the longest sequence and the
         label count those allow (`Buckets.max_sequence`, `Buckets.max_labels`), and the task's
@@ -94,6 +97,7 @@ class TokenizerState:
             max_labels=buckets.max_labels,
             cache_size=cache_size,
             pairs=task.pair_encoder(tokenizer),
+            max_token_vectors=max_token_vectors,
         )
 
     def tokenize(
@@ -179,6 +183,14 @@ class TokenizerState:
             self.cache.put(text, enc.ids)
         return found
 
+    def _check_token_vectors(self, seqs) -> None:
+        """InputTooLarge naming `items` when a states request asks for more token vectors than
+        one request may (each is a row of floats in its answer)."""
+        tokens, limit = sum(map(len, seqs)), self.max_token_vectors
+        if limit is not None and tokens > limit:
+            why = f"{tokens} tokens' vectors exceed the limit of {limit} per request"
+            raise InputTooLarge("items", why)
+
     def _finish(self, r, staged, encoded, start: float) -> Tokenized | Rejected | Cancel:
         """The request's sequences, checked; its tokenize time counts from `start` (the batch
         call's) to the end of its own checks."""
@@ -192,6 +204,8 @@ class TokenizerState:
         seqs = [encoded[s] if isinstance(s, str) else s for s in staged]
         try:
             inputs.check_sequences(seqs, vocab_size=id_space, max_len=self.max_len)
+            if r.states:
+                self._check_token_vectors(seqs)
         except InvalidInput as e:
             return _rejected(r.id, e)
         return Tokenized(

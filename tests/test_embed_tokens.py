@@ -164,3 +164,19 @@ def test_a_scorer_refuses_token_vectors(tiny_path):
                 await engine.embed_tokens(["a"])
 
     trio.run(main)
+
+
+def test_a_request_for_more_token_vectors_than_allowed_is_refused(minilm):
+    texts = ["A kitten sleeps in the sun.", "Stocks fell."]  # 9 and 5 tokens with [CLS], [SEP]
+    config = engine_config(minilm, max_token_vectors_per_request=13)
+
+    async def main():
+        async with open_engine(config) as engine:
+            with pytest.raises(InputTooLarge, match=r"^input: 14 tokens' vectors exceed the limit"):
+                await engine.embed_tokens(texts)
+            alone = await engine.embed_tokens(texts[:1])  # within it
+            pooled = await engine.embed(texts)  # pooled vectors are not bound by it
+            return alone, pooled
+
+    alone, pooled = trio.run(main)
+    assert [len(v) for v in alone.embeddings] == [9] and pooled.embeddings.shape == (2, 384)
