@@ -108,6 +108,7 @@ class SchedulerState:
         # batches of the window at the head of the queue, valid until the queue changes
         self._window: list[tuple[int, int]] = []  # (request id, item index) per sequence
         self._window_sequences: list[list[int]] = []
+        self._window_states = False  # whether the window answers token states
         self._batches: Generator[packing.PackedBatch | None, bool, None] | None = None
         self._planned_for = 0  # the runner whose cache the window was planned against
         self._blocked = False  # the plan waits for pages a running batch writes
@@ -233,8 +234,8 @@ class SchedulerState:
         self._count(batch.inputs, batch.real_tokens, sum(len(seqs[i]) for i in batch.order))
         for (rid, _), cached in zip(rows, batch.cached, strict=True):
             self.requests[rid].cached_tokens += cached
-        states = self._window_states
-        spans = packing.token_spans(batch, seqs, self.whole_sequences) if states else None
+        whole = self.whole_sequences
+        spans = packing.token_spans(batch, seqs, whole) if self._window_states else None
         return self._emit(batch, rows, time.perf_counter() - start, runner, spans)
 
     def _next_packed(self) -> packing.PackedBatch | None:
@@ -263,7 +264,8 @@ class SchedulerState:
         self._window = window = self._head()
         self._window_sequences = [self.requests[r].msg.sequences[i] for r, i in window]
         labels = [self.requests[r].msg.labels for r, _ in window]
-        states = self._window_states
+        # its requests all answer token states or none do (`_head`)
+        self._window_states = states = bool(window) and self.requests[window[0][0]].msg.states
         self._blocked = False
         self._batches = batching.batches(
             self._window_sequences,
@@ -274,12 +276,6 @@ class SchedulerState:
             whole=self.whole_sequences,
             alone=self.alone or states,  # every token's state is computed, none cached
         )
-
-    @property
-    def _window_states(self) -> bool:
-        """Whether the window at the head answers token states (its requests all do, or none)."""
-        rid = self._window[0][0] if self._window else None
-        return rid is not None and self.requests[rid].msg.states
 
     def fail_waiting(self, error: Exception) -> list[Rejected]:
         """Fail every request at the head of the queue: the batch they formed could not be built.

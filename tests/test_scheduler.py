@@ -283,3 +283,16 @@ def test_token_state_requests_run_in_batches_of_their_own_and_answer_each_token(
         assert tokens[at].tolist() == seq and at.tolist() == list(range(at[0], at[0] + len(seq)))
     (last,) = st.handle(done_for(third), 3.0)
     assert last.cached_tokens == 16  # the score request after it still reads the cache
+
+
+def test_a_window_goes_on_after_its_first_request_finished():
+    """Later batches of one planned window are taken after its first request is answered (and
+    forgotten): the window keeps what kind of batches it makes."""
+    st = state(budget=16)
+    st.handle(tokenized(0, [[1] * 10]), 0.0)
+    st.handle(tokenized(1, [[2] * 10]), 0.0)
+    first = st.next_batch(0.0)
+    (done,) = st.handle(done_for(first), 1.0)
+    assert done.id == 0 and 0 not in st.requests
+    second = st.next_batch(1.0)
+    assert second.rows == [(1, 0)] and not second.states
