@@ -155,9 +155,8 @@ class DeviceProgram:
         self._forward.lower(self.params, batch, self.kv.arrays).compile()
 
     def run(self, batch: PackedInputs, states: bool = False) -> jax.Array:
-        """Dispatch one packed batch; its outputs f32[S, L] (with `states`: every token's final
-        state f32[T, E], for an embedder, `Task.token_states_refused`) are computed
-        asynchronously.
+        """Dispatch one packed batch; its outputs f32[S, L] (with `states`, an embedder's: every
+        token's final state f32[T, E]) are computed asynchronously.
 
         The batch writes its K/V into the pool at `batch.cache_slots` and reads its context
         region from it. After a failure call `kv.recover`.

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from engine.models import ModelConfig, decoder, encoder
+from engine.models.config import Pooling
 from engine.tasks import KINDS, Classifier, CrossEncoder, LanguageModel, task_for
 from engine.tasks.base import exactly
 from tests.conftest import tiny_tokenizer
@@ -102,3 +103,14 @@ def test_relevance_formulas():
     pair = np.array([[0.0, np.log(3.0)]])
     np.testing.assert_allclose(two.relevance(pair, raw=False), [0.75])
     np.testing.assert_allclose(two.relevance(pair, raw=True), [np.log(3.0)])
+
+
+def test_only_embedders_answer_token_states():
+    mean = msgspec.structs.replace(BASE, embedding=Pooling(mode="mean"))
+    states = task_for(mean).forward_of("a", "d", states=True)
+    assert states.keywords["rows"] is decoder.every_token  # not the mean its vectors take
+    assert states.keywords["output"] is decoder.last_hidden
+    encoder_states = task_for(msgspec.structs.replace(ENCODER, embedding=Pooling(mode="cls")))
+    assert encoder_states.forward_of("a", "d", states=True).keywords["output"] is encoder.states
+    with pytest.raises(ValueError, match="answers no token vectors"):
+        task_for(BASE).forward_of("a", "d", states=True)

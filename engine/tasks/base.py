@@ -47,7 +47,7 @@ class Task:
     forward: ClassVar[Callable]  # (params, inputs, pool, *, cfg, family, ...) -> (f32[S, L], pool)
     output: ClassVar[Callable]  # what `forward` returns at the score rows (its `output`)
     # what `forward` returns as every token's final state, f32[T, E] (None: this kind answers
-    # no token vectors)
+    # no token vectors; embedders do)
     states_output: ClassVar[Callable | None] = None
     place: ClassVar[Callable]  # (host params, cfg, dtype, dense) -> device params
 
@@ -65,10 +65,10 @@ class Task:
         task's model with `attention` and `dense` (`kernels.select_*`), of `config` (another of
         the same model, e.g. cut to fewer layers; by default its own); `options` are the
         model's (`write_kv`, `unroll`). `exact`: every dot at full f32 precision (the f32
-        program's; see `exactly`). `states`: every token's final state f32[T, E] instead (see
-        `token_states_refused`). The one assembly the program, export and plan share."""
-        if states and self.token_states_refused():
-            raise ValueError(self.token_states_refused())
+        program's; see `exactly`). `states`: every token's final state f32[T, E] instead (an
+        embedder's token vectors). The one assembly the program, export and plan share."""
+        if states and self.states_output is None:
+            raise ValueError(f"a {self.name} answers no token vectors")
         cfg = config or self.config
         family = FAMILIES[cfg.family]
         forward = functools.partial(
@@ -144,11 +144,6 @@ class Task:
     def embeddings_refused(self) -> str | None:
         """Why embeddings (`Engine.embed`) are unavailable, or None when they work."""
         return f"this model is a {self.name} ({self.describe()}), not an embedder"
-
-    def token_states_refused(self) -> str | None:
-        """Why token vectors (every token's final state: `Engine.embed_tokens`) are
-        unavailable, or None when they work."""
-        return self.embeddings_refused()
 
     def describe(self) -> str:
         """The model's kind in a few words, for people."""
