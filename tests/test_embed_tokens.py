@@ -84,13 +84,27 @@ def test_a_decoder_embedder_equals_sentence_transformers(qwen3_embedder):
         assert max_difference(got, reference(qwen3_embedder, texts, **options)) < 1e-5, options
 
 
-def test_packed_batches_equal_text_by_text(embedder, qwen3_embedder):
+def assert_packed_equals_text_by_text(path):
+    """All texts in one request (packed together) against each in a request of its own."""
     texts = varied_texts(10, seed=2)
-    for path in (embedder, qwen3_embedder):
-        packed = embed_tokens(path, texts, truncate=True).embeddings
-        alone = [embed_tokens(path, [t], truncate=True).embeddings[0] for t in texts]
-        scale = max(1.0, max(float(np.abs(a).max()) for a in alone))
-        assert max_difference(packed, alone) <= 1e-6 * scale
+
+    async def main():
+        async with open_engine(engine_config(path)) as engine:
+            packed = await engine.embed_tokens(texts, truncate=True)
+            alone = [await engine.embed_tokens([t], truncate=True) for t in texts]
+            return packed.embeddings, [a.embeddings[0] for a in alone]
+
+    packed, alone = trio.run(main)
+    scale = max(1.0, max(float(np.abs(a).max()) for a in alone))
+    assert max_difference(packed, alone) <= 1e-6 * scale
+
+
+def test_packed_batches_equal_text_by_text(embedder):
+    assert_packed_equals_text_by_text(embedder)
+
+
+def test_a_decoders_packed_batches_equal_text_by_text(qwen3_embedder):
+    assert_packed_equals_text_by_text(qwen3_embedder)
 
 
 def test_a_shared_prompt_is_computed_for_every_text_and_nothing_is_read_from_the_cache(
