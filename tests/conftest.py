@@ -201,6 +201,14 @@ def smollm2_path() -> Path | None:
         return None
 
 
+def pytest_collection_modifyitems(items) -> None:
+    """Every test that reads the real SmolLM2 model carries the `slow` mark, whether or not it
+    says so itself (the mark's meaning, pyproject.toml)."""
+    for item in items:
+        if "smollm2" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def smollm2() -> Path:
     path = smollm2_path()
