@@ -1,14 +1,21 @@
 """Each model family against transformers on tiny random checkpoints (f32, one by one)."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from bench.baseline import hf_label_logprobs
+from bench.encoders import write_encoder
 from engine import load_model
-from engine.models.decoder import HEAD_ROWS, _by_row_chunks
+from engine.loaders import load_checkpoint
+from engine.models import decoder, encoder
+from engine.models.decoder import HEAD_ROWS, _by_row_chunks, run_layers
+from engine.packing import empty_batch
+from engine.plan import costs
+from engine.program import DeviceProgram
 from kernels import devices
-from tests.conftest import FAMILY_CONFIGS
+from tests.conftest import CORPUS, FAMILY_CONFIGS, TINY_ENCODER
 
 
 @pytest.fixture(scope="module")
@@ -70,3 +77,58 @@ def test_sliding_windows_packed_equal_one_by_one(name, tiny_checkpoints, rng):
     packed = model.label_logprobs(seqs, labels)
     alone = np.concatenate([model.label_logprobs([s], labels[:1]) for s in seqs])
     np.testing.assert_allclose(packed, alone, atol=1e-5, rtol=0)
+
+
+def untrimmed(layer, carry, xs, keep, unroll):
+    """`run_layers` without its cut: every layer on every row, the kept rows taken after."""
+    out = run_layers(layer, carry, xs, None, unroll)
+    if keep is None:
+        return out
+    return (out[0][keep], out[1]) if isinstance(out, tuple) else out[keep]
+
+
+@pytest.mark.parametrize("kind", ["decoder", "cross-encoder"])
+def test_the_last_layer_goes_on_past_attention_at_the_score_rows_alone(
+    kind, tiny_checkpoints, tmp_path, rng, monkeypatch
+):
+    """When the output reads only the score rows (a decoder's label head, a CLS classifier),
+    the last layer's projection and MLP skip every other token: the outputs are those of every
+    layer on every row, and XLA counts at least those matmuls' flops of the other rows fewer."""
+    if kind == "decoder":
+        path = tiny_checkpoints["llama-untied"]
+    else:
+        fields = dict(TINY_ENCODER, type_vocab_size=2)
+        path = write_encoder(
+            tmp_path,
+            "BertConfig",
+            fields,
+            "bert",
+            seed=1,
+            corpus=CORPUS,
+            model_max_length=96,
+            vocab=300,
+            perturb=0.3,
+        )
+    program = DeviceProgram(load_checkpoint(path), dtype="float32", dense="xla", attention="xla")
+    cfg = program.config
+    t, rows = 256, np.array([3, 70, 71, 200, 255], np.int32)
+    batch = empty_batch(t, len(rows), 2, 64)  # every token attends to itself
+    batch = batch._replace(
+        tokens=rng.integers(0, min(cfg.vocab_size, 300), t).astype(np.int32),
+        score_rows=rows,
+        label_ids=np.zeros((len(rows), 2), np.int32),
+    )
+
+    def run():  # a new forward each time: jit would reuse the first one's trace
+        forward = program.task.forward_of(program.attention, program.dense, exact=True, unroll=True)
+        compiled = jax.jit(forward).lower(program.params, batch, None).compile()
+        return compiled(program.params, batch, None)[0], costs._cost(compiled).flops
+
+    cut, cut_flops = run()
+    module = decoder if kind == "decoder" else encoder
+    monkeypatch.setattr(module, "run_layers", untrimmed)
+    whole, whole_flops = run()
+    np.testing.assert_allclose(cut, whole, atol=1e-6, rtol=0)
+    m = program.params["matrices"]
+    past_attention = sum(np.prod(m[k].shape[1:]) for k in m if k != "qkv")  # o and the MLP's
+    assert whole_flops - cut_flops >= 2 * (t - len(rows)) * past_attention

@@ -137,10 +137,10 @@ class Step(NamedTuple):
     write_kv: Callable  # (pool, slots, k, v) -> pool: `kernels.paging.write`
 
 
-def _layer(carry: tuple[jax.Array, KVPool | None], xs: tuple[jax.Array, ...], s: Step):
+def _layer(carry: tuple[jax.Array, KVPool | None], xs: tuple[jax.Array, ...], s: Step, keep):
     x, pool = carry
     index, sliding, p = xs  # the layer index i32[], whether it slides bool[], norms and biases
-    t, cfg, m = x.shape[0], s.cfg, s.matrices
+    cfg, m = s.cfg, s.matrices
     h = rms_norm(x, p["attn_norm"], cfg.norm_eps)
     q, k, v = s.family.project_qkv(s.dense.matmul(h, m["qkv"], index), p, cfg)
     cos, sin = s.rope if s.local_rope is None else pick_sliding(sliding, s.local_rope, s.rope)
@@ -152,10 +152,27 @@ def _layer(carry: tuple[jax.Array, KVPool | None], xs: tuple[jax.Array, ...], s:
     meta = s.meta if s.window_meta is None else pick_sliding(sliding, s.window_meta, s.meta)
     scale, cap = cfg.attention_scale, cfg.attn_softcap
     o = s.attention(q.astype(dt), k, v, meta, scale=scale, softcap=cap, pool=pool)
-    x = x + _sandwich(s.dense.matmul(o.reshape(t, -1), m["o"], index), p, "post_attn_norm", cfg)
+    if keep is not None:
+        x, o = x[keep], o[keep]  # [R, E], [R, H, D]
+    x = x + _sandwich(
+        s.dense.matmul(o.reshape(x.shape[0], -1), m["o"], index), p, "post_attn_norm", cfg
+    )
     h = rms_norm(x, p["mlp_norm"], cfg.norm_eps)
     y = s.dense.matmul(_mlp_gate(h, m["gate_up"], index, s), m["down"], index)
     return (x + _sandwich(y, p, "post_mlp_norm", cfg), pool), None
+
+
+def run_layers(layer: Callable, carry, xs: tuple, keep: jax.Array | None, unroll: bool):
+    """`layer(carry, xs_i, keep) -> (carry, None)` over the stacked layers `xs` under
+    `lax.scan`: the carry after the last. With `keep` (i32[R]) the last layer runs on its own
+    and only those rows go on past its attention: the output reads no other row's final state,
+    so the rest's projection and MLP would be waste (every token's K/V is still computed, and a
+    decoder's written to the pool). The carry's states come out as those rows, f32[R, E]."""
+    every = lambda c, x: layer(c, x, None)
+    if keep is None:
+        return jax.lax.scan(every, carry, xs, unroll=unroll)[0]
+    carry, _ = jax.lax.scan(every, carry, jax.tree.map(lambda a: a[:-1], xs), unroll=unroll)
+    return layer(carry, jax.tree.map(lambda a: a[-1], xs), keep)[0]
 
 
 def pick_sliding(sliding: jax.Array, local, default):
@@ -234,11 +251,12 @@ def forward(
     )
     indices = jnp.arange(cfg.num_layers, dtype=jnp.int32)
     sliding = jnp.asarray(cfg.sliding_layers or (False,) * cfg.num_layers)
-    layer = lambda carry, xs: _layer(carry, xs, step)
+    layer = lambda carry, xs, keep: _layer(carry, xs, step, keep)
     xs = (indices, sliding, params["layers"])
-    (x, pool), _ = jax.lax.scan(layer, (x, pool), xs, unroll=unroll)
+    keep = inputs.score_rows if rows is None else None  # the output reads the score rows alone
+    x, pool = run_layers(layer, (x, pool), xs, keep, unroll)
     if rows is None:
-        h = rms_norm(x[inputs.score_rows], params["final_norm"], cfg.norm_eps)  # [S, E]
+        h = rms_norm(x, params["final_norm"], cfg.norm_eps)  # [S, E]: x holds the score rows
     else:
         h = rows(rms_norm(x, params["final_norm"], cfg.norm_eps), inputs)  # [S, E]
     if output is last_hidden:  # the states are the answer: no head to apply row by row

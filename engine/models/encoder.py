@@ -36,6 +36,7 @@ from engine.models.decoder import (
     apply_rope,
     pick_sliding,
     rope_frequencies,
+    run_layers,
 )
 
 ACTIVATIONS = {
@@ -93,9 +94,9 @@ class Step(NamedTuple):
     matrices: dict  # "qkv", "o", "up", "down": prepared stacks over layers
 
 
-def _layer(x: jax.Array, xs: tuple, s: Step):
+def _layer(x: jax.Array, xs: tuple, s: Step, keep: jax.Array | None):
     index, sliding, normed, p = xs  # normed: this layer norms its attention input (pre-norm)
-    cfg, m, t = s.cfg, s.matrices, x.shape[0]
+    cfg, m = s.cfg, s.matrices
     h = x
     if not cfg.post_norm:
         h = jnp.where(normed, _norm(x, p, "attn_norm", cfg), x)  # ModernBERT's first: identity
@@ -106,7 +107,9 @@ def _layer(x: jax.Array, xs: tuple, s: Step):
     meta = s.meta if s.window_meta is None else pick_sliding(sliding, s.window_meta, s.meta)
     dt = s.dtype
     o = s.attention(q.astype(dt), k.astype(dt), v.astype(dt), meta, scale=cfg.attention_scale)
-    x = x + s.dense.matmul(o.reshape(t, -1), m["o"], index) + p["bo"]
+    if keep is not None:
+        x, o = x[keep], o[keep]  # [R, E], [R, H, D]
+    x = x + s.dense.matmul(o.reshape(x.shape[0], -1), m["o"], index) + p["bo"]
     if cfg.post_norm:
         x = _norm(x, p, "attn_norm", cfg)
     h = x if cfg.post_norm else _norm(x, p, "mlp_norm", cfg)
@@ -186,10 +189,20 @@ def forward(
     sliding = jnp.asarray(cfg.sliding_layers or (False,) * n)
     normed = jnp.ones(n, bool) if cfg.first_block_norm else jnp.arange(n) > 0  # ModernBERT's
     xs = (jnp.arange(n, dtype=jnp.int32), sliding, normed, params["layers"])
-    x, _ = jax.lax.scan(lambda c, xs: _layer(c, xs, step), x, xs, unroll=unroll)
+    keep = inputs.score_rows if _reads_first_tokens(output, cfg) else None
+    x = run_layers(lambda c, xs, keep: _layer(c, xs, step, keep), x, xs, keep, unroll)
     if not cfg.post_norm:
         x = layer_norm(x, params["final_norm"], params["final_norm_b"], cfg.norm_eps)
+    if keep is not None:  # x holds the score rows alone, in their order
+        inputs = inputs._replace(score_rows=jnp.arange(keep.shape[0], dtype=keep.dtype))
     return output(x, inputs, params, cfg, dense), None
+
+
+def _reads_first_tokens(output: Callable, cfg: ModelConfig) -> bool:
+    """Whether `output` reads the final states at the score rows alone: each sequence's first
+    token (CLS pooling), not its mean or max or every token."""
+    embedding = cfg.embedding.mode if cfg.embedding else None
+    return {pair_logits: cfg.pooling, pooled: embedding}.get(output) == "cls"
 
 
 def states(x: jax.Array, inputs: PackedInputs, params: dict, cfg: ModelConfig, dense: Dense):
