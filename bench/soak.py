@@ -42,6 +42,7 @@ from bench.w3 import Server
 from bench.workloads import text_of_tokens
 from engine import EngineConfig, default_model_path, open_engine
 
+WARMUP_ROUNDS = 10
 QUICK = dict(clients=16, seconds=3.0, warmup=1.0, pool=16)
 
 
@@ -286,6 +287,27 @@ async def until_idle(url: str, timeout: float = 120.0) -> None:
                 await anyio.sleep(0.05)
 
 
+async def warm_up(url: str, requests, expected, args) -> dict:
+    """Warm-up phases of `args.warmup` s until one compiles no new program (at most
+    `WARMUP_ROUNDS`), the server idle after it; the last phase's report. A loaded machine's first
+    phase may not reach every batch shape, and a program compiled in the measured run would read
+    as memory growth."""
+
+    async def compiles() -> int:
+        await until_idle(url)
+        async with httpx2.AsyncClient(base_url=url) as http:
+            return (await http.get("/get_server_info")).json()["stats"]["compiles"]
+
+    seen = await compiles()
+    for _ in range(WARMUP_ROUNDS):
+        report = await closed_loop(url, requests, expected, args, args.warmup)
+        now = await compiles()
+        if now == seen:
+            break
+        seen = now
+    return report
+
+
 async def settled_sample(pid: int, timeout: float = 30.0) -> dict:
     """`process_sample` once the descriptor count has stopped moving (the same in three samples
     0.2 s apart, or after `timeout` s): sockets the clients just closed are closed on the
@@ -300,8 +322,7 @@ async def settled_sample(pid: int, timeout: float = 30.0) -> dict:
 
 async def soak(url: str, pid: int | None, requests, expected, args) -> dict:
     """Warm-up, sample, measured run (peak RSS sampled), sample; the phases' reports."""
-    warmup = await closed_loop(url, requests, expected, args, args.warmup)
-    await until_idle(url)
+    warmup = await warm_up(url, requests, expected, args)
     before = await settled_sample(pid) if pid else None
     peak = [before["rss_mib"] if before else 0.0]
     async with anyio.create_task_group() as tasks:
@@ -349,7 +370,12 @@ def main(argv=None) -> dict:
     p = common.parser(__doc__.split("\n\n")[0])
     p.add_argument("--clients", type=int, default=256, help="concurrent closed-loop clients")
     p.add_argument("--seconds", type=float, default=60.0, help="the measured phase")
-    p.add_argument("--warmup", type=float, default=10.0, help="the warm-up phase, seconds")
+    p.add_argument(
+        "--warmup",
+        type=float,
+        default=10.0,
+        help="each warm-up phase, seconds: phases repeat until one compiles no new program",
+    )
     p.add_argument("--pool", type=int, default=128, help="distinct request bodies, cycled")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per request, at most")
     p.add_argument("--tolerance", type=float, default=None, help="log-space; default by dtype")
