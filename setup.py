@@ -38,6 +38,16 @@ extensions.append(
         ],
     )
 )
+extensions.append(
+    Extension(
+        "_native._byte_bpe",
+        ["_native/_byte_bpe.pyx", "_native/byte_bpe.cc"],
+        include_dirs=["_native", numpy.get_include()],
+        language="c++",
+        extra_compile_args=["-O3", "-std=c++17"],
+        depends=["_native/byte_bpe.h"],
+    )
+)
 
 
 def onednn_dirs() -> tuple[str, str] | None:

@@ -122,6 +122,7 @@ def _score(query, items, labels, engine):
 
 async def run(args, path) -> dict:
     config = sides.engine_config(args, path)
+    config = msgspec.structs.replace(config, native_tokenizer=not args.reference_tokenizer)
     async with open_engine(config) as engine:
         for state in engine.runners:
             state.program = NullProgram(state.program)
@@ -159,6 +160,11 @@ def parse(argv):
     p.add_argument("--clients", type=int, default=64, help="W3-like requests at once")
     p.set_defaults(repeats=5)
     p.add_argument("--profile", action="store_true", help="cProfile of the main thread")
+    p.add_argument(
+        "--reference-tokenizer",
+        action="store_true",
+        help="encode texts with `tokenizers` alone (EngineConfig.native_tokenizer=False)",
+    )
     args = common.parse_args(p, argv, QUICK)
     if args.repeats < 1:
         p.error("--repeats: at least 1")

@@ -50,6 +50,9 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # for, each answering the model's hidden size in floats; more: refused
     max_token_vectors_per_request: int = 32768
     tokenizer_cache_size: int = 65536  # texts whose token ids are kept (LRU)
+    # encode byte-level BPE texts (GPT-2, Qwen2, Llama 3 pre-tokenizers) in native code, with ids
+    # equal to `tokenizers`' (docs/performance.md); False: `tokenizers` encodes every text
+    native_tokenizer: bool = True
     # KV pool size in bytes (prefix reuse across requests, docs/kv-cache.md); None: an eighth of
     # the device's memory (the host's on CPU; runners sharing it share that), at most what 262144
     # tokens need; 0: no pool (no prefix reuse, no chunked prefill). Refused at start, naming this

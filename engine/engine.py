@@ -94,6 +94,7 @@ class Engine:
             max_items=config.max_items_per_request,
             cache_size=config.tokenizer_cache_size,
             max_token_vectors=config.max_token_vectors_per_request,
+            native=config.native_tokenizer,
         )
         self.scheduler = scheduler.SchedulerState(
             self.buckets,

@@ -1,7 +1,8 @@
 """Tokenizer actor: validates score requests and turns them into token sequences.
 
-Everything pending is encoded in one batch call in a worker thread, so the loop stays live
-(`encode_batch_fast`: the ids without character offsets, which nothing here reads); token ids
+Everything pending is encoded in one batch call in a worker thread, so the loop stays live: in
+native code where the tokenizer is one `engine.native_tokenizer` equals, else by `tokenizers`'
+`encode_batch_fast` (the ids without character offsets, which nothing here reads); token ids
 are cached by text (bounded LRU). A cross-encoder's pair requests are encoded as pairs, an
 embedder's texts each alone (`engine.pairs`), one call per request. A bad request fails alone
 with a `Rejected`. A `Cancel` is passed on in its place among the requests, so it always
@@ -15,7 +16,7 @@ import msgspec
 import tokenizers
 import trio
 
-from engine import inputs
+from engine import inputs, native_tokenizer
 from engine.buckets import Buckets
 from engine.channels import drain
 from engine.errors import InputTooLarge, InvalidInput, rejection_error, rejection_kind
@@ -64,9 +65,13 @@ class TokenizerState:
         cache_size: int,
         pairs: PairEncoder | None = None,
         max_token_vectors: int | None = None,
+        native: bool = True,
     ):
         self.tokenizer = tokenizer
+        self.encoder = native_tokenizer.encoder_for(tokenizer, native=native)
         self.vocab_size = vocab_size
+        # every id the tokenizer can give is the model's: its texts' ids need no check
+        self.text_ids_fit = max(tokenizer.get_vocab(with_added_tokens=True).values()) < vocab_size
         self.max_len = max_len
         self.max_items = max_items
         self.max_labels = max_labels
@@ -84,10 +89,12 @@ class TokenizerState:
         max_items: int | None,
         cache_size: int,
         max_token_vectors: int | None = None,
+        native: bool = True,
     ) -> "TokenizerState":
         """The state for a model of `task` batched on `buckets`: the longest sequence and the
-        label count those allow (`Buckets.max_sequence`, `Buckets.max_labels`), and the task's
-        pair tokenisation (a cross-encoder's)."""
+        label count those allow (`Buckets.max_sequence`, `Buckets.max_labels`), the task's
+        pair tokenisation (a cross-encoder's), and texts encoded natively where `native` and the
+        tokenizer allow (`engine.native_tokenizer`)."""
         config = task.config
         return cls(
             tokenizer,
@@ -98,6 +105,7 @@ class TokenizerState:
             cache_size=cache_size,
             pairs=task.pair_encoder(tokenizer),
             max_token_vectors=max_token_vectors,
+            native=native,
         )
 
     def tokenize(
@@ -178,9 +186,9 @@ class TokenizerState:
         """Ids for every text: cached ones, and the rest encoded in one batch call."""
         found = {t: self.cache.get(t) for t in texts}
         missing = [t for t, ids in found.items() if ids is None]
-        for text, enc in zip(missing, self.tokenizer.encode_batch_fast(missing), strict=True):
-            found[text] = enc.ids
-            self.cache.put(text, enc.ids)
+        for text, ids in zip(missing, self.encoder.encode_batch(missing), strict=True):
+            found[text] = ids
+            self.cache.put(text, ids)
         return found
 
     def _check_token_vectors(self, seqs) -> None:
@@ -196,7 +204,7 @@ class TokenizerState:
         call's) to the end of its own checks."""
         if isinstance(staged, Rejected | Cancel):
             return staged
-        truncated, id_space = 0, self.vocab_size
+        truncated, id_space = 0, None if self.text_ids_fit else self.vocab_size
         if isinstance(staged, Encoded):
             (staged, truncated), id_space = staged, self.pairs.id_space
         elif staged and not isinstance(staged[0], str):

@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 import trio
 
+from engine import native_tokenizer
 from engine.errors import RejectKind
 from engine.messages import Cancel, Rejected, ScoreRequest, Tokenized
+from engine.native_tokenizer import NativeTokenizer, ReferenceTokenizer
 from engine.tokenizer_actor import TokenCache, TokenizerState, run
 from tests.conftest import tiny_tokenizer
 
@@ -26,6 +28,21 @@ def state(tok, **kw):
         max_labels=3,
         cache_size=kw.get("cache", 8),
     )
+
+
+def test_texts_are_encoded_natively_with_the_references_ids(tok):
+    requests = [req(0, "Is it?", [" yes", " no 42 \n\n"]), req(1, "¿Sí?", ["  ünï 😀"])]
+    native, reference = (
+        state(tok),
+        TokenizerState(
+            tok, vocab_size=384, max_len=64, max_items=4, max_labels=3, cache_size=8, native=False
+        ),
+    )
+    assert isinstance(native.encoder, NativeTokenizer) == (native_tokenizer._byte_bpe is not None)
+    assert isinstance(reference.encoder, ReferenceTokenizer)
+    ours, theirs = native.process(requests), reference.process(requests)
+    assert [m.sequences for m in ours] == [m.sequences for m in theirs]
+    assert theirs[1].sequences == [tok.encode("¿Sí?  ünï 😀").ids]
 
 
 def req(i, query, items, labels=(1,), item_first=False):
@@ -66,6 +83,14 @@ def test_ids_outside_the_vocabulary_name_their_field(tok, query, items, field):
     (out,) = state(tok).process([req(0, query, items)])
     assert isinstance(out, Rejected) and (out.kind, out.field) == (RejectKind.INVALID, field)
     assert out.message == "token id outside the vocabulary [0, 384)"
+
+
+def test_texts_are_checked_against_a_model_vocabulary_smaller_than_the_tokenizers(tok):
+    assert state(tok).text_ids_fit and not state(tok, vocab=200).text_ids_fit
+    high = next(t for t in ("zebra", "quixotic", "xylophone") if max(tok.encode(t).ids) >= 200)
+    (out,) = state(tok, vocab=200).process([req(0, "a", ["b", high])])
+    assert isinstance(out, Rejected) and out.field == "items[1]"
+    assert out.message == "token id outside the vocabulary [0, 200)"
 
 
 def test_bad_requests_fail_alone_with_their_kind(tok):

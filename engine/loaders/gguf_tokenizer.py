@@ -35,11 +35,11 @@ from engine.loaders.gguf_special_tokens import (
 
 Reference = Literal["transformers", "llama.cpp"]
 
-_LLAMA3_SPLIT = (
+LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-_QWEN2_SPLIT = (
+QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
@@ -108,8 +108,8 @@ def _byte_alphabet() -> dict[int, str]:
     return dict(sorted(table.items()))
 
 
-_BYTE_ALPHABET = _byte_alphabet()
-_BYTE_CHARS = frozenset(_BYTE_ALPHABET.values())
+BYTE_ALPHABET = _byte_alphabet()
+_BYTE_CHARS = frozenset(BYTE_ALPHABET.values())
 
 
 def _spell(token: str) -> str:
@@ -120,7 +120,7 @@ def _spell(token: str) -> str:
     """
     if set(token) <= _BYTE_CHARS:
         return token
-    return "".join(_BYTE_ALPHABET[byte] for byte in token.encode("utf-8"))
+    return "".join(BYTE_ALPHABET[byte] for byte in token.encode("utf-8"))
 
 
 def _spelled_vocab(tokens: list[str]) -> dict[str, int]:
@@ -192,12 +192,12 @@ _PRE_TOKENIZERS: dict[Reference, dict[str, Callable[[], pre_tokenizers.PreTokeni
         "default": _gpt2_regex,
         "gpt-2": _gpt2_regex,
         "smollm": _gpt2_regex,
-        "llama-bpe": _split_then_bytes(_LLAMA3_SPLIT),
-        "llama3": _split_then_bytes(_LLAMA3_SPLIT),
-        "llama-v3": _split_then_bytes(_LLAMA3_SPLIT),
-        "smaug-bpe": _split_then_bytes(_LLAMA3_SPLIT),
-        "qwen2": _split_then_bytes(_QWEN2_SPLIT),
-        "deepseek-r1-qwen": _split_then_bytes(_QWEN2_SPLIT),
+        "llama-bpe": _split_then_bytes(LLAMA3_SPLIT),
+        "llama3": _split_then_bytes(LLAMA3_SPLIT),
+        "llama-v3": _split_then_bytes(LLAMA3_SPLIT),
+        "smaug-bpe": _split_then_bytes(LLAMA3_SPLIT),
+        "qwen2": _split_then_bytes(QWEN2_SPLIT),
+        "deepseek-r1-qwen": _split_then_bytes(QWEN2_SPLIT),
     },
 }
 _PRE_TOKENIZERS["llama.cpp"] = {

@@ -1,0 +1,97 @@
+# cython: boundscheck=False, wraparound=False
+"""Byte-level BPE encoding of Python strings in native code (`byte_bpe.h`); no pure-Python twin:
+without it the engine encodes with `tokenizers` itself, which this equals."""
+
+from libc.stdint cimport int32_t, uint8_t, uint32_t
+from libcpp cimport bool as cbool
+from libcpp.vector cimport vector
+
+import numpy as np
+
+__all__ = ["PATTERNS", "ByteLevelBPE"]
+
+PATTERNS = {"gpt2": 0, "qwen2": 1, "llama3": 2}  # byte_bpe::Pattern
+
+
+cdef extern from "Python.h":
+    int PyUnicode_KIND(object text)
+    void* PyUnicode_DATA(object text)
+    Py_ssize_t PyUnicode_GET_LENGTH(object text)
+
+
+cdef extern from "byte_bpe.h" namespace "byte_bpe":
+    cdef cppclass Encoder:
+        Encoder(int pattern, const int32_t* byte_ids, size_t n_merges, const int32_t* left,
+                const int32_t* right, const int32_t* merged, size_t cache_limit) except +
+        void SetClass(uint32_t code_point, uint8_t cls)
+        cbool Encode(const void* data, int kind, size_t length, vector[int32_t]* out) nogil
+        cbool Split(const void* data, int kind, size_t length, vector[size_t]* ends)
+
+
+cdef class ByteLevelBPE:
+    """Ids of texts under one byte-level BPE model and pre-tokenizer pattern.
+
+    `byte_ids`: i32[256], each byte's token; `merges`: i32[n, 3] rows (left, right, merged) in
+    rank order. Code point classes start unknown: `set_classes` gives them (1 letter, 2 number,
+    3 whitespace, 4 other)."""
+
+    cdef Encoder* encoder
+
+    def __cinit__(self, str pattern, byte_ids, merges, size_t cache_limit=1 << 16):
+        cdef const int32_t[::1] bytes_ = np.ascontiguousarray(byte_ids, np.int32)
+        table = np.asarray(merges, np.int32).reshape(-1, 3)
+        cdef const int32_t[::1] left = np.ascontiguousarray(table[:, 0])
+        cdef const int32_t[::1] right = np.ascontiguousarray(table[:, 1])
+        cdef const int32_t[::1] merged = np.ascontiguousarray(table[:, 2])
+        if bytes_.shape[0] != 256:
+            raise ValueError(f"byte_ids: 256 ids, not {bytes_.shape[0]}")
+        if len(table) == 0:
+            left = right = merged = np.zeros(1, np.int32)
+        self.encoder = new Encoder(
+            PATTERNS[pattern], &bytes_[0], len(table), &left[0], &right[0], &merged[0],
+            cache_limit,
+        )
+
+    def __dealloc__(self):
+        del self.encoder
+
+    def set_classes(self, code_points, classes) -> None:
+        """Each code point's class (1-4, or 0: unknown again)."""
+        for c, k in zip(code_points, classes, strict=True):
+            self.encoder.SetClass(c, k)
+
+    def split(self, str text):
+        """The pre-tokenizer's pieces of `text` as each piece's end (code points), or None
+        where it holds a code point of unknown class."""
+        cdef vector[size_t] ends
+        if not self.encoder.Split(
+            PyUnicode_DATA(text), PyUnicode_KIND(text), PyUnicode_GET_LENGTH(text), &ends
+        ):
+            return None
+        return ends
+
+    def encode_batch(self, list texts) -> list:
+        """Each text's ids (list[int]), or None where it holds a code point of unknown class.
+        The work runs without the GIL."""
+        cdef Py_ssize_t n = len(texts), i
+        cdef vector[void*] data
+        cdef vector[int] kinds
+        cdef vector[size_t] lengths
+        cdef vector[vector[int32_t]] out
+        cdef vector[char] done
+        data.resize(n)
+        kinds.resize(n)
+        lengths.resize(n)
+        out.resize(n)
+        done.resize(n)
+        for i in range(n):
+            text = texts[i]
+            if type(text) is not str:
+                raise TypeError(f"texts[{i}]: a str, not {type(text).__name__}")
+            data[i] = PyUnicode_DATA(text)
+            kinds[i] = PyUnicode_KIND(text)
+            lengths[i] = PyUnicode_GET_LENGTH(text)
+        with nogil:
+            for i in range(n):
+                done[i] = self.encoder.Encode(data[i], kinds[i], lengths[i], &out[i])
+        return [out[i] if done[i] else None for i in range(n)]
