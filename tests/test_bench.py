@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import msgspec
 import numpy as np
 import pytest
@@ -424,6 +425,7 @@ def test_host_measures_each_workload_on_a_device_that_computes_nothing(tiny, tmp
 
 
 def test_the_null_program_answers_zeros_of_the_batch_shape(tiny):
+    from bench import host
     from bench.host import NullProgram
     from engine import load_model
     from engine.packing import empty_batch
@@ -431,9 +433,16 @@ def test_the_null_program_answers_zeros_of_the_batch_shape(tiny):
     program = load_model(tiny, dtype="float32").program
     null = NullProgram(program)
     null.compile((128, 16, 4), 64)  # compiles nothing
-    out = null.run(empty_batch(128, 16, 4, 64))
-    assert out.shape == (16, 4) and out.dtype == np.float32 and not out.any()
+    batch = empty_batch(128, 16, 4, 64)
+    out = null.run(batch)
+    assert out.shape == (16, 4) and out.dtype == np.float32 and not np.asarray(out).any()
+    assert null.run(batch, states=True).shape == (128, program.config.hidden_size)
     assert null.kv is program.kv  # the rest is the real program's
+    # every array of the batch goes in, as in a real step: none is pruned as unused
+    (main,) = [
+        line for line in host._nothing.lower(batch, None).as_text().splitlines() if "@main(" in line
+    ]
+    assert main.count("%arg") == len(jax.tree_util.tree_leaves(batch)) > 5
 
 
 def test_embed_beside_sentence_transformers(minilm, tmp_path, capsys):
