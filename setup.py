@@ -15,10 +15,21 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 MODULES = ("_buckets", "_pack", "_prefix_cache", "_radix")
+CPP_MODULES = ("_schedule",)  # Cython over the C++ standard library
 
 extensions = [
     Extension(f"_native.{name}", [f"_native/{name}.pyx"], include_dirs=[numpy.get_include()])
     for name in MODULES
+]
+extensions += [
+    Extension(
+        f"_native.{name}",
+        [f"_native/{name}.pyx"],
+        include_dirs=[numpy.get_include()],
+        language="c++",
+        extra_compile_args=["-O3", "-std=c++17"],
+    )
+    for name in CPP_MODULES
 ]
 extensions.append(
     Extension(

@@ -8,6 +8,10 @@ which. `IMPLEMENTATIONS` holds both (by name) so tests can run every function th
 - `group_by_prefix(seqs)`: `(prefix_len, members)` groups sharing a token prefix.
 - `pack_chunks(seqs, chunks)`: the unpadded flat arrays of one packed batch.
 - `PrefixCache(num_pages, page_size)`: the KV pool's page allocator and radix prefix cache.
+
+Two more compiled modules are imported where they are used, each beside its other form:
+`_schedule` (the attention block schedule; numpy form in `kernels.schedule`) and `_byte_bpe`
+(byte-level BPE encoding; the other form is `tokenizers` itself, `engine.native_tokenizer`).
 """
 
 from types import SimpleNamespace

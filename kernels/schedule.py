@@ -3,7 +3,9 @@
 For each block of B queries the schedule lists the key blocks (of the key space: the context
 region of C keys, then the batch; see `kernels.metadata`) that any of its tokens' two spans
 touch. It is built from per-token intervals of key blocks, merged per query block and expanded,
-so the cost follows the size of the schedule rather than (T/B)^2.
+so the cost follows the size of the schedule rather than (T/B)^2. The compiled twin
+(`_native._schedule`) does the same in one pass over each query block's tokens and is used when
+built; `IMPLEMENTATIONS` holds both so tests run each.
 """
 
 from collections.abc import Sequence
@@ -11,6 +13,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from kernels.metadata import AttentionMeta
+
+try:
+    from _native import _schedule
+except ImportError:  # not built: the numpy form
+    _schedule = None
 
 
 def build_block_schedule(
@@ -30,6 +37,27 @@ def build_block_schedule(
     `width_buckets` that holds the widest row. Raises ValueError when T or C is not a multiple of
     `block_size`, when the spans are malformed, or when no bucket is wide enough.
     """
+    return _CHOSEN(
+        prefix_start,
+        prefix_end,
+        own_start,
+        block_size=block_size,
+        width_buckets=width_buckets,
+        context=context,
+        own_end=own_end,
+    )
+
+
+def _numpy_block_schedule(
+    prefix_start: np.ndarray,  # i32[T]
+    prefix_end: np.ndarray,  # i32[T]
+    own_start: np.ndarray,  # i32[T]
+    *,
+    block_size: int,
+    width_buckets: Sequence[int],
+    context: int = 0,
+    own_end: np.ndarray | None = None,  # i32[T]; None: causal, C + t + 1
+) -> tuple[np.ndarray, np.ndarray]:
     spans = _validated_spans(prefix_start, prefix_end, own_start, own_end, block_size, context)
     ps = spans[0]
     n = (context + ps.shape[0]) // block_size
@@ -234,3 +262,9 @@ def _pack_rows(
     # Boolean-mask assignment fills row-major, which is exactly the order of `cols`.
     block_kv[valid] = cols
     return block_kv
+
+
+IMPLEMENTATIONS = {"numpy": _numpy_block_schedule}
+if _schedule is not None:
+    IMPLEMENTATIONS["native"] = _schedule.build_block_schedule
+_CHOSEN = IMPLEMENTATIONS.get("native", _numpy_block_schedule)

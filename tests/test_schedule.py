@@ -5,7 +5,14 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from kernels import AttentionMeta, build_block_schedule, make_meta
+from kernels import AttentionMeta, make_meta
+from kernels.schedule import IMPLEMENTATIONS
+
+
+@pytest.fixture(params=sorted(IMPLEMENTATIONS))
+def build_block_schedule(request):
+    """Each form of the schedule builder: numpy, and the compiled twin where built."""
+    return IMPLEMENTATIONS[request.param]
 
 
 def spans(*columns: list[int]) -> tuple[np.ndarray, ...]:
@@ -48,7 +55,9 @@ GAP = spans(
     ],
     ids=["shared_prefix", "two_prefixes", "gap", "single_block"],
 )
-def test_exact_schedules(case, block_size, buckets, expected_kv, expected_count) -> None:
+def test_exact_schedules(
+    build_block_schedule, case, block_size, buckets, expected_kv, expected_count
+) -> None:
     block_kv, block_count = build_block_schedule(
         *case, block_size=block_size, width_buckets=buckets
     )
@@ -58,17 +67,17 @@ def test_exact_schedules(case, block_size, buckets, expected_kv, expected_count)
     np.testing.assert_array_equal(block_count, expected_count)
 
 
-def test_token_count_not_multiple_of_block() -> None:
+def test_token_count_not_multiple_of_block(build_block_schedule) -> None:
     with pytest.raises(ValueError, match="8 is not a positive multiple of block size 3"):
         build_block_schedule(*SHARED_PREFIX, block_size=3, width_buckets=(8,))
 
 
-def test_width_exceeds_buckets() -> None:
+def test_width_exceeds_buckets(build_block_schedule) -> None:
     with pytest.raises(ValueError, match="schedule width 4 exceeds the largest width bucket 3"):
         build_block_schedule(*SHARED_PREFIX, block_size=2, width_buckets=(1, 3))
 
 
-def test_malformed_spans() -> None:
+def test_malformed_spans(build_block_schedule) -> None:
     ps, pe, own = SHARED_PREFIX
     with pytest.raises(ValueError, match="own_start"):
         build_block_schedule(ps, pe, own + 1, block_size=2, width_buckets=(8,))
@@ -113,6 +122,11 @@ def allowed_blocks(block: int, ps, pe, own) -> np.ndarray:  # bool[NQB, NKB]
 @settings(max_examples=300, deadline=None)
 @given(case=valid_spans(), buckets=st.lists(st.integers(1, 12), min_size=1, max_size=4))
 def test_schedule_covers_exactly_the_allowed_blocks(case, buckets) -> None:
+    for build in IMPLEMENTATIONS.values():
+        _covers_exactly_the_allowed_blocks(build, case, buckets)
+
+
+def _covers_exactly_the_allowed_blocks(build_block_schedule, case, buckets) -> None:
     block, ps, pe, own = case
     expected = allowed_blocks(block, ps, pe, own)
     widest = int(expected.sum(axis=1).max())
@@ -128,3 +142,45 @@ def test_schedule_covers_exactly_the_allowed_blocks(case, buckets) -> None:
         listed = row[: block_count[i]]
         np.testing.assert_array_equal(listed, np.flatnonzero(expected[i]))
         assert np.all(row[block_count[i] :] == listed[-1])
+
+
+@st.composite
+def spans_with_context(draw) -> tuple[dict, tuple[np.ndarray, ...]]:
+    """Spans over C context keys then T batch keys, own spans ending anywhere after their token
+    (bidirectional) or causal, a few of them malformed."""
+    block = draw(st.sampled_from([1, 2, 4, 8]))
+    t = block * draw(st.integers(1, 10))
+    context = block * draw(st.integers(0, 6))
+    end = context + t
+    own, own_end, bounds = [], [], []
+    for i in range(t):
+        pos = context + i
+        own.append(draw(st.integers(0, pos) | st.integers(-1, end + 1)))
+        own_end.append(draw(st.integers(pos + 1, end)))
+        bounds.append(sorted(draw(st.lists(st.integers(0, end), min_size=2, max_size=2))))
+    ps, pe = zip(*bounds, strict=True)
+    causal = draw(st.booleans())
+    options = {"block_size": block, "context": context, "own_end": None if causal else own_end}
+    return options, spans(list(ps), list(pe), own)
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=spans_with_context(), buckets=st.lists(st.integers(1, 16), min_size=1, max_size=4))
+def test_the_compiled_schedule_equals_numpys(case, buckets) -> None:
+    if "native" not in IMPLEMENTATIONS:
+        pytest.skip("the compiled schedule (_native._schedule) is not built")
+    options, columns = case
+    if options["own_end"] is not None:
+        options = {**options, "own_end": np.asarray(options["own_end"], np.int32)}
+    results = []
+    for name in ("numpy", "native"):
+        try:
+            results.append(IMPLEMENTATIONS[name](*columns, width_buckets=buckets, **options))
+        except ValueError as error:
+            results.append(str(error))
+    if isinstance(results[0], str):
+        assert results[1] == results[0]
+    else:
+        for ours, theirs in zip(results[1], results[0], strict=True):
+            assert ours.dtype == theirs.dtype == np.int32
+            np.testing.assert_array_equal(ours, theirs)
