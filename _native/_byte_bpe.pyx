@@ -4,6 +4,7 @@ without it the engine encodes with `tokenizers` itself, which this equals."""
 
 from libc.stdint cimport int32_t, uint8_t, uint32_t
 from libcpp cimport bool as cbool
+from libcpp.string cimport string
 from libcpp.vector cimport vector
 
 import numpy as np
@@ -24,6 +25,7 @@ cdef extern from "byte_bpe.h" namespace "byte_bpe":
         Encoder(int pattern, const int32_t* byte_ids, size_t n_merges, const int32_t* left,
                 const int32_t* right, const int32_t* merged, size_t cache_limit) except +
         void SetClass(uint32_t code_point, uint8_t cls)
+        void AddWholeToken(const string& token, int32_t id)
         cbool Encode(const void* data, int kind, size_t length, vector[int32_t]* out) nogil
         cbool Split(const void* data, int kind, size_t length, vector[size_t]* ends)
 
@@ -69,6 +71,12 @@ cdef class ByteLevelBPE:
         ):
             return None
         return ends
+
+    def ignore_merges(self, tokens) -> None:
+        """`tokenizers`' `ignore_merges`: each (bytes, id) of `tokens` is what a piece of
+        exactly those bytes encodes to, before any merge."""
+        for token, id_ in tokens:
+            self.encoder.AddWholeToken(token, id_)
 
     def encode_batch(self, list texts) -> list:
         """Each text's ids (list[int]), or None where it holds a code point of unknown class.

@@ -73,6 +73,8 @@ void Encoder::SetClass(uint32_t code_point, uint8_t cls) {
   if (code_point < kCodePoints) classes_[code_point] = cls;
 }
 
+void Encoder::AddWholeToken(const std::string& bytes, int32_t id) { whole_[bytes] = id; }
+
 bool Encoder::Encode(const void* data, int kind, size_t length, std::vector<int32_t>* out) {
   std::lock_guard<std::mutex> lock(mutex_);
   switch (kind) {
@@ -211,6 +213,13 @@ size_t Encoder::Qwen2Piece(const T* text, size_t at, size_t length) const {
 #undef RUN_END
 
 void Encoder::EncodePiece(const std::string& bytes, std::vector<int32_t>* out) {
+  if (!whole_.empty()) {
+    auto whole = whole_.find(bytes);
+    if (whole != whole_.end()) {
+      out->push_back(whole->second);
+      return;
+    }
+  }
   auto found = cache_.find(bytes);
   if (found != cache_.end()) {
     out->insert(out->end(), found->second.begin(), found->second.end());

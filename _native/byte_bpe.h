@@ -38,6 +38,9 @@ class Encoder {
 
   void SetClass(uint32_t code_point, uint8_t cls);
 
+  // `ignore_merges`: a piece that is a whole token is that token, before any merge.
+  void AddWholeToken(const std::string& bytes, int32_t id);
+
   // Appends the ids of a text of `length` code points, each `kind` bytes wide (1, 2 or 4, as a
   // Python str stores them), to `out`. False, with `out` as it was, when a code point's class is
   // unknown. Thread-safe.
@@ -70,6 +73,7 @@ class Encoder {
   int32_t byte_ids_[256];
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;  // pair -> (rank, merged)
   std::unordered_map<std::string, std::vector<int32_t>> cache_;  // piece bytes -> ids
+  std::unordered_map<std::string, int32_t> whole_;  // token bytes -> id, with ignore_merges
   size_t cache_limit_;
   std::string piece_;  // scratch: the current piece's UTF-8 bytes
   std::mutex mutex_;

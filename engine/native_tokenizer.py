@@ -2,8 +2,8 @@
 
 `NativeTokenizer.wrap(tokenizer)` accepts a `tokenizers.Tokenizer` the native encoder reproduces
 exactly, and answers None for any other:
-- a BPE model without dropout, byte fallback, word affixes or `ignore_merges`, whose vocabulary
-  spells every byte or has no unknown token (a byte without one is dropped, as there);
+- a BPE model without dropout, byte fallback or word affixes, whose vocabulary spells every
+  byte or has no unknown token (a byte without one is dropped, as there);
 - GPT-2's byte-level pre-tokenizer, or a split on the Qwen2 or Llama 3 regex then byte-level;
 - no normaliser, or NFC (then only ASCII texts, which NFC leaves alone, are encoded natively);
 - no truncation or padding; a post-processor whose added ids are the same for every text.
@@ -76,11 +76,15 @@ class NativeTokenizer:
         spec = json.loads(tokenizer.to_str())
         pattern = _pattern(spec.get("pre_tokenizer"))
         normalizer = spec.get("normalizer")
-        tables = _tables(spec.get("model") or {})
+        model = spec.get("model") or {}
+        tables = _tables(model)
         if pattern is None or tables is None or normalizer not in (None, {"type": "NFC"}):
             return None
         added = [t["content"] for t in spec.get("added_tokens") or [] if t["content"]]
         encoder = _byte_bpe.ByteLevelBPE(pattern, *tables)
+        if model.get("ignore_merges"):
+            vocab = model["vocab"].items()  # an entry out of the byte alphabet matches no piece
+            encoder.ignore_merges((_bytes(t), i) for t, i in vocab if set(t) <= _BYTE_OF.keys())
         try:
             return cls(tokenizer, encoder, ascii_only=normalizer is not None, added=added)
         except _PostProcessorVaries:
@@ -181,9 +185,7 @@ def _tables(model: dict):
     encoder does not equal."""
     if model.get("type") != "BPE" or model.get("dropout") or model.get("byte_fallback"):
         return None
-    if model.get("ignore_merges") or model.get("continuing_subword_prefix"):
-        return None
-    if model.get("end_of_word_suffix"):
+    if model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
         return None
     vocab = model.get("vocab") or {}
     byte_ids = [vocab.get(BYTE_ALPHABET[b], -1) for b in range(256)]
@@ -197,6 +199,14 @@ def _tables(model: dict):
             return None
         merges.append((vocab[left], vocab[right], merged))
     return byte_ids, merges
+
+
+def _bytes(token: str) -> bytes:
+    """The bytes a vocabulary entry spells in the byte alphabet."""
+    return bytes(_BYTE_OF[c] for c in token)
+
+
+_BYTE_OF = {char: byte for byte, char in BYTE_ALPHABET.items()}
 
 
 def _matches(pattern: str, text: str) -> list[int]:

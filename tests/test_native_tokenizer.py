@@ -121,6 +121,22 @@ def _without_bytes(tok: Tokenizer, dropped: bytes) -> Tokenizer:
     return Tokenizer.from_str(json.dumps(spec))
 
 
+def _ignoring_merges(tok: Tokenizer, split: str) -> Tokenizer:
+    """`tok` with `ignore_merges` and a whole token for every piece of a few hundred texts: each
+    such piece is then one id, where the merges would give several."""
+    from engine.loaders.gguf_tokenizer import BYTE_ALPHABET
+
+    spec = json.loads(tok.to_str())
+    vocab = spec["model"]["vocab"]
+    pieces = pre_tokenizers.Split(Regex(split), behavior="isolated")
+    for text in PLAIN[:300]:
+        for piece, _ in pieces.pre_tokenize_str(text):
+            spelt = "".join(BYTE_ALPHABET[b] for b in piece.encode("utf-8"))
+            vocab.setdefault(spelt, len(vocab) + len(SPECIALS))
+    spec["model"]["ignore_merges"] = True
+    return Tokenizer.from_str(json.dumps(spec))
+
+
 BOS_EOS = processors.TemplateProcessing(
     single="<|im_start|> $A <|im_end|>",
     special_tokens=[("<|im_start|>", 1), ("<|im_end|>", 2)],
@@ -137,6 +153,7 @@ TOKENIZERS = {
     "qwen2-nfc": lambda: _trained(QWEN2_SPLIT, normalizer=normalizers.NFC()),
     "qwen2": lambda: _trained(QWEN2_SPLIT),
     "llama3-template": lambda: _trained(LLAMA3_SPLIT, post=BOS_EOS),
+    "llama3-ignore-merges": lambda: _ignoring_merges(_trained(LLAMA3_SPLIT), LLAMA3_SPLIT),
     "gpt2-missing-bytes": lambda: _without_bytes(_trained(None), b"\x04\x1c\xc0\xf5 e"),
 }
 
@@ -259,7 +276,6 @@ def test_classes_are_learnt_from_the_reference_regex(gpt2):
 @pytest.mark.parametrize(
     "change",
     [
-        lambda t: _with_model(t, ignore_merges=True),
         lambda t: _with_model(t, dropout=0.1),
         lambda t: _with_model(t, end_of_word_suffix="</w>"),
         lambda t: _with_model(t, byte_fallback=True),
@@ -281,7 +297,7 @@ def test_classes_are_learnt_from_the_reference_regex(gpt2):
         lambda t: t.enable_padding(),
     ],
     ids=[
-        "ignore-merges", "dropout", "word-suffix", "byte-fallback", "unknown-byte-token",
+        "dropout", "word-suffix", "byte-fallback", "unknown-byte-token",
         "prefix-space", "other-pre-tokenizer", "other-split", "other-normalizer", "truncation",
         "padding",
     ],
@@ -314,3 +330,12 @@ def test_smollm2s_tokenizer_is_native_and_equal():
     spy = native.tokenizer = Spy(tok)
     assert native.encode_batch(TEXTS) == _reference(tok, TEXTS)
     assert set(spy.texts) == set(TEXTS) - set(PLAIN)
+
+
+def test_ignore_merges_makes_a_whole_token_of_a_piece():
+    tok = TOKENIZERS["llama3-ignore-merges"]()
+    merged = _with_model(tok, ignore_merges=False)
+    texts = PLAIN[:300]
+    ours, theirs = NativeTokenizer.wrap(tok).encode_batch(texts), _reference(tok, texts)
+    assert ours == theirs
+    assert sum(a != b for a, b in zip(theirs, _reference(merged, texts), strict=True)) > 100
