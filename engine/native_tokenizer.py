@@ -19,7 +19,7 @@ import json
 import tokenizers
 from tokenizers import Regex, pre_tokenizers
 
-from engine.loaders.gguf_tokenizer import BYTE_ALPHABET, LLAMA3_SPLIT, QWEN2_SPLIT
+from engine.byte_level import BYTE_ALPHABET, LLAMA3_SPLIT, QWEN2_SPLIT
 
 try:
     from _native import _byte_bpe
@@ -73,6 +73,8 @@ class NativeTokenizer:
         the native module is not built)."""
         if _byte_bpe is None or tokenizer.truncation or tokenizer.padding:
             return None
+        if not isinstance(tokenizer.model, tokenizers.models.BPE):
+            return None  # asked before the whole tokenizer is written out
         spec = json.loads(tokenizer.to_str())
         pattern = _pattern(spec.get("pre_tokenizer"))
         normalizer = spec.get("normalizer")

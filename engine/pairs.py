@@ -5,7 +5,8 @@ tokens and separators, token type ids), truncated "longest_first" to the model's
 
 A model with several token types gets ids coded `type * vocab_size + id`, which the encoder's
 embedding splits again (`engine.models.encoder.embed`): the packed batch carries one id per
-token, whatever the model.
+token, whatever the model. An embedder's texts, each alone, are encoded natively where the
+tokenizer allows (`engine.native_tokenizer`); those over the limit are cut by `tokenizers`.
 """
 
 from collections.abc import Sequence
@@ -14,6 +15,7 @@ from typing import NamedTuple
 import msgspec
 import tokenizers
 
+from engine import native_tokenizer
 from engine.errors import InputTooLarge, InvalidInput
 
 MAX_CUTTERS = 16  # truncating tokenizers kept, by limit and side
@@ -35,12 +37,30 @@ class Encoded(NamedTuple):
     truncated: int  # tokens the truncation took off, all pairs together
 
 
+class _Alone(NamedTuple):
+    """A text's ids encoded alone: every token of type 0."""
+
+    ids: list[int]
+
+    @property
+    def type_ids(self) -> list[int]:
+        return [0] * len(self.ids)
+
+
 class PairEncoder:
     """Pairs of texts to coded token ids for one model (see the module docstring)."""
 
-    def __init__(self, tokenizer: tokenizers.Tokenizer, *, vocab_size: int, type_vocab_size: int):
+    def __init__(
+        self,
+        tokenizer: tokenizers.Tokenizer,
+        *,
+        vocab_size: int,
+        type_vocab_size: int,
+        native: bool = True,
+    ):
         self.whole = _copy(tokenizer)
         self.whole.no_truncation()
+        self.texts = native_tokenizer.encoder_for(self.whole, native=native)  # texts alone
         self.vocab_size = vocab_size
         self.coded = type_vocab_size > 1
         self.id_space = vocab_size * type_vocab_size if self.coded else vocab_size  # coded ids
@@ -50,8 +70,12 @@ class PairEncoder:
         """Each (query, item) pair's coded ids (each item's alone with `options.alone`),
         truncated as `options` say; InvalidInput naming `items[i]` for a token outside the
         model's vocabulary, InputTooLarge naming it for a text over the limit when not cut."""
-        pairs = items if options.alone else [(query, item) for item in items]
-        encodings = self.whole.encode_batch_fast(pairs)
+        if options.alone:
+            pairs = items
+            encodings = [_Alone(ids) for ids in self.texts.encode_batch(list(items))]
+        else:
+            pairs = [(query, item) for item in items]
+            encodings = self.whole.encode_batch_fast(pairs)
         over = [i for i, e in enumerate(encodings) if len(e.ids) > options.limit]
         truncated = 0
         if over:
@@ -96,7 +120,7 @@ class PairEncoder:
             out.append(list(ids))  # coded with token type 0: the id itself
         return Encoded(out, truncated)
 
-    def _coded(self, index: int, e: tokenizers.Encoding) -> list[int]:
+    def _coded(self, index: int, e: "tokenizers.Encoding | _Alone") -> list[int]:
         if e.ids and max(e.ids) >= self.vocab_size:
             raise InvalidInput(
                 f"items[{index}]", f"token id outside the vocabulary [0, {self.vocab_size})"

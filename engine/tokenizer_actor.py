@@ -103,7 +103,7 @@ class TokenizerState:
             max_items=max_items,
             max_labels=buckets.max_labels,
             cache_size=cache_size,
-            pairs=task.pair_encoder(tokenizer),
+            pairs=task.pair_encoder(tokenizer, native=native),
             max_token_vectors=max_token_vectors,
             native=native,
         )

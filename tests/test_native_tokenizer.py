@@ -20,8 +20,9 @@ from tokenizers import (
 )
 
 from engine import native_tokenizer
+from engine.byte_level import BYTE_ALPHABET, LLAMA3_SPLIT, QWEN2_SPLIT
 from engine.loaders.gguf_file import read_gguf
-from engine.loaders.gguf_tokenizer import LLAMA3_SPLIT, QWEN2_SPLIT, tokenizer_from_gguf
+from engine.loaders.gguf_tokenizer import tokenizer_from_gguf
 from engine.native_tokenizer import NativeTokenizer, ReferenceTokenizer, encoder_for
 from tests.conftest import CORPUS, smollm2_path
 
@@ -103,8 +104,6 @@ def _with_model(tok: Tokenizer, **changes) -> Tokenizer:
 
 def _without_bytes(tok: Tokenizer, dropped: bytes) -> Tokenizer:
     """`tok` with the tokens of some bytes (and every merge that uses them) removed."""
-    from engine.loaders.gguf_tokenizer import BYTE_ALPHABET
-
     spec = json.loads(tok.to_str())
     gone = {BYTE_ALPHABET[b] for b in dropped}
     vocab = spec["model"]["vocab"]
@@ -124,8 +123,6 @@ def _without_bytes(tok: Tokenizer, dropped: bytes) -> Tokenizer:
 def _ignoring_merges(tok: Tokenizer, split: str) -> Tokenizer:
     """`tok` with `ignore_merges` and a whole token for every piece of a few hundred texts: each
     such piece is then one id, where the merges would give several."""
-    from engine.loaders.gguf_tokenizer import BYTE_ALPHABET
-
     spec = json.loads(tok.to_str())
     vocab = spec["model"]["vocab"]
     pieces = pre_tokenizers.Split(Regex(split), behavior="isolated")

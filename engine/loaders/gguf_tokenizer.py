@@ -25,6 +25,7 @@ from tokenizers import (
 )
 from tokenizers.models import BPE, Unigram
 
+from engine.byte_level import BYTE_ALPHABET, LLAMA3_SPLIT, QWEN2_SPLIT
 from engine.loaders.checkpoint import CheckpointError
 from engine.loaders.gguf_file import GGUFFile, metadata_value
 from engine.loaders.gguf_special_tokens import (
@@ -34,15 +35,6 @@ from engine.loaders.gguf_special_tokens import (
 )
 
 Reference = Literal["transformers", "llama.cpp"]
-
-LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-QWEN2_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
 
 _METASPACE = "\u2581"
 
@@ -97,18 +89,6 @@ def tokenizer_from_gguf(
 # --- byte-level BPE ("gpt2") ---------------------------------------------------------------------
 
 
-def _byte_alphabet() -> dict[int, str]:
-    """GPT-2's byte -> printable character table: visible Latin-1 bytes stand for themselves,
-    the other 68 bytes are shifted to code points 256 and up in byte order."""
-    visible = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
-    table = {byte: chr(byte) for byte in visible}
-    shifted = (byte for byte in range(256) if byte not in table)
-    for offset, byte in enumerate(shifted):
-        table[byte] = chr(256 + offset)
-    return dict(sorted(table.items()))
-
-
-BYTE_ALPHABET = _byte_alphabet()
 _BYTE_CHARS = frozenset(BYTE_ALPHABET.values())
 
 

@@ -107,8 +107,11 @@ class Task:
         """Why label-token scores (`/v1/score`) are unavailable, or None when they work."""
         return None
 
-    def pair_encoder(self, tokenizer: tokenizers.Tokenizer) -> PairEncoder | None:
-        """How score requests with pairs are tokenised; None: they are refused."""
+    def pair_encoder(
+        self, tokenizer: tokenizers.Tokenizer, *, native: bool = True
+    ) -> PairEncoder | None:
+        """How score requests with pairs are tokenised (an embedder's texts natively where
+        `native` and the tokenizer allow, `engine.native_tokenizer`); None: they are refused."""
         return None
 
     def takes_recipe(self) -> bool:

@@ -40,10 +40,13 @@ class CrossEncoder(Task):
     def label_scores_refused(self) -> str:
         return refusal(self.config, f" (a {self.config.family} cross-encoder)")
 
-    def pair_encoder(self, tokenizer: tokenizers.Tokenizer) -> PairEncoder:
+    def pair_encoder(self, tokenizer: tokenizers.Tokenizer, *, native: bool = True) -> PairEncoder:
         cfg = self.config
         return PairEncoder(
-            tokenizer, vocab_size=cfg.vocab_size, type_vocab_size=cfg.type_vocab_size
+            tokenizer,
+            vocab_size=cfg.vocab_size,
+            type_vocab_size=cfg.type_vocab_size,
+            native=native,
         )
 
     def relevance(self, outputs: np.ndarray, raw: bool) -> np.ndarray:
