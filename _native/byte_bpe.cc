@@ -70,10 +70,14 @@ Encoder::Encoder(int pattern, const int32_t* byte_ids, size_t n_merges, const in
 }
 
 void Encoder::SetClass(uint32_t code_point, uint8_t cls) {
+  std::lock_guard<std::mutex> lock(mutex_);
   if (code_point < kCodePoints) classes_[code_point] = cls;
 }
 
-void Encoder::AddWholeToken(const std::string& bytes, int32_t id) { whole_[bytes] = id; }
+void Encoder::AddWholeToken(const std::string& bytes, int32_t id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  whole_[bytes] = id;
+}
 
 bool Encoder::Encode(const void* data, int kind, size_t length, std::vector<int32_t>* out) {
   std::lock_guard<std::mutex> lock(mutex_);

@@ -27,6 +27,7 @@ enum Class : uint8_t { kUnknown = 0, kLetter = 1, kNumber = 2, kSpace = 3, kOthe
 // kLlama3: kQwen2 with \p{N}{1,3} for \p{N}
 enum Pattern : int { kGpt2 = 0, kQwen2 = 1, kLlama3 = 2 };
 
+// Every public method holds one mutex: an encoder may be shared by threads.
 class Encoder {
  public:
   // pattern: a Pattern. byte_ids: the id of each single byte's token, i32[256] (-1: none, the
@@ -43,7 +44,7 @@ class Encoder {
 
   // Appends the ids of a text of `length` code points, each `kind` bytes wide (1, 2 or 4, as a
   // Python str stores them), to `out`. False, with `out` as it was, when a code point's class is
-  // unknown. Thread-safe.
+  // unknown.
   bool Encode(const void* data, int kind, size_t length, std::vector<int32_t>* out);
 
   // The pre-tokenizer's pieces of a text as `Encode` takes it: each piece's end, in code points.
