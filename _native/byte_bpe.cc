@@ -38,6 +38,19 @@ void AppendUtf8(uint32_t c, std::string* out) {
   }
 }
 
+// `f` of a text's code units, as wide as a Python str of `kind` stores them (1, 2 or 4 bytes).
+template <typename F>
+bool ByKind(const void* data, int kind, F&& f) {
+  switch (kind) {
+    case 1:
+      return f(static_cast<const uint8_t*>(data));
+    case 2:
+      return f(static_cast<const uint16_t*>(data));
+    default:
+      return f(static_cast<const uint32_t*>(data));
+  }
+}
+
 struct Candidate {  // a merge to try: the pair starting at symbol `pos`
   int32_t rank;
   int32_t pos;
@@ -81,26 +94,12 @@ void Encoder::AddWholeToken(const std::string& bytes, int32_t id) {
 
 bool Encoder::Encode(const void* data, int kind, size_t length, std::vector<int32_t>* out) {
   std::lock_guard<std::mutex> lock(mutex_);
-  switch (kind) {
-    case 1:
-      return EncodeText(static_cast<const uint8_t*>(data), length, out);
-    case 2:
-      return EncodeText(static_cast<const uint16_t*>(data), length, out);
-    default:
-      return EncodeText(static_cast<const uint32_t*>(data), length, out);
-  }
+  return ByKind(data, kind, [&](auto text) { return EncodeText(text, length, out); });
 }
 
 bool Encoder::Split(const void* data, int kind, size_t length, std::vector<size_t>* ends) {
   std::lock_guard<std::mutex> lock(mutex_);
-  switch (kind) {
-    case 1:
-      return SplitText(static_cast<const uint8_t*>(data), length, ends);
-    case 2:
-      return SplitText(static_cast<const uint16_t*>(data), length, ends);
-    default:
-      return SplitText(static_cast<const uint32_t*>(data), length, ends);
-  }
+  return ByKind(data, kind, [&](auto text) { return SplitText(text, length, ends); });
 }
 
 template <typename T>
