@@ -94,7 +94,7 @@ cdef class ByteLevelBPE:
         done.resize(n)
         for i in range(n):
             text = texts[i]
-            if type(text) is not str:
+            if not isinstance(text, str):
                 raise TypeError(f"texts[{i}]: a str, not {type(text).__name__}")
             data[i] = PyUnicode_DATA(text)
             kinds[i] = PyUnicode_KIND(text)

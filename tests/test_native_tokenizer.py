@@ -336,3 +336,13 @@ def test_ignore_merges_makes_a_whole_token_of_a_piece():
     ours, theirs = NativeTokenizer.wrap(tok).encode_batch(texts), _reference(tok, texts)
     assert ours == theirs
     assert sum(a != b for a, b in zip(theirs, _reference(merged, texts), strict=True)) > 100
+
+
+def test_str_subclasses_and_other_objects(gpt2):
+    import numpy as np
+
+    native = NativeTokenizer.wrap(gpt2)
+    texts = [np.str_("a numpy string"), "plain"]
+    assert native.encode_batch(texts) == _reference(gpt2, [str(t) for t in texts])
+    with pytest.raises(TypeError, match=r"texts\[1\]: a str, not int"):
+        native.encoder.encode_batch(["ok", 5])
