@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# The checks that need a GPU, as one prepared run of a few minutes per phase.
+#
+# Here, once (the GPU machine reaches no package index; its image has jax with CUDA, torch,
+# transformers, cython and pytest):
+#   bash bench/gpu_checks.sh wheels       # the other dependencies as wheels in .whl/ (ignored)
+# There, from a copy of the project's root with .whl/ beside it:
+#   bash bench/gpu_checks.sh setup tests  # install the wheels, build, the GPU tests
+#   bash bench/gpu_checks.sh bench        # attention kernels; W1 and W2 on Qwen3-0.6B's shape
+#                                         # beside transformers on cuda, Triton and Mosaic forms
+# Reports go to $OUT (default /tmp/gpu-checks). QUICK=1 runs the benches at their smallest, to
+# try the script on a machine without a GPU (where the GPU-only tests skip).
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/gpu-checks}
+SITE=${SITE:-/tmp/gpu-site}
+PY=${PYTHON:-python3}
+mkdir -p "$OUT"
+# the dependencies the GPU image lacks, for its Python (3.12)
+WHEELS="trio outcome sniffio sortedcontainers attrs msgspec gguf starlette hypercorn h11 h2 hpack
+hyperframe priority wsproto taskgroup prometheus_client anyio hypothesis absl-py"
+
+log() { echo "=== $(date +%T) $*"; }
+
+wheels() {
+  log "wheels for Python 3.12 into .whl/"
+  mkdir -p .whl
+  # shellcheck disable=SC2086
+  pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 -d .whl $WHEELS
+  ls .whl | wc -l
+}
+
+setup() {
+  log setup
+  nvidia-smi -L 2>/dev/null || echo "no GPU here"
+  nproc
+  if [ -d .whl ]; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .whl/*.whl || exit 1
+  fi
+  $PY -c "import jax, torch, transformers; print('jax', jax.__version__, jax.devices(),
+    'torch', torch.__version__, 'transformers', transformers.__version__)"
+  log build
+  (time $PY setup.py -q build_ext --inplace -j "$(nproc)") 2>&1 | tail -4
+  $PY -c "import _native, kernels.schedule as s, engine.native_tokenizer as t
+print('compiled', _native.COMPILED, 'schedule', sorted(s.IMPLEMENTATIONS), 'bpe', t._byte_bpe is not None)"
+}
+
+pytest_() { timeout "$1" $PY -m pytest -q -p no:cacheprovider "${@:2}" 2>&1 | tail -25; }
+
+tests() {
+  log "tests: the compiled kernels (Pallas' Triton form, the Mosaic GPU form)"
+  pytest_ 150 tests/test_pallas.py tests/test_mosaic_gpu.py -k compiled
+  log "tests: the families beside transformers, f32 exact, paging, on the GPU"
+  pytest_ 300 tests/test_models.py tests/test_paging.py
+}
+
+bench() {
+  export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.6}
+  # QUICK=1 (no GPU): the smallest runs, XLA's attention alone, the baseline on the CPU
+  local quick=() device=cuda attention=(--kernels pallas mosaic xla) forms=(pallas mosaic)
+  if [ "${QUICK:-0}" = 1 ]; then
+    quick=(--quick) device=cpu attention=(--kernels xla --tokens 1024 --repeats 1) forms=(xla)
+  fi
+  local common=(--shape qwen3-0.6b --no-progress --no-precompile "${quick[@]}")
+  log "bench attention: the kernels on the same packed batches"
+  timeout 120 $PY -m bench attention --dtype bfloat16 "${attention[@]}" \
+    --json "$OUT/attention.json" 2>&1 | tail -12
+  log "bench w1 beside transformers on $device (${forms[0]} attention)"
+  timeout 150 $PY -m bench w1 "${common[@]}" --baseline-device $device --repeats 5 \
+    --batch-sizes 16 32 64 --json "$OUT/w1.json" 2>&1 | tail -3
+  log "bench w2 beside transformers on $device (${forms[0]} attention)"
+  timeout 200 $PY -m bench w2 "${common[@]}" --baseline-device $device --repeats 3 \
+    --batch-sizes 32 128 --naive-sample 16 --naive-batch-sizes 8 32 --json "$OUT/w2.json" \
+    2>&1 | tail -3
+  for form in "${forms[@]:1}"; do
+    log "bench w1 and w2, $form attention"
+    timeout 90 $PY -m bench w1 "${common[@]}" --engine-only --attention "$form" --repeats 5 \
+      2>&1 | tail -1
+    timeout 90 $PY -m bench w2 "${common[@]}" --engine-only --attention "$form" --repeats 3 \
+      2>&1 | tail -1
+  done
+  log "bench host"
+  timeout 60 $PY -m bench host --no-progress --no-precompile "${quick[@]}" \
+    --json "$OUT/host.json" 2>&1 | tail -5
+  log done
+}
+
+export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+for phase in "$@"; do
+  case "$phase" in
+    wheels | setup | tests | bench) "$phase" ;;
+    *) echo "unknown phase $phase: wheels, setup, tests or bench" >&2; exit 2 ;;
+  esac
+done
