@@ -21,6 +21,8 @@ WHEELS="trio outcome sniffio sortedcontainers attrs msgspec gguf starlette hyper
 hyperframe priority wsproto taskgroup prometheus_client anyio hypothesis absl-py"
 
 log() { echo "=== $(date +%T) $*"; }
+# `limited SECONDS CMD...`: CMD's last lines, and its exit status (124: it ran out of time)
+limited() { { timeout "$1" "${@:2}"; echo "exit status $?"; } 2>&1 | grep -v "it/s]" | tail -6; }
 
 wheels() {
   log "wheels for Python 3.12 into .whl/"
@@ -46,7 +48,7 @@ setup() {
 print('compiled', _native.COMPILED, 'schedule', sorted(s.IMPLEMENTATIONS), 'bpe', t._byte_bpe is not None)"
 }
 
-pytest_() { timeout "$1" $PY -m pytest -q -p no:cacheprovider "${@:2}" 2>&1 | tail -25; }
+pytest_() { { timeout "$1" $PY -m pytest -q -p no:cacheprovider "${@:2}"; echo "exit status $?"; } 2>&1 | tail -25; }
 
 tests() {
   log "tests: the compiled kernels (Pallas' Triton form, the Mosaic GPU form)"
@@ -57,32 +59,33 @@ tests() {
 
 bench() {
   export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.6}
-  # QUICK=1 (no GPU): the smallest runs, XLA's attention alone, the baseline on the CPU
-  local quick=() device=cuda attention=(--kernels pallas mosaic xla) forms=(pallas mosaic)
+  # QUICK=1 (no GPU): the smallest runs of SmolLM2's shape, XLA's attention alone, the baseline
+  # on the CPU
+  local quick=() shape=qwen3-0.6b device=cuda forms=(pallas mosaic)
+  local attention=(--kernels pallas mosaic xla)
+  local w1=(--repeats 5 --batch-sizes 16 32 64)
+  local w2=(--repeats 3 --batch-sizes 32 128 --naive-sample 16 --naive-batch-sizes 8 32)
   if [ "${QUICK:-0}" = 1 ]; then
-    quick=(--quick) device=cpu attention=(--kernels xla --tokens 1024 --repeats 1) forms=(xla)
+    quick=(--quick) shape=smollm2-135m device=cpu forms=(xla) w1=() w2=()
+    attention=(--kernels xla --tokens 1024 --repeats 1)
   fi
-  local common=(--shape qwen3-0.6b --no-progress --no-precompile "${quick[@]}")
+  local common=(--shape $shape --no-progress --no-precompile "${quick[@]}")
   log "bench attention: the kernels on the same packed batches"
-  timeout 120 $PY -m bench attention --dtype bfloat16 "${attention[@]}" \
-    --json "$OUT/attention.json" 2>&1 | tail -12
+  limited 120 $PY -m bench attention --dtype bfloat16 "${attention[@]}" --json "$OUT/attention.json"
   log "bench w1 beside transformers on $device (${forms[0]} attention)"
-  timeout 150 $PY -m bench w1 "${common[@]}" --baseline-device $device --repeats 5 \
-    --batch-sizes 16 32 64 --json "$OUT/w1.json" 2>&1 | tail -3
+  limited 150 $PY -m bench w1 "${common[@]}" --baseline-device $device "${w1[@]}" \
+    --json "$OUT/w1.json"
   log "bench w2 beside transformers on $device (${forms[0]} attention)"
-  timeout 200 $PY -m bench w2 "${common[@]}" --baseline-device $device --repeats 3 \
-    --batch-sizes 32 128 --naive-sample 16 --naive-batch-sizes 8 32 --json "$OUT/w2.json" \
-    2>&1 | tail -3
+  limited 200 $PY -m bench w2 "${common[@]}" --baseline-device $device "${w2[@]}" \
+    --json "$OUT/w2.json"
   for form in "${forms[@]:1}"; do
     log "bench w1 and w2, $form attention"
-    timeout 90 $PY -m bench w1 "${common[@]}" --engine-only --attention "$form" --repeats 5 \
-      2>&1 | tail -1
-    timeout 90 $PY -m bench w2 "${common[@]}" --engine-only --attention "$form" --repeats 3 \
-      2>&1 | tail -1
+    limited 90 $PY -m bench w1 "${common[@]}" --engine-only --attention "$form" --repeats 5
+    limited 90 $PY -m bench w2 "${common[@]}" --engine-only --attention "$form" --repeats 3
   done
   log "bench host"
-  timeout 60 $PY -m bench host --no-progress --no-precompile "${quick[@]}" \
-    --json "$OUT/host.json" 2>&1 | tail -5
+  limited 90 $PY -m bench host --shape $shape --no-progress --no-precompile "${quick[@]}" \
+    --json "$OUT/host.json"
   log done
 }
 
