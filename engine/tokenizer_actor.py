@@ -71,7 +71,8 @@ class TokenizerState:
         self.encoder = native_tokenizer.encoder_for(tokenizer, native=native)
         self.vocab_size = vocab_size
         # every id the tokenizer can give is the model's: its texts' ids need no check
-        self.text_ids_fit = max(tokenizer.get_vocab(with_added_tokens=True).values()) < vocab_size
+        ids = tokenizer.get_vocab(with_added_tokens=True).values()
+        self.text_ids_fit = max(ids, default=-1) < vocab_size
         self.max_len = max_len
         self.max_items = max_items
         self.max_labels = max_labels
