@@ -1,5 +1,6 @@
 #include "byte_bpe.h"
 
+#include <algorithm>
 #include <queue>
 
 namespace byte_bpe {
@@ -131,21 +132,20 @@ size_t Encoder::NextPiece(const T* text, size_t at, size_t length) const {
   return pattern_ == kGpt2 ? Gpt2Piece(text, at, length) : Qwen2Piece(text, at, length);
 }
 
-// The end of the run of `cls` code points from `at`.
-#define RUN_END(cls, from)                                          \
-  [&]() {                                                           \
-    size_t e = (from);                                              \
-    while (e < length && ClassOf(text[e]) == (cls)) ++e;            \
-    return e;                                                       \
-  }()
+// The end of the run of `cls` code points from `from`, at most `stop`.
+template <typename T>
+size_t Encoder::RunEnd(const T* text, size_t from, size_t stop, uint8_t cls) const {
+  while (from < stop && ClassOf(text[from]) == cls) ++from;
+  return from;
+}
 
 // The end of a whitespace run's match under `\s+(?!\S)|\s+`: the run but its last code point
 // when something other than whitespace follows it (and the run is longer than one).
-#define SPACE_END(from)                                             \
-  [&]() {                                                           \
-    size_t e = RUN_END(kSpace, from);                               \
-    return (e < length && e - (from) > 1) ? e - 1 : e;              \
-  }()
+template <typename T>
+size_t Encoder::SpaceEnd(const T* text, size_t from, size_t length) const {
+  const size_t end = RunEnd(text, from, length, kSpace);
+  return (end < length && end - from > 1) ? end - 1 : end;
+}
 
 template <typename T>
 size_t Encoder::Gpt2Piece(const T* text, size_t at, size_t length) const {
@@ -162,10 +162,10 @@ size_t Encoder::Gpt2Piece(const T* text, size_t at, size_t length) const {
   const uint8_t cls = ClassOf(c);
   // ` ?\p{L}+`, ` ?\p{N}+`, ` ?[^\s\p{L}\p{N}]+`: a space joins a run of anything else
   if (c == ' ' && at + 1 < length && ClassOf(next) != kSpace) {
-    return RUN_END(ClassOf(next), at + 1);
+    return RunEnd(text, at + 1, length, ClassOf(next));
   }
-  if (cls != kSpace) return RUN_END(cls, at);
-  return SPACE_END(at);
+  if (cls != kSpace) return RunEnd(text, at, length, cls);
+  return SpaceEnd(text, at, length);
 }
 
 template <typename T>
@@ -183,37 +183,27 @@ size_t Encoder::Qwen2Piece(const T* text, size_t at, size_t length) const {
   }
   const uint8_t cls = ClassOf(c);
   // [^\r\n\p{L}\p{N}]?\p{L}+
-  if (cls == kLetter) return RUN_END(kLetter, at);
+  if (cls == kLetter) return RunEnd(text, at, length, kLetter);
   if (cls != kNumber && !IsLineBreak(c) && at + 1 < length && ClassOf(next) == kLetter) {
-    return RUN_END(kLetter, at + 1);
+    return RunEnd(text, at + 1, length, kLetter);
   }
   // \p{N} or \p{N}{1,3}
-  if (cls == kNumber) {
-    size_t end = at + 1;
-    while (end < length && end - at < max_digits_ &&
-           ClassOf(text[end]) == kNumber) {
-      ++end;
-    }
-    return end;
-  }
+  if (cls == kNumber) return RunEnd(text, at, std::min(length, at + max_digits_), kNumber);
   // ` ?[^\s\p{L}\p{N}]+[\r\n]*`
   size_t other = at;
   if (c == ' ' && at + 1 < length && ClassOf(next) == kOther) other = at + 1;
   if (ClassOf(text[other]) == kOther) {
-    size_t end = RUN_END(kOther, other);
+    size_t end = RunEnd(text, other, length, kOther);
     while (end < length && IsLineBreak(text[end])) ++end;
     return end;
   }
   // `\s*[\r\n]+`: through the run's last line break
-  const size_t run = RUN_END(kSpace, at);
+  const size_t run = RunEnd(text, at, length, kSpace);
   for (size_t e = run; e > at; --e) {
     if (IsLineBreak(text[e - 1])) return e;
   }
-  return SPACE_END(at);
+  return SpaceEnd(text, at, length);
 }
-
-#undef SPACE_END
-#undef RUN_END
 
 void Encoder::EncodePiece(const std::string& bytes, std::vector<int32_t>* out) {
   if (!whole_.empty()) {

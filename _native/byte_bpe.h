@@ -62,6 +62,10 @@ class Encoder {
   size_t Gpt2Piece(const T* text, size_t at, size_t length) const;
   template <typename T>
   size_t Qwen2Piece(const T* text, size_t at, size_t length) const;
+  template <typename T>
+  size_t RunEnd(const T* text, size_t from, size_t stop, uint8_t cls) const;
+  template <typename T>
+  size_t SpaceEnd(const T* text, size_t from, size_t length) const;
   uint8_t ClassOf(uint32_t code_point) const {
     return code_point < classes_.size() ? classes_[code_point] : kOther;
   }
