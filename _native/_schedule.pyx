@@ -1,6 +1,7 @@
 # cython: boundscheck=False, wraparound=False, cdivision=True
-"""The block schedule of packed two-span attention, compiled: the twin of
-`kernels.schedule.build_block_schedule`'s numpy form, with its arguments, results and errors.
+"""The block schedule of packed two-span attention, compiled: the work of
+`kernels.schedule.build_block_schedule`'s numpy form, with its errors (the width bucket is
+picked there, between `block_lists` and `block_rows`).
 
 One pass over the tokens of each query block collects their spans' key-block intervals, which
 are sorted, merged and written out as the block's ascending key blocks.
@@ -11,7 +12,7 @@ from libcpp.vector cimport vector
 
 import numpy as np
 
-__all__ = ["build_block_schedule"]
+__all__ = ["block_lists", "block_rows"]
 
 
 cdef struct Interval:
@@ -32,11 +33,10 @@ cdef inline void _sort(Interval* xs, Py_ssize_t n) noexcept nogil:
         xs[j + 1] = x
 
 
-def build_block_schedule(
-    prefix_start, prefix_end, own_start, *, int block_size, width_buckets, int context=0,
-    own_end=None,
-):
-    """`kernels.schedule.build_block_schedule`: (block_kv i32[T//B, K], block_count i32[T//B])."""
+def block_lists(prefix_start, prefix_end, own_start, own_end, int block_size, int context):
+    """Every query block's ascending key blocks, one block after another, i32[sum(count)], and
+    their count i32[T//B]; ValueError as `kernels.schedule.build_block_schedule` raises it.
+    `own_end` None: causal."""
     given = [prefix_start, prefix_end, own_start] + ([] if own_end is None else [own_end])
     arrays = [np.ascontiguousarray(a, dtype=np.int64) for a in given]
     if any(a.ndim != 1 for a in arrays) or len({a.shape for a in arrays}) != 1:
@@ -54,7 +54,7 @@ def build_block_schedule(
     cdef const int64_t[::1] oe_given = arrays[3] if own_end is not None else arrays[2]
     cdef bint causal = own_end is None
     cdef int64_t end = context + t, pos, oe, b = block_size
-    cdef Py_ssize_t i, n = t // block_size, q, k, m
+    cdef Py_ssize_t i, n = t // block_size, q, k
     cdef int own_bad = 0, prefix_bad = 0
     for i in range(t):
         pos = context + i
@@ -94,24 +94,21 @@ def build_block_schedule(
                     cur.hi = x.hi
             _emit(&blocks, cur, &count[q])
 
-    cdef int widest = counts.max()
-    fitting = [w for w in width_buckets if w >= widest]
-    if not fitting:
-        raise ValueError(
-            f"schedule width {widest} exceeds the largest width bucket "
-            f"{max(width_buckets, default=None)}"
-        )
-    cdef Py_ssize_t width = min(fitting)
+    return np.asarray(<int32_t[:blocks.size()]>blocks.data()).copy(), counts
+
+
+def block_rows(const int32_t[::1] blocks, const int32_t[::1] count, Py_ssize_t width):
+    """`block_lists`' blocks as rows i32[T//B, width], each padded with its last block."""
+    cdef Py_ssize_t n = count.shape[0], q, k, m, at = 0
     block_kv = np.empty((n, width), np.int32)
     cdef int32_t[:, ::1] out = block_kv
-    cdef Py_ssize_t at = 0
     with nogil:
         for q in range(n):
             m = count[q]
             for k in range(width):
                 out[q, k] = blocks[at + (k if k < m else m - 1)]
             at += m
-    return block_kv, counts
+    return block_kv
 
 
 cdef inline void _add(

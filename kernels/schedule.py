@@ -264,7 +264,20 @@ def _pack_rows(
     return block_kv
 
 
+def _compiled_block_schedule(
+    *spans: np.ndarray,
+    block_size: int,
+    width_buckets: Sequence[int],
+    context: int = 0,
+    own_end: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """`build_block_schedule` in compiled code (`_native._schedule`)."""
+    blocks, count = _schedule.block_lists(*spans, own_end, block_size, context)
+    width = _pick_width(int(count.max()), width_buckets)
+    return _schedule.block_rows(blocks, count, width), count
+
+
 IMPLEMENTATIONS = {"numpy": _numpy_block_schedule}
 if _schedule is not None:
-    IMPLEMENTATIONS["native"] = _schedule.build_block_schedule
+    IMPLEMENTATIONS["native"] = _compiled_block_schedule
 _CHOSEN = IMPLEMENTATIONS.get("native", _numpy_block_schedule)
