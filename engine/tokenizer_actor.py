@@ -68,7 +68,9 @@ class TokenizerState:
         native: bool = True,
     ):
         self.tokenizer = tokenizer
-        self.encoder = native_tokenizer.encoder_for(tokenizer, native=native)
+        # joined query+item texts; a pair model encodes its texts in `pairs`, natively there,
+        # so it is not built twice
+        self.encoder = native_tokenizer.encoder_for(tokenizer, native=native and pairs is None)
         self.vocab_size = vocab_size
         # every id the tokenizer can give is the model's: its texts' ids need no check
         ids = tokenizer.get_vocab(with_added_tokens=True).values()

@@ -45,6 +45,17 @@ def test_texts_are_encoded_natively_with_the_references_ids(tok):
     assert theirs[1].sequences == [tok.encode("¿Sí?  ünï 😀").ids]
 
 
+def test_a_pair_models_texts_are_wrapped_natively_once(tok):
+    from engine.pairs import PairEncoder
+
+    pairs = PairEncoder(tok, vocab_size=384, type_vocab_size=1)
+    pair_state = TokenizerState(
+        tok, vocab_size=384, max_len=64, max_items=4, max_labels=3, cache_size=8, pairs=pairs
+    )
+    assert isinstance(pair_state.encoder, ReferenceTokenizer)  # joined texts: none to encode
+    assert isinstance(pairs.texts, NativeTokenizer) == (native_tokenizer._byte_bpe is not None)
+
+
 def req(i, query, items, labels=(1,), item_first=False):
     return ScoreRequest(
         id=i,
