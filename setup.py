@@ -14,8 +14,9 @@ import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
-MODULES = ("_buckets", "_pack", "_prefix_cache", "_radix")
-CPP_MODULES = ("_schedule",)  # Cython over the C++ standard library
+MODULES = ("_buckets", "_pack", "_prefix_cache")
+# Cython over the C++ standard library, each with the header it wraps, if any
+CPP_MODULES = {"_prefix_groups": ["_native/prefix_groups.h"], "_schedule": []}
 
 extensions = [
     Extension(f"_native.{name}", [f"_native/{name}.pyx"], include_dirs=[numpy.get_include()])
@@ -25,11 +26,12 @@ extensions += [
     Extension(
         f"_native.{name}",
         [f"_native/{name}.pyx"],
-        include_dirs=[numpy.get_include()],
+        include_dirs=["_native", numpy.get_include()],
         language="c++",
         extra_compile_args=["-O3", "-std=c++17"],
+        depends=headers,
     )
-    for name in CPP_MODULES
+    for name, headers in CPP_MODULES.items()
 ]
 extensions.append(
     Extension(

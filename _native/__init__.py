@@ -4,8 +4,8 @@ The compiled modules are used when they were built; otherwise the twins are, and
 which. `IMPLEMENTATIONS` holds both (by name) so tests can run every function through each.
 
 - `pick_bucket(buckets, n)`: the smallest padding bucket >= n.
-- `RadixTree`: a compressed trie over token sequences (`insert`, `match`, `len`).
-- `group_by_prefix(seqs)`: `(prefix_len, members)` groups sharing a token prefix.
+- `group_by_prefix(seqs)`: `(prefix_len, members)` groups sharing a token prefix (the compiled
+  form is C++, `prefix_groups.h`).
 - `pack_chunks(seqs, chunks)`: the unpadded flat arrays of one packed batch.
 - `PrefixCache(num_pages, page_size)`: the KV pool's page allocator and radix prefix cache.
 
@@ -16,32 +16,32 @@ Two more compiled modules are imported where they are used, each beside its othe
 
 from types import SimpleNamespace
 
-from . import _buckets_py, _pack_py, _prefix_cache_py, _radix_py
+from . import _buckets_py, _pack_py, _prefix_cache_py, _prefix_groups_py
 
 try:
-    from . import _buckets, _pack, _prefix_cache, _radix
+    from . import _buckets, _pack, _prefix_cache, _prefix_groups
 except ImportError:  # not built (e.g. a source checkout without `pip install -e .`)
-    _buckets = _pack = _prefix_cache = _radix = None
+    _buckets = _pack = _prefix_cache = _prefix_groups = None
 
 
-def _implementation(buckets, radix, pack, prefix_cache) -> SimpleNamespace:
+def _implementation(buckets, prefix_groups, pack, prefix_cache) -> SimpleNamespace:
     return SimpleNamespace(
         pick_bucket=buckets.pick_bucket,
-        RadixTree=radix.RadixTree,
-        group_by_prefix=radix.group_by_prefix,
+        group_by_prefix=prefix_groups.group_by_prefix,
         pack_chunks=pack.pack_chunks,
         PrefixCache=prefix_cache.PrefixCache,
     )
 
 
-COMPILED = _radix is not None
-IMPLEMENTATIONS = {"python": _implementation(_buckets_py, _radix_py, _pack_py, _prefix_cache_py)}
+COMPILED = _prefix_groups is not None
+IMPLEMENTATIONS = {
+    "python": _implementation(_buckets_py, _prefix_groups_py, _pack_py, _prefix_cache_py)
+}
 if COMPILED:
-    IMPLEMENTATIONS["native"] = _implementation(_buckets, _radix, _pack, _prefix_cache)
+    IMPLEMENTATIONS["native"] = _implementation(_buckets, _prefix_groups, _pack, _prefix_cache)
 _chosen = IMPLEMENTATIONS["native" if COMPILED else "python"]
 
 pick_bucket = _chosen.pick_bucket
-RadixTree = _chosen.RadixTree
 group_by_prefix = _chosen.group_by_prefix
 pack_chunks = _chosen.pack_chunks
 PrefixCache = _chosen.PrefixCache
@@ -50,7 +50,6 @@ __all__ = [
     "COMPILED",
     "IMPLEMENTATIONS",
     "PrefixCache",
-    "RadixTree",
     "group_by_prefix",
     "pack_chunks",
     "pick_bucket",

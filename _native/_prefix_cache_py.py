@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ._radix_py import _as_list
+from ._prefix_groups_py import _as_list
 
 _FREE, _TREE, _OUT = 0, 1, 2  # where a page is
 

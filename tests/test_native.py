@@ -56,39 +56,7 @@ def test_twins_agree(buckets, n):
     assert len(set(outcomes)) == 1
 
 
-# --- RadixTree
-
-
-def test_radix_insert_reports_the_tokens_already_stored(impl):
-    tree = impl.RadixTree()
-    assert [tree.insert(s) for s in ([1, 2, 3, 4], [1, 2, 5], [1, 2, 3, 4], [], [1, 2])] == [
-        0,
-        2,
-        4,
-        0,
-        2,
-    ]
-    assert len(tree) == 5
-
-
-def test_radix_match_is_the_longest_stored_prefix(impl):
-    tree = impl.RadixTree()
-    assert tree.match([1, 2]) == 0
-    for seq in ([1, 2, 3, 4], [1, 2, 5], [7]):
-        tree.insert(seq)
-    cases = {(1, 2, 3, 9): 3, (1, 2): 2, (1, 2, 3, 4, 5): 4, (1, 2, 5, 6): 3, (7, 7): 1, (): 0}
-    assert {seq: tree.match(list(seq)) for seq in cases} == cases
-    assert tree.match(np.array([1, 2, 5, 6], np.int32)) == 3
-    assert tree.match((1, 2, 3)) == 3
-    assert tree.match(np.array([9, 1], np.int64)) == 0
-
-
-def test_radix_stores_copies_of_array_inputs(impl):
-    seq = np.array([4, 5, 6, 7], np.int32)
-    tree = impl.RadixTree()
-    tree.insert(seq)
-    seq[:] = 0
-    assert tree.match([4, 5, 6, 7]) == 4
+# --- group_by_prefix
 
 
 def common_prefix(a, b):
@@ -96,25 +64,6 @@ def common_prefix(a, b):
     while n < min(len(a), len(b)) and a[n] == b[n]:
         n += 1
     return n
-
-
-token_lists = st.lists(st.lists(st.integers(0, 3), max_size=10), max_size=25)
-
-
-@settings(max_examples=200, deadline=None)
-@given(token_lists, token_lists)
-def test_radix_match_equals_brute_force(stored, queries):
-    for impl in _native.IMPLEMENTATIONS.values():
-        tree = impl.RadixTree()
-        for i, seq in enumerate(stored):
-            expected = max((common_prefix(seq, s) for s in stored[:i]), default=0)
-            assert tree.insert(seq) == expected
-        for seq in queries + stored:
-            assert tree.match(seq) == max((common_prefix(seq, s) for s in stored), default=0)
-        assert len(tree) == len(stored)
-
-
-# --- group_by_prefix
 
 
 def sorted_lcp_groups(seqs):
@@ -214,11 +163,54 @@ def test_long_shared_prefixes_group_like_the_oracle(cuts):
     expected = sorted_lcp_groups(seqs)
     for impl in _native.IMPLEMENTATIONS.values():
         assert impl.group_by_prefix(seqs) == expected
-        tree = impl.RadixTree()
-        for seq in seqs:
-            tree.insert(seq)
-        for seq in seqs + [PROMPT]:
-            assert tree.match(seq) == max((common_prefix(seq, s) for s in seqs), default=0)
+
+
+def as_kinds(seqs):
+    """The same sequences as each kind of input the compiled form reads: in place (int32
+    vectors, views into one buffer as `engine.inputs.join_ids` gives them, read-only ones) or
+    converted (lists, tuples, int64, strided views)."""
+    buffer = np.zeros(2 * sum(map(len, seqs)) + 1, np.int32)
+    joined, at = [], 0
+    for seq in seqs:
+        joined.append(buffer[at : at + len(seq)])
+        joined[-1][:] = seq
+        at += len(seq)
+    frozen = [np.array(seq, np.int32) for seq in seqs]
+    for arr in frozen:
+        arr.flags.writeable = False
+    strided = [np.repeat(np.array(seq, np.int32), 2)[::2] for seq in seqs]
+    return {
+        "lists": [list(seq) for seq in seqs],
+        "tuples": [tuple(seq) for seq in seqs],
+        "int32": [np.array(seq, np.int32) for seq in seqs],
+        "int64": [np.array(seq, np.int64) for seq in seqs],
+        "joined": joined,
+        "read-only": frozen,
+        "strided": strided,
+        "mixed": [list(seq) if i % 2 else np.array(seq, np.int32) for i, seq in enumerate(seqs)],
+    }
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.integers(0, 3), max_size=40),
+    st.lists(st.lists(st.integers(0, 3), max_size=9), max_size=20),
+)
+def test_every_kind_of_input_groups_like_the_oracle(prompt, tails):
+    seqs = [prompt + tail for tail in tails]
+    expected = sorted_lcp_groups(seqs)
+    for impl in _native.IMPLEMENTATIONS.values():
+        for kind, inputs in as_kinds(seqs).items():
+            assert impl.group_by_prefix(inputs) == expected, kind
+            assert impl.group_by_prefix(tuple(inputs)) == expected, kind
+
+
+def test_group_by_prefix_leaves_its_inputs_as_they_were(impl):
+    seqs = as_kinds([[1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 7], [1, 9]])
+    before = {kind: [list(map(int, s)) for s in inputs] for kind, inputs in seqs.items()}
+    for inputs in seqs.values():
+        assert impl.group_by_prefix(inputs) == [(5, (0, 1)), (0, (2,))]
+    assert {kind: [list(map(int, s)) for s in inputs] for kind, inputs in seqs.items()} == before
 
 
 # --- pack_chunks
