@@ -10,6 +10,7 @@ python -m bench int8                         # W1, W2 in int8 beside bf16, f32, 
 python -m bench dense --mode int8            # W1, W2: the measured dense default vs each path
 python -m bench long --shape qwen3-0.6b # one 30,000-token sequence, chunked prefill
 python -m bench soak                         # 256 clients for 60 s, every answer checked
+python -m bench startup                      # time to serve: grid compiled before vs behind
 python -m bench w1 --help                    # a workload's own options
 """
 
@@ -29,6 +30,7 @@ WORKLOADS = {
     "dense": ("bench.dense_paths", "W1 and W2 through the measured dense default and each path"),
     "embed": ("bench.embed", "2,000 texts of 8-256 tokens embedded, vs sentence-transformers"),
     "host": ("bench.host", "host time per request and stage: W1/W2/W3 on a device doing nothing"),
+    "startup": ("bench.startup", "time to serve and to a compiled grid: before vs in background"),
     "long": ("bench.long", "one 30,000-token sequence through chunked prefill: time, peak memory"),
     "dashboard": ("bench.dashboard_shot", "a screenshot of /dashboard under W3 load (chromium)"),
     "soak": ("bench.soak", "HTTP soak: 256 clients for 60 s, answers checked, RSS/FD watched"),

@@ -7,7 +7,8 @@
 # There, from a copy of the project's root with .whl/ beside it:
 #   bash bench/gpu_checks.sh setup tests  # install the wheels, build, the GPU tests
 #   bash bench/gpu_checks.sh bench        # attention kernels; W1 and W2 on Qwen3-0.6B's shape
-#                                         # beside transformers on cuda, Triton and Mosaic forms
+#                                         # beside transformers on cuda, Triton and Mosaic forms;
+#                                         # the host bench; start-up with the grid behind it
 # Reports go to $OUT (default /tmp/gpu-checks). QUICK=1 runs the benches at their smallest, to
 # try the script on a machine without a GPU (where the GPU-only tests skip).
 set -uo pipefail
@@ -86,6 +87,9 @@ bench() {
   log "bench host"
   limited 90 $PY -m bench host --shape $shape --no-progress --no-precompile "${quick[@]}" \
     --json "$OUT/host.json"
+  log "bench startup: ready, and the whole grid compiled behind it (no compile cache)"
+  limited 240 $PY -m bench startup --shape $shape --no-progress --modes background "${quick[@]}" \
+    --json "$OUT/startup.json"
   log done
 }
 

@@ -69,6 +69,10 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # compile the (T, S, L) grid before serving: each token bucket up to token_budget with each of
     # its row buckets; the compile cache makes a restart load them instead
     precompile: bool = True
+    # compile that grid in the background instead, serving at once: a batch whose shape is not
+    # compiled yet compiles it first (seconds) rather than every request waiting for the whole
+    # grid (about two minutes on a GPU); False: ready only once the grid is compiled
+    precompile_in_background: bool = False
     progress: bool = True  # progress bars while loading and compiling
     # the rerank recipe: "qwen3-reranker" | "mxbai-rerank-v2" | "bge-reranker-v2-gemma" |
     # "chatml" | "plain"; None detects it from the checkpoint (engine.templates.template_for); a

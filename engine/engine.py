@@ -113,6 +113,7 @@ class Engine:
         self._waiters: dict[int, _Waiter] = {}
         self._sent = 0  # messages handed to the tokenizer; each reaches the scheduler once
         self._changed = trio.Event()  # set when the scheduler has handled messages
+        self._grid_compiled = [trio.Event() for _ in self.runners]
         self._closed = False
         self._info: EngineInfo | None = None
 
@@ -132,6 +133,12 @@ class Engine:
         of its vocabulary), or None when it works."""
         return self.reranker.unavailable
 
+    async def grid_compiled(self) -> None:
+        """Return once every runner has compiled its bucket grid: at once unless the grid
+        compiles in the background (`EngineConfig.precompile_in_background`)."""
+        for event in self._grid_compiled:
+            await event.wait()
+
     async def _start(self, nursery: trio.Nursery) -> None:
         to_tokenizer, tokenizer_inbox = trio.open_memory_channel(math.inf)
         to_scheduler, scheduler_inbox = trio.open_memory_channel(math.inf)
@@ -142,17 +149,21 @@ class Engine:
         # once took over 18 GiB of host memory (SmolLM2 f32)
         limit = 1 if devices.share_memory() else len(self.runners)
         run_runner = functools.partial(
-            runner.run, progress=self.config.progress, compiling=trio.CapacityLimiter(limit)
+            runner.run,
+            progress=self.config.progress,
+            compiling=trio.CapacityLimiter(limit),
+            background=self.config.precompile_in_background,
         )
         to_runners = []
         async with trio.open_nursery() as compiling:  # every runner starts compiling its grid
-            for state in self.runners:
+            for state, compiled in zip(self.runners, self._grid_compiled, strict=True):
                 # room for the most a runner is handed (one running, one ahead): the scheduler
                 # counts a batch handed until it is done, taken from the channel or not
                 to_runner, runner_inbox = trio.open_memory_channel(scheduler.HANDED_AHEAD + 1)
                 to_runners.append(to_runner)
                 channels = (state, runner_inbox, to_scheduler.clone(), grid)
-                compiling.start_soon(functools.partial(nursery.start, run_runner, *channels))
+                run = functools.partial(run_runner, compiled=compiled)
+                compiling.start_soon(functools.partial(nursery.start, run, *channels))
         await nursery.start(tokenizer_actor.run, self.tokenization, tokenizer_inbox, to_scheduler)
         run_scheduler = functools.partial(scheduler.run, on_change=self._on_change)
         await nursery.start(run_scheduler, self.scheduler, scheduler_inbox, to_runners, to_engine)

@@ -57,6 +57,11 @@ class KVPool:
         self.num_pages = kv_cache_bytes // page_bytes if kv_cache_bytes > 0 else 0
         self._check_fits(self.num_pages * page_bytes)
         self.arrays: LayerPool | None = self._empty()
+        # the pool's shapes and placement, which never change: what a program is compiled for,
+        # while a running step may hold (and donate) the arrays themselves
+        self.spec = jax.tree.map(
+            lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), self.arrays
+        )
         self.resets = 0  # times the pool was lost (a failed step) and zeroed again
 
     @property

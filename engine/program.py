@@ -152,7 +152,7 @@ class DeviceProgram:
         """Compile the program of batch shape (T, S, L), without context, without running it
         (the token-states program is compiled when first run)."""
         batch = empty_batch(*shape, block_size, self.config.window)
-        self._forward.lower(self.params, batch, self.kv.arrays).compile()
+        self._forward.lower(self.params, batch, self.kv.spec).compile()
 
     def run(self, batch: PackedInputs, states: bool = False) -> jax.Array:
         """Dispatch one packed batch; its outputs f32[S, L] (with `states`, an embedder's: every

@@ -1,11 +1,13 @@
 """Device-runner actor: owns the device program, runs one batch at a time.
 
 At start it compiles the bucket grid (progress bar; JAX's persistent cache makes a restart fast)
-and only then reports started. Batches run in a worker thread so the trio loop stays live while
-the device works; a batch that fails reports its error and the runner keeps serving.
+and only then reports started, or, in the background, reports started at once and serves while
+the grid compiles. Batches run in a worker thread so the trio loop stays live while the device
+works; a batch that fails reports its error and the runner keeps serving.
 """
 
 import functools
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,6 +43,7 @@ class RunnerState:
         # (T, S, L) shapes, and (T, S, L, True) those of the token-states program
         self.compiled: set[tuple] = set()
         self.stats = RunnerStats()
+        self._counting = threading.Lock()  # a grid compiling in the background counts too
 
     def warm_up(
         self,
@@ -49,14 +52,14 @@ class RunnerState:
         progress: bool = True,
         check: Callable[[], None] = lambda: None,
     ) -> None:
-        """Compile the program of every (T, S, L) shape, without running any; `check` runs
-        before each program and may raise to stop (a shutdown while compiling)."""
+        """Compile the program of every (T, S, L) shape not compiled yet, without running any;
+        `check` runs before each program and may raise to stop (a shutdown while compiling)."""
         for shape in tqdm(
             shapes, desc="compiling", unit="program", disable=not (progress and shapes)
         ):
             check()
-            self.program.compile(shape, self.block_size)
-            self._count_compile(shape)
+            if self._count_compile(shape):  # else a batch of that shape compiled it
+                self.program.compile(shape, self.block_size)
 
     def execute(self, batch: Batch) -> BatchDone:
         """Run one batch to completion; any exception becomes the batch's error. A batch that
@@ -82,10 +85,14 @@ class RunnerState:
             id=batch.id, outputs=outputs, device_s=elapsed, dispatch_s=dispatched - start
         )
 
-    def _count_compile(self, shape: tuple) -> None:
-        if shape not in self.compiled:
+    def _count_compile(self, shape: tuple) -> bool:
+        """True when `shape` is new: its program is compiled by the caller."""
+        with self._counting:
+            if shape in self.compiled:
+                return False
             self.stats.compiles += 1
             self.compiled.add(shape)
+            return True
 
 
 def _reads_pool(inputs: PackedInputs) -> bool:
@@ -100,15 +107,38 @@ async def run(
     *,
     progress: bool = True,
     compiling: trio.CapacityLimiter | None = None,
+    background: bool = False,
+    compiled: trio.Event | None = None,
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Compile the grid (holding `compiling`, which bounds the runners that compile at once),
-    report started, then run batches as the scheduler hands them over."""
-    check = trio.from_thread.check_cancelled  # a shutdown need not wait for the whole grid
-    await trio.to_thread.run_sync(
-        functools.partial(state.warm_up, warm_up, progress=progress, check=check),
-        limiter=compiling,
-    )
-    task_status.started()
+    report started, then run batches as the scheduler hands them over. With `background`, report
+    started at once and serve while the grid compiles: a batch whose shape is not compiled yet
+    compiles it first, and the grid skips it. `compiled` is set once the grid is."""
+
+    async def compile_grid() -> None:
+        check = trio.from_thread.check_cancelled  # a shutdown need not wait for the whole grid
+        await trio.to_thread.run_sync(
+            functools.partial(state.warm_up, warm_up, progress=progress, check=check),
+            limiter=compiling,
+        )
+        if compiled is not None:
+            compiled.set()
+
+    if not background:
+        await compile_grid()
+        task_status.started()
+        await _serve(state, batches, done)
+        return
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(compile_grid)
+        task_status.started()
+        await _serve(state, batches, done)
+        nursery.cancel_scope.cancel()  # no more batches: the rest of the grid is not needed
+
+
+async def _serve(
+    state: RunnerState, batches: trio.MemoryReceiveChannel, done: trio.MemorySendChannel
+) -> None:
     async for batch in batches:
         await done.send(await trio.to_thread.run_sync(state.execute, batch))

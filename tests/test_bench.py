@@ -424,6 +424,20 @@ def test_host_measures_each_workload_on_a_device_that_computes_nothing(tiny, tmp
         assert results[name]["us_per_token"] > 0
 
 
+def test_startup_in_each_mode(tiny, tmp_path):
+    from bench import startup
+
+    out = tmp_path / "startup.json"
+    report = startup.main(["--model", tiny, "--quick", "--no-progress", "--json", str(out)])
+    assert json.loads(out.read_text())["modes"] == report["modes"]
+    assert list(report["modes"]) == ["before", "background"]
+    for m in report["modes"].values():
+        assert m["programs"] == m["grid_programs"] > 1  # the request's shape is one of the grid's
+        assert 0 < m["ready_s"] <= m["grid_compiled_s"]
+        assert m["first_request_s"] > 0 and m["warm_request_s"] > 0
+    assert report["model"] == "llama-untied" and report["token_budget"] == 512
+
+
 def test_the_null_program_answers_zeros_of_the_batch_shape(tiny):
     from bench import host
     from bench.host import NullProgram

@@ -420,6 +420,27 @@ def test_an_empty_item_list_is_answered_with_no_scores(tiny_path, reference):
     np.testing.assert_allclose(no_query.scores, reference.score([5], [[6]], [1]), rtol=1e-5)
 
 
+def test_a_grid_compiling_in_the_background_serves_at_once_and_equal(tiny_path, reference):
+    """Ready before its grid is compiled; the scores equal one-by-one scoring before and after,
+    and every shape of the grid ends up compiled once."""
+    cfg = config(tiny_path, precompile=True, precompile_in_background=True, token_budget=1024)
+    query, items, labels = [5, 6, 7, 8], [[9, 10], [11], [12, 13, 14]], [3, 4]
+    expected = reference.score(query, items, labels)
+
+    async def main():
+        async with open_engine(cfg) as engine:
+            scored = [await engine.score(query, items, labels)]
+            await engine.grid_compiled()
+            grid = set(engine.buckets.grid(cfg.token_budget))
+            state = engine.runner
+            assert grid <= state.compiled and state.stats.compiles == len(state.compiled)
+            scored.append(await engine.score(query, items, labels))
+        for result in scored:
+            np.testing.assert_allclose(np.log(result.scores), np.log(expected), atol=1e-5)
+
+    run(main)
+
+
 def test_bucket_settings_are_checked_and_used():
     b = EngineConfig(token_budget=256, block_size=32).buckets(1000)
     assert b.tokens == (64, 128, 256, 512, 1024) and b.block_size == 32

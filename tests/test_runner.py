@@ -1,17 +1,26 @@
-"""RunnerState: compiling the grid, counting compiles, turning a failing step into an error."""
+"""RunnerState: compiling the grid (before serving or in the background), counting compiles,
+turning a failing step into an error."""
 
 import functools
 import threading
 
+import jax
 import numpy as np
 import pytest
 import trio
 
 from engine import load_model, packing, runner
 from engine.buckets import default_buckets
+from engine.loaders import load_checkpoint
 from engine.messages import Batch
 from engine.packing import empty_batch
+from engine.program import DeviceProgram
 from engine.runner import RunnerState, batch_shape
+
+COMPILE_EVENTS = (
+    "/jax/core/compile/backend_compile_duration",  # one per XLA compile
+    "/jax/compilation_cache/cache_retrieval_time_sec",  # one per program loaded from the cache
+)
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +47,45 @@ def test_warm_up_compiles_each_shape_once(model):
     np.testing.assert_allclose(
         done.outputs[0, :2], model.label_logprobs(seqs, labels)[0], atol=1e-6
     )
+
+
+def test_warm_up_skips_a_shape_a_batch_compiled(model, monkeypatch):
+    runner = RunnerState(model.program, block_size=64)
+    runner.execute(
+        Batch(id=1, inputs=empty_batch(128, 4, 4, 64), rows=[], real_tokens=0, build_s=0)
+    )
+    compiled = []
+    monkeypatch.setattr(model.program, "compile", lambda shape, block: compiled.append(shape))
+    runner.warm_up([(128, 4, 4), (128, 16, 4)], progress=False)
+    assert compiled == [(128, 16, 4)]
+    assert runner.stats.compiles == 2 and runner.compiled == {(128, 4, 4), (128, 16, 4)}
+
+
+@pytest.fixture(scope="module")
+def pooled(tiny_checkpoints):
+    """A program with a KV pool, which each step donates and replaces."""
+    checkpoint = load_checkpoint(tiny_checkpoints["qwen2"], progress=False)
+    return DeviceProgram(checkpoint, dtype="float32", kv_cache_bytes=2**20)
+
+
+def test_a_precompiled_shape_runs_without_compiling_again(pooled):
+    """The grid's programs are compiled for the pool's shapes and placement (`KVPool.spec`), not
+    its arrays, which a running step may hold: the step's own call must find them compiled."""
+    compiles = []  # XLA compiles, and loads from the persistent cache when one is on
+    listen = lambda event, seconds, **kw: (
+        compiles.append(event) if event in COMPILE_EVENTS else None
+    )
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        runner = RunnerState(pooled, block_size=64)
+        runner.warm_up([(256, 12, 4)], progress=False)  # a shape no other test compiles
+        assert compiles
+        before = len(compiles)
+        inputs = empty_batch(256, 12, 4, 64)
+        runner.execute(Batch(id=1, inputs=inputs, rows=[], real_tokens=0, build_s=0.0))
+        assert len(compiles) == before and runner.stats.batches == 1
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
 
 
 def test_a_raising_step_becomes_the_batch_error(model, monkeypatch):
@@ -88,3 +136,63 @@ def test_runners_compile_no_more_at_once_than_their_limiter_allows(limit):
 
     trio.run(main)
     assert record["most"] == limit
+
+
+class _Gated:
+    """A runner state whose grid compiles until `gate` is set (or the runner is cancelled), and
+    whose batches run at once."""
+
+    def __init__(self, gate: threading.Event):
+        self.gate, self.grids = gate, []
+
+    def warm_up(self, shapes, *, progress, check):
+        while not self.gate.wait(0.01):  # polled so that a cancelled runner stops compiling
+            check()
+        self.grids.append(shapes)
+
+    def execute(self, batch):
+        return f"done {batch}"
+
+
+def _run_gated(state, grid, body):
+    """`runner.run` of `state` in the background mode; `body(send, receive, compiled)` drives
+    it once started, and closes `send` to end it."""
+
+    async def main():
+        to_runner, batches = trio.open_memory_channel(1)
+        to_scheduler, done = trio.open_memory_channel(1)
+        compiled = trio.Event()
+        run = functools.partial(runner.run, progress=False, background=True, compiled=compiled)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(run, state, batches, to_scheduler, grid)
+            await body(to_runner, done, compiled)
+
+    trio.run(main)
+
+
+def test_a_background_grid_serves_batches_while_it_compiles():
+    gate = threading.Event()
+    state = _Gated(gate)
+
+    async def body(send, receive, compiled):
+        await send.send("a")  # started, and serving, with the grid still compiling
+        assert await receive.receive() == "done a"
+        assert not compiled.is_set()
+        gate.set()
+        await compiled.wait()
+        await send.send("b")
+        assert await receive.receive() == "done b"
+        await send.aclose()
+
+    _run_gated(state, [(128, 4, 4)], body)
+    assert state.grids == [[(128, 4, 4)]]
+
+
+def test_a_background_grid_stops_when_the_runner_ends():
+    state = _Gated(threading.Event())  # never opened: the grid would compile forever
+
+    async def body(send, receive, compiled):
+        await send.aclose()
+
+    _run_gated(state, [(128, 4, 4)], body)
+    assert state.grids == []  # cancelled, not finished
