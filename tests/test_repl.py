@@ -56,27 +56,23 @@ QUERY = "Is the river near the house?"
 ITEMS = [" the river is green", " quick paper", " stone house light"]
 
 
-def repl_args(path: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "engine.repl",
-        "--model",
-        path,
-        "--dtype",
-        "float32",
-        "--no-precompile",
-    ]
+def repl_args(path: str, *flags: str) -> list[str]:
+    """The command line of the REPL on `path` in f32 with `flags` (by default `--no-precompile`)."""
+    flags = flags or ("--no-precompile",)
+    return [sys.executable, "-m", "engine.repl", "--model", path, "--dtype", "float32", *flags]
 
 
 def repl_env(home: Path) -> dict[str, str]:
     return {**os.environ, "JAX_PLATFORMS": "cpu", "HOME": str(home), "COLUMNS": "100"}
 
 
-def run_script(path: str, script: list[str], home: Path) -> subprocess.CompletedProcess:
-    """The REPL on `path` fed `script` through a pipe, one line each."""
+def run_script(
+    path: str, script: list[str], home: Path, *flags: str
+) -> subprocess.CompletedProcess:
+    """The REPL on `path` (with `flags`, `repl_args`) fed `script` through a pipe, one line
+    each."""
     return subprocess.run(
-        repl_args(path),
+        repl_args(path, *flags),
         input="\n".join(script) + "\n",
         capture_output=True,
         text=True,
@@ -183,6 +179,22 @@ def test_piped_script(tiny_path, reference, tmp_path):
     assert [i for i, _ in got] == order
     np.testing.assert_allclose([s for _, s in got], [want[i][0] for i in order], rtol=1e-5)
     assert "in_flight:" in done.stdout and "after quit" not in done.stdout
+
+
+def test_a_grid_compiling_in_the_background(tiny_path, reference, tmp_path):
+    flags = ("--precompile-in-background", "--token-budget", "256")
+    script = [":labels #3 #4", f"? {QUERY}", *ITEMS, "", ":quit"]
+    done = run_script(tiny_path, script, tmp_path, *flags)
+    assert done.returncode == 0, done.stderr
+    assert "compiling the bucket grid in the background" in done.stderr
+    (found,) = tables(done.stdout)
+    np.testing.assert_allclose(
+        score_rows(found, 2), reference.score(QUERY, ITEMS, [3, 4]), rtol=1e-5
+    )
+    both = run_script(
+        tiny_path, [":quit"], tmp_path, "--precompile-in-background", "--no-precompile"
+    )
+    assert both.returncode == 2 and "not allowed with argument" in both.stderr
 
 
 def test_a_cross_encoder_reranks_from_the_start(tmp_path):

@@ -1,7 +1,7 @@
 """An interactive scorer over the embeddable engine.
 
     python -m engine.repl [--model PATH] [--dtype bfloat16|float32] [--token-budget N]
-                          [--no-precompile]
+                          [--no-precompile | --precompile-in-background]
 
 Set a query with `? text`, type one item per line, and an empty line scores them: a table of each
 item's label probabilities (or, with `:rerank`, the documents in relevance order; for an embedder,
@@ -46,7 +46,12 @@ def make_session(engine: Engine) -> Session:
 def _describe(engine: Engine, started: float) -> str:
     cfg = engine.config
     s = engine.stats()
-    compiled = f"{s.compiles} programs compiled" if cfg.precompile else "compiling on demand"
+    if not cfg.precompile:
+        compiled = "compiling on demand"
+    elif cfg.precompile_in_background:
+        compiled = "compiling the bucket grid in the background"
+    else:
+        compiled = f"{s.compiles} programs compiled"
     return (
         f"ready: {cfg.model or 'default model'} ({engine.task.describe()}, {cfg.dtype}, "
         f"{compiled}, {time.perf_counter() - started:.1f}s); :help lists the commands"
@@ -90,8 +95,14 @@ def parser() -> argparse.ArgumentParser:
         default=EngineConfig().token_budget,
         help="most tokens in one packed batch (%(default)s)",
     )
-    p.add_argument(
+    compiling = p.add_mutually_exclusive_group()
+    compiling.add_argument(
         "--no-precompile", action="store_true", help="compile each shape on first use instead"
+    )
+    compiling.add_argument(
+        "--precompile-in-background",
+        action="store_true",
+        help="ready at once, the bucket grid compiling behind (a new shape compiles first)",
     )
     return p
 
@@ -110,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         dtype=args.dtype,
         token_budget=args.token_budget,
         precompile=not args.no_precompile,
+        precompile_in_background=args.precompile_in_background,
     )
     for stream in (sys.stdin, sys.stdout):  # a stray non-UTF-8 byte must not end the session
         stream.reconfigure(errors="replace")
