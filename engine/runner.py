@@ -7,6 +7,7 @@ works; a batch that fails reports its error and the runner keeps serving.
 """
 
 import functools
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +20,8 @@ from tqdm import tqdm
 from engine.messages import Batch, BatchDone
 from engine.models import PackedInputs
 from engine.program import DeviceProgram
+
+log = logging.getLogger("engine")
 
 
 @dataclass
@@ -114,14 +117,24 @@ async def run(
     """Compile the grid (holding `compiling`, which bounds the runners that compile at once),
     report started, then run batches as the scheduler hands them over. With `background`, report
     started at once and serve while the grid compiles: a batch whose shape is not compiled yet
-    compiles it first, and the grid skips it. `compiled` is set once the grid is."""
+    compiles it first, and the grid skips it; a grid that fails to compile is logged, and the
+    runner serves on. `compiled` is set once the grid is done."""
 
     async def compile_grid() -> None:
         check = trio.from_thread.check_cancelled  # a shutdown need not wait for the whole grid
-        await trio.to_thread.run_sync(
-            functools.partial(state.warm_up, warm_up, progress=progress, check=check),
-            limiter=compiling,
-        )
+        try:
+            await trio.to_thread.run_sync(
+                functools.partial(state.warm_up, warm_up, progress=progress, check=check),
+                limiter=compiling,
+            )
+        except Exception as e:
+            if not background:  # the engine does not start
+                raise
+            log.warning(
+                "the bucket grid stopped compiling (%s: %s); batches compile their own shapes",
+                type(e).__name__,
+                e,
+            )
         if compiled is not None:
             compiled.set()
 

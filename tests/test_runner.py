@@ -148,6 +148,8 @@ class _Gated:
     def warm_up(self, shapes, *, progress, check):
         while not self.gate.wait(0.01):  # polled so that a cancelled runner stops compiling
             check()
+        if shapes == ["fails"]:
+            raise RuntimeError("out of memory")
         self.grids.append(shapes)
 
     def execute(self, batch):
@@ -196,3 +198,17 @@ def test_a_background_grid_stops_when_the_runner_ends():
 
     _run_gated(state, [(128, 4, 4)], body)
     assert state.grids == []  # cancelled, not finished
+
+
+def test_a_background_grid_that_fails_leaves_the_runner_serving(caplog):
+    gate = threading.Event()
+    gate.set()
+
+    async def body(send, receive, compiled):
+        await compiled.wait()
+        await send.send("a")
+        assert await receive.receive() == "done a"
+        await send.aclose()
+
+    _run_gated(_Gated(gate), ["fails"], body)
+    assert "the bucket grid stopped compiling (RuntimeError: out of memory)" in caplog.text
