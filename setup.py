@@ -14,7 +14,7 @@ import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
-MODULES = ("_buckets", "_pack", "_prefix_cache")
+MODULES = ("_buckets", "_join", "_pack", "_prefix_cache")
 # Cython over the C++ standard library, each with the header it wraps, if any
 CPP_MODULES = {"_prefix_groups": ["_native/prefix_groups.h"], "_schedule": []}
 

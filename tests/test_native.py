@@ -1,5 +1,6 @@
 """Each compiled hot path and its pure-Python twin give the same answers."""
 
+import re
 from itertools import pairwise
 
 import numpy as np
@@ -211,6 +212,52 @@ def test_group_by_prefix_leaves_its_inputs_as_they_were(impl):
     for inputs in seqs.values():
         assert impl.group_by_prefix(inputs) == [(5, (0, 1)), (0, (2,))]
     assert {kind: [list(map(int, s)) for s in inputs] for kind, inputs in seqs.items()} == before
+
+
+# --- join_ids
+
+
+def test_join_ids_lays_out_query_then_item_or_item_first(impl):
+    seqs = impl.join_ids([7, 8], [[1], [], (2, 3)], False, 10)
+    assert [s.tolist() for s in seqs] == [[7, 8, 1], [7, 8], [7, 8, 2, 3]]
+    assert all(s.dtype == np.int32 and s.base is seqs[0].base for s in seqs)  # one buffer
+    seqs = impl.join_ids([7, 8], [[1], [2, 3]], True, 10)
+    assert [s.tolist() for s in seqs] == [[1, 7, 8], [2, 3, 7, 8]]
+    assert [s.tolist() for s in impl.join_ids([], [[4], [5, 6]], False, 10)] == [[4], [5, 6]]
+    assert impl.join_ids([1, 2], [], False, 10) == []
+
+
+@pytest.mark.parametrize(
+    ("query", "items", "field"),
+    [
+        ([1, 10], [[1]], "query"),
+        ([1, -1], [[1]], "query"),
+        ([1], [[1], [2, 10]], "items[1]"),
+        ([1], [[1], [-5], [10]], "items[1]"),
+        ([2**64], [[10]], "query"),
+        ([1], [[3], [2**63]], "items[1]"),
+        ([10], [[10]], "query"),  # the query first, then the items in order
+    ],
+)
+def test_join_ids_names_the_field_with_an_id_outside_the_vocabulary(impl, query, items, field):
+    with pytest.raises(ValueError, match=rf"^{re.escape(field)}$"):
+        impl.join_ids(query, items, False, 10)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(-2, 12), max_size=8),
+    st.lists(st.lists(st.integers(-2, 12), max_size=6), max_size=8),
+    st.booleans(),
+)
+def test_join_ids_twins_agree(query, items, item_first):
+    outcomes = []
+    for impl in _native.IMPLEMENTATIONS.values():
+        joined = outcome(impl.join_ids, query, items, item_first, 11)
+        outcomes.append(joined if isinstance(joined, str) else [s.tolist() for s in joined])
+    assert outcomes[0] == outcomes[-1]
+    if not isinstance(outcomes[0], str):
+        assert outcomes[0] == [it + query if item_first else query + it for it in items]
 
 
 # --- pack_chunks
