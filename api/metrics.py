@@ -93,6 +93,11 @@ class _EngineCollector(Collector):
             s.prefix_tokens_saved,
         )
         yield _counter("scoring_compiles", "Programs compiled", s.compiles)
+        yield _gauge(
+            "scoring_grid_compiled",
+            "1 once the bucket grid is compiled (0 while it compiles in the background)",
+            float(s.grid_compiled),
+        )
         yield _counter(
             "scoring_device_busy_seconds", "Time the device ran batches", s.device_busy_s
         )

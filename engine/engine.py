@@ -475,6 +475,7 @@ class Engine:
             padded_tokens=s.padded_tokens,
             prefix_tokens_saved=s.prefix_tokens_saved,
             compiles=sum(r.compiles for r in runs),
+            grid_compiled=all(event.is_set() for event in self._grid_compiled),
             device_busy_s=sum(r.busy_s for r in runs),
             cache_hits=c.hits,
             cache_misses=c.misses,

@@ -54,6 +54,8 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
     padded_tokens: int
     prefix_tokens_saved: int
     compiles: int
+    # every runner's bucket grid compiled (False while it compiles in the background)
+    grid_compiled: bool = True
     device_busy_s: float
     cache_hits: int  # tokenizer cache
     cache_misses: int

@@ -127,6 +127,8 @@ async def run(
                 functools.partial(state.warm_up, warm_up, progress=progress, check=check),
                 limiter=compiling,
             )
+            if background:
+                log.info("the bucket grid is compiled (%d programs)", len(warm_up))
         except Exception as e:
             if not background:  # the engine does not start
                 raise

@@ -664,6 +664,7 @@ def test_metrics(client):
     assert after[("scoring_batch_tokens_total", (("kind", "padded"),))] == stats.padded_tokens
     assert after[("scoring_prefix_tokens_saved_total", ())] == stats.prefix_tokens_saved
     assert after[("scoring_compiles_total", ())] == stats.compiles > 0
+    assert after[("scoring_grid_compiled", ())] == 1.0 and stats.grid_compiled
     assert after[("scoring_batches_total", ())] == stats.batches
     assert after[("scoring_runner_batches_total", (("runner", "0"),))] == stats.batches
     assert stats.runner_batches == [stats.batches]

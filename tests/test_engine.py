@@ -431,6 +431,7 @@ def test_a_grid_compiling_in_the_background_serves_at_once_and_equal(tiny_path, 
         async with open_engine(cfg) as engine:
             scored = [await engine.score(query, items, labels)]
             await engine.grid_compiled()
+            assert engine.stats().grid_compiled
             grid = set(engine.buckets.grid(cfg.token_budget))
             state = engine.runner
             assert grid <= state.compiled and state.stats.compiles == len(state.compiled)
