@@ -41,8 +41,9 @@ IMPLEMENTATIONS = {
     "python": _implementation(_buckets_py, _prefix_groups_py, _join_py, _pack_py, _prefix_cache_py)
 }
 if COMPILED:
-    _compiled = (_buckets, _prefix_groups, _join, _pack, _prefix_cache)
-    IMPLEMENTATIONS["native"] = _implementation(*_compiled)
+    IMPLEMENTATIONS["native"] = _implementation(
+        _buckets, _prefix_groups, _join, _pack, _prefix_cache
+    )
 _chosen = IMPLEMENTATIONS["native" if COMPILED else "python"]
 
 pick_bucket = _chosen.pick_bucket

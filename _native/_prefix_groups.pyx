@@ -22,7 +22,7 @@ from libcpp.vector cimport vector
 
 from _native._ids cimport as_i32
 
-__all__ = ["group_by_prefix", "shared_prefix"]
+__all__ = ["group_by_prefix"]
 
 
 cdef extern from "prefix_groups.h" nogil:
@@ -113,20 +113,6 @@ def group_by_prefix(seqs):
         (grouping.prefix[g], tuple(members[grouping.offsets[g] : grouping.offsets[g + 1]]))
         for g in range(grouping.prefix.size())
     ]
-
-
-def shared_prefix(seqs):
-    """How many leading tokens all of `seqs` share, each keeping at least its last token."""
-    seqs = list(seqs)
-    if not seqs:
-        return 0
-    if all(type(seq) is list for seq in seqs):
-        return _shared_of_lists(seqs)
-    cdef _Held held = _Held()
-    cdef vector[Span] spans
-    for seq in seqs:
-        spans.push_back(held.span(seq, 0, len(seq)))
-    return c_shared_prefix(spans)
 
 
 cdef Py_ssize_t _shared_of_lists(list seqs) except -1:

@@ -19,7 +19,7 @@ def group_by_prefix(seqs: Sequence[Sequence[int]]) -> list[tuple[int, tuple[int,
     `(0, (i,))`. Members ascend; groups are ordered by their first member.
     """
     seqs = [_as_list(seq) for seq in seqs]
-    shared = shared_prefix(seqs)
+    shared = _shared_prefix(seqs)
     tails = [seq[shared : max(len(seq) - 1, shared)] for seq in seqs]
     order = sorted(range(len(tails)), key=tails.__getitem__)
     grouped, groups = [False] * len(order), []
@@ -60,16 +60,15 @@ def _whole_nodes(tails: list[list[int]], order: list[int], shared: int) -> list[
     return whole
 
 
-def shared_prefix(seqs: Sequence[Sequence[int]]) -> int:
+def _shared_prefix(seqs: list[list[int]]) -> int:
     """How many leading tokens all of `seqs` share, each keeping at least its last token."""
-    if not len(seqs):
+    if not seqs:
         return 0
     limit = min(len(seq) for seq in seqs) - 1
-    first = _as_list(seqs[0])
     for seq in seqs[1:]:
         if limit <= 0:
             return 0
-        limit = _common(first, _as_list(seq), limit)
+        limit = _common(seqs[0], seq, limit)
     return max(limit, 0)
 
 
