@@ -6,11 +6,15 @@
 #   bash bench/gpu_checks.sh wheels       # the other dependencies as wheels in .whl/ (ignored)
 # There, from a copy of the project's root with .whl/ beside it:
 #   bash bench/gpu_checks.sh setup tests  # install the wheels, build, the GPU tests
-#   bash bench/gpu_checks.sh bench        # attention kernels; W1 and W2 on Qwen3-0.6B's shape
-#                                         # beside transformers on cuda, Triton and Mosaic forms;
-#                                         # the host bench; start-up with the grid behind it
-# Reports go to $OUT (default /tmp/gpu-checks). QUICK=1 runs the benches at their smallest, to
-# try the script on a machine without a GPU (where the GPU-only tests skip).
+#   bash bench/gpu_checks.sh startup      # start-up with the grid compiled behind it
+#   bash bench/gpu_checks.sh attention    # the attention kernels on the same packed batches
+#   bash bench/gpu_checks.sh bench        # W1 and W2 on Qwen3-0.6B's shape beside transformers
+#                                         # on cuda, Triton and Mosaic forms
+#   bash bench/gpu_checks.sh host         # the host bench on that machine's processor
+# Reports and whole test logs go to $OUT (default /tmp/gpu-checks). QUICK=1 runs the benches at
+# their smallest, to try the script on a machine without a GPU (where the GPU-only tests skip).
+# Two phases may run side by side on one GPU when each is given part of its memory
+# (XLA_PYTHON_CLIENT_MEM_FRACTION); the timings of such a run share the processor.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/gpu-checks}
@@ -49,30 +53,42 @@ setup() {
 print('compiled', _native.COMPILED, 'schedule', sorted(s.IMPLEMENTATIONS), 'bpe', t._byte_bpe is not None)"
 }
 
-pytest_() { { timeout "$1" $PY -m pytest -q -p no:cacheprovider "${@:2}"; echo "exit status $?"; } 2>&1 | tail -25; }
+# `pytest_ NAME SECONDS ARGS...`: the whole log in $OUT/NAME.log, its end here
+pytest_() {
+  { timeout "$2" $PY -m pytest -q -p no:cacheprovider -rfE --durations 5 "${@:3}"
+    echo "exit status $?"; } > "$OUT/$1.log" 2>&1
+  tail -25 "$OUT/$1.log"
+}
 
 tests() {
   log "tests: the compiled kernels (Pallas' Triton form, the Mosaic GPU form)"
-  pytest_ 150 tests/test_pallas.py tests/test_mosaic_gpu.py -k compiled
+  pytest_ tests-kernels 150 tests/test_pallas.py tests/test_mosaic_gpu.py -k compiled
   log "tests: the families beside transformers, f32 exact, paging, on the GPU"
-  pytest_ 300 tests/test_models.py tests/test_paging.py
+  pytest_ tests-models 300 tests/test_models.py tests/test_paging.py
+}
+
+# QUICK=1: SmolLM2's shape at its smallest
+quick_args() { [ "${QUICK:-0}" = 1 ] && echo "--shape smollm2-135m --quick" || echo "--shape qwen3-0.6b"; }
+
+attention() {
+  local kernels=(--kernels pallas mosaic xla)
+  [ "${QUICK:-0}" = 1 ] && kernels=(--kernels xla --tokens 1024 --repeats 1)
+  log "bench attention: the kernels on the same packed batches"
+  limited 120 $PY -m bench attention --dtype bfloat16 "${kernels[@]}" --json "$OUT/attention.json"
 }
 
 bench() {
   export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.6}
   # QUICK=1 (no GPU): the smallest runs of SmolLM2's shape, XLA's attention alone, the baseline
   # on the CPU
-  local quick=() shape=qwen3-0.6b device=cuda forms=(pallas mosaic)
-  local attention=(--kernels pallas mosaic xla)
+  local device=cuda forms=(pallas mosaic)
   local w1=(--repeats 5 --batch-sizes 16 32 64)
   local w2=(--repeats 3 --batch-sizes 32 128 --naive-sample 16 --naive-batch-sizes 8 32)
   if [ "${QUICK:-0}" = 1 ]; then
-    quick=(--quick) shape=smollm2-135m device=cpu forms=(xla) w1=() w2=()
-    attention=(--kernels xla --tokens 1024 --repeats 1)
+    device=cpu forms=(xla) w1=() w2=()
   fi
-  local common=(--shape $shape --no-progress --no-precompile "${quick[@]}")
-  log "bench attention: the kernels on the same packed batches"
-  limited 120 $PY -m bench attention --dtype bfloat16 "${attention[@]}" --json "$OUT/attention.json"
+  # shellcheck disable=SC2207
+  local common=($(quick_args) --no-progress --no-precompile)
   log "bench w1 beside transformers on $device (${forms[0]} attention)"
   limited 150 $PY -m bench w1 "${common[@]}" --baseline-device $device "${w1[@]}" \
     --json "$OUT/w1.json"
@@ -84,19 +100,26 @@ bench() {
     limited 90 $PY -m bench w1 "${common[@]}" --engine-only --attention "$form" --repeats 5
     limited 90 $PY -m bench w2 "${common[@]}" --engine-only --attention "$form" --repeats 3
   done
-  log "bench host"
-  limited 90 $PY -m bench host --shape $shape --no-progress --no-precompile "${quick[@]}" \
-    --json "$OUT/host.json"
-  log "bench startup: ready, and the whole grid compiled behind it (no compile cache)"
-  limited 240 $PY -m bench startup --shape $shape --no-progress --modes background "${quick[@]}" \
-    --json "$OUT/startup.json"
   log done
+}
+
+host() {
+  log "bench host"
+  # shellcheck disable=SC2046
+  limited 90 $PY -m bench host $(quick_args) --no-progress --no-precompile --json "$OUT/host.json"
+}
+
+startup() {
+  log "bench startup: ready, and the whole grid compiled behind it (no compile cache)"
+  # shellcheck disable=SC2046
+  limited 240 $PY -m bench startup $(quick_args) --no-progress --modes background \
+    --json "$OUT/startup.json"
 }
 
 export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 for phase in "$@"; do
   case "$phase" in
-    wheels | setup | tests | bench) "$phase" ;;
-    *) echo "unknown phase $phase: wheels, setup, tests or bench" >&2; exit 2 ;;
+    wheels | setup | tests | startup | attention | bench | host) "$phase" ;;
+    *) echo "unknown phase $phase: wheels, setup, tests, startup, attention, bench or host" >&2; exit 2 ;;
   esac
 done
