@@ -42,15 +42,16 @@ cdef class ByteLevelBPE:
     def __cinit__(self, str pattern, byte_ids, merges, size_t cache_limit=1 << 16):
         cdef const int32_t[::1] bytes_ = np.ascontiguousarray(byte_ids, np.int32)
         table = np.asarray(merges, np.int32).reshape(-1, 3)
+        cdef Py_ssize_t n_merges = len(table)
+        if bytes_.shape[0] != 256:
+            raise ValueError(f"byte_ids: 256 ids, not {bytes_.shape[0]}")
+        if n_merges == 0:
+            table = np.zeros((1, 3), np.int32)  # a row to point at; none is read
         cdef const int32_t[::1] left = np.ascontiguousarray(table[:, 0])
         cdef const int32_t[::1] right = np.ascontiguousarray(table[:, 1])
         cdef const int32_t[::1] merged = np.ascontiguousarray(table[:, 2])
-        if bytes_.shape[0] != 256:
-            raise ValueError(f"byte_ids: 256 ids, not {bytes_.shape[0]}")
-        if len(table) == 0:
-            left = right = merged = np.zeros(1, np.int32)
         self.encoder = new Encoder(
-            PATTERNS[pattern], &bytes_[0], len(table), &left[0], &right[0], &merged[0],
+            PATTERNS[pattern], &bytes_[0], n_merges, &left[0], &right[0], &merged[0],
             cache_limit,
         )
 

@@ -48,7 +48,9 @@ setup() {
   $PY -c "import jax, torch, transformers; print('jax', jax.__version__, jax.devices(),
     'torch', torch.__version__, 'transformers', transformers.__version__)"
   log build
-  (time $PY setup.py -q build_ext --inplace -j "$(nproc)") 2>&1 | tail -4
+  (time $PY setup.py -q build_ext --inplace -j "$(nproc)") > "$OUT/build.log" 2>&1
+  grep -iE -m 20 "error|fatal|no module|not found" "$OUT/build.log"
+  tail -4 "$OUT/build.log"
   $PY -c "import _native, kernels.schedule as s, engine.native_tokenizer as t
 print('compiled', _native.COMPILED, 'schedule', sorted(s.IMPLEMENTATIONS), 'bpe', t._byte_bpe is not None)"
 }
@@ -78,9 +80,9 @@ attention() {
 }
 
 bench() {
-  export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.6}
-  # QUICK=1 (no GPU): the smallest runs of SmolLM2's shape, XLA's attention alone, the baseline
-  # on the CPU
+  # JAX allocates as it needs beside the torch baseline (bench's own default; a baseline batch size
+  # that does not fit is left out). QUICK=1 (no GPU): the smallest runs of SmolLM2's shape, XLA's
+  # attention alone, the baseline on the CPU
   local device=cuda forms=(pallas mosaic)
   local w1=(--repeats 5 --batch-sizes 16 32 64)
   local w2=(--repeats 3 --batch-sizes 32 128 --naive-sample 16 --naive-batch-sizes 8 32)

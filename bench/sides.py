@@ -11,6 +11,7 @@ tokenizer cache is off, so each timed pass tokenises its texts as new traffic wo
 gets the same token ids already tokenised (its tokenisation is not timed).
 """
 
+import sys
 import time
 from collections.abc import Callable, Sequence
 
@@ -112,8 +113,8 @@ def run_padded_baseline(
     """
     order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
     ordered = [seqs[i] for i in order]
-    out = {}
-    for bs in batch_sizes:
+
+    def run(bs: int) -> dict:
         hf_label_logprobs(hf, ordered[:bs], labels, bs)  # warm-up: one batch
         times, logprobs = [], None
         for _ in trange(repeats, desc=f"transformers bs={bs}", disable=not progress):
@@ -126,7 +127,26 @@ def run_padded_baseline(
             len(ordered[i]) * len(ordered[i : i + bs]) - sum(map(len, ordered[i : i + bs]))
             for i in range(0, len(ordered), bs)
         )
-        out[bs] = {"times_s": times, "best_s": min(times), "logprobs": unsorted, "padded": padded}
+        return {"times_s": times, "best_s": min(times), "logprobs": unsorted, "padded": padded}
+
+    return each_batch_size_that_fits(batch_sizes, run)
+
+
+def each_batch_size_that_fits(batch_sizes, run: Callable[[int], dict]) -> dict[int, dict]:
+    """`run(bs)` per batch size, leaving out with a warning each that runs out of the
+    baseline device's memory (a GPU shared with the engine); at least one must fit."""
+    import torch
+
+    out, tried = {}, []
+    for bs in batch_sizes:
+        tried.append(bs)
+        try:
+            out[bs] = run(bs)
+        except torch.OutOfMemoryError:
+            print(f"transformers bs={bs}: out of device memory, left out", file=sys.stderr)
+        torch.cuda.empty_cache()  # a no-op without CUDA
+    if not out:
+        raise RuntimeError(f"transformers: every batch size {tried} ran out of device memory")
     return out
 
 
@@ -195,28 +215,31 @@ def prefix_reuse_logprobs(hf, prompt: list[int], items: list[list[int]], labels,
 
 def run_prefix_baseline(hf, prompt, items, labels, batch_sizes, repeats, progress) -> dict:
     """Per batch size: the best of `repeats` full passes (prompt + all items), and log-probs."""
-    out = {}
-    for bs in batch_sizes:
+
+    def run(bs: int) -> dict:
         prefix_reuse_logprobs(hf, prompt, items[:bs], labels, bs)  # warm-up
         times, logprobs = [], None
         for _ in trange(repeats, desc=f"transformers prefix bs={bs}", disable=not progress):
             t0 = time.perf_counter()
             logprobs = prefix_reuse_logprobs(hf, prompt, items, labels, bs)
             times.append(time.perf_counter() - t0)
-        out[bs] = {"times_s": times, "best_s": min(times), "logprobs": logprobs}
-    return out
+        return {"times_s": times, "best_s": min(times), "logprobs": logprobs}
+
+    return each_batch_size_that_fits(batch_sizes, run)
 
 
 def run_naive_sample(hf, seqs, labels, batch_sizes, progress) -> dict:
     """Seconds per item of full-sequence scoring, timed on `seqs` (a sample), per batch size."""
-    out = {}
     hf_label_logprobs(hf, seqs[:1], labels, 1)  # warm-up: one sequence
-    for bs in tqdm(batch_sizes, desc="transformers naive", disable=not progress):
+
+    def run(bs: int) -> dict:
         t0 = time.perf_counter()
         logprobs = hf_label_logprobs(hf, seqs, labels, bs)
         seconds = time.perf_counter() - t0
-        out[bs] = {"best_s": seconds, "s_per_item": seconds / len(seqs), "logprobs": logprobs}
-    return out
+        return {"best_s": seconds, "s_per_item": seconds / len(seqs), "logprobs": logprobs}
+
+    sizes = tqdm(batch_sizes, desc="transformers naive", disable=not progress)
+    return each_batch_size_that_fits(sizes, run)
 
 
 def load_baseline(path, dtype: str, device: str = "cpu"):

@@ -39,6 +39,8 @@ async def start_once(config, args) -> tuple[dict, object]:
         body = request_pool(engine.tokenizer, label_ids(engine.tokenizer), 1, args.seed)[0]
         request = (body["query"], body["items"], body["label_token_ids"])
         first_s = await _timed(engine, request)
+        # shown before the grid is done, which can take minutes on a GPU
+        print(f"ready {ready_s:.1f} s, first request {first_s * 1e3:.0f} ms", flush=True)
         await engine.grid_compiled()
         grid_s = time.perf_counter() - start
         engine.flush_cache()

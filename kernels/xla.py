@@ -131,7 +131,11 @@ def _attend_query_block(
         kv_block = query.kv_blocks[slot]
         bias = _mask_bias(query, kv_block, k_blocks.shape[2])  # f32[B, B]
         scores = jnp.einsum(
-            "hrd,hkd->hrk", query.rows, k_blocks[kv_block], preferred_element_type=jnp.float32
+            "hrd,hkd->hrk",
+            query.rows,
+            k_blocks[kv_block],
+            precision=_precision(query.rows.dtype),
+            preferred_element_type=jnp.float32,
         )
         scores = soft_cap(scores * scaling[0], scaling[1]).reshape(num_kv, group, *bias.shape)
         scores = scores + bias
@@ -170,6 +174,16 @@ def _online_update(
     rescale = jnp.exp(running_max - new_max)
     total = total * rescale + probs.sum(axis=-1)
     pv = jnp.einsum(
-        "hrk,hkd->hrd", probs.astype(v_block.dtype), v_block, preferred_element_type=jnp.float32
+        "hrk,hkd->hrd",
+        probs.astype(v_block.dtype),
+        v_block,
+        precision=_precision(v_block.dtype),
+        preferred_element_type=jnp.float32,
     )
     return new_max, total, acc * rescale[..., None] + pv
+
+
+def _precision(dtype) -> jax.lax.Precision | None:
+    """f32 operands at full precision whoever calls the kernel (a GPU's default is TF32);
+    bf16 operands are exact at the default."""
+    return jax.lax.Precision.HIGHEST if dtype == jnp.float32 else None

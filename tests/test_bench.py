@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from bench import __main__ as entry
-from bench import common, embed, w1, w2, w3
+from bench import common, embed, sides, w1, w2, w3
 from bench.flops import Cost, common_prefix, shared_prefix_flops
 from engine.models import ModelConfig
 
@@ -146,6 +146,26 @@ def test_cuda_baseline_leaves_gpu_memory_for_torch(monkeypatch):
         env = {name: "0.5"}
         common.share_gpu_memory(env)
         assert env == {name: "0.5"}
+
+
+def test_a_baseline_batch_size_out_of_memory_is_left_out(capsys):
+    """A GPU shared with the engine may not hold the baseline's largest batch: that size is left
+    out with a warning, the others are kept; none fitting is an error."""
+    import torch
+
+    def run(bs: int) -> dict:
+        if bs >= 64:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1010.00 MiB")
+        return {"best_s": 1.0 / bs}
+
+    assert sides.each_batch_size_that_fits([8, 64, 32, 128], run) == {
+        8: {"best_s": 0.125},
+        32: {"best_s": 1.0 / 32},
+    }
+    err = capsys.readouterr().err
+    assert "bs=64: out of device memory, left out" in err and "bs=128" in err
+    with pytest.raises(RuntimeError, match=r"every batch size \[64, 128\] ran out"):
+        sides.each_batch_size_that_fits([64, 128], run)
 
 
 def test_parsing_starts_no_jax_backend():

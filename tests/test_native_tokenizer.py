@@ -346,3 +346,14 @@ def test_str_subclasses_and_other_objects(gpt2):
     assert native.encode_batch(texts) == _reference(gpt2, [str(t) for t in texts])
     with pytest.raises(TypeError, match=r"texts\[1\]: a str, not int"):
         native.encoder.encode_batch(["ok", 5])
+
+
+def test_without_merges_each_byte_is_its_own_token(gpt2):
+    byte_ids, _ = native_tokenizer._tables(json.loads(gpt2.to_str())["model"])
+    encoder = native_tokenizer._byte_bpe.ByteLevelBPE("gpt2", byte_ids, [])
+    native = NativeTokenizer(gpt2, encoder, ascii_only=False, added=[])
+    text = "Hello, wörld 42"
+    native.learn(text)
+    assert encoder.encode_batch([text]) == [[byte_ids[b] for b in text.encode()]]
+    with pytest.raises(ValueError, match="byte_ids: 256 ids, not 255"):
+        native_tokenizer._byte_bpe.ByteLevelBPE("gpt2", byte_ids[:255], [])
