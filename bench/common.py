@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+import _native
 from bench.flops import Cost
 from engine import EngineConfig
 from kernels import devices
@@ -159,6 +160,7 @@ def environment(args, path: Path, cfg) -> dict:
         "non_embedding_params": Cost.of(cfg).params,
         "cores": os.cpu_count(),
         "jax_backend": devices.backend(),
+        "native_compiled": _native.COMPILED,
         "baseline_device": args.baseline_device,
         "commit": git_commit(),
         "seed": args.seed,

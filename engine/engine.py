@@ -18,6 +18,7 @@ import numpy as np
 import tokenizers
 import trio
 
+import _native
 from engine import inputs, kv_cache, runner, scheduler, templates, tokenizer_actor
 from engine.config import EngineConfig
 from engine.embed import INPUT, embed_request
@@ -514,6 +515,16 @@ class Engine:
         return inputs.as_lists(tokenized.sequences)
 
 
+def warn_if_host_paths_uncompiled() -> None:
+    """A build without its compiled modules plans and packs each batch in pure Python, several
+    times slower: enough to leave a GPU idle half of a large request. Said once per engine."""
+    if not _native.COMPILED:
+        log.warning(
+            "the host paths run their pure-Python forms: _native's modules were not built "
+            "(pip install -e . or python setup.py build_ext --inplace builds them)"
+        )
+
+
 @asynccontextmanager
 async def open_engine(config: EngineConfig | None = None) -> AsyncIterator[Engine]:
     """Load the model, compile the bucket grid, run the actors; shut everything down on exit.
@@ -525,6 +536,7 @@ async def open_engine(config: EngineConfig | None = None) -> AsyncIterator[Engin
         raise ValueError(
             f"reranker: {config.reranker!r} is not one of {', '.join(templates.RECIPES)}"
         )
+    warn_if_host_paths_uncompiled()
     enable_compile_cache(config.compile_cache_dir)
     checkpoint = await trio.to_thread.run_sync(
         functools.partial(load_checkpoint, config.model, progress=config.progress)

@@ -1,11 +1,13 @@
 """The Engine end to end on a tiny model: concurrency, cancellation, overload, faults, shutdown."""
 
+import logging
 import threading
 
 import numpy as np
 import pytest
 import trio
 
+import _native
 from engine import (
     EngineClosed,
     EngineConfig,
@@ -16,6 +18,7 @@ from engine import (
     Unsupported,
     open_engine,
 )
+from engine import engine as engine_module
 from tests.conftest import inject_faults
 
 
@@ -485,3 +488,15 @@ def test_a_model_that_cannot_rerank_still_scores(tiny_path, monkeypatch):
             assert len((await engine.score("q", ["d"], [1])).scores) == 1
 
     run(main)
+
+
+def test_a_build_without_its_compiled_host_paths_is_warned_of(monkeypatch, caplog):
+    monkeypatch.setattr(_native, "COMPILED", False)
+    with caplog.at_level(logging.WARNING, logger="engine"):
+        engine_module.warn_if_host_paths_uncompiled()
+    assert "the host paths run their pure-Python forms" in caplog.text
+    caplog.clear()
+    monkeypatch.setattr(_native, "COMPILED", True)
+    with caplog.at_level(logging.WARNING, logger="engine"):
+        engine_module.warn_if_host_paths_uncompiled()
+    assert caplog.records == []
