@@ -33,6 +33,10 @@ JAX_MEMORY_VARS = (
 )
 
 
+# options whose value is a path of the machine that ran the bench: a report names the file only
+PATH_OPTIONS = ("--model", "--json")
+
+
 def parser(description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
     model = p.add_mutually_exclusive_group()
@@ -164,8 +168,17 @@ def environment(args, path: Path, cfg) -> dict:
         "baseline_device": args.baseline_device,
         "commit": git_commit(),
         "seed": args.seed,
-        "argv": sys.argv[1:],
+        "argv": command_line(sys.argv[1:]),
     }
+
+
+def command_line(argv: list[str]) -> list[str]:
+    """`argv` with each path of the machine it names (an absolute path, or the value of
+    `--model` or `--json`) reduced to its file name."""
+    return [
+        Path(a).name if a.startswith("/") or (i and argv[i - 1] in PATH_OPTIONS) else a
+        for i, a in enumerate(argv)
+    ]
 
 
 def per_workload(args, name: str, description: str, run_workload, chart, summary) -> dict:

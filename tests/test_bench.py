@@ -198,14 +198,19 @@ def test_reports_name_the_model_never_its_path(tmp_path):
     assert common.environment(args, tmp_path / "qwen3-0.6b-seed0", CFG)["model"] == (
         "qwen3-0.6b-seed0"
     )
+    argv = ["--model", "../m/x.gguf", "--repeats", "3", "--python", "/v/bin/python", "--json", "r"]
+    assert common.command_line(argv) == [
+        "--model", "x.gguf", "--repeats", "3", "--python", "python", "--json", "r"
+    ]  # fmt: skip
 
 
 def test_committed_reports_name_their_model():
     reports = sorted((Path(common.__file__).parent / "figures").glob("*.json"))
     assert reports
     for path in reports:
-        model = json.loads(path.read_text())["model"]
-        assert model and "/" not in model, (path.name, model)
+        report = json.loads(path.read_text())
+        assert report["model"] and "/" not in report["model"], (path.name, report["model"])
+        assert report.get("argv", []) == common.command_line(report.get("argv", [])), path.name
 
 
 def test_entry_point_dispatches_and_lists_workloads(capsys):
