@@ -298,7 +298,7 @@ def _scores(q_smem, k_smem, interpret: bool) -> jax.Array:  # f32[64, Bk] = Q K^
         return lax.dot_general(q_smem[...], k_smem[...], dims, preferred_element_type=jnp.float32)
 
     def product(acc_ref):
-        plgpu.wgmma(acc_ref, q_smem, plgpu.transpose_ref(k_smem, (1, 0)))
+        plgpu.wgmma(acc_ref, q_smem, k_smem.transpose((1, 0)))
         return acc_ref[...]  # awaits the wgmma: the K slot is free after this
 
     return pl.run_scoped(product, plgpu.ACC((ROWS, k_smem.shape[0]), jnp.float32))
