@@ -38,6 +38,7 @@ from jax.experimental.pallas import triton as pltriton
 from kernels import devices, tuning
 from kernels.metadata import AttentionMeta, context_length
 from kernels.paging import LayerPool, with_context
+from kernels.precision import dot_precision
 from kernels.softcap import soft_cap
 from kernels.tuning import BlockSizes
 
@@ -178,8 +179,7 @@ def _fold_tile(
     softcap: float = 0.0,
 ) -> _Softmax:
     """Fold one key tile into the online softmax of R query rows."""
-    # f32 operands at full precision: a GPU's default is TF32 (bf16 operands are exact anyway)
-    precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
+    precision = dot_precision(q.dtype)
     scores = lax.dot_general(
         q, k, (((1,), (1,)), ((), ())), precision=precision, preferred_element_type=jnp.float32
     )  # f32[R, Bk]

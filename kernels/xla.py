@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from kernels import devices
 from kernels.metadata import AttentionMeta
 from kernels.paging import LayerPool, with_context
+from kernels.precision import dot_precision
 from kernels.softcap import soft_cap
 
 # Finite, so a row that has seen no visible key yet computes exp(0) garbage that the first real
@@ -134,7 +135,7 @@ def _attend_query_block(
             "hrd,hkd->hrk",
             query.rows,
             k_blocks[kv_block],
-            precision=_precision(query.rows.dtype),
+            precision=dot_precision(query.rows.dtype),
             preferred_element_type=jnp.float32,
         )
         scores = soft_cap(scores * scaling[0], scaling[1]).reshape(num_kv, group, *bias.shape)
@@ -177,13 +178,7 @@ def _online_update(
         "hrk,hkd->hrd",
         probs.astype(v_block.dtype),
         v_block,
-        precision=_precision(v_block.dtype),
+        precision=dot_precision(v_block.dtype),
         preferred_element_type=jnp.float32,
     )
     return new_max, total, acc * rescale[..., None] + pv
-
-
-def _precision(dtype) -> jax.lax.Precision | None:
-    """f32 operands at full precision whoever calls the kernel (a GPU's default is TF32);
-    bf16 operands are exact at the default."""
-    return jax.lax.Precision.HIGHEST if dtype == jnp.float32 else None
