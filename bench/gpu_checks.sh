@@ -11,8 +11,10 @@
 #   bash bench/gpu_checks.sh bench        # W1 and W2 on Qwen3-0.6B's shape beside transformers
 #                                         # on cuda, Triton and Mosaic forms
 #   bash bench/gpu_checks.sh host         # the host bench on that machine's processor
-# Reports and whole test logs go to $OUT (default /tmp/gpu-checks). QUICK=1 runs the benches at
-# their smallest, to try the script on a machine without a GPU (where the GPU-only tests skip).
+# Reports and whole test logs go to $OUT (default /tmp/gpu-checks). MODEL_TESTS names the second
+# group of tests (default tests/test_models.py tests/test_paging.py), STARTUP_S the start-up's
+# limit in seconds (default 240). QUICK=1 runs the benches at their smallest, to try the script on
+# a machine without a GPU (where the GPU-only tests skip).
 # Two phases may run side by side on one GPU when each is given part of its memory
 # (XLA_PYTHON_CLIENT_MEM_FRACTION); the timings of such a run share the processor.
 # On one H100 (16 cores) the phases took: setup 25 s (the build, when it fails, 3 s), the kernel
@@ -70,7 +72,8 @@ tests() {
   log "tests: the compiled kernels (Pallas' Triton form, the Mosaic GPU form)"
   pytest_ tests-kernels 150 tests/test_pallas.py tests/test_mosaic_gpu.py -k compiled
   log "tests: the families beside transformers, f32 exact, paging, on the GPU"
-  pytest_ tests-models 300 tests/test_models.py tests/test_paging.py
+  # shellcheck disable=SC2086
+  pytest_ tests-models 300 ${MODEL_TESTS:-tests/test_models.py tests/test_paging.py}
 }
 
 # QUICK=1: SmolLM2's shape at its smallest
@@ -118,7 +121,7 @@ host() {
 startup() {
   log "bench startup: ready, and the whole grid compiled behind it (no compile cache)"
   # shellcheck disable=SC2046
-  limited 240 $PY -m bench startup $(quick_args) --no-progress --modes background \
+  limited "${STARTUP_S:-240}" $PY -m bench startup $(quick_args) --no-progress --modes background \
     --json "$OUT/startup.json"
 }
 

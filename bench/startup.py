@@ -41,7 +41,11 @@ async def start_once(config, args) -> tuple[dict, object]:
         first_s = await _timed(engine, request)
         # shown before the grid is done, which can take minutes on a GPU
         print(f"ready {ready_s:.1f} s, first request {first_s * 1e3:.0f} ms", flush=True)
-        await engine.grid_compiled()
+        grid = len(engine.buckets.grid(config.token_budget))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_show_compiles, engine, grid, start)
+            await engine.grid_compiled()
+            nursery.cancel_scope.cancel()
         grid_s = time.perf_counter() - start
         engine.flush_cache()
         numbers = {
@@ -49,10 +53,21 @@ async def start_once(config, args) -> tuple[dict, object]:
             "first_request_s": first_s,
             "grid_compiled_s": grid_s,
             "programs": engine.stats().compiles,
-            "grid_programs": len(engine.buckets.grid(config.token_budget)),
+            "grid_programs": grid,
             "warm_request_s": await _timed(engine, request),
         }
         return numbers, engine.model_config
+
+
+async def _show_compiles(engine, grid: int, start: float, every_s: float = 20.0) -> None:
+    """A line every `every_s` while the grid compiles: a start cut short still shows its rate."""
+    while True:
+        await trio.sleep(every_s)
+        compiled = engine.stats().compiles
+        print(
+            f"{compiled} of {grid} programs compiled at {time.perf_counter() - start:.0f} s",
+            flush=True,
+        )
 
 
 async def _timed(engine, request) -> float:

@@ -463,6 +463,26 @@ def test_startup_in_each_mode(tiny, tmp_path):
     assert report["model"] == "llama-untied" and report["token_budget"] == 512
 
 
+def test_startup_shows_the_grid_compiling(capsys):
+    from types import SimpleNamespace
+
+    import trio.testing
+
+    from bench import startup
+
+    engine = SimpleNamespace(stats=lambda: SimpleNamespace(compiles=3))
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(startup._show_compiles, engine, 7, 0.0, 20.0)
+            await trio.sleep(45)  # on the mock clock: two lines, at 20 and 40 s
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all(line.startswith("3 of 7 programs compiled at ") for line in lines)
+
+
 def test_the_null_program_answers_zeros_of_the_batch_shape(tiny):
     from bench import host
     from bench.host import NullProgram
