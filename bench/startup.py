@@ -2,6 +2,7 @@
 grid compiled before serving and in the background (`EngineConfig.precompile_in_background`).
 
     python -m bench startup [--shape qwen3-0.6b] [--modes before background] [--token-budget N]
+                            [--compile-workers N]
 
 Each mode opens a fresh engine with no compile cache (every program compiled, none loaded from an
 earlier start) and measures: seconds until it serves (load, then what is compiled before
@@ -20,6 +21,7 @@ from bench import common, sides
 from bench.parity import label_ids
 from bench.w3 import request_pool
 from engine import open_engine
+from kernels import devices
 
 QUICK = dict(token_budget=512)
 MODES = {"before": False, "background": True}
@@ -28,6 +30,12 @@ MODES = {"before": False, "background": True}
 def parse(argv):
     p = common.parser(__doc__.splitlines()[0])
     p.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    p.add_argument(
+        "--compile-workers",
+        type=int,
+        default=None,
+        help="programs compiled at once (EngineConfig.compile_workers; default: by the backend)",
+    )
     return common.parse_args(p, argv, QUICK)
 
 
@@ -79,8 +87,12 @@ async def _timed(engine, request) -> float:
 def main(argv=None) -> dict:
     args = parse(argv)
     path = common.model_path(args)
+    workers = args.compile_workers or devices.compile_workers()
     base = msgspec.structs.replace(
-        sides.engine_config(args, path), precompile=True, compile_cache_dir=None
+        sides.engine_config(args, path),
+        precompile=True,
+        compile_cache_dir=None,
+        compile_workers=workers,
     )
     modes = {}
     for mode in args.modes:
@@ -90,9 +102,10 @@ def main(argv=None) -> dict:
     report = {
         "workload": "startup",
         "description": f"start-up, token budget {args.token_budget}: grid compiled before "
-        "serving or in the background, no compile cache",
+        f"serving or in the background, {workers} at once, no compile cache",
         **common.environment(args, path, model_config),
         "token_budget": args.token_budget,
+        "compile_workers": workers,
         "modes": modes,
     }
     summary = "; ".join(f"{mode}: ready {m['ready_s']:.1f} s" for mode, m in modes.items())

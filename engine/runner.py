@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,17 +53,28 @@ class RunnerState:
         self,
         shapes: list[tuple[int, int, int]],
         *,
+        workers: int = 1,
         progress: bool = True,
         check: Callable[[], None] = lambda: None,
     ) -> None:
-        """Compile the program of every (T, S, L) shape not compiled yet, without running any;
-        `check` runs before each program and may raise to stop (a shutdown while compiling)."""
-        for shape in tqdm(
-            shapes, desc="compiling", unit="program", disable=not (progress and shapes)
-        ):
-            check()
-            if self._count_compile(shape):  # else a batch of that shape compiled it
-                self.program.compile(shape, self.block_size)
+        """Compile the program of every (T, S, L) shape not compiled yet, without running any,
+        `workers` at once; `check` runs in the calling thread before each program starts and may
+        raise to stop (a shutdown while compiling): the programs compiling then finish first."""
+        bar = tqdm(
+            total=len(shapes), desc="compiling", unit="program", disable=not (progress and shapes)
+        )
+        with bar, ThreadPoolExecutor(workers, thread_name_prefix="compile") as pool:
+            running: set[Future] = set()
+            for shape in shapes:
+                check()
+                if len(running) == workers:
+                    running = _finish(running, bar, FIRST_COMPLETED)
+                running.add(pool.submit(self._compile, shape))
+            _finish(running, bar, ALL_COMPLETED)
+
+    def _compile(self, shape: tuple[int, int, int]) -> None:
+        if self._count_compile(shape):  # else a batch of that shape compiled it
+            self.program.compile(shape, self.block_size)
 
     def execute(self, batch: Batch) -> BatchDone:
         """Run one batch to completion; any exception becomes the batch's error. A batch that
@@ -98,6 +110,16 @@ class RunnerState:
             return True
 
 
+def _finish(running: set[Future], bar: tqdm, until: str) -> set[Future]:
+    """Wait for `until` of the `running` compiles; those still running. A compile's error is
+    raised."""
+    done, running = wait(running, return_when=until)
+    for future in done:
+        future.result()
+        bar.update()
+    return running
+
+
 def _reads_pool(inputs: PackedInputs) -> bool:
     return inputs.meta.context_pages.shape[0] > 0
 
@@ -110,21 +132,25 @@ async def run(
     *,
     progress: bool = True,
     compiling: trio.CapacityLimiter | None = None,
+    compile_workers: int = 1,
     background: bool = False,
     compiled: trio.Event | None = None,
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Compile the grid (holding `compiling`, which bounds the runners that compile at once),
-    report started, then run batches as the scheduler hands them over. With `background`, report
-    started at once and serve while the grid compiles: a batch whose shape is not compiled yet
-    compiles it first, and the grid skips it; a grid that fails to compile is logged, and the
-    runner serves on. `compiled` is set once the grid is done."""
+    """Compile the grid, `compile_workers` programs at once (holding `compiling`, which bounds
+    the runners that compile at once), report started, then run batches as the scheduler hands
+    them over. With `background`, report started at once and serve while the grid compiles: a
+    batch whose shape is not compiled yet compiles it first, and the grid skips it; a grid that
+    fails to compile is logged, and the runner serves on. `compiled` is set once the grid is
+    done."""
 
     async def compile_grid() -> None:
         check = trio.from_thread.check_cancelled  # a shutdown need not wait for the whole grid
         try:
             await trio.to_thread.run_sync(
-                functools.partial(state.warm_up, warm_up, progress=progress, check=check),
+                functools.partial(
+                    state.warm_up, warm_up, workers=compile_workers, progress=progress, check=check
+                ),
                 limiter=compiling,
             )
             if background:

@@ -480,7 +480,8 @@ def test_startup_shows_the_grid_compiling(capsys):
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 2 and all(line.startswith("3 of 7 programs compiled at ") for line in lines)
+    assert len(lines) == 2
+    assert all(line.startswith("3 of 7 programs compiled at ") for line in lines)
 
 
 def test_the_null_program_answers_zeros_of_the_batch_shape(tiny):

@@ -458,11 +458,34 @@ def test_bucket_settings_are_checked_and_used():
         ({"row_divisors": ()}, "row_divisors: must be positive"),
         ({"label_widths": (0,)}, "label_widths: must be positive"),
         ({"batch_linger_ms": -1.0}, "batch_linger_ms: must be between 0 and 10000"),
+        ({"compile_workers": 0}, "compile_workers: must be 1 or more"),
     ]
     for fields, message in bad:
         with pytest.raises(InvalidInput, match=message) as caught:
             EngineConfig(token_budget=256, **fields).buckets(1000)
         assert caught.value.field == next(iter(fields))
+
+
+@pytest.mark.parametrize("asked, workers", [(None, 1), (3, 3)])
+def test_the_grid_compiles_as_many_at_once_as_configured(tiny_path, monkeypatch, asked, workers):
+    from engine.runner import RunnerState
+
+    seen, warm_up = [], RunnerState.warm_up
+
+    def recording(self, shapes, *, workers, **kwargs):
+        seen.append(workers)
+        return warm_up(self, shapes, workers=workers, **kwargs)
+
+    monkeypatch.setattr(RunnerState, "warm_up", recording)
+
+    async def main():
+        cfg = config(tiny_path, precompile=True, compile_workers=asked)
+        async with open_engine(cfg) as engine:  # None: one at a time on the CPU
+            assert engine.stats().compiles == len(engine.buckets.grid(512))
+            assert (await engine.score([1, 2], [[3]], [4])).scores
+
+    run(main)
+    assert seen == [workers]
 
 
 def test_sequences_beyond_the_largest_bucket_are_too_large(tiny_path):

@@ -61,6 +61,77 @@ def test_warm_up_skips_a_shape_a_batch_compiled(model, monkeypatch):
     assert runner.stats.compiles == 2 and runner.compiled == {(128, 4, 4), (128, 16, 4)}
 
 
+class _Recording:
+    """A program whose compile records the shapes and how many compile at once; each waits at
+    `barrier` (None: none) so that compiles meant to overlap are seen to."""
+
+    def __init__(self, barrier: threading.Barrier | None = None, fail: tuple | None = None):
+        self.barrier, self.fail = barrier, fail
+        self.shapes, self.now, self.most = [], 0, 0
+        self.lock = threading.Lock()
+
+    def compile(self, shape, block_size):
+        with self.lock:
+            self.shapes.append(shape)
+            self.now += 1
+            self.most = max(self.most, self.now)
+        try:
+            if self.barrier is not None:
+                self.barrier.wait()
+            if shape == self.fail:
+                raise RuntimeError(f"cannot compile {shape}")
+        finally:
+            with self.lock:
+                self.now -= 1
+
+
+SIX = [(128 * t, 4, 4) for t in range(1, 7)]
+
+
+def test_warm_up_compiles_workers_programs_at_once():
+    program = _Recording(threading.Barrier(3, timeout=120))  # three at once, or it breaks
+    runner = RunnerState(program, block_size=64)
+    runner.warm_up(SIX, workers=3, progress=False)
+    assert sorted(program.shapes) == SIX and program.most == 3
+    assert runner.stats.compiles == 6 and runner.compiled == set(SIX)
+
+
+def test_warm_up_raises_a_compile_error_once_the_others_finish():
+    program = _Recording(fail=(256, 4, 4))
+    runner = RunnerState(program, block_size=64)
+    with pytest.raises(RuntimeError, match=r"cannot compile \(256, 4, 4\)"):
+        runner.warm_up(SIX, workers=2, progress=False)
+    assert program.now == 0 and (256, 4, 4) in program.shapes
+
+
+def test_warm_up_stops_starting_programs_when_check_raises():
+    program = _Recording()
+    started = []
+
+    class ShutDown(Exception):
+        pass
+
+    def check():
+        if len(started) == 4:
+            raise ShutDown
+        started.append(1)
+
+    runner = RunnerState(program, block_size=64)
+    with pytest.raises(ShutDown):
+        runner.warm_up(SIX, workers=2, check=check, progress=False)
+    assert sorted(program.shapes) == SIX[:4] and program.now == 0
+
+
+def test_a_cpu_compiles_one_program_at_a_time_an_accelerator_host_half_its_cores(monkeypatch):
+    from kernels import devices
+
+    assert devices.backend() == "cpu" and devices.compile_workers() == 1
+    monkeypatch.setattr(devices, "backend", lambda: "gpu")
+    for cores, workers in [(16, 8), (64, 8), (6, 3), (2, 1), (1, 1), (None, 1)]:
+        monkeypatch.setattr(devices.os, "cpu_count", lambda cores=cores: cores)
+        assert devices.compile_workers() == workers
+
+
 @pytest.fixture(scope="module")
 def pooled(tiny_checkpoints):
     """A program with a KV pool, which each step donates and replaces."""
@@ -105,7 +176,7 @@ class _Compiling:
     def __init__(self, record: dict, gate: threading.Event):
         self.record, self.gate = record, gate
 
-    def warm_up(self, shapes, *, progress, check):
+    def warm_up(self, shapes, *, workers, progress, check):
         self.record["now"] += 1
         self.record["most"] = max(self.record["most"], self.record["now"])
         self.gate.wait(60)
@@ -145,7 +216,7 @@ class _Gated:
     def __init__(self, gate: threading.Event):
         self.gate, self.grids = gate, []
 
-    def warm_up(self, shapes, *, progress, check):
+    def warm_up(self, shapes, *, workers, progress, check):
         while not self.gate.wait(0.01):  # polled so that a cancelled runner stops compiling
             check()
         if shapes == ["fails"]:
