@@ -24,6 +24,7 @@ from engine import EngineConfig
 from kernels import devices
 
 RESULTS = Path(__file__).resolve().parent / "results"
+PROJECT = Path(__file__).resolve().parents[1]
 # what sizes JAX's GPU memory pool; a user who set any of them has made the split already
 JAX_MEMORY_VARS = (
     "XLA_PYTHON_CLIENT_PREALLOCATE",
@@ -135,11 +136,13 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def git_commit() -> str | None:
+def git_commit(root: Path = PROJECT) -> str | None:
+    """The commit `root` is checked out at, "-dirty" added when its tracked files differ from it
+    (a copy of a working tree run elsewhere, say); None outside a repository."""
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=Path(__file__).resolve().parents[1],
+            ["git", "describe", "--always", "--dirty", "--abbrev=7", "--exclude=*"],
+            cwd=root,
             capture_output=True,
             text=True,
             timeout=10,

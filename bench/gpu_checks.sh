@@ -13,14 +13,16 @@
 #   bash bench/gpu_checks.sh host         # the host bench on that machine's processor
 # Reports and whole test logs go to $OUT (default /tmp/gpu-checks). MODEL_TESTS names the second
 # group of tests (default tests/test_models.py tests/test_paging.py), STARTUP_S the start-up's
-# limit in seconds (default 240). QUICK=1 runs the benches at their smallest, to try the script on
-# a machine without a GPU (where the GPU-only tests skip).
+# limit in seconds (default 240), COMPILE_WORKERS the programs it compiles at once (default 1).
+# QUICK=1 runs the benches at their smallest, to try the script on a machine without a GPU (where
+# the GPU-only tests skip).
 # Two phases may run side by side on one GPU when each is given part of its memory
 # (XLA_PYTHON_CLIENT_MEM_FRACTION); the timings of such a run share the processor.
 # On one H100 (16 cores) the phases took: setup 25 s (the build, when it fails, 3 s), the kernel
 # tests 68 s, the model and paging tests 285 s, attention 20 s, bench's W1 beside transformers
-# 72 s and W2 47 s; startup had not finished in 240 s beside the tests. Ten minutes hold
-# `setup`, then `tests` beside `startup`; a second call `attention bench`.
+# 72 s and W2 47 s. On one H200 (16 cores): setup 75 s (the build 60 s), `setup bench attention`
+# 242 s, then `tests` (MODEL_TESTS=tests/test_paging.py: 58 s + 186 s) beside `startup` (269 s)
+# in a second call of 274 s. A new machine's start and the transfers took about 33 s.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/gpu-checks}
@@ -122,6 +124,7 @@ startup() {
   log "bench startup: ready, and the whole grid compiled behind it (no compile cache)"
   # shellcheck disable=SC2046
   limited "${STARTUP_S:-240}" $PY -m bench startup $(quick_args) --no-progress --modes background \
+    --compile-workers "${COMPILE_WORKERS:-1}" \
     --json "$OUT/startup.json"
 }
 

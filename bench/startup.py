@@ -21,7 +21,6 @@ from bench import common, sides
 from bench.parity import label_ids
 from bench.w3 import request_pool
 from engine import open_engine
-from kernels import devices
 
 QUICK = dict(token_budget=512)
 MODES = {"before": False, "background": True}
@@ -33,8 +32,8 @@ def parse(argv):
     p.add_argument(
         "--compile-workers",
         type=int,
-        default=None,
-        help="programs compiled at once (EngineConfig.compile_workers; default: by the backend)",
+        default=1,
+        help="programs compiled at once (EngineConfig.compile_workers; %(default)s)",
     )
     return common.parse_args(p, argv, QUICK)
 
@@ -87,7 +86,7 @@ async def _timed(engine, request) -> float:
 def main(argv=None) -> dict:
     args = parse(argv)
     path = common.model_path(args)
-    workers = args.compile_workers or devices.compile_workers()
+    workers = args.compile_workers
     base = msgspec.structs.replace(
         sides.engine_config(args, path),
         precompile=True,

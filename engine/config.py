@@ -73,10 +73,10 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # compiled yet compiles it first (seconds) rather than every request waiting for the whole
     # grid (about two minutes on a GPU); False: ready only once the grid is compiled
     precompile_in_background: bool = False
-    # programs each runner compiles at once (the grid, before serving or behind it); None: one
-    # on a CPU, whose compiles already use its cores, and on an accelerator half the host's
-    # cores, at most 8 (kernels.devices.compile_workers)
-    compile_workers: int | None = None
+    # programs each runner compiles at once (the grid, before serving or behind it). XLA already
+    # spreads one compile over the host's cores: two at once on a 2-core CPU took as long as one
+    # after the other; on a GPU's host more at once is not yet shown to start sooner
+    compile_workers: int = 1
     progress: bool = True  # progress bars while loading and compiling
     # the rerank recipe: "qwen3-reranker" | "mxbai-rerank-v2" | "bge-reranker-v2-gemma" |
     # "chatml" | "plain"; None detects it from the checkpoint (engine.templates.template_for); a
@@ -95,8 +95,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             raise InvalidInput("batch_linger_ms", "must be between 0 and 10000")
         if self.kv_page_size < 1 or self.block_size % self.kv_page_size:
             raise InvalidInput("kv_page_size", f"must divide block_size {self.block_size}")
-        if self.compile_workers is not None and self.compile_workers < 1:
-            raise InvalidInput("compile_workers", "must be 1 or more (None: by the backend)")
+        if self.compile_workers < 1:
+            raise InvalidInput("compile_workers", "must be 1 or more")
         if self.kv_cache_bytes is not None and self.kv_cache_bytes < 0:
             raise InvalidInput("kv_cache_bytes", "must be 0 (no pool) or more")
         return make_buckets(

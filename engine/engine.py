@@ -153,7 +153,7 @@ class Engine:
             runner.run,
             progress=self.config.progress,
             compiling=trio.CapacityLimiter(limit),
-            compile_workers=self.config.compile_workers or devices.compile_workers(),
+            compile_workers=self.config.compile_workers,
             background=self.config.precompile_in_background,
         )
         to_runners = []

@@ -19,15 +19,6 @@ def share_memory() -> bool:
     return backend() == "cpu"
 
 
-def compile_workers() -> int:
-    """How many programs a runner compiles at once by default. One on a CPU: its compiles
-    already take the cores (on 2 cores two at once took as long as one after the other). On an
-    accelerator the compiles run on a host that is otherwise idle: half its cores, at most 8."""
-    if backend() == "cpu":
-        return 1
-    return max(1, min(8, (os.cpu_count() or 2) // 2))
-
-
 def host_memory() -> int:
     """This machine's physical memory in bytes."""
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -204,6 +204,25 @@ def test_reports_name_the_model_never_its_path(tmp_path):
     ]  # fmt: skip
 
 
+def test_a_report_names_its_commit_and_whether_the_tree_differs(tmp_path):
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    assert common.git_commit(tmp_path) is None  # not a repository
+    git("init", "-q")
+    (tmp_path / "a.py").write_text("x = 1\n")
+    git("add", "a.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
+    git("tag", "v1")  # a tag does not replace the commit's name
+    head = subprocess.run(
+        ["git", "-C", str(tmp_path), "rev-parse", "--short=7", "HEAD"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    assert common.git_commit(tmp_path) == head
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert common.git_commit(tmp_path) == f"{head}-dirty"
+
+
 def test_committed_reports_name_their_model():
     reports = sorted((Path(common.__file__).parent / "figures").glob("*.json"))
     assert reports

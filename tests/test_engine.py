@@ -466,8 +466,8 @@ def test_bucket_settings_are_checked_and_used():
         assert caught.value.field == next(iter(fields))
 
 
-@pytest.mark.parametrize("asked, workers", [(None, 1), (3, 3)])
-def test_the_grid_compiles_as_many_at_once_as_configured(tiny_path, monkeypatch, asked, workers):
+@pytest.mark.parametrize("asked", [{}, {"compile_workers": 3}])
+def test_the_grid_compiles_as_many_at_once_as_configured(tiny_path, monkeypatch, asked):
     from engine.runner import RunnerState
 
     seen, warm_up = [], RunnerState.warm_up
@@ -479,13 +479,13 @@ def test_the_grid_compiles_as_many_at_once_as_configured(tiny_path, monkeypatch,
     monkeypatch.setattr(RunnerState, "warm_up", recording)
 
     async def main():
-        cfg = config(tiny_path, precompile=True, compile_workers=asked)
-        async with open_engine(cfg) as engine:  # None: one at a time on the CPU
+        cfg = config(tiny_path, precompile=True, **asked)
+        async with open_engine(cfg) as engine:  # by default one at a time
             assert engine.stats().compiles == len(engine.buckets.grid(512))
             assert (await engine.score([1, 2], [[3]], [4])).scores
 
     run(main)
-    assert seen == [workers]
+    assert seen == [asked.get("compile_workers", 1)]
 
 
 def test_sequences_beyond_the_largest_bucket_are_too_large(tiny_path):

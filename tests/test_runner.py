@@ -122,16 +122,6 @@ def test_warm_up_stops_starting_programs_when_check_raises():
     assert sorted(program.shapes) == SIX[:4] and program.now == 0
 
 
-def test_a_cpu_compiles_one_program_at_a_time_an_accelerator_host_half_its_cores(monkeypatch):
-    from kernels import devices
-
-    assert devices.backend() == "cpu" and devices.compile_workers() == 1
-    monkeypatch.setattr(devices, "backend", lambda: "gpu")
-    for cores, workers in [(16, 8), (64, 8), (6, 3), (2, 1), (1, 1), (None, 1)]:
-        monkeypatch.setattr(devices.os, "cpu_count", lambda cores=cores: cores)
-        assert devices.compile_workers() == workers
-
-
 @pytest.fixture(scope="module")
 def pooled(tiny_checkpoints):
     """A program with a KV pool, which each step donates and replaces."""
