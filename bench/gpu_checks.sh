@@ -7,6 +7,7 @@
 # There, from a copy of the project's root with .whl/ beside it:
 #   bash bench/gpu_checks.sh setup tests  # install the wheels, build, the GPU tests
 #   bash bench/gpu_checks.sh startup      # start-up with the grid compiled behind it
+#   bash bench/gpu_checks.sh grid         # XLA's compile options: the grid's time, and W1/W2's
 #   bash bench/gpu_checks.sh attention    # the attention kernels on the same packed batches
 #   bash bench/gpu_checks.sh bench        # W1 and W2 on Qwen3-0.6B's shape beside transformers
 #                                         # on cuda, Triton and Mosaic forms
@@ -128,10 +129,37 @@ startup() {
     --json "$OUT/startup.json"
 }
 
+# XLA's GPU compile options that may shorten the grid's compile (about 4.5 s a program on the H200,
+# 60 programs at the default budget), each beside the default: the grid at token budget 1536 (18
+# programs), then W1 and W2 on the engine alone, to see what each costs once compiled
+GRID_FLAGS=("" "--xla_gpu_autotune_level=0" "--xla_gpu_enable_triton_gemm=false")
+
+# `xla FLAGS CMD...`: CMD with FLAGS added to XLA_FLAGS (none: as it is)
+xla() {
+  if [ -n "$1" ]; then XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }$1" "${@:2}"; else "${@:2}"; fi
+}
+
+grid() {
+  local budget=1536 i=0 flags
+  [ "${QUICK:-0}" = 1 ] && budget=512
+  # shellcheck disable=SC2046
+  for flags in "${GRID_FLAGS[@]}"; do
+    i=$((i + 1))
+    log "the grid at token budget $budget, XLA_FLAGS ${flags:-as they are}"
+    xla "$flags" limited "${GRID_S:-150}" $PY -m bench startup $(quick_args) --no-progress \
+      --modes background --token-budget $budget --json "$OUT/grid-$i.json"
+    xla "$flags" limited 90 $PY -m bench w1 $(quick_args) --no-progress --no-precompile \
+      --engine-only --repeats 5
+    xla "$flags" limited 90 $PY -m bench w2 $(quick_args) --no-progress --no-precompile \
+      --engine-only --repeats 3
+  done
+}
+
 export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 for phase in "$@"; do
   case "$phase" in
-    wheels | setup | tests | startup | attention | bench | host) "$phase" ;;
-    *) echo "unknown phase $phase: wheels, setup, tests, startup, attention, bench or host" >&2; exit 2 ;;
+    wheels | setup | tests | startup | grid | attention | bench | host) "$phase" ;;
+    *) echo "unknown phase $phase: wheels, setup, tests, startup, grid, attention, bench or host" >&2
+      exit 2 ;;
   esac
 done
