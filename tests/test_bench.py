@@ -480,6 +480,7 @@ def test_startup_in_each_mode(tiny, tmp_path):
         assert 0 < m["ready_s"] <= m["grid_compiled_s"]
         assert m["first_request_s"] > 0 and m["warm_request_s"] > 0
     assert report["model"] == "llama-untied" and report["token_budget"] == 512
+    assert report["compile_workers"] == 1 and "1 at once" in report["description"]
 
 
 def test_startup_shows_the_grid_compiling(capsys):
