@@ -44,7 +44,6 @@ from engine import open_engine
 from engine.inputs import build_sequences
 from engine.loaders import load_checkpoint
 
-ROOT = Path(__file__).resolve().parents[1]
 SUFFIX = " Answer yes or no:"
 QUICK = dict(
     concurrency=[1, 4],
@@ -145,7 +144,7 @@ class Server:
     def __enter__(self) -> "Server":
         with self.log.open("wb") as out:
             self.process = subprocess.Popen(
-                self.command, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT
+                self.command, cwd=common.PROJECT, env=self.env, stdout=out, stderr=subprocess.STDOUT
             )
         return self
 
