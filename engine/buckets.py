@@ -12,7 +12,10 @@ from engine.errors import InvalidInput
 
 DEFAULT_TOKEN_BUDGET = 16384  # most real tokens in one packed batch
 DEFAULT_BLOCK_SIZE = 64  # attention block (tokens); token buckets are multiples of it
-DEFAULT_ROW_DIVISORS = (32, 8, 2)  # score-row buckets of a T-token batch: T // d
+# Score-row buckets of a T-token batch: T // d. One suffices: a program computes its real rows
+# alone (`engine.models.rows`), so padding rows cost no compute, and the compiled grid is one
+# program per token bucket.
+DEFAULT_ROW_DIVISORS = (2,)
 DEFAULT_LABEL_WIDTHS = (4, 32, 256)  # padded label counts; the last is the limit
 # Context regions (keys read from the KV pool) grow by 4x: padding there costs a copy of keys,
 # not attention work, so coarse steps keep the compiled grid small.
@@ -24,8 +27,8 @@ class Buckets(NamedTuple):
     """Padding grids. A batch's shape is (T tokens, S score rows, L labels per row).
 
     T comes from `tokens` (multiples of `block_size`); S from `rows_for(T)`, tied to T so that the
-    compiled program grid stays small; L from `label_widths`. The block-schedule width is fixed
-    per T (`T // block_size`), so it is not a grid dimension.
+    compiled program grid stays small (by default one S per T); L from `label_widths`. The
+    block-schedule width is fixed per T (`T // block_size`), so it is not a grid dimension.
     """
 
     block_size: int

@@ -244,6 +244,7 @@ def pack(
         meta,
         score_rows,
         _label_ids([labels[m] for m in order], s, label_width),
+        np.array(len(order), np.int32),  # the scored rows: the others' outputs are not read
         region.slots,
         window_meta,
     )
@@ -430,6 +431,7 @@ def empty_batch(
         meta,
         np.zeros(rows, np.int32),
         np.zeros((rows, labels), np.int32),
+        np.array(rows, np.int32),  # every row computed, as when a caller fills them in
         np.full(tokens, -1, np.int32),
         meta if window else None,  # padding alone: the window changes nothing
     )

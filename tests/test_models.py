@@ -1,7 +1,8 @@
 """Each model family against transformers on tiny random checkpoints (f32, one by one)."""
 
+import functools
+
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -9,11 +10,12 @@ from bench.baseline import hf_label_logprobs
 from bench.encoders import write_encoder
 from engine import load_model
 from engine.loaders import load_checkpoint
-from engine.models import decoder, encoder
-from engine.models.decoder import HEAD_ROWS, _by_row_chunks, run_layers
+from engine.models import FAMILIES, decoder, encoder
+from engine.models.rows import HEAD_ROWS
 from engine.packing import empty_batch
 from engine.plan import costs
 from engine.program import DeviceProgram
+from engine.tasks.base import exactly
 from kernels import devices
 from tests.conftest import CORPUS, FAMILY_CONFIGS, TINY_ENCODER
 
@@ -56,14 +58,6 @@ def test_many_score_rows_equal_one_by_one(reference, rng):
     np.testing.assert_allclose(packed, alone, atol=1e-5, rtol=rtol)
 
 
-@pytest.mark.parametrize("rows", [3, HEAD_ROWS, 2 * HEAD_ROWS + 5])
-def test_head_row_chunks_keep_row_order(rows, rng):
-    h = jnp.asarray(rng.standard_normal((rows, 8)), jnp.float32)
-    labels = jnp.asarray(rng.integers(0, 8, (rows, 3)), jnp.int32)
-    f = lambda h, labels: jnp.take_along_axis(h, labels, axis=1) * 2.0
-    np.testing.assert_array_equal(_by_row_chunks(f, h, labels), f(h, labels))
-
-
 @pytest.mark.parametrize("name", ["gemma2", "gemma3"])
 def test_sliding_windows_packed_equal_one_by_one(name, tiny_checkpoints, rng):
     """Sequences sharing a prefix longer than the 16-key window, packed into one batch, score as
@@ -79,17 +73,9 @@ def test_sliding_windows_packed_equal_one_by_one(name, tiny_checkpoints, rng):
     np.testing.assert_allclose(packed, alone, atol=1e-5, rtol=0)
 
 
-def untrimmed(layer, carry, xs, keep, unroll):
-    """`run_layers` without its cut: every layer on every row, the kept rows taken after."""
-    out = run_layers(layer, carry, xs, None, unroll)
-    if keep is None:
-        return out
-    return (out[0][keep], out[1]) if isinstance(out, tuple) else out[keep]
-
-
 @pytest.mark.parametrize("kind", ["decoder", "cross-encoder"])
 def test_the_last_layer_goes_on_past_attention_at_the_score_rows_alone(
-    kind, tiny_checkpoints, tmp_path, rng, monkeypatch
+    kind, tiny_checkpoints, tmp_path, rng
 ):
     """When the output reads only the score rows (a decoder's label head, a CLS classifier),
     the last layer's projection and MLP skip every other token: the outputs are those of every
@@ -119,16 +105,35 @@ def test_the_last_layer_goes_on_past_attention_at_the_score_rows_alone(
         label_ids=np.zeros((len(rows), 2), np.int32),
     )
 
-    def run():  # a new forward each time: jit would reuse the first one's trace
-        forward = program.task.forward_of(program.attention, program.dense, exact=True, unroll=True)
-        compiled = jax.jit(forward).lower(program.params, batch, None).compile()
-        return compiled(program.params, batch, None)[0], costs._cost(compiled).flops
+    def compiled(forward):
+        return jax.jit(forward).lower(program.params, batch, None).compile()
 
-    cut, cut_flops = run()
-    module = decoder if kind == "decoder" else encoder
-    monkeypatch.setattr(module, "run_layers", untrimmed)
-    whole, whole_flops = run()
-    np.testing.assert_allclose(cut, whole, atol=1e-6, rtol=0)
-    m = program.params["matrices"]
+    forward = program.task.forward_of(program.attention, program.dense, exact=True, unroll=True)
+    cut = compiled(forward)
+    # every token's final state, from the same stack run whole: the output of those at the rows
+    whole = compiled(
+        exactly(
+            functools.partial(
+                program.task.forward,
+                cfg=cfg,
+                family=FAMILIES[cfg.family],
+                attention=program.attention,
+                dense=program.dense,
+                output=decoder.last_hidden if kind == "decoder" else encoder.states,
+                unroll=True,
+                **({"rows": decoder.every_token} if kind == "decoder" else {}),
+            )
+        )
+    )
+    states = whole(program.params, batch, None)[0]  # f32[T, E]
+    p, dense = program.params, program.dense
+    if kind == "decoder":
+        head = lambda h: decoder.label_logprobs(h[rows], batch.label_ids, p["head"], cfg, dense)
+    else:
+        head = lambda h: encoder.pair_logits(h, batch, p, cfg, dense)
+    np.testing.assert_allclose(cut(p, batch, None)[0], head(states), atol=1e-6, rtol=0)
+    m = p["matrices"]
     past_attention = sum(np.prod(m[k].shape[1:]) for k in m if k != "qkv")  # o and the MLP's
-    assert whole_flops - cut_flops >= 2 * (t - len(rows)) * past_attention
+    head_flops = costs._cost(jax.jit(head).lower(states).compile()).flops
+    saved = costs._cost(whole).flops - costs._cost(cut).flops
+    assert saved >= 2 * (t - len(rows)) * past_attention - head_flops

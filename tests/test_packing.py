@@ -95,7 +95,7 @@ def test_rows_are_tied_to_tokens():
     assert SHAPES.rows_for(8) == (1, 4)
     assert SHAPES.rows_for(64) == (8, 32)
     assert SHAPES.max_rows == 32
-    assert default_buckets(8192).rows_for(1024) == (32, 128, 512)
+    assert default_buckets(8192).rows_for(1024) == (512,)  # one row bucket by default
 
 
 @pytest.mark.parametrize(
@@ -127,7 +127,8 @@ def test_grid_lists_the_programs_to_precompile():
     assert SHAPES.grid(16) == [(8, 1, 2), (8, 4, 2), (16, 2, 2), (16, 8, 2)]
     for max_tokens in (8192, 32768, 40960):
         grid = default_buckets(max_tokens).grid(max_tokens)
-        assert len(grid) <= 3 * (4 + 4 * 6)  # 3 row buckets; <= 1024, then 4 per octave
+        assert len(grid) <= 4 + 4 * 6  # one program a token bucket: <= 1024, then 4 per octave
+        assert len(grid) == len(default_buckets(max_tokens).tokens)
         assert len(set(grid)) == len(grid)
         assert all(t % 64 == 0 and t <= max(max_tokens, 128) for t, _, _ in grid)
 

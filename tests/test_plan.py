@@ -11,7 +11,7 @@ from engine import packing
 from engine.buckets import make_buckets
 from engine.kv_pool import DEFAULT_POOL_TOKENS
 from engine.loaders import Checkpoint, load_checkpoint
-from engine.models.decoder import HEAD_ROWS
+from engine.models.rows import HEAD_ROWS
 from engine.packing import empty_batch
 from engine.plan import PUBLISHED, capacities, capacity, plan
 from engine.plan.__main__ import main, parse_bytes
@@ -115,14 +115,15 @@ def test_score_rows_past_one_head_chunk_cost_more_chunks(analyser) -> None:
     seqs = [[7] * 8 + [i % 300 + 1, i // 300 + 1] for i in range(300)]  # 300 score rows
     batch = batch_of(c, seqs)
     t, s, labels = _shape(batch)
-    assert s > 2 * HEAD_ROWS
+    assert s > 2 * HEAD_ROWS and batch.inputs.row_count == 300
     parts = analyser.shape((t, s, labels))
     without_attention = parts.outside.plus(parts.layer, c.num_layers)
-    chunks = -(-s // HEAD_ROWS)
+    chunks = -(-300 // HEAD_ROWS)  # the real rows': padding rows are not computed
     extra = analyser.batch(batch.inputs).flops - without_attention.flops
     head = parts.head_chunk.flops
     assert head >= 2 * HEAD_ROWS * c.hidden_size * c.vocab_size
     assert extra >= (chunks - 1) * head
+    assert extra < chunks * head + analyser._attention(batch.inputs).flops
 
 
 def test_capacity_figures(analyser) -> None:

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from engine.models.config import ModelConfig, RopeScaling
+from engine.models.rows import over_score_rows
 from kernels.softcap import soft_cap
 
 Params = dict
@@ -41,6 +42,7 @@ class PackedInputs(NamedTuple):
     meta: Any  # kernels.AttentionMeta: built by the packer, read only by attention
     score_rows: jax.Array  # i32[S]
     label_ids: jax.Array  # i32[S, L]
+    row_count: jax.Array  # i32[]: the score rows computed, the first ones (the rest pad)
     cache_slots: jax.Array  # i32[T]: KV pool slot each token's K/V goes to; -1: none
     # the sliding-window layers' metadata (`ModelConfig.window`); None when no layer slides
     window_meta: Any = None
@@ -137,7 +139,9 @@ class Step(NamedTuple):
     write_kv: Callable  # (pool, slots, k, v) -> pool: `kernels.paging.write`
 
 
-def _layer(carry: tuple[jax.Array, KVPool | None], xs: tuple[jax.Array, ...], s: Step, keep):
+def _attend(carry: tuple[jax.Array, KVPool | None], xs: tuple[jax.Array, ...], s: Step):
+    """A layer up to its attention's output: the residual f32[T, E], the attention [T, H, D] and
+    the pool with this layer's K/V written."""
     x, pool = carry
     index, sliding, p = xs  # the layer index i32[], whether it slides bool[], norms and biases
     cfg, m = s.cfg, s.matrices
@@ -152,27 +156,39 @@ def _layer(carry: tuple[jax.Array, KVPool | None], xs: tuple[jax.Array, ...], s:
     meta = s.meta if s.window_meta is None else pick_sliding(sliding, s.window_meta, s.meta)
     scale, cap = cfg.attention_scale, cfg.attn_softcap
     o = s.attention(q.astype(dt), k, v, meta, scale=scale, softcap=cap, pool=pool)
-    if keep is not None:
-        x, o = x[keep], o[keep]  # [R, E], [R, H, D]
+    return x, o, pool
+
+
+def _finish(x: jax.Array, o: jax.Array, xs: tuple[jax.Array, ...], s: Step) -> jax.Array:
+    """The rest of a layer at some rows: their residual f32[R, E] and attention [R, H, D] to
+    the layer's output f32[R, E] (projection, MLP)."""
+    index, _, p = xs
+    cfg, m = s.cfg, s.matrices
     x = x + _sandwich(
         s.dense.matmul(o.reshape(x.shape[0], -1), m["o"], index), p, "post_attn_norm", cfg
     )
     h = rms_norm(x, p["mlp_norm"], cfg.norm_eps)
     y = s.dense.matmul(_mlp_gate(h, m["gate_up"], index, s), m["down"], index)
-    return (x + _sandwich(y, p, "post_mlp_norm", cfg), pool), None
+    return x + _sandwich(y, p, "post_mlp_norm", cfg)
 
 
-def run_layers(layer: Callable, carry, xs: tuple, keep: jax.Array | None, unroll: bool):
-    """`layer(carry, xs_i, keep) -> (carry, None)` over the stacked layers `xs` under
-    `lax.scan`: the carry after the last. With `keep` (i32[R]) the last layer runs on its own
-    and only those rows go on past its attention: the output reads no other row's final state,
-    so the rest's projection and MLP would be waste (every token's K/V is still computed, and a
-    decoder's written to the pool). The carry's states come out as those rows, f32[R, E]."""
-    every = lambda c, x: layer(c, x, None)
-    if keep is None:
-        return jax.lax.scan(every, carry, xs, unroll=unroll)[0]
-    carry, _ = jax.lax.scan(every, carry, jax.tree.map(lambda a: a[:-1], xs), unroll=unroll)
-    return layer(carry, jax.tree.map(lambda a: a[-1], xs), keep)[0]
+def _layer(carry: tuple[jax.Array, KVPool | None], xs: tuple[jax.Array, ...], s: Step):
+    x, o, pool = _attend(carry, xs, s)
+    return (_finish(x, o, xs, s), pool), None
+
+
+def run_layers(layer: Callable, carry, xs: tuple, unroll: bool):
+    """`layer(carry, xs_i) -> (carry, None)` over the stacked layers `xs` under `lax.scan`:
+    the carry after the last."""
+    return jax.lax.scan(layer, carry, xs, unroll=unroll)[0]
+
+
+def split_last(xs: tuple) -> tuple[tuple, tuple]:
+    """The stacked layers `xs` as all but the last (still stacked), and the last's slices. The
+    forward runs the last layer past its attention at the score rows alone: the output reads
+    no other row's final state, so the rest's projection and MLP would be waste (every
+    token's K/V is still computed, and a decoder's written to the pool)."""
+    return jax.tree.map(lambda a: a[:-1], xs), jax.tree.map(lambda a: a[-1], xs)
 
 
 def pick_sliding(sliding: jax.Array, local, default):
@@ -212,9 +228,10 @@ def forward(
     """What `output` makes of the final hidden state at each score row, f32[S, L], and the pool:
     `label_logprobs` (a language-model head), `class_logits` (a sequence-classification head)
     or `last_hidden` (an embedder's: L is E), each called as `output(h f32[R, E], label_ids
-    i32[R, L], head, cfg, dense)`. `rows(h f32[T, E], inputs)` may make the rows' states of
-    every token's instead (`mean_rows`: the mean of the row's sequence; `every_token`: a row
-    per token, f32[T, E]).
+    i32[R, L], head, cfg, dense)` on `HEAD_ROWS` rows at a time (`engine.models.rows`). Under
+    `last_hidden`, `rows(h f32[T, E], inputs)` may make the answer of every token's states
+    instead (`mean_rows`: the mean of each row's sequence; `every_token`: a row per token,
+    f32[T, E]).
 
     `params` is laid out as `engine.models.layout.place_decoder` makes it: "embed", "final_norm",
     "head" and "matrices" prepared by `dense`, "layers" the per-layer vectors. With a `pool`,
@@ -251,34 +268,36 @@ def forward(
     )
     indices = jnp.arange(cfg.num_layers, dtype=jnp.int32)
     sliding = jnp.asarray(cfg.sliding_layers or (False,) * cfg.num_layers)
-    layer = lambda carry, xs, keep: _layer(carry, xs, step, keep)
+    layer = lambda carry, xs: _layer(carry, xs, step)
     xs = (indices, sliding, params["layers"])
-    keep = inputs.score_rows if rows is None else None  # the output reads the score rows alone
-    x, pool = run_layers(layer, (x, pool), xs, keep, unroll)
-    if rows is None:
-        h = rms_norm(x, params["final_norm"], cfg.norm_eps)  # [S, E]: x holds the score rows
-    else:
-        h = rows(rms_norm(x, params["final_norm"], cfg.norm_eps), inputs)  # [S, E]
-    if output is last_hidden:  # the states are the answer: no head to apply row by row
-        return h, pool
-    head = lambda h, labels: output(h, labels, params["head"], cfg, dense)
-    return _by_row_chunks(head, h, inputs.label_ids), pool
+    final = lambda x: rms_norm(x, params["final_norm"], cfg.norm_eps)
+    if rows is not None:  # the rows read every token's final state
+        if output is not last_hidden:
+            raise ValueError("rows of every token's states take the last_hidden output")
+        x, pool = run_layers(layer, (x, pool), xs, unroll)
+        return rows(final(x), inputs), pool
+    stack, last = split_last(xs)
+    x, o, pool = _attend(run_layers(layer, (x, pool), stack, unroll), last, step)
 
+    def at_rows(rows: jax.Array, labels: jax.Array) -> jax.Array:  # i32[C], i32[C, L]
+        h = final(_finish(x[rows], o[rows], last, step))  # f32[C, E]
+        return output(h, labels, params["head"], cfg, dense)
 
-# Score rows per step of the head: the f32[rows, V] logits and their log-softmax stay small
-# instead of one f32[S, V] array (300 MB for 1,536 rows of a 49k vocabulary), which measured
-# ~4% off a 12k-token batch's device time on a 2-core CPU and removed most of its page faults.
-HEAD_ROWS = 128
+    return over_score_rows(at_rows, inputs), pool
 
 
 def mean_rows(h: jax.Array, inputs: PackedInputs) -> jax.Array:  # f32[S, E]
     """The mean of the final states h f32[T, E] over each score row's sequence, its own span up
     to the row (a sequence packed alone: all of it)."""
-    start = inputs.meta.own_start[inputs.score_rows][:, None]  # i32[S, 1]
-    end = inputs.score_rows[:, None] + 1
     key = jnp.arange(h.shape[0])[None, :]
-    weights = ((key >= start) & (key < end)).astype(jnp.float32) / (end - start)  # [S, T]
-    return jnp.matmul(weights, h, precision=jax.lax.Precision.HIGHEST)
+
+    def at_rows(rows: jax.Array, labels: jax.Array) -> jax.Array:  # f32[C, E]
+        start = inputs.meta.own_start[rows][:, None]  # i32[C, 1]
+        end = rows[:, None] + 1
+        weights = ((key >= start) & (key < end)).astype(jnp.float32) / (end - start)  # [C, T]
+        return jnp.matmul(weights, h, precision=jax.lax.Precision.HIGHEST)
+
+    return over_score_rows(at_rows, inputs)
 
 
 def every_token(h: jax.Array, inputs: PackedInputs) -> jax.Array:  # f32[T, E]
@@ -309,14 +328,3 @@ def last_hidden(h: jax.Array, labels: jax.Array, head, cfg: ModelConfig, dense: 
     """f32[R, E]: the final hidden state itself at rows h f32[R, E] (a last-token embedder's
     vector, before any normalisation); no head is read."""
     return h
-
-
-def _by_row_chunks(f: Callable, h: jax.Array, labels: jax.Array) -> jax.Array:
-    """f(h, labels) over chunks of HEAD_ROWS rows (zero rows pad the last), one after another."""
-    s = h.shape[0]
-    if s <= HEAD_ROWS:
-        return f(h, labels)
-    n = -(-s // HEAD_ROWS)
-    pad = lambda a: jnp.pad(a, ((0, n * HEAD_ROWS - s), (0, 0))).reshape(n, HEAD_ROWS, -1)
-    out = jax.lax.map(lambda a: f(*a), (pad(h), pad(labels)))  # [n, HEAD_ROWS, L]
-    return out.reshape(n * HEAD_ROWS, -1)[:s]

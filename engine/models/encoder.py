@@ -37,7 +37,9 @@ from engine.models.decoder import (
     pick_sliding,
     rope_frequencies,
     run_layers,
+    split_last,
 )
+from engine.models.rows import over_score_rows
 
 ACTIVATIONS = {
     "gelu": functools.partial(jax.nn.gelu, approximate=False),
@@ -94,7 +96,8 @@ class Step(NamedTuple):
     matrices: dict  # "qkv", "o", "up", "down": prepared stacks over layers
 
 
-def _layer(x: jax.Array, xs: tuple, s: Step, keep: jax.Array | None):
+def _attend(x: jax.Array, xs: tuple, s: Step) -> jax.Array:  # [T, H, D]
+    """A layer's attention over every token of the residual x f32[T, E]."""
     index, sliding, normed, p = xs  # normed: this layer norms its attention input (pre-norm)
     cfg, m = s.cfg, s.matrices
     h = x
@@ -106,15 +109,24 @@ def _layer(x: jax.Array, xs: tuple, s: Step, keep: jax.Array | None):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     meta = s.meta if s.window_meta is None else pick_sliding(sliding, s.window_meta, s.meta)
     dt = s.dtype
-    o = s.attention(q.astype(dt), k.astype(dt), v.astype(dt), meta, scale=cfg.attention_scale)
-    if keep is not None:
-        x, o = x[keep], o[keep]  # [R, E], [R, H, D]
+    return s.attention(q.astype(dt), k.astype(dt), v.astype(dt), meta, scale=cfg.attention_scale)
+
+
+def _finish(x: jax.Array, o: jax.Array, xs: tuple, s: Step) -> jax.Array:
+    """The rest of a layer at some rows: their residual f32[R, E] and attention [R, H, D] to
+    the layer's output f32[R, E] (projection, MLP, norms)."""
+    index, _, _, p = xs
+    cfg, m = s.cfg, s.matrices
     x = x + s.dense.matmul(o.reshape(x.shape[0], -1), m["o"], index) + p["bo"]
     if cfg.post_norm:
         x = _norm(x, p, "attn_norm", cfg)
     h = x if cfg.post_norm else _norm(x, p, "mlp_norm", cfg)
     x = x + s.dense.matmul(_mlp_hidden(h, index, p, s), m["down"], index) + p["b_down"]
-    return (_norm(x, p, "mlp_norm", cfg) if cfg.post_norm else x), None
+    return _norm(x, p, "mlp_norm", cfg) if cfg.post_norm else x
+
+
+def _layer(x: jax.Array, xs: tuple, s: Step):
+    return _finish(x, _attend(x, xs, s), xs, s), None
 
 
 def _mlp_hidden(h: jax.Array, index: jax.Array, p: dict, s: Step) -> jax.Array:  # f32[T, I]
@@ -167,8 +179,10 @@ def forward(
     unroll: bool = False,
 ) -> tuple[jax.Array, None]:
     """What `output` makes of the encoded tokens at each score row, f32[S, L], and no pool
-    (encoders keep none): `pair_logits`, called as `output(x f32[T, E], inputs, params, cfg,
-    dense)`. The signature is `decoder.forward`'s, so a device program runs either."""
+    (encoders keep none): `pair_logits` or `pooled`, called as `output(x f32[T, E], inputs,
+    params, cfg, dense)` with `HEAD_ROWS` of the score rows at a time (`engine.models.rows`;
+    under CLS pooling x holds those rows' states alone), or `states` (every token's, f32[T, E]).
+    The signature is `decoder.forward`'s, so a device program runs either."""
     if pool is not None:
         raise ValueError("an encoder keeps no KV cache")
     x = embed(params, inputs, cfg)
@@ -189,13 +203,34 @@ def forward(
     sliding = jnp.asarray(cfg.sliding_layers or (False,) * n)
     normed = jnp.ones(n, bool) if cfg.first_block_norm else jnp.arange(n) > 0  # ModernBERT's
     xs = (jnp.arange(n, dtype=jnp.int32), sliding, normed, params["layers"])
-    keep = inputs.score_rows if _reads_first_tokens(output, cfg) else None
-    x = run_layers(lambda c, xs, keep: _layer(c, xs, step, keep), x, xs, keep, unroll)
-    if not cfg.post_norm:
-        x = layer_norm(x, params["final_norm"], params["final_norm_b"], cfg.norm_eps)
-    if keep is not None:  # x holds the score rows alone, in their order
-        inputs = inputs._replace(score_rows=jnp.arange(keep.shape[0], dtype=keep.dtype))
-    return output(x, inputs, params, cfg, dense), None
+    layer = lambda x, xs: _layer(x, xs, step)
+
+    def final(x: jax.Array) -> jax.Array:  # a pre-norm stack's final norm
+        if cfg.post_norm:
+            return x
+        return layer_norm(x, params["final_norm"], params["final_norm_b"], cfg.norm_eps)
+
+    if not _reads_first_tokens(output, cfg):  # the output reads every token's final state
+        x = final(run_layers(layer, x, xs, unroll))
+        if output is states:
+            return x, None
+        at_rows = lambda rows, labels: output(x, _at(inputs, rows, labels), params, cfg, dense)
+        return over_score_rows(at_rows, inputs), None
+    stack, last = split_last(xs)
+    x = run_layers(layer, x, stack, unroll)
+    o = _attend(x, last, step)
+
+    def at_first_tokens(rows: jax.Array, labels: jax.Array) -> jax.Array:  # i32[C], i32[C, L]
+        h = final(_finish(x[rows], o[rows], last, step))  # f32[C, E]: the rows' states alone
+        own = jnp.arange(rows.shape[0], dtype=rows.dtype)
+        return output(h, _at(inputs, own, labels), params, cfg, dense)
+
+    return over_score_rows(at_first_tokens, inputs), None
+
+
+def _at(inputs: PackedInputs, rows: jax.Array, labels: jax.Array) -> PackedInputs:
+    """`inputs` with score rows `rows` and their `labels` alone (a step of the output)."""
+    return inputs._replace(score_rows=rows, label_ids=labels)
 
 
 def _reads_first_tokens(output: Callable, cfg: ModelConfig) -> bool:

@@ -1,14 +1,15 @@
 """What one packed batch costs in FLOPs and bytes moved, from XLA's cost analysis.
 
 XLA's cost analysis counts a loop's body once, whatever its trip count, and the forward loops
-over layers (`lax.scan`), over chunks of `HEAD_ROWS` score rows, and (inside attention) over
+over layers (`lax.scan`), over chunks of `HEAD_ROWS` real score rows, and (inside attention) over
 the schedule's key blocks. So a batch shape is analysed in parts whose counts are known:
 
 - the forward compiled with one layer and with two (unrolled): their difference is one layer's
   dense work (projections, norms, RoPE, MLP), counted once per layer, and the one-layer program
   less it the rest (embedding, final norm, one head chunk). Attention is left out of both (a
   stand-in that returns its queries);
-- the head on one chunk of `HEAD_ROWS` rows, counted once per chunk past the first;
+- the head on one chunk of `HEAD_ROWS` rows, counted once per chunk of the batch's real rows
+  past the first;
 - attention from the batch's block schedule (each layer's own, sliding or global): every
   visited (query block, key block) pair costs what the kernels compute on it, 4 B^2 D H FLOPs,
   and reads a block of keys and values.
@@ -25,7 +26,7 @@ import numpy as np
 
 from engine.loaders import Checkpoint
 from engine.models import ModelConfig, PackedInputs
-from engine.models.decoder import HEAD_ROWS
+from engine.models.rows import HEAD_ROWS
 from engine.packing import empty_batch
 from engine.program import DTYPES, DeviceProgram
 from engine.tasks import task_for
@@ -92,7 +93,8 @@ class Analyser:
         t, s, labels = len(inputs.tokens), len(inputs.score_rows), inputs.label_ids.shape[1]
         parts = self.shape((t, s, labels))
         cost = parts.outside.plus(parts.layer, self.config.num_layers)
-        cost = cost.plus(parts.head_chunk, max(0, -(-s // HEAD_ROWS) - 1))
+        chunks = -(-int(inputs.row_count) // HEAD_ROWS)
+        cost = cost.plus(parts.head_chunk, max(0, chunks - 1))
         return cost.plus(self._attention(inputs))
 
     def _analyse(self, shape: tuple[int, int, int]) -> ShapeCost:
