@@ -130,7 +130,7 @@ startup() {
 }
 
 # XLA's GPU compile options that may shorten the grid's compile (about 4.5 s a program on the H200,
-# 60 programs at the default budget), each beside the default: the grid at token budget 1536 (18
+# 20 programs at the default budget), each beside the default: the grid at token budget 1536 (6
 # programs), then W1 and W2 on the engine alone, to see what each costs once compiled
 GRID_FLAGS=("" "--xla_gpu_autotune_level=0" "--xla_gpu_enable_triton_gemm=false")
 

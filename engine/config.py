@@ -67,12 +67,13 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # by default ~/.cache/llm-scoring-engine/jax
     compile_cache_dir: str | None = msgspec.field(default_factory=default_compile_cache_dir)
     # compile the (T, S, L) grid before serving: each token bucket up to token_budget with each of
-    # its row buckets; the compile cache makes a restart load them instead
+    # its row buckets (one by default: 20 programs at the default budget); the compile cache
+    # makes a restart load them instead
     precompile: bool = True
     # compile that grid in the background instead, serving at once: a batch whose shape is not
     # compiled yet compiles it first (seconds) rather than every request waiting for the whole
-    # grid (a minute on a 2-core CPU, four and a half on an H200 for Qwen3-0.6B, with no compile
-    # cache); False: ready only once the grid is compiled
+    # grid (20 s for SmolLM2 on a 2-core CPU; at about 4.5 s a program, 90 s for Qwen3-0.6B on
+    # an H200, with no compile cache); False: ready only once the grid is compiled
     precompile_in_background: bool = False
     # programs each runner compiles at once (the grid, before serving or behind it). XLA already
     # spreads one compile over the host's cores: two at once on a 2-core CPU took as long as one

@@ -582,7 +582,7 @@ def test_server_info(client, tiny_path):
     assert info["buckets"] == {
         "block_size": 64,
         "tokens": [128, 256, 512],
-        "row_divisors": [32, 8, 2],
+        "row_divisors": [2],
         "label_widths": [4, 32, 256],
         "contexts": [0, 1024],
         "window": 0,
