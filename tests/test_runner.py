@@ -36,12 +36,12 @@ def test_empty_batch_has_the_shape_asked_for():
 
 def test_warm_up_compiles_each_shape_once(model):
     runner = RunnerState(model.program, block_size=64)
-    runner.warm_up([(128, 4, 4), (128, 16, 4)], progress=False)
+    runner.warm_up([(128, 64, 4), (256, 128, 4)], progress=False)
     assert runner.stats.compiles == 2
     seqs, labels = [[1, 2, 3]], [[5, 6]]
     buckets = default_buckets(512)
     inputs, *_ = packing.pack(seqs, labels, packing.group_by_prefix(seqs), buckets)
-    assert batch_shape(inputs) == (128, 4, 4)
+    assert batch_shape(inputs) == (128, 64, 4)
     done = runner.execute(Batch(id=7, inputs=inputs, rows=[(0, 0)], real_tokens=3, build_s=0.0))
     assert runner.stats.compiles == 2 and runner.stats.batches == 1
     np.testing.assert_allclose(
