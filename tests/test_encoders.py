@@ -15,6 +15,7 @@ from api.settings import settings_from_env
 from bench.encoders import write_encoder
 from engine import EngineConfig, InvalidInput, load_model, open_engine
 from engine.loaders import load_checkpoint
+from engine.models.rows import HEAD_ROWS
 from engine.pairs import PairEncoder, PairOptions
 from tests.conftest import CORPUS, TINY_ENCODER
 from tests.test_api_support import serving, tiny_env
@@ -125,6 +126,14 @@ def test_scores_equal_transformers_and_cross_encoder(encoder):
     np.testing.assert_allclose(offline.rerank(QUERY, docs, raw_scores=True), raw, atol=1e-6)
     with pytest.raises(InvalidInput, match=r"^label_token_ids: this model has"):
         offline.score(QUERY, docs, [1])
+
+
+def test_more_pairs_than_one_step_of_rows_equal_transformers(encoder):
+    """A batch of more pairs than `HEAD_ROWS`: the rows past the last layer's attention run in
+    steps, each pair's logits as transformers gives them."""
+    docs = [f"{CORPUS[i % 6]} {i}" for i in range(3 * HEAD_ROWS)]  # batches of 128+ pairs
+    raw, _ = rerank(encoder, QUERY, docs, raw_scores=True)
+    np.testing.assert_allclose(raw, hf_logits(encoder, QUERY, docs)[:, -1], atol=1e-5)
 
 
 @pytest.mark.parametrize("side", ["right", "left"])
