@@ -18,6 +18,11 @@ import jax.numpy as jnp
 HEAD_ROWS = 128
 
 
+def steps(rows):
+    """The `HEAD_ROWS`-row steps that `rows` rows fill (an int, or an i32[] array)."""
+    return (rows + HEAD_ROWS - 1) // HEAD_ROWS
+
+
 def over_score_rows(f: Callable, inputs) -> jax.Array:
     """`f(rows i32[C], labels i32[C, L]) -> f32[C, W]` at `inputs`' score rows (token indices)
     and their label ids, C = `HEAD_ROWS` rows a step, for as many steps as `inputs.row_count`
@@ -26,8 +31,8 @@ def over_score_rows(f: Callable, inputs) -> jax.Array:
     s = rows.shape[0]
     if s <= HEAD_ROWS:
         return f(rows, labels)
-    steps = -(-s // HEAD_ROWS)
-    pad = steps * HEAD_ROWS - s
+    n = steps(s)
+    pad = n * HEAD_ROWS - s
     rows, labels = jnp.pad(rows, (0, pad)), jnp.pad(labels, ((0, pad), (0, 0)))
     chunk = lambda a, i: jax.lax.dynamic_slice_in_dim(a, i * HEAD_ROWS, HEAD_ROWS)
     shapes = (rows[:HEAD_ROWS], labels[:HEAD_ROWS])
@@ -37,6 +42,6 @@ def over_score_rows(f: Callable, inputs) -> jax.Array:
         y = f(chunk(rows, i), chunk(labels, i))
         return jax.lax.dynamic_update_slice_in_dim(done, y.astype(out.dtype), i * HEAD_ROWS, 0)
 
-    zeros = jnp.zeros((steps * HEAD_ROWS, *out.shape[1:]), out.dtype)
-    filled = (jnp.asarray(inputs.row_count, jnp.int32) + HEAD_ROWS - 1) // HEAD_ROWS
+    zeros = jnp.zeros((n * HEAD_ROWS, *out.shape[1:]), out.dtype)
+    filled = steps(jnp.asarray(inputs.row_count, jnp.int32))
     return jax.lax.fori_loop(0, filled, step, zeros)[:s]

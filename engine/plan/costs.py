@@ -26,7 +26,7 @@ import numpy as np
 
 from engine.loaders import Checkpoint
 from engine.models import ModelConfig, PackedInputs
-from engine.models.rows import HEAD_ROWS
+from engine.models.rows import HEAD_ROWS, steps
 from engine.packing import empty_batch
 from engine.program import DTYPES, DeviceProgram
 from engine.tasks import task_for
@@ -93,8 +93,7 @@ class Analyser:
         t, s, labels = len(inputs.tokens), len(inputs.score_rows), inputs.label_ids.shape[1]
         parts = self.shape((t, s, labels))
         cost = parts.outside.plus(parts.layer, self.config.num_layers)
-        chunks = -(-int(inputs.row_count) // HEAD_ROWS)
-        cost = cost.plus(parts.head_chunk, max(0, chunks - 1))
+        cost = cost.plus(parts.head_chunk, max(0, steps(int(inputs.row_count)) - 1))
         return cost.plus(self._attention(inputs))
 
     def _analyse(self, shape: tuple[int, int, int]) -> ShapeCost:
