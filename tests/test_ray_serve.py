@@ -112,12 +112,32 @@ def score_body(i: int) -> dict:
     }
 
 
-def held_body(name: str, items: int = 4000) -> dict:
-    """A request that keeps its replica busy for a while (4000 items: 1500 no longer outlasted
-    the routing of a second request once padding score rows cost nothing)."""
-    query = f"Held {name}: which of these passages answers the question? " * 4
+def held_query(name: str) -> str:
+    return f"Held {name}: which of these passages answers the question? " * 4
+
+
+def held_body(name: str, items: int = 4000, query: str | None = None) -> dict:
+    """A request that keeps its replica busy for a few seconds."""
     items = [f" passage {j} of {name}" for j in range(items)]
-    return {"query": query, "items": items, "label_token_ids": [YES, NO]}
+    return {"query": query or held_query(name), "items": items, "label_token_ids": [YES, NO]}
+
+
+def a_query_on_each_replica(client, name: str) -> list[str]:
+    """Queries that two different replicas have served, one each: the router sends any later
+    request with one of them to that replica (prefix affinity), whatever the replicas' loads
+    look like to it then. New queries spread at random between idle replicas, so this asks
+    until it has seen both."""
+    by_replica: dict[str, str] = {}
+    for i in range(1000):
+        query = held_query(f"{name} {i}")
+        r = client.post(
+            "/v1/score", json={"query": query, "items": [" a"], "label_token_ids": [YES, NO]}
+        )
+        assert r.status_code == 200, r.text
+        by_replica.setdefault(replica_of(r), query)
+        if len(by_replica) == 2:
+            return list(by_replica.values())
+    raise AssertionError(f"1000 new queries all went to {set(by_replica)}")
 
 
 def in_flight_at(client, query: str) -> tuple[str, int]:
@@ -175,11 +195,12 @@ def test_a_killed_replica_loses_no_request(client, reference):
 def test_a_redeploy_to_one_replica_drains_the_replicas_it_stops(client, reference):
     # serve.run of a new application object is a new version: Ray Serve replaces both replicas
     # (stopping one drains it like a scale-down or an autoscaler's removal would)
-    first, second = held_body("first"), held_body("second")
+    on_one, on_the_other = a_query_on_each_replica(client, "redeploy")
+    first, second = held_body("first", query=on_one), held_body("second", query=on_the_other)
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         answers = [pool.submit(client.post, "/v1/score", json=first)]
         busy = [wait_in_flight(client, first["query"])]
-        answers.append(pool.submit(client.post, "/v1/score", json=second))  # to the idle one
+        answers.append(pool.submit(client.post, "/v1/score", json=second))  # to the other
         busy.append(wait_in_flight(client, second["query"]))
         assert busy[0] != busy[1]  # both replicas hold a request
         serve.run(build_app({**OPTIONS, "replicas": 1}), name=APP, route_prefix="/")
