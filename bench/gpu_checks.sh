@@ -131,8 +131,11 @@ startup() {
 
 # XLA's GPU compile options that may shorten the grid's compile (about 4.5 s a program on the H200,
 # 20 programs at the default budget), each beside the default: the grid at token budget 1536 (6
-# programs), then W1 and W2 on the engine alone, to see what each costs once compiled
-GRID_FLAGS=("" "--xla_gpu_autotune_level=0" "--xla_gpu_enable_triton_gemm=false")
+# programs), then W1 and W2 on the engine alone, to see what each costs once compiled. The last
+# records while loops in command buffers: the score rows' loop (`engine.models.rows`) has a
+# dynamic trip count, which XLA's GPU runtime otherwise reads back to the host every step
+GRID_FLAGS=("" "--xla_gpu_autotune_level=0" "--xla_gpu_enable_triton_gemm=false"
+  "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL")
 
 # `xla FLAGS CMD...`: CMD with FLAGS added to XLA_FLAGS (none: as it is)
 xla() {

@@ -110,20 +110,30 @@ def _shape(batch):
     return len(i.tokens), len(i.score_rows), i.label_ids.shape[1]
 
 
-def test_score_rows_past_one_head_chunk_cost_more_chunks(analyser) -> None:
+def test_score_rows_past_one_step_cost_more_steps(analyser) -> None:
     c = analyser.config
     seqs = [[7] * 8 + [i % 300 + 1, i // 300 + 1] for i in range(300)]  # 300 score rows
     batch = batch_of(c, seqs)
     t, s, labels = _shape(batch)
     assert s > 2 * HEAD_ROWS and batch.inputs.row_count == 300
     parts = analyser.shape((t, s, labels))
+    # a step: the last layer's projection and MLP, and the head, on HEAD_ROWS rows
+    matrices = {
+        "o": c.num_heads * c.head_dim * c.hidden_size,
+        "gate_up": 2 * c.hidden_size * c.intermediate_size,
+        "down": c.intermediate_size * c.hidden_size,
+        "head": c.hidden_size * c.vocab_size,
+    }
+    matmuls = 2 * HEAD_ROWS * sum(matrices.values())
+    assert matmuls <= parts.row_step.flops <= 1.1 * matmuls  # plus norms, the log-softmax
+    assert parts.row_step.bytes >= 4 * sum(matrices.values())  # f32 weights read again
+    steps = -(-300 // HEAD_ROWS)  # the real rows': padding rows are not computed
     without_attention = parts.outside.plus(parts.layer, c.num_layers)
-    chunks = -(-300 // HEAD_ROWS)  # the real rows': padding rows are not computed
     extra = analyser.batch(batch.inputs).flops - without_attention.flops
-    head = parts.head_chunk.flops
-    assert head >= 2 * HEAD_ROWS * c.hidden_size * c.vocab_size
-    assert extra >= (chunks - 1) * head
-    assert extra < chunks * head + analyser._attention(batch.inputs).flops
+    attention = analyser._attention(batch.inputs).flops
+    assert extra == pytest.approx((steps - 1) * parts.row_step.flops + attention)
+    small = analyser.shape((t, HEAD_ROWS, labels))  # one step at most: none counted past it
+    assert small.row_step == (0.0, 0.0)
 
 
 def test_capacity_figures(analyser) -> None:

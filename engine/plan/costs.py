@@ -6,10 +6,12 @@ the schedule's key blocks. So a batch shape is analysed in parts whose counts ar
 
 - the forward compiled with one layer and with two (unrolled): their difference is one layer's
   dense work (projections, norms, RoPE, MLP), counted once per layer, and the one-layer program
-  less it the rest (embedding, final norm, one head chunk). Attention is left out of both (a
+  less it the rest (embedding, one step of the score rows). Attention is left out of both (a
   stand-in that returns its queries);
-- the head on one chunk of `HEAD_ROWS` rows, counted once per chunk of the batch's real rows
-  past the first;
+- one step of `HEAD_ROWS` score rows (the last layer past its attention, the final norm, the
+  head), counted once per step of the batch's real rows past the first: its rows' work from the
+  one-layer program at `HEAD_ROWS` rows less the same at one (the work is linear in the rows),
+  and the weights it reads again;
 - attention from the batch's block schedule (each layer's own, sliding or global): every
   visited (query block, key block) pair costs what the kernels compute on it, 4 B^2 D H FLOPs,
   and reads a block of keys and values.
@@ -17,7 +19,6 @@ the schedule's key blocks. So a batch shape is analysed in parts whose counts ar
 Programs take the XLA dense path, so every matmul is visible to the analysis.
 """
 
-import functools
 from typing import NamedTuple
 
 import jax
@@ -44,9 +45,9 @@ class Cost(NamedTuple):
 class ShapeCost(NamedTuple):
     """The parts of one batch shape (T, S, L) whose counts the batch decides."""
 
-    outside: Cost  # embedding, final norm, one head chunk
+    outside: Cost  # embedding, one step of score rows
     layer: Cost  # one layer without attention
-    head_chunk: Cost  # one more chunk of HEAD_ROWS score rows
+    row_step: Cost  # one more step of HEAD_ROWS score rows
     temp_bytes: int  # XLA's temporary buffers of the one-layer program
 
 
@@ -93,23 +94,33 @@ class Analyser:
         t, s, labels = len(inputs.tokens), len(inputs.score_rows), inputs.label_ids.shape[1]
         parts = self.shape((t, s, labels))
         cost = parts.outside.plus(parts.layer, self.config.num_layers)
-        cost = cost.plus(parts.head_chunk, max(0, steps(int(inputs.row_count)) - 1))
+        cost = cost.plus(parts.row_step, max(0, steps(int(inputs.row_count)) - 1))
         return cost.plus(self._attention(inputs))
 
     def _analyse(self, shape: tuple[int, int, int]) -> ShapeCost:
         t, s, labels = shape
+        one, two = self._programs
         rows = min(s, HEAD_ROWS)
-        batch = empty_batch(t, rows, labels, self.block_size, self.config.window)
-        (one, temp), (two, _) = (_compiled_cost(*p, batch) for p in self._programs)
-        layer = Cost(two.flops - one.flops, two.bytes - one.bytes)
-        return ShapeCost(one.plus(layer, -1), layer, self._head(labels), temp)
+        (first, temp), (second, _) = (self._compiled(p, t, rows, labels) for p in (one, two))
+        layer = second.plus(first, -1)
+        step = self._row_step(t, labels, first) if s > HEAD_ROWS else Cost(0.0, 0.0)
+        return ShapeCost(first.plus(layer, -1), layer, step, temp)
 
-    def _head(self, labels: int) -> Cost:
-        weights = self._programs[0][1]["head"]
-        h = jax.ShapeDtypeStruct((HEAD_ROWS, self.config.hidden_size), np.float32)
-        ids = jax.ShapeDtypeStruct((HEAD_ROWS, labels), np.int32)
-        head = functools.partial(task_for(self.config).output, cfg=self.config, dense=XLA)
-        return _cost(jax.jit(head).lower(h, ids, weights).compile())
+    def _row_step(self, t: int, labels: int, full: Cost) -> Cost:
+        """One more step of `HEAD_ROWS` rows: what a row costs (`full`, the one-layer program at
+        `HEAD_ROWS` rows, less the same at one row) that many times, and the weights the step
+        reads again (the last layer's projection and MLP, the head)."""
+        one_row = self._compiled(self._programs[0], t, 1, labels)[0]
+        rows = full.plus(one_row, -1)  # HEAD_ROWS - 1 rows
+        params = self._programs[0][1]
+        weights = sum(_nbytes(params["matrices"][m]) for m in ("o", "gate_up", "down"))
+        weights += _nbytes(params["head"])
+        scale = HEAD_ROWS / (HEAD_ROWS - 1)
+        return Cost(rows.flops * scale, rows.bytes * scale + weights)
+
+    def _compiled(self, program: tuple, t: int, rows: int, labels: int) -> tuple[Cost, int]:
+        batch = empty_batch(t, rows, labels, self.block_size, self.config.window)
+        return _compiled_cost(*program, batch)
 
     def _attention(self, inputs: PackedInputs) -> Cost:
         c = self.config
