@@ -70,16 +70,20 @@ async def score_all(engine, fault_runner: int | None = None) -> list:
 
 class _Once:
     """A fault that fails the first batch it sees that scores items (label 1 in its rows; a
-    batch that only computes a shared prefix answers no request)."""
+    batch that only computes a shared prefix answers no request). Runners call it from their own
+    threads at once: the lock makes "first" one batch."""
 
     def __init__(self):
+        self.lock = threading.Lock()
         self.calls = 0
         self.failed = False
 
     def __call__(self, inputs) -> None:
-        self.calls += 1
-        if not self.failed and (inputs.label_ids == 1).any():
-            self.failed = True
+        with self.lock:
+            self.calls += 1
+            fail = not self.failed and bool((inputs.label_ids == 1).any())
+            self.failed |= fail
+        if fail:
             raise RuntimeError("injected device fault")
 
 
