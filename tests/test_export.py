@@ -15,6 +15,7 @@ from jax import export
 
 from engine.export import KERNEL_CALLS, KERNELS, TARGETS, export_program
 from engine.loaders import load_checkpoint
+from engine.models.rows import HEAD_ROWS
 from engine.program import DeviceProgram
 from kernels import ATTENTION, tuning
 from tests.conftest import write_tiny_checkpoint
@@ -108,18 +109,21 @@ def head_dim_64(tmp_path_factory):
 @pytest.mark.parametrize("platform,dtype", CASES)
 def test_the_scoring_program_lowers(platform, dtype, name, tiny_checkpoints, head_dim_64):
     """The whole forward (q/k norms; Gemma's windows, soft-capping, sandwich norms, local RoPE)
-    with a context region read from the pool and the batch's K/V written back."""
+    with a context region read from the pool and the batch's K/V written back, and two steps of
+    score rows (`engine.models.rows`: a loop whose trip count the batch gives)."""
     dtype = jnp.dtype(DTYPES[dtype]).name
     checkpoints = head_dim_64 if platform == "mosaic_gpu" else tiny_checkpoints
     checkpoint = load_checkpoint(checkpoints[name], progress=False)
     program = DeviceProgram(
         checkpoint, dtype=dtype, attention="xla", dense="xla", kv_cache_bytes=2**20
     )
-    exported = export_program(program, platform, (256, 16, 4), 64, context=128)
+    rows = 2 * HEAD_ROWS
+    exported = export_program(program, platform, (2 * rows, rows, 4), 64, context=128)
     logprobs, pool = exported.out_avals[0], exported.out_avals[1:]
-    assert (logprobs.shape, logprobs.dtype) == ((16, 4), jnp.float32)
+    assert (logprobs.shape, logprobs.dtype) == ((rows, 4), jnp.float32)
     assert [(x.shape, x.dtype) for x in pool] == [(x.shape, x.dtype) for x in program.kv.arrays]
     text = exported.mlir_module()
+    assert text.count("stablehlo.while") == 2  # the layers' scan, the score rows' steps
     assert KERNEL_CALLS[platform] in text
     others = {call for p, call in KERNEL_CALLS.items() if p != platform}
     assert not any(call in text for call in others)
