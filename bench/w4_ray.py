@@ -31,6 +31,7 @@ QUICK = dict(
     clients=2, prompt_tokens=200, shared_tokens=20, items=8, requests=4, parallel=2, repeats=1
 )
 APP = "w4-ray"
+PROXY_READY_S = 60  # seconds a new Serve proxy has to start (`local_serve`)
 
 
 def parse(argv):
@@ -114,6 +115,10 @@ def local_serve(cpus: float):
 
     from bench.w3 import free_port
 
+    # Serve restarts a proxy not ready within 5 s (its default), and a proxy restarted while
+    # `serve.start` waits on it fails the start: on a busy 2-core machine a new worker process
+    # importing Serve took longer. Ray's processes take this process's environment.
+    os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", str(PROXY_READY_S))
     ray.init(
         num_cpus=cpus,
         include_dashboard=False,

@@ -49,8 +49,15 @@ def environment(values: dict[str, str]):
 
 @pytest.fixture(scope="module")
 def url(tiny_path):
-    # replicas push their autoscaling figures every second (Ray's default: 10 s)
-    env = tiny_env(tiny_path, RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S="1")
+    # replicas push their autoscaling figures every second (Ray's default: 10 s); the router
+    # waits up to 10 s for a replica's queue length (Ray's default: 0.1 s, after which it routes
+    # to the next rank: on a busy machine a slow answer would move a request off the replica
+    # that holds its prefix)
+    env = tiny_env(
+        tiny_path,
+        RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S="1",
+        RAY_SERVE_QUEUE_LENGTH_RESPONSE_DEADLINE_S="10",
+    )
     with environment(env), local_serve(cpus=2) as url:
         serve.run(build_app(OPTIONS), name=APP, route_prefix="/")
         yield url
