@@ -11,7 +11,7 @@ from engine import packing
 from engine.buckets import make_buckets
 from engine.kv_pool import DEFAULT_POOL_TOKENS
 from engine.loaders import Checkpoint, load_checkpoint
-from engine.models.rows import HEAD_ROWS
+from engine.models.rows import HEAD_ROWS, steps
 from engine.packing import empty_batch
 from engine.plan import PUBLISHED, capacities, capacity, plan
 from engine.plan.__main__ import main, parse_bytes
@@ -127,11 +127,11 @@ def test_score_rows_past_one_step_cost_more_steps(analyser) -> None:
     matmuls = 2 * HEAD_ROWS * sum(matrices.values())
     assert matmuls <= parts.row_step.flops <= 1.1 * matmuls  # plus norms, the log-softmax
     assert parts.row_step.bytes >= 4 * sum(matrices.values())  # f32 weights read again
-    steps = -(-300 // HEAD_ROWS)  # the real rows': padding rows are not computed
     without_attention = parts.outside.plus(parts.layer, c.num_layers)
     extra = analyser.batch(batch.inputs).flops - without_attention.flops
     attention = analyser._attention(batch.inputs).flops
-    assert extra == pytest.approx((steps - 1) * parts.row_step.flops + attention)
+    # the real rows' steps: padding rows are not computed
+    assert extra == pytest.approx((steps(300) - 1) * parts.row_step.flops + attention)
     small = analyser.shape((t, HEAD_ROWS, labels))  # one step at most: none counted past it
     assert small.row_step == (0.0, 0.0)
 
