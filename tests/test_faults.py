@@ -9,6 +9,7 @@ and signal it."""
 import functools
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -393,18 +394,26 @@ def test_sigterm_drains_the_requests_in_flight_and_exits_0(worker, tiny_path, re
 
 @pytest.mark.parametrize("worker", WORKERS)
 def test_sigterm_while_compiling_exits_at_once(worker, tiny_path, tmp_path):
-    # a budget of 4096 tokens makes a grid of 36 programs: about 30 s to compile here
+    # a budget of 4096 tokens makes a grid of 12 programs, each compiled in a second or more
     env = tiny_env(
         tiny_path, SCORING_PRECOMPILE="1", SCORING_PROGRESS="1", SCORING_TOKEN_BUDGET="4096"
     )
     log = tmp_path / "hypercorn.log"
     process, _ = launch(worker, env, log)
     try:
-        assert wait_until(lambda: "compiling:" in log.read_text(errors="replace"))
-        signalled_at = time.monotonic()
+        assert wait_until(lambda: compiled(log) is not None)
+        at_signal, programs = compiled(log)
         process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=30) == 0
-        assert time.monotonic() - signalled_at < 5
+        assert process.wait(timeout=120) == 0  # a bound on a hang only: the count tells speed
     finally:
         stop(process)
-    assert "compiling: 100%" not in log.read_text(errors="replace")
+    # at most the program being compiled, and one the log had not shown yet, finish after the
+    # signal: the rest of the grid is dropped (counted, not timed, so a loaded machine passes)
+    at_exit, _ = compiled(log)
+    assert at_exit <= at_signal + 2 < programs, (at_signal, at_exit, programs)
+
+
+def compiled(log: Path) -> tuple[int, int] | None:
+    """The grid compile's last progress in a server's log: (programs compiled, programs)."""
+    counts = re.findall(r"compiling:[^\r\n]*?(\d+)/(\d+)", log.read_text(errors="replace"))
+    return tuple(map(int, counts[-1])) if counts else None
