@@ -43,6 +43,9 @@ from bench.workloads import text_of_tokens
 from engine import EngineConfig, default_model_path, open_engine
 
 WARMUP_ROUNDS = 10
+# seconds for /get_server_info while the server may be busy compiling: httpx's default 5 s is
+# too short on a loaded machine
+INFO_TIMEOUT = 60.0
 QUICK = dict(clients=16, seconds=3.0, warmup=1.0, pool=16)
 
 
@@ -278,7 +281,7 @@ async def sample_peak(pid: int, peak: list[float]) -> None:
 async def until_idle(url: str, timeout: float = 120.0) -> None:
     """Wait until the server holds no request (nothing in flight or queued): what is sampled
     then is what the server keeps, not the work of the clients that just stopped."""
-    async with httpx2.AsyncClient(base_url=url) as http:
+    async with httpx2.AsyncClient(base_url=url, timeout=INFO_TIMEOUT) as http:
         with anyio.fail_after(timeout):
             while True:
                 stats = (await http.get("/get_server_info")).json()["stats"]
@@ -295,7 +298,7 @@ async def warm_up(url: str, requests, expected, args) -> dict:
 
     async def compiles() -> int:
         await until_idle(url)
-        async with httpx2.AsyncClient(base_url=url) as http:
+        async with httpx2.AsyncClient(base_url=url, timeout=INFO_TIMEOUT) as http:
             return (await http.get("/get_server_info")).json()["stats"]["compiles"]
 
     seen = await compiles()
@@ -332,7 +335,7 @@ async def soak(url: str, pid: int | None, requests, expected, args) -> dict:
         tasks.cancel_scope.cancel()
     await until_idle(url)
     after = await settled_sample(pid) if pid else None
-    async with httpx2.AsyncClient(base_url=url) as http:
+    async with httpx2.AsyncClient(base_url=url, timeout=INFO_TIMEOUT) as http:
         stats = (await http.get("/get_server_info")).json()["stats"]
     return {
         "warmup": warmup,

@@ -26,6 +26,9 @@ from tests.test_api_support import (
 
 WORKERS = ["asyncio", "trio"]
 BURST = 256
+# seconds per request: a hang guard, not a bound (httpx's default 5 s is exceeded on a loaded
+# machine, where a request that compiles a program takes longer)
+TIMEOUT = 120.0
 
 
 @pytest.fixture(scope="module", params=WORKERS)
@@ -46,12 +49,12 @@ def test_startup_compiles_with_progress_and_health_turns_ready(server):
     log = server.log.read_text()
     assert "INFO api: loading " in log and "compiling: 100%" in log
     assert "engine ready in " in log and "(3 programs compiled)" in log
-    info = httpx2.get(f"{server.url}/get_server_info").json()
+    info = httpx2.get(f"{server.url}/get_server_info", timeout=TIMEOUT).json()
     assert info["async_library"] == server.worker and info["stats"]["compiles"] == 3
 
 
 def test_score_equals_the_reference(server, reference):
-    with httpx2.Client(base_url=server.url) as client:
+    with httpx2.Client(base_url=server.url, timeout=TIMEOUT) as client:
         for body in score_cases():
             r = client.post("/v1/score", json=body)
             assert r.status_code == 200, r.text
@@ -60,7 +63,7 @@ def test_score_equals_the_reference(server, reference):
 
 
 def test_rerank_equals_engine_rerank(server, rerank_expected):
-    with httpx2.Client(base_url=server.url) as client:
+    with httpx2.Client(base_url=server.url, timeout=TIMEOUT) as client:
         for (path, body, _), expected in zip(rerank_cases(), rerank_expected, strict=True):
             r = client.post(path, json=body)
             assert r.status_code == 200, r.text
@@ -68,7 +71,7 @@ def test_rerank_equals_engine_rerank(server, rerank_expected):
 
 
 def test_errors(server):
-    with httpx2.Client(base_url=server.url) as client:
+    with httpx2.Client(base_url=server.url, timeout=TIMEOUT) as client:
         r = client.post("/v1/score", content=b'{"query": ')
         assert (r.status_code, r.json()) == (
             400,

@@ -141,7 +141,7 @@ async def post_all(url: str, bodies: list[dict]) -> list[httpx2.Response]:
 
 
 def stats(url: str) -> dict:
-    return httpx2.get(f"{url}/get_server_info", timeout=10).json()["stats"]
+    return httpx2.get(f"{url}/get_server_info", timeout=60).json()["stats"]
 
 
 error = error_body
@@ -190,7 +190,7 @@ def test_a_failing_device_step_fails_only_its_batch(server, reference):
 
 
 def left(url: str) -> float:
-    return parse_metrics(httpx2.get(f"{url}/metrics").text).get(LEFT_499, 0.0)
+    return parse_metrics(httpx2.get(f"{url}/metrics", timeout=60).text).get(LEFT_499, 0.0)
 
 
 async def until(condition, timeout: float = 120.0) -> None:
