@@ -93,11 +93,14 @@ def select_dense(
     if name in INT8_DENSE:
         raise ValueError(f"dense {name!r} is the int8 compute mode's: use dtype 'int8'")
     if not runs[name]:
-        needs = {"cpu": "an AVX512-BF16 CPU", "onednn": "the oneDNN extension"}[name]
+        needs = {
+            "cpu": "an AVX512-BF16 CPU",
+            "onednn": "the oneDNN extension and an AVX-512 CPU (oneDNN's bf16 matmul)",
+        }[name]
         raise ValueError(
             f"dense {name!r} needs the CPU backend, bfloat16 weights, and {needs} (backend "
             f"{backend}, dtype {np.dtype(dtype)}, native kernel: {cpu.DENSE_AVAILABLE}, "
-            f"oneDNN: {onednn.AVAILABLE})"
+            f"oneDNN built: {onednn.BUILT}, on {onednn.isa() or 'none'})"
         )
     return STRATEGIES[name]
 

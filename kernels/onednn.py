@@ -3,9 +3,10 @@
 On Intel CPUs with AMX (Sapphire Rapids and later) the native AVX512-BF16 kernel is slow
 (`vdpbf16ps` has a fraction of the throughput it has on AMD Zen 4/5) and XLA's dot repacks the
 weights for oneDNN on every call. This path keeps them in the layout oneDNN chose for this CPU
-(`_native/dense_onednn.cc`), whichever matrix instructions it has: AMX tiles, AVX512-BF16,
-AVX-512 or AVX2. `AVAILABLE` is False when the extension was not built (no oneDNN at build time)
-or the library (`libdnnl.so.3`, from the `onednn-cpu-gomp` package) cannot be loaded.
+(`_native/dense_onednn.cc`), whichever matrix instructions it has: AMX tiles, AVX512-BF16 or
+AVX-512. `BUILT` is False when the extension was not built (no oneDNN at build time) or the
+library (`libdnnl.so.3`, from the `onednn-cpu-gomp` package) cannot be loaded; `AVAILABLE` is
+False as well on a CPU where that oneDNN has no bf16 matmul (one with AVX2 but no AVX-512).
 """
 
 import ctypes
@@ -41,15 +42,17 @@ def _load():
 
 
 _onednn = _load()
-AVAILABLE = _onednn is not None
+BUILT = _onednn is not None
+# A bf16 matmul needs AVX-512 in this oneDNN: on an AVX2 CPU it has no implementation to offer.
+AVAILABLE = BUILT and _onednn.packed_bytes(64, 64) > 0
 if AVAILABLE:
     jax.ffi.register_ffi_target(TARGET, _onednn.dense_handler(), platform="cpu")
 
 
 def isa() -> str | None:
     """The instruction set oneDNN runs on this CPU ("avx512_core_amx", "avx512_core_bf16",
-    ...), None where this path is not available."""
-    return _onednn.isa() if AVAILABLE else None
+    ..., "avx2"), None where the extension is not built."""
+    return _onednn.isa() if BUILT else None
 
 
 def supports(k: int, n: int) -> bool:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from engine import load_model
-from kernels import cpu, dense, dense_choice, onednn
+from kernels import cpu, dense, dense_choice, onednn, select_dense
 from kernels.dense_choice import Chooser, Timing, fastest
 
 # the most a bf16 model's label log-probs may move from its f32 twin on these tiny checkpoints,
@@ -183,6 +183,26 @@ def test_measuring_real_kernels_checks_their_products(monkeypatch):
     assert timings["broken"].error > 1
 
 
+def test_native_paths_are_candidates_exactly_where_they_run():
+    """On every CPU. Where a native path does not run (no AVX512-BF16 for the native kernel; no
+    extension, or no bf16 matmul in oneDNN on a CPU with AVX2 and no AVX-512, for oneDNN),
+    forcing it is refused naming why, and it is never measured."""
+    names = dense_choice.candidates("bfloat16", "matmul", 576, 1536)
+    assert onednn.isa() if onednn.BUILT else onednn.isa() is None
+    if onednn.AVAILABLE:
+        assert select_dense("onednn", "cpu", dtype=jnp.bfloat16) is dense.ONEDNN
+        assert onednn.pack(np.ones((1, 64, 96), np.float32)).shape[0] == 1
+    else:
+        with pytest.raises(ValueError, match=r"needs .* an AVX-512 CPU .* oneDNN built: "):
+            select_dense("onednn", "cpu", dtype=jnp.bfloat16)
+    if not cpu.DENSE_AVAILABLE:
+        with pytest.raises(ValueError, match=r"needs .* an AVX512-BF16 CPU"):
+            select_dense("cpu", "cpu", dtype=jnp.bfloat16)
+    assert ("onednn" in names) == onednn.AVAILABLE and ("cpu" in names) == cpu.DENSE_AVAILABLE
+    if not (cpu.DENSE_AVAILABLE or onednn.AVAILABLE):  # XLA alone: nothing to measure
+        assert select_dense(None, "cpu", dtype=jnp.bfloat16) is dense.XLA
+
+
 @pytest.mark.skipif(not cpu.INT8_AVAILABLE, reason="needs the native int8 kernel")
 def test_measuring_int8_holds_the_native_kernel_to_its_xla_twin():
     for kind in ("matmul", "gated"):
@@ -197,7 +217,7 @@ def test_every_strategy_scores_within_the_bf16_bound_of_f32(tiny_checkpoints, fa
     if strategy == "cpu" and not cpu.DENSE_AVAILABLE:
         pytest.skip("needs the AVX512-BF16 kernel")
     if strategy == "onednn" and not onednn.AVAILABLE:
-        pytest.skip("needs the oneDNN extension")
+        pytest.skip(f"needs oneDNN's bf16 matmul (built: {onednn.BUILT}, on {onednn.isa()})")
     f32 = load_model(tiny_checkpoints[family], dtype="float32", progress=False)
     model = load_model(tiny_checkpoints[family], dtype="bfloat16", dense=strategy, progress=False)
     several = cpu.DENSE_AVAILABLE or onednn.AVAILABLE  # beside XLA

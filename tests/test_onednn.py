@@ -1,6 +1,7 @@
 """oneDNN's matmul on weights it packed (kernels/onednn.py, _native/dense_onednn.cc) against
 float64, through whichever instructions oneDNN dispatches to on this CPU (AMX, AVX512-BF16,
-AVX-512, AVX2). Its scores in a model against the f32 model: tests/test_dense_choice.py."""
+AVX-512; on AVX2 it has no bf16 matmul). Its scores in a model against the f32 model, and the path
+refused where it does not run: tests/test_dense_choice.py."""
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +12,10 @@ from engine import load_model
 from kernels import dense, onednn, select_dense
 
 pytestmark = [
-    pytest.mark.skipif(not onednn.AVAILABLE, reason="needs the oneDNN extension"),
+    pytest.mark.skipif(
+        not onednn.AVAILABLE,
+        reason=f"needs oneDNN's bf16 matmul (built: {onednn.BUILT}, on {onednn.isa()})",
+    ),
     pytest.mark.usefixtures("on_the_cpu"),
 ]
 
