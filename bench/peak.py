@@ -51,6 +51,12 @@ def packed_gflops(strategy: dense.Dense, n: int, repeats: int) -> float:
     return 2 * n**3 / _best(lambda: f(x, w).block_until_ready(), repeats) / 1e9
 
 
+# seconds: a reference GEMM call slower than this ends the sizes timed. On a CPU without AVX-512
+# torch's bf16 matmul is a scalar loop on one core (about 1 GFLOP/s on an AVX2 AMD EPYC): its
+# 4096^3 products alone would take the peak's measurement past half an hour.
+SLOW_CALL_S = 2.0
+
+
 def torch_gflops(sizes, repeats: int) -> dict[int, float] | None:
     """torch's bf16 matmul per size on every core this process may use, None without torch."""
     try:
@@ -61,7 +67,11 @@ def torch_gflops(sizes, repeats: int) -> dict[int, float] | None:
     out = {}
     for n in sizes:
         a, b = (torch.randn(n, n, dtype=torch.bfloat16) for _ in range(2))
-        out[n] = 2 * n**3 / _best(lambda a=a, b=b: torch.matmul(a, b), repeats) / 1e9
+        first = timed(lambda a=a, b=b: torch.matmul(a, b))
+        if first > SLOW_CALL_S:  # no fast bf16 path here: one call stands, larger ones are skipped
+            out[n] = 2 * n**3 / first / 1e9
+            break
+        out[n] = 2 * n**3 / min(first, _best(lambda a=a, b=b: torch.matmul(a, b), repeats)) / 1e9
     return out
 
 

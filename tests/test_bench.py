@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from bench import __main__ as entry
-from bench import common, embed, sides, w1, w2, w3
+from bench import common, embed, peak, sides, w1, w2, w3
 from bench.flops import Cost, common_prefix, shared_prefix_flops
 from engine.models import ModelConfig
 
@@ -88,6 +88,15 @@ def test_engine_only_times_the_engine_alone(workload, tiny, tmp_path, capsys):
     assert not out.exists() and "baseline" not in numbers  # no transformers side, no report
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert line.startswith("engine: passes ") and f"{numbers['items_per_s']:.2f} items/s" in line
+
+
+def test_a_slow_reference_gemm_ends_the_sizes_of_the_peak(monkeypatch):
+    # torch's scalar bf16 loop on a CPU without AVX-512 would otherwise take half an hour
+    monkeypatch.setattr(peak, "SLOW_CALL_S", 0.0)
+    slow = peak.torch_gflops((64, 128), repeats=1)
+    assert list(slow) == [64] and slow[64] > 0
+    monkeypatch.setattr(peak, "SLOW_CALL_S", 1e9)
+    assert list(peak.torch_gflops((64, 128), repeats=1)) == [64, 128]
 
 
 def test_w2_large_multi_item(tiny, tmp_path):
