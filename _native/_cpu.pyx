@@ -16,7 +16,9 @@ cdef extern from "attention.h":
 cdef extern from "dense.h":
     void* packed_dense_handler()
     void* packed_gated_handler()
-    int packed_dense_supported()
+    int packed_dense_cpu_has(int isa)
+    void packed_dense_set_isa(int isa)
+    int packed_dense_isa()
     long long packed_dense_stream_bytes()
 
 
@@ -47,9 +49,23 @@ def gated_handler():
     return PyCapsule_New(packed_gated_handler(), NULL, NULL)
 
 
-def dense_supported():
-    """Whether this CPU runs the dense kernel (it needs AVX512-BF16)."""
-    return bool(packed_dense_supported())
+# Instruction-set builds of the bf16 dense kernel, by the index the C side uses.
+DENSE_ISAS = ("avx2", "avx512bf16")
+
+
+def dense_isas():
+    """The bf16 dense kernel's builds this CPU can run, narrowest first."""
+    return _builds(DENSE_ISAS, lambda i: packed_dense_cpu_has(i))
+
+
+def set_dense_isa(name):
+    """Use bf16 dense build `name` (one of `dense_isas()`), or None for the widest available."""
+    packed_dense_set_isa(_build_index(DENSE_ISAS, dense_isas(), name))
+
+
+def dense_isa():
+    """The bf16 dense build calls use now, or None when this CPU runs none."""
+    return _build_name(DENSE_ISAS, packed_dense_isa())
 
 
 def stream_bytes():
@@ -66,19 +82,12 @@ def set_threads(int threads):
 
 def available_isas():
     """The instruction-set builds this CPU can run, narrowest first."""
-    return tuple(name for i, name in enumerate(ISAS) if packed_attention_cpu_has(i))
+    return _builds(ISAS, lambda i: packed_attention_cpu_has(i))
 
 
 def set_isa(name):
     """Use build `name` (one of `available_isas()`), or None for the widest available."""
-    if name is None:
-        packed_attention_set_isa(-1)
-        return
-    if name not in ISAS:
-        raise ValueError(f"isa must be one of {ISAS} or None, got {name!r}")
-    if not packed_attention_cpu_has(ISAS.index(name)):
-        raise ValueError(f"this CPU cannot run the {name} build; it can run {available_isas()}")
-    packed_attention_set_isa(ISAS.index(name))
+    packed_attention_set_isa(_build_index(ISAS, available_isas(), name))
 
 
 def isa():
@@ -102,22 +111,33 @@ def int8_gated_handler():
 
 def int8_isas():
     """The int8 kernel's builds this CPU can run, narrowest first."""
-    return tuple(name for i, name in enumerate(INT8_ISAS) if dense_int8_cpu_has(i))
+    return _builds(INT8_ISAS, lambda i: dense_int8_cpu_has(i))
 
 
 def set_int8_isa(name):
     """Use int8 build `name` (one of `int8_isas()`), or None for the widest available."""
-    if name is None:
-        dense_int8_set_isa(-1)
-        return
-    if name not in INT8_ISAS:
-        raise ValueError(f"isa must be one of {INT8_ISAS} or None, got {name!r}")
-    if not dense_int8_cpu_has(INT8_ISAS.index(name)):
-        raise ValueError(f"this CPU cannot run the {name} build; it can run {int8_isas()}")
-    dense_int8_set_isa(INT8_ISAS.index(name))
+    dense_int8_set_isa(_build_index(INT8_ISAS, int8_isas(), name))
 
 
 def int8_isa():
     """The int8 build calls use now, or None when this CPU runs none."""
-    index = dense_int8_isa()
-    return INT8_ISAS[index] if index >= 0 else None
+    return _build_name(INT8_ISAS, dense_int8_isa())
+
+
+def _builds(names, has):
+    return tuple(name for i, name in enumerate(names) if has(i))
+
+
+def _build_index(names, runnable, name):
+    """The C side's index of build `name`; -1 (the widest) for None."""
+    if name is None:
+        return -1
+    if name not in names:
+        raise ValueError(f"isa must be one of {names} or None, got {name!r}")
+    if name not in runnable:
+        raise ValueError(f"this CPU cannot run the {name} build; it can run {runnable}")
+    return names.index(name)
+
+
+def _build_name(names, index):
+    return names[index] if index >= 0 else None

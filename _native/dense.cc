@@ -11,12 +11,19 @@
 // The gated form computes a SwiGLU MLP's bf16(silu(a @ W_gate) * (a @ W_up)) in one pass, from
 // gate and up packed with their 16-column groups interleaved, so neither f32 product reaches
 // memory.
+//
+// Builds: AVX512-BF16 (the hardware bf16 dot product) and AVX2 (the same products by f32 FMAs on
+// the bf16 values widened, which is exact, activations widened once per row block); the widest
+// the CPU runs is used unless `set_isa` says otherwise.
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "cpu_pool.h"
 #include "dense.h"
@@ -36,12 +43,16 @@ struct Problem {
   const uint16_t* w;  // [n / 16, k / 2, 32]
   void* out;          // f32[m, n], or bf16[m, n / 2] when gated
   bool stream;        // f32 out written with streaming stores (dense_tiles::streams)
+  float* wide;        // [m, k]: a widened to f32 (the AVX2 build's operand)
 };
+
+enum Isa { kAvx2 = 0, kAvx512Bf16 = 1 };
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define PACKED_DENSE_NATIVE 1
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,avx512bf16,fma")
+namespace avx512bf16 {
 
 typedef int32_t __attribute__((may_alias)) Pair;  // two bf16 values read as one lane
 
@@ -124,16 +135,124 @@ void run(const Problem& p) {
   dense_tiles::run<Problem, Store, Make<Store>>(p, p.m, p.n / 16, 2 * p.k, 256 * 1024, 64);
 }
 
+}  // namespace avx512bf16
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace avx2 {
+#define SIMD_WIDE 0
+#include "simd.h"
+#undef SIMD_WIDE
+
+// Four rows: 8 accumulators, 4 widened weight vectors, a row's 2 activations and the mask in
+// the 16 registers (five rows spill; both reach about the same speed).
+using StoreF32 = F32Out<4, 1>;
+using StoreGated = GatedOut<4, 2>;
+
+// Rows [row, row + R) of a by the G column groups starting at `group`, stored by `Store`: one
+// pass over K per group, whose pair records' two 8-column halves are each widened to the odd
+// row's weights (the high words as they are) and the even row's (shifted up). The odd product
+// is added first, as VDPBF16PS adds.
+template <class Store, int R, int G>
+void tile(const Problem& p, int64_t row, int64_t group) {
+  alignas(32) float done[R][2 * G][kLanes];
+  const int64_t pairs = p.k / 2, stride = p.k * 16;
+  const float* x = p.wide + row * p.k;
+  const VI high = set1_i(int32_t(0xFFFF0000u));
+  for (int g = 0; g < G; ++g) {
+    const uint16_t* w = p.w + (group + g) * stride;
+    VF acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = zero_f();
+    for (int64_t i = 0; i < pairs; ++i) {
+      VF odd[2], even[2];
+      for (int v = 0; v < 2; ++v) {
+        const VI packed = load_i(w + i * 32 + v * 16);
+        odd[v] = from_bits(and_i(packed, high));
+        even[v] = from_bits(shl_i(packed, 16));
+      }
+      for (int r = 0; r < R; ++r) {
+        const VF xo = set1_f(x[r * p.k + 2 * i + 1]), xe = set1_f(x[r * p.k + 2 * i]);
+        for (int v = 0; v < 2; ++v) acc[r][v] = fmadd(xe, even[v], fmadd(xo, odd[v], acc[r][v]));
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < 2; ++v) store_f(done[r][2 * g + v], acc[r][v]);
+  }
+  for (int r = 0; r < R; ++r) {
+    VF sums[2 * G];
+    for (int j = 0; j < 2 * G; ++j) sums[j] = load_f(done[r][j]);
+    Store::template row<G>(sums, p.out, p.n, row + r, group, p.stream);
+  }
+}
+
+template <class Store>
+struct Make {
+  template <int R, int G>
+  static constexpr dense_tiles::Tile<Problem> of() {
+    return &tile<Store, R, G>;
+  }
+};
+
+// Rows [r0, r1) of a widened to f32 into p.wide.
+inline void widen(const Problem& p, int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint16_t* a = p.a + r * p.k;
+    float* x = p.wide + r * p.k;
+    int64_t k = 0;
+    for (; k + kLanes <= p.k; k += kLanes) store_f(x + k, load_bf16(a + k));
+    for (; k < p.k; ++k) x[k] = bf16_to_f32(a[k]);
+  }
+}
+
+template <class Store>
+void run(const Problem& p) {
+  // about 256 KiB of f32 activations per row block, each row widened just before its tiles
+  dense_tiles::run<Problem, Store, Make<Store>>(
+      p, p.m, p.n / 16, 4 * p.k, 256 * 1024, 64,
+      [&](int64_t r0, int64_t r1) { widen(p, r0, r1); });
+}
+}  // namespace avx2
 #pragma GCC pop_options
 #else
 #define PACKED_DENSE_NATIVE 0
 #endif
 
-bool cpu_supported() {
+bool cpu_has(int isa) {
 #if PACKED_DENSE_NATIVE
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
-#else
+  switch (isa) {
+    case kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case kAvx512Bf16:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
+  }
+#endif
   return false;
+}
+
+std::atomic<int> g_isa{-1};  // -1: the widest this CPU has
+
+int chosen_isa() {
+  const int isa = g_isa.load();
+  if (isa >= 0) return isa;
+  for (int widest = kAvx512Bf16; widest >= kAvx2; --widest)
+    if (cpu_has(widest)) return widest;
+  return -1;
+}
+
+// The activations widened to f32 for the AVX2 build (per calling thread, grown as needed).
+thread_local std::vector<float> g_wide;
+
+template <bool kGated>
+void run(Problem& p) {
+#if PACKED_DENSE_NATIVE
+  if (chosen_isa() == kAvx512Bf16) {
+    return kGated ? avx512bf16::run<avx512bf16::StoreGated>(p)
+                  : avx512bf16::run<avx512bf16::StoreF32>(p);
+  }
+  g_wide.resize(p.m * p.k);
+  p.wide = g_wide.data();
+  kGated ? avx2::run<avx2::StoreGated>(p) : avx2::run<avx2::StoreF32>(p);
 #endif
 }
 
@@ -146,7 +265,7 @@ std::string dims(const ffi::AnyBuffer& buffer) {
 // Checks the operands and returns the problem, or an error message.
 std::string check(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w,
                   const ffi::Buffer<ffi::S32>& layer, const ffi::AnyBuffer& out, bool gated) {
-  if (!cpu_supported()) return "this CPU has no AVX512-BF16";
+  if (chosen_isa() < 0) return "this CPU has neither AVX2 nor AVX512-BF16";
   auto ad = a.dimensions(), wd = w.dimensions(), od = out.dimensions();
   const auto out_type = gated ? ffi::DataType::BF16 : ffi::DataType::F32;
   if (a.element_type() != ffi::DataType::BF16 || w.element_type() != ffi::DataType::BF16 ||
@@ -169,20 +288,18 @@ ffi::Error Dense(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::Buffer<ffi::S32> layer
                  ffi::Result<ffi::AnyBuffer> out, ffi::ThreadPool pool) {
   std::string error = check(a, w, layer, *out, kGated);
   if (!error.empty()) return ffi::Error::InvalidArgument("packed_dense: " + error);
-#if PACKED_DENSE_NATIVE
   native_cpu::PoolScope scope(pool);
   auto ad = a.dimensions(), wd = w.dimensions();
   const int64_t per_layer = wd[1] * wd[2] * wd[3];
-  Problem p{ad[0], wd[1] * 16, ad[1], static_cast<const uint16_t*>(a.untyped_data()),
+  Problem p{ad[0],
+            wd[1] * 16,
+            ad[1],
+            static_cast<const uint16_t*>(a.untyped_data()),
             static_cast<const uint16_t*>(w.untyped_data()) + layer.typed_data()[0] * per_layer,
             out->untyped_data(),
-            !kGated && dense_tiles::streams(out->untyped_data(), ad[0] * wd[1] * 16 * 4)};
-  if (kGated) {
-    run<StoreGated>(p);
-  } else {
-    run<StoreF32>(p);
-  }
-#endif
+            !kGated && dense_tiles::streams(out->untyped_data(), ad[0] * wd[1] * 16 * 4),
+            nullptr};
+  run<kGated>(p);
   return ffi::Error::Success();
 }
 
@@ -205,6 +322,10 @@ void* packed_dense_handler() { return reinterpret_cast<void*>(&PackedDenseHandle
 
 void* packed_gated_handler() { return reinterpret_cast<void*>(&PackedGatedHandler); }
 
-int packed_dense_supported() { return packed_dense::cpu_supported(); }
+int packed_dense_cpu_has(int isa) { return packed_dense::cpu_has(isa); }
+
+void packed_dense_set_isa(int isa) { packed_dense::g_isa = isa; }
+
+int packed_dense_isa() { return packed_dense::chosen_isa(); }
 
 long long packed_dense_stream_bytes() { return dense_tiles::kStreamBytes; }

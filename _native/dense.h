@@ -7,8 +7,12 @@ void* packed_dense_handler();
 // The handler of the gated (SwiGLU) form.
 void* packed_gated_handler();
 
-// Whether this CPU runs the kernel (it needs AVX512-BF16).
-int packed_dense_supported();
+// Instruction-set builds, by index: 0 AVX2, 1 AVX512-BF16.
+int packed_dense_cpu_has(int isa);
+// Use build `isa` from now on; -1: the widest this CPU runs.
+void packed_dense_set_isa(int isa);
+// The build calls use now; -1 when this CPU runs none.
+int packed_dense_isa();
 
 // The size from which the kernels write an f32 output with streaming stores (bytes).
 long long packed_dense_stream_bytes();

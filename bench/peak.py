@@ -1,7 +1,7 @@
 """The machine's matmul peak, measured in the run that reports MFU against it.
 
 The bf16 peak is the fastest square GEMM any path on this machine reaches (bf16 inputs, f32
-accumulation): XLA's dot, the native AVX512-BF16 kernel and oneDNN's matmul on weights packed
+accumulation): XLA's dot, the native bf16 kernel and oneDNN's matmul on weights packed
 once (the engine's dense strategies, where they run), and torch's matmul (oneDNN, the reference
 library) when torch is installed. No single path is fastest on every CPU (on Intel CPUs with AMX
 the native kernel reaches a third of what oneDNN does), so MFU against the best of them means

@@ -74,11 +74,11 @@ def select_dense(
     or the int8 mode), the default is the measured one (`kernels.dense_choice.measured`): each
     weight shape multiplied by the fastest eligible strategy on this machine, the choices kept
     under `cache_dir` (None: measured once per process). Elsewhere it is "xla", or "int8-xla"
-    in the int8 mode (`int8`). The fixed strategies are "xla", "cpu" (the native AVX512-BF16
-    kernel, bf16 weights), "onednn" (oneDNN's matmul on weights it packed, AMX where the CPU
-    has it; bf16 weights), and in the int8 mode "int8" (the native VNNI kernel) and "int8-xla"
-    (the same arithmetic in XLA). Raises ValueError for an unknown name, a strategy of the other
-    mode, or a native one where it cannot run.
+    in the int8 mode (`int8`). The fixed strategies are "xla", "cpu" (the native bf16 kernel on
+    AVX512-BF16 or AVX2, bf16 weights), "onednn" (oneDNN's matmul on weights it packed, AMX
+    where the CPU has it; bf16 weights), and in the int8 mode "int8" (the native VNNI kernel)
+    and "int8-xla" (the same arithmetic in XLA). Raises ValueError for an unknown name, a
+    strategy of the other mode, or a native one where it cannot run.
     """
     if int8:
         return _select_int8(name, backend, cache_dir)
@@ -94,7 +94,7 @@ def select_dense(
         raise ValueError(f"dense {name!r} is the int8 compute mode's: use dtype 'int8'")
     if not runs[name]:
         needs = {
-            "cpu": "an AVX512-BF16 CPU",
+            "cpu": "an AVX2 or AVX512-BF16 CPU",
             "onednn": "the oneDNN extension and an AVX-512 CPU (oneDNN's bf16 matmul)",
         }[name]
         raise ValueError(

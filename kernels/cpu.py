@@ -114,15 +114,32 @@ DENSE_TARGET, GATED_TARGET = "packed_dense", "packed_gated"
 # f32 outputs of at least this many bytes are written with streaming stores by the dense and
 # int8 kernels (past the caches, which could not keep them for their reader anyway)
 STREAM_BYTES = _cpu.stream_bytes() if AVAILABLE else 0
-DENSE_AVAILABLE = AVAILABLE and _cpu.dense_supported()
+DENSE_AVAILABLE = AVAILABLE and _cpu.dense_isa() is not None
 if DENSE_AVAILABLE:
     jax.ffi.register_ffi_target(DENSE_TARGET, _cpu.dense_handler(), platform="cpu")
     jax.ffi.register_ffi_target(GATED_TARGET, _cpu.gated_handler(), platform="cpu")
 
 
 def dense_supports(k: int, n: int) -> bool:
-    """Whether the native dense kernel takes a [K, N] weight (it needs AVX512-BF16)."""
+    """Whether the native dense kernel takes a [K, N] weight (it needs AVX2 or AVX512-BF16)."""
     return DENSE_AVAILABLE and k % 2 == 0 and n % 16 == 0
+
+
+def dense_isas() -> tuple[str, ...]:
+    """Builds of the bf16 dense kernel this CPU can run, narrowest first: "avx2" (f32 FMAs on
+    the widened bf16 values), "avx512bf16" (the hardware bf16 dot product)."""
+    return _native_module().dense_isas()
+
+
+def set_dense_isa(name: str | None) -> None:
+    """Run bf16 dense build `name` from now on (for tests and comparisons); None picks the
+    widest."""
+    _native_module().set_dense_isa(name)
+
+
+def dense_isa() -> str | None:
+    """The build bf16 dense calls use now."""
+    return _native_module().dense_isa()
 
 
 def pack_dense(w) -> np.ndarray:

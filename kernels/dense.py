@@ -5,8 +5,9 @@ load (a stack `[L, K, N]` over layers, the gated pair of the MLP, the LM head) a
 the prepared form; the forward never looks inside. Two exist:
 
 - `XLA`: the matrices in the weight dtype, `jnp.matmul` with f32 accumulation; any backend.
-- `CPU`: bf16 matrices packed once for the native AVX512-BF16 kernel (`kernels.cpu`); a matrix
-  the kernel cannot take (odd K, N not a multiple of 16) stays in the XLA form.
+- `CPU`: bf16 matrices packed once for the native bf16 kernel (`kernels.cpu`: AVX512-BF16 dot
+  products, or f32 FMAs on AVX2); a matrix the kernel cannot take (odd K, N not a multiple of
+  16) stays in the XLA form.
 - `INT8_XLA`: layer matrices quantised once to int8 per column, activations per row block on
   the fly (`kernels.quant`), int32 sums in XLA; the LM head stays in the weight dtype.
 - `INT8`: the same arithmetic in the native AVX512-VNNI kernel (`kernels.cpu.dense_int8`), the

@@ -125,6 +125,7 @@ def machine() -> dict[str, str]:
         "native": _build(cpu._cpu if cpu.AVAILABLE else None),
         "onednn_build": _build(onednn._onednn),
         "isa": cpu.isa() if cpu.AVAILABLE else "none",
+        "dense_isa": (cpu.dense_isa() or "none") if cpu.AVAILABLE else "none",
         "int8_isa": (cpu.int8_isa() or "none") if cpu.AVAILABLE else "none",
         "onednn": onednn.isa() or "none",
         "jax": f"{jax.__version__}/{jax.lib.__version__}",

@@ -10,9 +10,19 @@ from kernels import cpu, select_dense
 from kernels.dense import Packed
 
 pytestmark = [
-    pytest.mark.skipif(not cpu.DENSE_AVAILABLE, reason="needs the AVX512-BF16 kernel"),
+    pytest.mark.skipif(not cpu.DENSE_AVAILABLE, reason="needs the native bf16 kernel"),
     pytest.mark.usefixtures("on_the_cpu"),
 ]
+
+ISAS = cpu.dense_isas() if cpu.DENSE_AVAILABLE else ()
+
+
+@pytest.fixture(params=ISAS)
+def isa(request):
+    """Each build this CPU runs (AVX2 everywhere; AVX512-BF16 where the CPU has it)."""
+    cpu.set_dense_isa(request.param)
+    yield request.param
+    cpu.set_dense_isa(None)
 
 
 @jax.jit
@@ -50,7 +60,7 @@ SHAPES = [
 
 
 @pytest.mark.parametrize(("m", "k", "n"), SHAPES)
-def test_equals_xla_and_float64(m, k, n):
+def test_equals_xla_and_float64(isa, m, k, n):
     rng = np.random.default_rng(m * k + n)
     x, w = bf16(rng, m, k), bf16(rng, k, n)
     out = native(x, jnp.asarray(cpu.pack_dense(w[None])), 0)
@@ -63,7 +73,7 @@ def test_equals_xla_and_float64(m, k, n):
 @pytest.mark.parametrize(
     ("m", "k", "i"), [(1, 2, 16), (5, 64, 16), (7, 64, 48), (13, 128, 80), (300, 576, 1536)]
 )
-def test_gated_equals_silu_gate_times_up(m, k, i):
+def test_gated_equals_silu_gate_times_up(isa, m, k, i):
     rng = np.random.default_rng(m + k + i)
     x, gate, up = bf16(rng, m, k), bf16(rng, 2, k, i) * 0.3, bf16(rng, 2, k, i)
     out = jax.jit(cpu.gated_cpu)(x, jnp.asarray(cpu.pack_gated(gate, up)), 1)
@@ -93,7 +103,7 @@ def test_the_layer_index_picks_the_matrix():
         np.testing.assert_allclose(native(x, packed, layer), exact(x, stack[layer]), atol=1e-4)
 
 
-def test_thread_count_does_not_change_results():
+def test_thread_count_does_not_change_results(isa):
     rng = np.random.default_rng(5)
     x, w = bf16(rng, 300, 128), jnp.asarray(cpu.pack_dense(bf16(rng, 1, 128, 96)))
     every = np.asarray(native(x, w, 0))  # computed now, on every thread (dispatch is async)
@@ -105,7 +115,7 @@ def test_thread_count_does_not_change_results():
     np.testing.assert_array_equal(every, one)
 
 
-def test_outputs_past_the_stream_size_are_the_same():
+def test_outputs_past_the_stream_size_are_the_same(isa):
     # 8192 x 512 f32 is 16 MiB: the kernel writes it with streaming stores; each half is
     # written as usual
     rng = np.random.default_rng(8)
@@ -129,6 +139,9 @@ def test_bad_shapes_and_layers_are_refused():
         cpu.gated_cpu(x, w[:, :1], 0)
     assert cpu.dense_supports(576, 1536)
     assert not cpu.dense_supports(575, 1536) and not cpu.dense_supports(576, 1530)
+    with pytest.raises(ValueError, match="isa must be one of"):
+        cpu.set_dense_isa("sse2")
+    assert cpu.dense_isa() == ISAS[-1]  # the widest, by default
 
 
 def test_select_dense():

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from engine import load_model
-from kernels import cpu, dense, dense_choice, onednn, select_dense
+from kernels import cpu, dense, dense_choice, dense_runs, onednn, select_dense
 from kernels.dense_choice import Chooser, Timing, fastest
 
 # the most a bf16 model's label log-probs may move from its f32 twin on these tiny checkpoints,
@@ -184,9 +184,9 @@ def test_measuring_real_kernels_checks_their_products(monkeypatch):
 
 
 def test_native_paths_are_candidates_exactly_where_they_run():
-    """On every CPU. Where a native path does not run (no AVX512-BF16 for the native kernel; no
-    extension, or no bf16 matmul in oneDNN on a CPU with AVX2 and no AVX-512, for oneDNN),
-    forcing it is refused naming why, and it is never measured."""
+    """On every CPU. Where a native path does not run (neither AVX2 nor AVX512-BF16 for the
+    native kernel; no extension, or no bf16 matmul in oneDNN on a CPU with AVX2 and no AVX-512,
+    for oneDNN), forcing it is refused naming why, and it is never measured."""
     names = dense_choice.candidates("bfloat16", "matmul", 576, 1536)
     assert onednn.isa() if onednn.BUILT else onednn.isa() is None
     if onednn.AVAILABLE:
@@ -196,11 +196,20 @@ def test_native_paths_are_candidates_exactly_where_they_run():
         with pytest.raises(ValueError, match=r"needs .* an AVX-512 CPU .* oneDNN built: "):
             select_dense("onednn", "cpu", dtype=jnp.bfloat16)
     if not cpu.DENSE_AVAILABLE:
-        with pytest.raises(ValueError, match=r"needs .* an AVX512-BF16 CPU"):
+        with pytest.raises(ValueError, match=r"needs .* an AVX2 or AVX512-BF16 CPU"):
             select_dense("cpu", "cpu", dtype=jnp.bfloat16)
     assert ("onednn" in names) == onednn.AVAILABLE and ("cpu" in names) == cpu.DENSE_AVAILABLE
     if not (cpu.DENSE_AVAILABLE or onednn.AVAILABLE):  # XLA alone: nothing to measure
         assert select_dense(None, "cpu", dtype=jnp.bfloat16) is dense.XLA
+
+
+def test_forcing_the_native_kernel_without_it_names_what_it_needs(monkeypatch):
+    """As on a CPU with neither AVX2 nor AVX512-BF16, or a checkout without the extension."""
+    monkeypatch.setattr(cpu, "DENSE_AVAILABLE", False)
+    needs = r"needs .* an AVX2 or AVX512-BF16 CPU .* native kernel: False"
+    with pytest.raises(ValueError, match=needs):
+        select_dense("cpu", "cpu", dtype=jnp.bfloat16)
+    assert not dense_runs("cpu", "cpu", dtype=jnp.bfloat16)
 
 
 @pytest.mark.skipif(not cpu.INT8_AVAILABLE, reason="needs the native int8 kernel")
@@ -215,7 +224,7 @@ def test_measuring_int8_holds_the_native_kernel_to_its_xla_twin():
 @pytest.mark.parametrize("strategy", [None, "xla", "cpu", "onednn"])
 def test_every_strategy_scores_within_the_bf16_bound_of_f32(tiny_checkpoints, family, strategy):
     if strategy == "cpu" and not cpu.DENSE_AVAILABLE:
-        pytest.skip("needs the AVX512-BF16 kernel")
+        pytest.skip("needs the native bf16 kernel")
     if strategy == "onednn" and not onednn.AVAILABLE:
         pytest.skip(f"needs oneDNN's bf16 matmul (built: {onednn.BUILT}, on {onednn.isa()})")
     f32 = load_model(tiny_checkpoints[family], dtype="float32", progress=False)

@@ -1,0 +1,173 @@
+// Vector helpers and the f32 and SwiGLU epilogues the dense kernels share, compiled once per
+// instruction set.
+//
+// A kernel includes this file inside its namespace per target, after defining SIMD_WIDE (1:
+// 512-bit AVX-512 vectors; 0: 256-bit AVX2) and after including <immintrin.h> and <cstring> at
+// file scope (this file includes nothing, so it can sit inside a namespace).
+
+#if SIMD_WIDE
+using VI = __m512i;
+using VF = __m512;
+constexpr int kLanes = 16;
+inline VI zero_i() { return _mm512_setzero_si512(); }
+inline VF zero_f() { return _mm512_setzero_ps(); }
+inline VI set1_i(int32_t x) { return _mm512_set1_epi32(x); }
+inline VF set1_f(float x) { return _mm512_set1_ps(x); }
+inline VI load_i(const void* p) { return _mm512_loadu_si512(p); }
+inline VF load_f(const float* p) { return _mm512_loadu_ps(p); }
+inline void store_f(float* p, VF v) { _mm512_storeu_ps(p, v); }
+inline void stream_f(float* p, VF v) { _mm512_stream_ps(p, v); }  // p 64-byte aligned
+inline VI add_i(VI a, VI b) { return _mm512_add_epi32(a, b); }
+inline VI sub_i(VI a, VI b) { return _mm512_sub_epi32(a, b); }
+inline VI and_i(VI a, VI b) { return _mm512_and_si512(a, b); }
+inline VI shl_i(VI a, int n) { return _mm512_slli_epi32(a, n); }
+inline VI shr_i(VI a, int n) { return _mm512_srli_epi32(a, n); }
+inline VF add_f(VF a, VF b) { return _mm512_add_ps(a, b); }
+inline VF sub_f(VF a, VF b) { return _mm512_sub_ps(a, b); }
+inline VF mul_f(VF a, VF b) { return _mm512_mul_ps(a, b); }
+inline VF div_f(VF a, VF b) { return _mm512_div_ps(a, b); }
+inline VF min_f(VF a, VF b) { return _mm512_min_ps(a, b); }
+inline VF max_f(VF a, VF b) { return _mm512_max_ps(a, b); }
+inline VF fmadd(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }
+inline VF to_f(VI v) { return _mm512_cvtepi32_ps(v); }
+inline VI to_i(VF v) { return _mm512_cvtps_epi32(v); }  // exact: v holds integers
+inline VI bits(VF v) { return _mm512_castps_si512(v); }
+inline VF from_bits(VI v) { return _mm512_castsi512_ps(v); }
+inline VF round_even(VF x) {
+  return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+inline float hmax(VF v) { return _mm512_reduce_max_ps(v); }
+// rounded to the nearest integer, ties to even, whatever the rounding mode
+inline VI to_nearest_i(VF v) {
+  return _mm512_cvt_roundps_epi32(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+inline int32_t hsum(VI v) { return _mm512_reduce_add_epi32(v); }
+// 16 bf16 values (raw 16-bit words) as f32
+inline VF load_bf16(const uint16_t* p) {
+  return from_bits(shl_i(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+// the low 16 bits of each lane, stored as 16-bit words
+inline void store_u16(uint16_t* p, VI v) {
+  _mm256_storeu_si256((__m256i*)p, _mm512_cvtepi32_epi16(v));
+}
+// lanes in [-127, 127], stored as bytes
+inline void store_i8(int8_t* p, VI v) { _mm_storeu_si128((__m128i*)p, _mm512_cvtepi32_epi8(v)); }
+#else
+using VI = __m256i;
+using VF = __m256;
+constexpr int kLanes = 8;
+inline VI zero_i() { return _mm256_setzero_si256(); }
+inline VF zero_f() { return _mm256_setzero_ps(); }
+inline VI set1_i(int32_t x) { return _mm256_set1_epi32(x); }
+inline VF set1_f(float x) { return _mm256_set1_ps(x); }
+inline VI load_i(const void* p) { return _mm256_loadu_si256((const __m256i*)p); }
+inline VF load_f(const float* p) { return _mm256_loadu_ps(p); }
+inline void store_f(float* p, VF v) { _mm256_storeu_ps(p, v); }
+inline void stream_f(float* p, VF v) { _mm256_stream_ps(p, v); }  // p 32-byte aligned
+inline VI add_i(VI a, VI b) { return _mm256_add_epi32(a, b); }
+inline VI sub_i(VI a, VI b) { return _mm256_sub_epi32(a, b); }
+inline VI and_i(VI a, VI b) { return _mm256_and_si256(a, b); }
+inline VI shl_i(VI a, int n) { return _mm256_slli_epi32(a, n); }
+inline VI shr_i(VI a, int n) { return _mm256_srli_epi32(a, n); }
+inline VF add_f(VF a, VF b) { return _mm256_add_ps(a, b); }
+inline VF sub_f(VF a, VF b) { return _mm256_sub_ps(a, b); }
+inline VF mul_f(VF a, VF b) { return _mm256_mul_ps(a, b); }
+inline VF div_f(VF a, VF b) { return _mm256_div_ps(a, b); }
+inline VF min_f(VF a, VF b) { return _mm256_min_ps(a, b); }
+inline VF max_f(VF a, VF b) { return _mm256_max_ps(a, b); }
+inline VF fmadd(VF a, VF b, VF c) { return _mm256_fmadd_ps(a, b, c); }
+inline VF to_f(VI v) { return _mm256_cvtepi32_ps(v); }
+inline VI to_i(VF v) { return _mm256_cvtps_epi32(v); }
+inline VI bits(VF v) { return _mm256_castps_si256(v); }
+inline VF from_bits(VI v) { return _mm256_castsi256_ps(v); }
+inline VF round_even(VF x) {
+  return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+inline VI to_nearest_i(VF v) { return to_i(round_even(v)); }
+inline float hmax(VF v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+inline int32_t hsum(VI v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+  return _mm_cvtsi128_si32(s);
+}
+inline VF load_bf16(const uint16_t* p) {
+  return from_bits(shl_i(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+}
+inline void store_u16(uint16_t* p, VI v) {
+  const VI packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(v, v), 0x08);
+  _mm_storeu_si128((__m128i*)p, _mm256_castsi256_si128(packed));
+}
+inline void store_i8(int8_t* p, VI v) {
+  const VI w = _mm256_packs_epi16(_mm256_packs_epi32(v, v), _mm256_packs_epi32(v, v));
+  const int32_t lo = _mm256_extract_epi32(w, 0), hi = _mm256_extract_epi32(w, 4);
+  std::memcpy(p, &lo, 4);
+  std::memcpy(p + 4, &hi, 4);
+}
+#endif
+
+constexpr int kVecs = 16 / kLanes;  // vectors per 16-column group
+
+inline float bf16_to_f32(uint16_t h) {
+  const uint32_t b = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+
+
+
+// e^x for x in [-87, 88] (clamped there), to ~2e-7 relative: 2^n built in the exponent bits
+// times a degree-7 Taylor polynomial of e^f for |f| <= ln(2) / 2.
+inline VF exp_f(VF x) {
+  x = min_f(max_f(x, set1_f(-87.0f)), set1_f(88.0f));
+  const VF n = round_even(mul_f(x, set1_f(1.44269504088896341f)));
+  const VF f = fmadd(n, set1_f(-0.69314718055994531f), x);
+  VF poly = set1_f(1.0f / 5040);
+  for (float c : {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f})
+    poly = fmadd(poly, f, set1_f(c));
+  return mul_f(poly, from_bits(shl_i(add_i(to_i(n), set1_i(127)), 23)));
+}
+
+// f32 lanes rounded to bf16, to nearest even (as XLA converts), stored as 16-bit words.
+inline void store_bf16(uint16_t* p, VF v) {
+  const VI b = bits(v);
+  const VI odd = and_i(shr_i(b, 16), set1_i(1));
+  store_u16(p, shr_i(add_i(b, add_i(set1_i(0x7FFF), odd)), 16));
+}
+
+// Writes f32 results as they are: groups g of a row go to columns 16 g. Rows x Groups: the
+// kernel's largest register tile.
+template <int Rows, int Groups>
+struct F32Out {
+  static constexpr int kRows = Rows, kGroups = Groups;
+  template <int G>
+  static void row(const VF* acc, void* out, int64_t ld, int64_t row, int64_t group, bool stream) {
+    float* o = static_cast<float*>(out) + row * ld + group * 16;
+    for (int j = 0; j < G * kVecs; ++j)
+      stream ? stream_f(o + j * kLanes, acc[j]) : store_f(o + j * kLanes, acc[j]);
+  }
+};
+
+// Gated (SwiGLU) output: group pairs (2j, 2j+1) are gate and up of output group j; writes
+// bf16(silu(gate) * up).
+template <int Rows, int Groups>
+struct GatedOut {
+  static constexpr int kRows = Rows, kGroups = Groups;
+  template <int G>
+  static void row(const VF* acc, void* out, int64_t ld, int64_t row, int64_t group, bool) {
+    uint16_t* o = static_cast<uint16_t*>(out) + row * (ld / 2) + group / 2 * 16;
+    for (int g = 0; g + 1 < G; g += 2) {
+      for (int v = 0; v < kVecs; ++v) {
+        const VF gate = acc[g * kVecs + v], up = acc[(g + 1) * kVecs + v];
+        const VF silu = div_f(gate, add_f(set1_f(1.0f), exp_f(sub_f(zero_f(), gate))));
+        store_bf16(o + g / 2 * 16 + v * kLanes, mul_f(silu, up));
+      }
+    }
+  }
+};
