@@ -80,22 +80,31 @@ inline float hsum(vf x) {
 }
 #endif
 
+// Accumulator vectors (of 16 lanes) a register tile keeps: 16 in AVX-512's 32 registers; 4 in
+// the 16 narrower ones, where each vector takes two (with 16 they spilled on every FMA and the
+// AVX2 kernel ran at a tenth of the matmul speed).
+constexpr int kAccVecs = PACKED_ATTENTION_AVX512 ? 16 : 4;
+
 // scores[r][16 c0 .. 16 (c0 + NV)) = q_rows[r] . kt[.][same keys] for rows [0, rows), rows a
-// multiple of 4. Keys outside the range are neither computed nor written.
+// multiple of 4, in passes of 4 rows by up to kAccVecs / 4 key vectors. Keys outside the range
+// are neither computed nor written.
 template <int D, int NV>
 void tile_scores(const float* q_rows, const vf* kt, int c0, int rows, vf* scores) {
+  constexpr int kStep = std::min(NV, kAccVecs / 4);  // divides NV: 1, or NV itself
   for (int r = 0; r < rows; r += 4) {
-    vf acc[4][NV] = {};
-    const float* q = q_rows + r * D;
-    for (int d = 0; d < D; ++d) {
-      const vf* key = kt + d * kKeyVecs + c0;
-      for (int i = 0; i < 4; ++i) {
-        float qv = q[i * D + d];
-        for (int c = 0; c < NV; ++c) acc[i][c] += qv * key[c];
+    for (int s = c0; s < c0 + NV; s += kStep) {
+      vf acc[4][kStep] = {};
+      const float* q = q_rows + r * D;
+      for (int d = 0; d < D; ++d) {
+        const vf* key = kt + d * kKeyVecs + s;
+        for (int i = 0; i < 4; ++i) {
+          float qv = q[i * D + d];
+          for (int c = 0; c < kStep; ++c) acc[i][c] += qv * key[c];
+        }
       }
+      for (int i = 0; i < 4; ++i)
+        for (int c = 0; c < kStep; ++c) scores[(r + i) * kKeyVecs + s + c] = acc[i][c];
     }
-    for (int i = 0; i < 4; ++i)
-      for (int c = 0; c < NV; ++c) scores[(r + i) * kKeyVecs + c0 + c] = acc[i][c];
   }
 }
 
@@ -116,26 +125,29 @@ inline void with_vector_count(int n, const Body& body) {
 }
 
 // out[r] = out[r] * alpha[r] + probs[r][keys] . v_tile[keys] for rows [0, rows), over the keys
-// of vectors [c0, c1).
+// of vectors [c0, c1), in passes of kRows rows by up to kAccVecs / kRows head-dim vectors.
 template <int D>
 void tile_values(const vf* probs, const vf* v_tile, const float* alpha, int rows, int c0, int c1,
                  vf* out) {
   constexpr int kVecs = D / kLanes;
-  constexpr int kRows = kVecs >= 8 ? 2 : 4;  // keeps the accumulators in registers
+  constexpr int kRows = PACKED_ATTENTION_AVX512 && kVecs >= 8 ? 2 : 4;
+  constexpr int kStep = std::min(kVecs, kAccVecs / kRows);  // divides kVecs
   for (int r = 0; r < rows; r += kRows) {
-    vf acc[kRows][kVecs];
-    for (int i = 0; i < kRows; ++i)
-      for (int c = 0; c < kVecs; ++c) acc[i][c] = out[(r + i) * kVecs + c] * alpha[r + i];
-    const float* p = reinterpret_cast<const float*>(probs + r * kKeyVecs);
-    for (int key = c0 * kLanes; key < c1 * kLanes; ++key) {
-      const vf* value = v_tile + key * kVecs;
-      for (int i = 0; i < kRows; ++i) {
-        float pv = p[i * kKeyTile + key];
-        for (int c = 0; c < kVecs; ++c) acc[i][c] += pv * value[c];
+    for (int s = 0; s < kVecs; s += kStep) {
+      vf acc[kRows][kStep];
+      for (int i = 0; i < kRows; ++i)
+        for (int c = 0; c < kStep; ++c) acc[i][c] = out[(r + i) * kVecs + s + c] * alpha[r + i];
+      const float* p = reinterpret_cast<const float*>(probs + r * kKeyVecs);
+      for (int key = c0 * kLanes; key < c1 * kLanes; ++key) {
+        const vf* value = v_tile + key * kVecs + s;
+        for (int i = 0; i < kRows; ++i) {
+          float pv = p[i * kKeyTile + key];
+          for (int c = 0; c < kStep; ++c) acc[i][c] += pv * value[c];
+        }
       }
+      for (int i = 0; i < kRows; ++i)
+        for (int c = 0; c < kStep; ++c) out[(r + i) * kVecs + s + c] = acc[i][c];
     }
-    for (int i = 0; i < kRows; ++i)
-      for (int c = 0; c < kVecs; ++c) out[(r + i) * kVecs + c] = acc[i][c];
   }
 }
 
