@@ -13,8 +13,8 @@
 // memory.
 //
 // Builds: AVX512-BF16 (the hardware bf16 dot product) and AVX2 (the same products by f32 FMAs on
-// the bf16 values widened, which is exact, activations widened once per row block); the widest
-// the CPU runs is used unless `set_isa` says otherwise.
+// the bf16 values widened, which is exact); the widest the CPU runs is used unless `set_isa` says
+// otherwise.
 
 #include <algorithm>
 #include <array>
@@ -23,7 +23,6 @@
 #include <cstring>
 #include <string>
 #include <utility>
-#include <vector>
 
 #include "cpu_pool.h"
 #include "dense.h"
@@ -43,18 +42,17 @@ struct Problem {
   const uint16_t* w;  // [n / 16, k / 2, 32]
   void* out;          // f32[m, n], or bf16[m, n / 2] when gated
   bool stream;        // f32 out written with streaming stores (dense_tiles::streams)
-  float* wide;        // [m, k]: a widened to f32 (the AVX2 build's operand)
 };
 
 enum Isa { kAvx2 = 0, kAvx512Bf16 = 1 };
+
+typedef int32_t __attribute__((may_alias)) Pair;  // two bf16 values read as one lane
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define PACKED_DENSE_NATIVE 1
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,avx512bf16,fma")
 namespace avx512bf16 {
-
-typedef int32_t __attribute__((may_alias)) Pair;  // two bf16 values read as one lane
 
 // Writes the f32 accumulators as they are: groups g of a row go to columns 16 g.
 struct StoreF32 {
@@ -145,8 +143,9 @@ namespace avx2 {
 #include "simd.h"
 #undef SIMD_WIDE
 
-// Four rows: 8 accumulators, 4 widened weight vectors, a row's 2 activations and the mask in
-// the 16 registers (five rows spill; both reach about the same speed).
+// Four rows: 8 accumulators, 4 widened weight vectors, the mask and a row's activation pair
+// (widened as the weights are) in the 16 registers. Widening the activations once into an f32
+// copy instead measured the same and kept an M x K f32 buffer per thread.
 using StoreF32 = F32Out<4, 1>;
 using StoreGated = GatedOut<4, 2>;
 
@@ -158,7 +157,7 @@ template <class Store, int R, int G>
 void tile(const Problem& p, int64_t row, int64_t group) {
   alignas(32) float done[R][2 * G][kLanes];
   const int64_t pairs = p.k / 2, stride = p.k * 16;
-  const float* x = p.wide + row * p.k;
+  const Pair* x = reinterpret_cast<const Pair*>(p.a + row * p.k);
   const VI high = set1_i(int32_t(0xFFFF0000u));
   for (int g = 0; g < G; ++g) {
     const uint16_t* w = p.w + (group + g) * stride;
@@ -172,7 +171,8 @@ void tile(const Problem& p, int64_t row, int64_t group) {
         even[v] = from_bits(shl_i(packed, 16));
       }
       for (int r = 0; r < R; ++r) {
-        const VF xo = set1_f(x[r * p.k + 2 * i + 1]), xe = set1_f(x[r * p.k + 2 * i]);
+        const VI pair = set1_i(x[r * pairs + i]);
+        const VF xo = from_bits(and_i(pair, high)), xe = from_bits(shl_i(pair, 16));
         for (int v = 0; v < 2; ++v) acc[r][v] = fmadd(xe, even[v], fmadd(xo, odd[v], acc[r][v]));
       }
     }
@@ -194,23 +194,9 @@ struct Make {
   }
 };
 
-// Rows [r0, r1) of a widened to f32 into p.wide.
-inline void widen(const Problem& p, int64_t r0, int64_t r1) {
-  for (int64_t r = r0; r < r1; ++r) {
-    const uint16_t* a = p.a + r * p.k;
-    float* x = p.wide + r * p.k;
-    int64_t k = 0;
-    for (; k + kLanes <= p.k; k += kLanes) store_f(x + k, load_bf16(a + k));
-    for (; k < p.k; ++k) x[k] = bf16_to_f32(a[k]);
-  }
-}
-
 template <class Store>
 void run(const Problem& p) {
-  // about 256 KiB of f32 activations per row block, each row widened just before its tiles
-  dense_tiles::run<Problem, Store, Make<Store>>(
-      p, p.m, p.n / 16, 4 * p.k, 256 * 1024, 64,
-      [&](int64_t r0, int64_t r1) { widen(p, r0, r1); });
+  dense_tiles::run<Problem, Store, Make<Store>>(p, p.m, p.n / 16, 2 * p.k, 256 * 1024, 64);
 }
 }  // namespace avx2
 #pragma GCC pop_options
@@ -240,18 +226,13 @@ int chosen_isa() {
   return -1;
 }
 
-// The activations widened to f32 for the AVX2 build (per calling thread, grown as needed).
-thread_local std::vector<float> g_wide;
-
 template <bool kGated>
-void run(Problem& p) {
+void run(const Problem& p) {
 #if PACKED_DENSE_NATIVE
   if (chosen_isa() == kAvx512Bf16) {
     return kGated ? avx512bf16::run<avx512bf16::StoreGated>(p)
                   : avx512bf16::run<avx512bf16::StoreF32>(p);
   }
-  g_wide.resize(p.m * p.k);
-  p.wide = g_wide.data();
   kGated ? avx2::run<avx2::StoreGated>(p) : avx2::run<avx2::StoreF32>(p);
 #endif
 }
@@ -297,8 +278,7 @@ ffi::Error Dense(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::Buffer<ffi::S32> layer
             static_cast<const uint16_t*>(a.untyped_data()),
             static_cast<const uint16_t*>(w.untyped_data()) + layer.typed_data()[0] * per_layer,
             out->untyped_data(),
-            !kGated && dense_tiles::streams(out->untyped_data(), ad[0] * wd[1] * 16 * 4),
-            nullptr};
+            !kGated && dense_tiles::streams(out->untyped_data(), ad[0] * wd[1] * 16 * 4)};
   run<kGated>(p);
   return ffi::Error::Success();
 }
