@@ -45,39 +45,43 @@ struct Problem {
   const void* pool_v;
 };
 
-// A growable array of 64-byte aligned 64-byte vectors (std::vector does not promise the
-// alignment of vector-extension types across compilers).
+// A growable, 64-byte aligned array of vectors of the caller's type (std::vector does not
+// promise the alignment of vector-extension types across compilers).
 class Vectors {
  public:
   Vectors() = default;
   Vectors(const Vectors&) = delete;
   Vectors& operator=(const Vectors&) = delete;
   ~Vectors() { std::free(data_); }
-  void resize(size_t n) {
-    if (n > capacity_) {
+  // Room for n vectors of type V; the contents are not kept.
+  template <typename V>
+  V* resize(size_t n) {
+    size_t bytes = (std::max<size_t>(n, 1) * sizeof(V) + 63) / 64 * 64;
+    if (bytes > capacity_) {
       std::free(data_);
-      data_ = std::aligned_alloc(64, std::max<size_t>(n, 1) * 64);
+      data_ = std::aligned_alloc(64, bytes);
       if (data_ == nullptr) throw std::bad_alloc();
-      capacity_ = n;
+      capacity_ = bytes;
     }
-    size_ = n;
+    return as<V>();
   }
   template <typename V>
   V* as() const { return static_cast<V*>(data_); }
-  size_t size() const { return size_; }
 
  private:
   void* data_ = nullptr;
-  size_t size_ = 0, capacity_ = 0;
+  size_t capacity_ = 0;  // bytes
 };
 
 using native_cpu::parallel_for;
 
 // `#pragma GCC target` does not define the __AVX512F__-style macros, so each build says what it
-// may use: PACKED_ATTENTION_AVX512 (512-bit intrinsics) and PACKED_ATTENTION_BF16 (BF16 dots).
+// may use: PACKED_ATTENTION_AVX512 (512-bit intrinsics), PACKED_ATTENTION_BF16 (BF16 dots) and
+// PACKED_ATTENTION_LANES (the f32 lanes of its vector registers).
 #if defined(__x86_64__) && defined(__GNUC__)
 #define PACKED_ATTENTION_AVX512 1
 #define PACKED_ATTENTION_BF16 1
+#define PACKED_ATTENTION_LANES 16
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,avx512bf16,fma")
 namespace avx512bf16 {
@@ -94,16 +98,20 @@ namespace avx512 {
 #pragma GCC pop_options
 #undef PACKED_ATTENTION_AVX512
 #define PACKED_ATTENTION_AVX512 0
+#undef PACKED_ATTENTION_LANES
+#define PACKED_ATTENTION_LANES 8
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 namespace avx2 {
 #include "attention_kernel.h"
 }  // namespace avx2
 #pragma GCC pop_options
+#undef PACKED_ATTENTION_LANES
 #else
 #define PACKED_ATTENTION_AVX512 0
 #define PACKED_ATTENTION_BF16 0
 #endif
+#define PACKED_ATTENTION_LANES 4  // SSE2's and NEON's 128-bit registers
 namespace portable {
 #include "attention_kernel.h"
 }  // namespace portable

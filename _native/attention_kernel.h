@@ -3,9 +3,10 @@
 // attention.cc includes this file inside a namespace per target (AVX-512, AVX2+FMA, baseline)
 // and dispatches at run time, so one build runs everywhere and uses the widest vectors there.
 // It expects the standard headers (<type_traits> included) and <immintrin.h> to be included already, `Problem`,
-// `Vectors` and `parallel_for` declared in the enclosing scope, and PACKED_ATTENTION_AVX512 and
-// PACKED_ATTENTION_BF16 defined: 1 compiles the 512-bit intrinsics (horizontal reductions,
-// exp2) and the AVX512-BF16 dot-product path for bf16 inputs.
+// `Vectors` and `parallel_for` declared in the enclosing scope, and PACKED_ATTENTION_AVX512,
+// PACKED_ATTENTION_BF16 and PACKED_ATTENTION_LANES defined: 1 compiles the 512-bit intrinsics
+// (horizontal reductions, exp2) and the AVX512-BF16 dot-product path for bf16 inputs; LANES is
+// the f32 lanes of the target's vector register (16, 8 or 4), the width of every vector here.
 //
 // Layout: q [T, H, D], k and v [T, Hkv, D] row-major (bf16 or f32), out like q; the context
 // region's keys (C of them, before the batch's) are rows of this layer's pool pages
@@ -14,10 +15,13 @@
 // query heads of that kv head. Scores never leave a 64-key tile held in cache: QK^T, the mask,
 // an online softmax (exp2 with log2(e) folded into the query scale) and PV are fused per tile.
 
-typedef float vf __attribute__((vector_size(64)));  // 16 f32 lanes, split by narrower targets
-typedef int32_t vi __attribute__((vector_size(64)));
+// Vectors are exactly one register wide: wider generic vectors are split by the compiler, which
+// keeps arrays of them on the stack (an AVX2 build of 16-lane vectors ran at a tenth of its
+// matmul speed, moving every accumulator through memory).
+constexpr int kLanes = PACKED_ATTENTION_LANES;
+typedef float vf __attribute__((vector_size(kLanes * 4)));
+typedef int32_t vi __attribute__((vector_size(kLanes * 4)));
 
-constexpr int kLanes = 16;
 constexpr int kKeyTile = 64;
 constexpr int kKeyVecs = kKeyTile / kLanes;
 
@@ -67,7 +71,7 @@ inline vf exp2_nonpositive(vf x) {
 inline float hmax(vf x) { return _mm512_reduce_max_ps((__m512)x); }
 inline float hsum(vf x) { return _mm512_reduce_add_ps((__m512)x); }
 #else
-inline float hmax(vf x) {
+inline float hmax(vf x) {  // the compiler reduces these few lanes well enough
   float m = x[0];
   for (int i = 1; i < kLanes; ++i) m = std::max(m, x[i]);
   return m;
@@ -80,48 +84,48 @@ inline float hsum(vf x) {
 }
 #endif
 
-// Accumulator vectors (of 16 lanes) a register tile keeps: 16 in AVX-512's 32 registers; 4 in
-// the 16 narrower ones, where each vector takes two (with 16 they spilled on every FMA and the
-// AVX2 kernel ran at a tenth of the matmul speed).
-constexpr int kAccVecs = PACKED_ATTENTION_AVX512 ? 16 : 4;
+// Accumulator registers a register tile keeps: 16 of AVX-512's 32, 8 of the 16 narrower ones
+// (the rest hold the loaded vectors and the broadcast).
+constexpr int kAccVecs = PACKED_ATTENTION_AVX512 ? 16 : 8;
 
-// scores[r][16 c0 .. 16 (c0 + NV)) = q_rows[r] . kt[.][same keys] for rows [0, rows), rows a
-// multiple of 4, in passes of 4 rows by up to kAccVecs / 4 key vectors. Keys outside the range
+// scores[r][s .. s + W) = q_rows[r] . kt[.][same key vectors] for the 4 rows at q.
+template <int D, int W>
+inline void score_pass(const float* q, const vf* kt, int s, vf* scores) {
+  vf acc[4][W] = {};
+  for (int d = 0; d < D; ++d) {
+    const vf* key = kt + d * kKeyVecs + s;
+    for (int i = 0; i < 4; ++i) {
+      float qv = q[i * D + d];
+      for (int c = 0; c < W; ++c) acc[i][c] += qv * key[c];
+    }
+  }
+  for (int i = 0; i < 4; ++i)
+    for (int c = 0; c < W; ++c) scores[i * kKeyVecs + s + c] = acc[i][c];
+}
+
+// scores[r][key vectors c0 .. c0 + NV) = q_rows[r] . kt[.][same keys] for rows [0, rows), rows
+// a multiple of 4, in passes of 4 rows by up to kAccVecs / 4 key vectors. Keys outside the range
 // are neither computed nor written.
 template <int D, int NV>
 void tile_scores(const float* q_rows, const vf* kt, int c0, int rows, vf* scores) {
-  constexpr int kStep = std::min(NV, kAccVecs / 4);  // divides NV: 1, or NV itself
+  constexpr int kStep = std::min(NV, kAccVecs / 4);
+  constexpr int kTail = NV % kStep;
   for (int r = 0; r < rows; r += 4) {
-    for (int s = c0; s < c0 + NV; s += kStep) {
-      vf acc[4][kStep] = {};
-      const float* q = q_rows + r * D;
-      for (int d = 0; d < D; ++d) {
-        const vf* key = kt + d * kKeyVecs + s;
-        for (int i = 0; i < 4; ++i) {
-          float qv = q[i * D + d];
-          for (int c = 0; c < kStep; ++c) acc[i][c] += qv * key[c];
-        }
-      }
-      for (int i = 0; i < 4; ++i)
-        for (int c = 0; c < kStep; ++c) scores[(r + i) * kKeyVecs + s + c] = acc[i][c];
-    }
+    const float* q = q_rows + r * D;
+    vf* row = scores + r * kKeyVecs;
+    for (int s = c0; s < c0 + NV - kTail; s += kStep) score_pass<D, kStep>(q, kt, s, row);
+    if constexpr (kTail > 0) score_pass<D, kTail>(q, kt, c0 + NV - kTail, row);
   }
 }
 
-// Calls body(std::integral_constant<int, n>) for n = c1 - c0 in [1, 4]: the vector count of a
-// key range as a compile-time constant, so the accumulators stay in registers.
-template <typename Body>
+// Calls body(std::integral_constant<int, n>) for n in [N, kKeyVecs] (n < N runs as N): the
+// vector count of a key range as a compile-time constant, so the accumulators stay in registers.
+template <int N = 1, typename Body>
 inline void with_vector_count(int n, const Body& body) {
-  switch (n) {
-    case 1:
-      return body(std::integral_constant<int, 1>{});
-    case 2:
-      return body(std::integral_constant<int, 2>{});
-    case 3:
-      return body(std::integral_constant<int, 3>{});
-    default:
-      return body(std::integral_constant<int, 4>{});
+  if constexpr (N < kKeyVecs) {
+    if (n > N) return with_vector_count<N + 1>(n, body);
   }
+  body(std::integral_constant<int, N>{});
 }
 
 // out[r] = out[r] * alpha[r] + probs[r][keys] . v_tile[keys] for rows [0, rows), over the keys
@@ -131,7 +135,8 @@ void tile_values(const vf* probs, const vf* v_tile, const float* alpha, int rows
                  vf* out) {
   constexpr int kVecs = D / kLanes;
   constexpr int kRows = PACKED_ATTENTION_AVX512 && kVecs >= 8 ? 2 : 4;
-  constexpr int kStep = std::min(kVecs, kAccVecs / kRows);  // divides kVecs
+  constexpr int kStep = std::min(kVecs, kAccVecs / kRows);
+  static_assert(kVecs % kStep == 0, "head-dim vectors in whole passes");
   for (int r = 0; r < rows; r += kRows) {
     for (int s = 0; s < kVecs; s += kStep) {
       vf acc[kRows][kStep];
@@ -166,7 +171,8 @@ inline Visible classify(const Problem& p, int token, int key0) {
 }
 
 inline void mask_row(const Problem& p, int token, int key0, int c0, int c1, vf* row) {
-  const vi lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  vi lane;
+  for (int i = 0; i < kLanes; ++i) lane[i] = i;
   int ps = p.prefix_start[token], pe = p.prefix_end[token], os = p.own_start[token];
   int oe = p.own_end[token];
   for (int c = c0; c < c1; ++c) {
@@ -176,7 +182,7 @@ inline void mask_row(const Problem& p, int token, int key0, int c0, int c1, vf* 
   }
 }
 
-// The 16-key vectors [c0, c1) of the tile at key0 that some token of [tok0, tok1) can see.
+// The key vectors [c0, c1) of the tile at key0 that some token of [tok0, tok1) can see.
 inline std::pair<int, int> visible_vectors(const Problem& p, int tok0, int tok1, int key0) {
   int lo = key0 + kKeyTile, hi = key0;  // visible keys [lo, hi), empty so far
   auto cover = [&](int start, int end) {  // [start, end) clipped to the tile
@@ -256,8 +262,8 @@ struct F32Tiles {
   void prepare(const Problem& p, const In* k, const In* v) {
     k_tiles = (p.keys + kKeyTile - 1) / kKeyTile;
     size_t vecs = size_t(p.kv_heads) * k_tiles * kKeyTile * D / kLanes;
-    kt.resize(vecs);
-    vt.resize(vecs);
+    kt.resize<vf>(vecs);
+    vt.resize<vf>(vecs);
     parallel_for(p.kv_heads * k_tiles, [&](int item) {
       int g = item / k_tiles, tile = item % k_tiles;
       float* kt_tile = kt.as<float>() + (int64_t(g) * k_tiles + tile) * D * kKeyTile;
@@ -321,8 +327,8 @@ struct Bf16Tiles {
     k_tiles = (p.keys + kKeyTile - 1) / kKeyTile;
     score_scale = p.scale * 1.4426950408889634f;
     size_t vecs = size_t(p.kv_heads) * k_tiles * kKeyTile * D / (2 * kLanes);
-    kp.resize(vecs);
-    vp.resize(vecs);
+    kp.resize<__m512bh>(vecs);
+    vp.resize<__m512bh>(vecs);
     parallel_for(p.kv_heads * k_tiles, [&](int item) {
       int g = item / k_tiles, tile = item % k_tiles;
       uint32_t* kp_tile = kp.as<uint32_t>() + (int64_t(g) * k_tiles + tile) * kPairs * kKeyTile;
@@ -414,7 +420,7 @@ struct Bf16Tiles {
 
 // Online-softmax step over vectors [c0, c1) of one key tile: scores become probabilities
 // (masked keys 0), alpha the rescale of each row's accumulator; rows [rows, padded) get zeros
-// and alpha 1. `tile_max` is scratch of `padded` rounded up to 16 floats.
+// and alpha 1. `tile_max` is scratch of `padded` rounded up to kLanes floats.
 inline void softmax_tile(const Problem& p, int tok0, int tok1, int group, int key0, int c0,
                          int c1, int padded, vf* score, float* row_max, float* row_sum,
                          float* alpha, float* tile_max) {
@@ -435,7 +441,7 @@ inline void softmax_tile(const Problem& p, int tok0, int tok1, int group, int ke
       tile_max[r] = std::max(row_max[r], hmax(m));
     }
   }
-  // Pass 2: alpha = 2^(old max - new max) for 16 rows at a time (0 while the old max is -inf).
+  // Pass 2: alpha = 2^(old max - new max) for kLanes rows at a time (0 while the old max is -inf).
   for (int r = 0; r < rows; r += kLanes) {
     vf old_max, new_max;
     std::memcpy(&old_max, row_max + r, sizeof old_max);
@@ -487,11 +493,9 @@ void attend(const Problem& p, const In* q, const Tiles& tiles, In* out) {
     row_sum.assign(max_rows, 0.0f);
     alpha.assign(max_rows + kLanes, 1.0f);
     tile_max.assign(max_rows + kLanes, 0.0f);
-    scores.resize(size_t(max_rows) * kKeyVecs);
-    acc.resize(size_t(max_rows) * kVecs);
-    vf* const score = scores.as<vf>();
-    vf* const out_rows = acc.as<vf>();
-    std::fill(out_rows, out_rows + acc.size(), vf{});
+    vf* const score = scores.resize<vf>(size_t(max_rows) * kKeyVecs);
+    vf* const out_rows = acc.resize<vf>(size_t(max_rows) * kVecs);
+    std::fill(out_rows, out_rows + size_t(max_rows) * kVecs, vf{});
     // Row r = (token - tok0) * group + i holds query head g * group + i of that token.
     tiles.load_queries(p, q, tok0, tok1, g, group, &q_rows);
     visited_tiles(p, tok0, tok1, &visited, &spans);
