@@ -73,7 +73,10 @@ def test_matches_reference(isa: str, scenario: str, dtype) -> None:
     [(14, 2, 64), (16, 8, 128), (4, 4, 64), (32, 1, 128), (12, 12, 32), (6, 2, 32)],
     ids=["gqa7", "qwen3", "mha", "mqa32", "minilm", "gqa3-d32"],
 )
-def test_head_layouts_and_ragged_token_count(heads: int, kv_heads: int, head_dim: int) -> None:
+def test_head_layouts_and_ragged_token_count(
+    isa: str, heads: int, kv_heads: int, head_dim: int
+) -> None:
+    # Every build: their vector widths split head dims 32, 64 and 128 into different passes.
     # 150 tokens: not a multiple of the 64-key tile nor of the query tile (64 // group tokens);
     # a 70-token prefix crosses a tile edge, and items cross both tile grids.
     meta = layout_meta([(70, [9, 30, 1, 17]), (0, [23])], 1)
