@@ -71,7 +71,7 @@ inline vf exp2_nonpositive(vf x) {
 inline float hmax(vf x) { return _mm512_reduce_max_ps((__m512)x); }
 inline float hsum(vf x) { return _mm512_reduce_add_ps((__m512)x); }
 #else
-inline float hmax(vf x) {  // the compiler reduces these few lanes well enough
+inline float hmax(vf x) {
   float m = x[0];
   for (int i = 1; i < kLanes; ++i) m = std::max(m, x[i]);
   return m;
