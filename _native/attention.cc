@@ -13,6 +13,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <string>
 #include <thread>
@@ -71,6 +72,28 @@ class Vectors {
  private:
   void* data_ = nullptr;
   size_t capacity_ = 0;  // bytes
+};
+
+// Objects kept for reuse across calls: take() hands out a kept one (or a new one), give() keeps
+// it again. Concurrent calls each hold their own.
+template <typename T>
+class Reusable {
+ public:
+  std::unique_ptr<T> take() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (kept_.empty()) return std::make_unique<T>();
+    std::unique_ptr<T> t = std::move(kept_.back());
+    kept_.pop_back();
+    return t;
+  }
+  void give(std::unique_ptr<T> t) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    kept_.push_back(std::move(t));
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::unique_ptr<T>> kept_;
 };
 
 using native_cpu::parallel_for;

@@ -2,11 +2,12 @@
 //
 // attention.cc includes this file inside a namespace per target (AVX-512, AVX2+FMA, baseline)
 // and dispatches at run time, so one build runs everywhere and uses the widest vectors there.
-// It expects the standard headers (<type_traits> included) and <immintrin.h> to be included already, `Problem`,
-// `Vectors` and `parallel_for` declared in the enclosing scope, and PACKED_ATTENTION_AVX512,
-// PACKED_ATTENTION_BF16 and PACKED_ATTENTION_LANES defined: 1 compiles the 512-bit intrinsics
-// (horizontal reductions, exp2) and the AVX512-BF16 dot-product path for bf16 inputs; LANES is
-// the f32 lanes of the target's vector register (16, 8 or 4), the width of every vector here.
+// It expects the standard headers (<type_traits> included) and <immintrin.h> to be included
+// already, `Problem`, `Vectors`, `Reusable` and `parallel_for` declared in the enclosing scope,
+// and PACKED_ATTENTION_AVX512, PACKED_ATTENTION_BF16 and PACKED_ATTENTION_LANES defined: 1
+// compiles the 512-bit intrinsics (horizontal reductions, exp2) and the AVX512-BF16 dot-product
+// path for bf16 inputs; LANES is the f32 lanes of the target's vector register (16, 8 or 4), the
+// width of every vector here.
 //
 // Layout: q [T, H, D], k and v [T, Hkv, D] row-major (bf16 or f32), out like q; the context
 // region's keys (C of them, before the batch's) are rows of this layer's pool pages
@@ -14,6 +15,8 @@
 // (query tile of `tile_tokens` tokens, kv head); a work item's rows are its tokens times the G
 // query heads of that kv head. Scores never leave a 64-key tile held in cache: QK^T, the mask,
 // an online softmax (exp2 with log2(e) folded into the query scale) and PV are fused per tile.
+// Rows go in blocks of 4, and each block computes only the key vectors its rows see in the tile:
+// short spans (an encoder's texts, a decoder's items) skip most of the tiles they overlap.
 
 // Vectors are exactly one register wide: wider generic vectors are split by the compiler, which
 // keeps arrays of them on the stack (an AVX2 build of 16-lane vectors ran at a tenth of its
@@ -104,21 +107,6 @@ inline void score_pass(const float* q, const vf* kt, int s, vf* scores) {
     for (int c = 0; c < W; ++c) scores[i * kKeyVecs + s + c] = acc[i][c];
 }
 
-// scores[r][key vectors c0 .. c0 + NV) = q_rows[r] . kt[.][same keys] for rows [0, rows), rows
-// a multiple of 4, in passes of 4 rows by up to kAccVecs / 4 key vectors. Keys outside the range
-// are neither computed nor written.
-template <int D, int NV>
-void tile_scores(const float* q_rows, const vf* kt, int c0, int rows, vf* scores) {
-  constexpr int kStep = std::min(NV, kAccVecs / 4);
-  constexpr int kTail = NV % kStep;
-  for (int r = 0; r < rows; r += 4) {
-    const float* q = q_rows + r * D;
-    vf* row = scores + r * kKeyVecs;
-    for (int s = c0; s < c0 + NV - kTail; s += kStep) score_pass<D, kStep>(q, kt, s, row);
-    if constexpr (kTail > 0) score_pass<D, kTail>(q, kt, c0 + NV - kTail, row);
-  }
-}
-
 // Calls body(std::integral_constant<int, n>) for n in [N, kKeyVecs] (n < N runs as N): the
 // vector count of a key range as a compile-time constant, so the accumulators stay in registers.
 template <int N = 1, typename Body>
@@ -127,6 +115,35 @@ inline void with_vector_count(int n, const Body& body) {
     if (n > N) return with_vector_count<N + 1>(n, body);
   }
   body(std::integral_constant<int, N>{});
+}
+
+// Key vectors [c0, c1) of a 64-key tile (empty when c0 >= c1): what a block of 4 rows sees.
+struct VectorRange {
+  int c0, c1;
+};
+
+// scores[r][key vectors c0 .. c0 + NV) = q[r] . kt[.][same keys] for the 4 rows at q, in passes
+// of up to kAccVecs / 4 key vectors.
+template <int D, int NV>
+inline void block_scores(const float* q, const vf* kt, int c0, vf* scores) {
+  constexpr int kStep = std::min(NV, kAccVecs / 4);
+  constexpr int kTail = NV % kStep;
+  for (int s = c0; s < c0 + NV - kTail; s += kStep) score_pass<D, kStep>(q, kt, s, scores);
+  if constexpr (kTail > 0) score_pass<D, kTail>(q, kt, c0 + NV - kTail, scores);
+}
+
+// scores[r][key vectors of r's block] = q_rows[r] . kt[.][same keys] for the blocks of 4 rows.
+// Keys outside a block's range are neither computed nor written.
+template <int D>
+void tile_scores(const float* q_rows, const vf* kt, const VectorRange* blocks, int n_blocks,
+                 vf* scores) {
+  for (int b = 0; b < n_blocks; ++b) {
+    const auto [c0, c1] = blocks[b];
+    if (c0 >= c1) continue;
+    with_vector_count(c1 - c0, [&](auto n) {
+      block_scores<D, decltype(n)::value>(q_rows + 4 * b * D, kt, c0, scores + 4 * b * kKeyVecs);
+    });
+  }
 }
 
 // out[r][s .. s + W) = out[r][same] * alpha[r] + probs[r][keys] . v_tile[keys][same] for the
@@ -150,20 +167,25 @@ inline void value_pass(const vf* probs, const vf* v_tile, const float* alpha, in
     for (int c = 0; c < W; ++c) out[(r + i) * kVecs + s + c] = acc[i][c];
 }
 
-// out[r] = out[r] * alpha[r] + probs[r][keys] . v_tile[keys] for rows [0, rows), over the keys
-// of vectors [c0, c1), in passes of kRows rows by up to kAccVecs / kRows head-dim vectors.
+// out[r] = out[r] * alpha[r] + probs[r][keys] . v_tile[keys] over the key vectors of r's block,
+// in passes of kRows rows by up to kAccVecs / kRows head-dim vectors. Blocks that see no key are
+// skipped: their rows' alpha is 1.
 template <int D>
-void tile_values(const vf* probs, const vf* v_tile, const float* alpha, int rows, int c0, int c1,
-                 vf* out) {
+void tile_values(const vf* probs, const vf* v_tile, const float* alpha,
+                 const VectorRange* blocks, int n_blocks, vf* out) {
   constexpr int kVecs = D / kLanes;
   constexpr int kRows = PACKED_ATTENTION_AVX512 && kVecs >= 8 ? 2 : 4;
   constexpr int kStep = std::min(kVecs, kAccVecs / kRows);
   constexpr int kTail = kVecs % kStep;
-  for (int r = 0; r < rows; r += kRows) {
-    for (int s = 0; s < kVecs - kTail; s += kStep)
-      value_pass<D, kRows, kStep>(probs, v_tile, alpha, r, s, c0, c1, out);
-    if constexpr (kTail > 0)
-      value_pass<D, kRows, kTail>(probs, v_tile, alpha, r, kVecs - kTail, c0, c1, out);
+  for (int b = 0; b < n_blocks; ++b) {
+    const auto [c0, c1] = blocks[b];
+    if (c0 >= c1) continue;
+    for (int r = 4 * b; r < 4 * b + 4; r += kRows) {
+      for (int s = 0; s < kVecs - kTail; s += kStep)
+        value_pass<D, kRows, kStep>(probs, v_tile, alpha, r, s, c0, c1, out);
+      if constexpr (kTail > 0)
+        value_pass<D, kRows, kTail>(probs, v_tile, alpha, r, kVecs - kTail, c0, c1, out);
+    }
   }
 }
 
@@ -193,20 +215,37 @@ inline void mask_row(const Problem& p, int token, int key0, int c0, int c1, vf* 
   }
 }
 
-// The key vectors [c0, c1) of the tile at key0 that some token of [tok0, tok1) can see.
-inline std::pair<int, int> visible_vectors(const Problem& p, int tok0, int tok1, int key0) {
+// The key vectors of the tile at key0 that the tokens [t0, t1) can see, as one range.
+inline VectorRange visible_vectors(const Problem& p, int t0, int t1, int key0) {
   int lo = key0 + kKeyTile, hi = key0;  // visible keys [lo, hi), empty so far
   auto cover = [&](int start, int end) {  // [start, end) clipped to the tile
     start = std::max(start, key0);
     end = std::min(end, key0 + kKeyTile);
     if (start < end) lo = std::min(lo, start), hi = std::max(hi, end);
   };
-  for (int t = tok0; t < tok1; ++t) {
+  for (int t = t0; t < t1; ++t) {
     cover(p.prefix_start[t], p.prefix_end[t]);
     cover(p.own_start[t], p.own_end[t]);
   }
   if (lo >= hi) return {0, 0};
   return {(lo - key0) / kLanes, (hi - key0 + kLanes - 1) / kLanes};
+}
+
+// blocks[b] = the key vectors of the tile at key0 that rows [4b, 4b + 4) see (row r is token
+// tok0 + r / group; rows past the tokens' see nothing), for the `padded` rows; returns whether
+// any block sees a key.
+inline bool block_vectors(const Problem& p, int tok0, int tok1, int group, int key0, int padded,
+                          VectorRange* blocks) {
+  const int rows = (tok1 - tok0) * group;
+  bool any = false;
+  for (int b = 0; b < padded / 4; ++b) {
+    int first = 4 * b, last = std::min(4 * b + 4, rows);  // real rows [first, last)
+    blocks[b] = first < last ? visible_vectors(p, tok0 + first / group,
+                                               tok0 + (last - 1) / group + 1, key0)
+                             : VectorRange{0, 0};
+    any = any || blocks[b].c0 < blocks[b].c1;
+  }
+  return any;
 }
 
 // Ascending key tiles any token of [tok0, tok1) sees.
@@ -275,19 +314,21 @@ struct F32Tiles {
     size_t vecs = size_t(p.kv_heads) * k_tiles * kKeyTile * D / kLanes;
     kt.resize<vf>(vecs);
     vt.resize<vf>(vecs);
-    parallel_for(p.kv_heads * k_tiles, [&](int item) {
-      int g = item / k_tiles, tile = item % k_tiles;
+    parallel_for(k_tiles * p.kv_heads, [&](int item) {
+      int tile = item / p.kv_heads, g = item % p.kv_heads;  // heads of a tile: adjacent rows
       float* kt_tile = kt.as<float>() + (int64_t(g) * k_tiles + tile) * D * kKeyTile;
       float* v_tile = vt.as<float>() + (int64_t(g) * k_tiles + tile) * kKeyTile * D;
-      for (int j = 0; j < kKeyTile; ++j) {
-        int key = tile * kKeyTile + j;
-        const In* k_row = key < p.keys ? key_row(p, k, p.pool_k, key, g) : nullptr;
-        const In* v_row = key < p.keys ? key_row(p, v, p.pool_v, key, g) : nullptr;
+      int real = std::min(kKeyTile, p.keys - tile * kKeyTile);
+      for (int j = 0; j < real; ++j) {
+        const In* k_row = key_row(p, k, p.pool_k, tile * kKeyTile + j, g);
+        const In* v_row = key_row(p, v, p.pool_v, tile * kKeyTile + j, g);
         for (int d = 0; d < D; ++d) {
-          kt_tile[d * kKeyTile + j] = k_row ? load(k_row, d) : 0.0f;
-          v_tile[j * D + d] = v_row ? load(v_row, d) : 0.0f;
+          kt_tile[d * kKeyTile + j] = load(k_row, d);
+          v_tile[j * D + d] = load(v_row, d);
         }
       }
+      for (int j = real; j < kKeyTile; ++j)
+        for (int d = 0; d < D; ++d) kt_tile[d * kKeyTile + j] = v_tile[j * D + d] = 0.0f;
     });
   }
 
@@ -303,18 +344,16 @@ struct F32Tiles {
       }
   }
 
-  void scores(const std::vector<float>& q_rows, int g, int tile, int rows, int c0, int c1,
-              vf* score) const {
+  void scores(const std::vector<float>& q_rows, int g, int tile, const VectorRange* blocks,
+              int n_blocks, vf* score) const {
     const vf* kt_tile = kt.as<vf>() + (int64_t(g) * k_tiles + tile) * D * kKeyVecs;
-    with_vector_count(c1 - c0, [&](auto n) {
-      tile_scores<D, decltype(n)::value>(q_rows.data(), kt_tile, c0, rows, score);
-    });
+    tile_scores<D>(q_rows.data(), kt_tile, blocks, n_blocks, score);
   }
 
-  void values(const vf* probs, const float* alpha, int g, int tile, int rows, int c0, int c1,
-              vf* out) const {
+  void values(const vf* probs, const float* alpha, int g, int tile, const VectorRange* blocks,
+              int n_blocks, vf* out) const {
     const vf* v_tile = vt.as<vf>() + (int64_t(g) * k_tiles + tile) * kKeyTile * kVecs;
-    tile_values<D>(probs, v_tile, alpha, rows, c0, c1, out);
+    tile_values<D>(probs, v_tile, alpha, blocks, n_blocks, out);
   }
 };
 
@@ -340,8 +379,8 @@ struct Bf16Tiles {
     size_t vecs = size_t(p.kv_heads) * k_tiles * kKeyTile * D / (2 * kLanes);
     kp.resize<__m512bh>(vecs);
     vp.resize<__m512bh>(vecs);
-    parallel_for(p.kv_heads * k_tiles, [&](int item) {
-      int g = item / k_tiles, tile = item % k_tiles;
+    parallel_for(k_tiles * p.kv_heads, [&](int item) {
+      int tile = item / p.kv_heads, g = item % p.kv_heads;  // heads of a tile: adjacent rows
       uint32_t* kp_tile = kp.as<uint32_t>() + (int64_t(g) * k_tiles + tile) * kPairs * kKeyTile;
       uint16_t* vp_tile = vp.as<uint16_t>() + (int64_t(g) * k_tiles + tile) * kKeyTile * D;
       for (int j = 0; j < kKeyTile; ++j) {
@@ -369,48 +408,52 @@ struct Bf16Tiles {
       }
   }
 
+  // score[i][key vectors c0 .. c0 + NV) for the 4 rows at q.
   template <int NV>
-  void scores_n(const uint32_t* q_rows, const __m512bh* keys, int c0, int rows,
-                vf* score) const {
-    const __m512 scale = _mm512_set1_ps(score_scale);
-    for (int r = 0; r < rows; r += 4) {
-      __m512 acc[4][NV];
-      for (int i = 0; i < 4; ++i)
-        for (int c = 0; c < NV; ++c) acc[i][c] = _mm512_setzero_ps();
-      const uint32_t* q = q_rows + r * kPairs;
-      for (int dp = 0; dp < kPairs; ++dp) {
-        const __m512bh* key = keys + dp * kKeyVecs + c0;
-        for (int i = 0; i < 4; ++i) {
-          __m512bh qv = (__m512bh)_mm512_set1_epi32(int(q[i * kPairs + dp]));
-          for (int c = 0; c < NV; ++c) acc[i][c] = _mm512_dpbf16_ps(acc[i][c], key[c], qv);
-        }
+  void block_scores(const uint32_t* q, const __m512bh* keys, int c0, vf* score) const {
+    __m512 acc[4][NV];
+    for (int i = 0; i < 4; ++i)
+      for (int c = 0; c < NV; ++c) acc[i][c] = _mm512_setzero_ps();
+    for (int dp = 0; dp < kPairs; ++dp) {
+      const __m512bh* key = keys + dp * kKeyVecs + c0;
+      for (int i = 0; i < 4; ++i) {
+        __m512bh qv = (__m512bh)_mm512_set1_epi32(int(q[i * kPairs + dp]));
+        for (int c = 0; c < NV; ++c) acc[i][c] = _mm512_dpbf16_ps(acc[i][c], key[c], qv);
       }
-      for (int i = 0; i < 4; ++i)
-        for (int c = 0; c < NV; ++c)
-          score[(r + i) * kKeyVecs + c0 + c] = (vf)_mm512_mul_ps(acc[i][c], scale);
+    }
+    const __m512 scale = _mm512_set1_ps(score_scale);
+    for (int i = 0; i < 4; ++i)
+      for (int c = 0; c < NV; ++c)
+        score[i * kKeyVecs + c0 + c] = (vf)_mm512_mul_ps(acc[i][c], scale);
+  }
+
+  void scores(const std::vector<uint32_t>& q_rows, int g, int tile, const VectorRange* blocks,
+              int n_blocks, vf* score) const {
+    const __m512bh* keys = kp.as<__m512bh>() + (int64_t(g) * k_tiles + tile) * kPairs * kKeyVecs;
+    for (int b = 0; b < n_blocks; ++b) {
+      const auto [c0, c1] = blocks[b];
+      if (c0 >= c1) continue;
+      with_vector_count(c1 - c0, [&](auto n) {
+        block_scores<decltype(n)::value>(q_rows.data() + 4 * b * kPairs, keys, c0,
+                                         score + 4 * b * kKeyVecs);
+      });
     }
   }
 
-  void scores(const std::vector<uint32_t>& q_rows, int g, int tile, int rows, int c0, int c1,
-              vf* score) const {
-    const __m512bh* keys = kp.as<__m512bh>() + (int64_t(g) * k_tiles + tile) * kPairs * kKeyVecs;
-    with_vector_count(c1 - c0, [&](auto n) {
-      scores_n<decltype(n)::value>(q_rows.data(), keys, c0, rows, score);
-    });
-  }
-
-  void values(const vf* probs, const float* alpha, int g, int tile, int rows, int c0, int c1,
-              vf* out) const {
+  void values(const vf* probs, const float* alpha, int g, int tile, const VectorRange* blocks,
+              int n_blocks, vf* out) const {
     constexpr int kRows = kVecs >= 8 ? 2 : 4;
     const __m512bh* vals = vp.as<__m512bh>() + (int64_t(g) * k_tiles + tile) * kKeyTile * kVecs / 2;
     thread_local std::vector<uint32_t> p16;  // [rows][32] bf16 probability pairs
-    p16.resize(size_t(rows) * kKeyTile / 2);
-    for (int r = 0; r < rows; ++r)
-      for (int c = c0; c < c1; ++c) {
+    p16.resize(size_t(n_blocks) * 4 * kKeyTile / 2);
+    for (int r = 0; r < n_blocks * 4; ++r)
+      for (int c = blocks[r / 4].c0; c < blocks[r / 4].c1; ++c) {
         __m256bh half = _mm512_cvtneps_pbh((__m512)probs[r * kKeyVecs + c]);
         std::memcpy(p16.data() + r * kKeyTile / 2 + c * kLanes / 2, &half, sizeof half);
       }
-    for (int r = 0; r < rows; r += kRows) {
+    for (int r = 0; r < n_blocks * 4; r += kRows) {
+      const auto [c0, c1] = blocks[r / 4];
+      if (c0 >= c1) continue;
       __m512 acc[kRows][kVecs];
       for (int i = 0; i < kRows; ++i)
         for (int c = 0; c < kVecs; ++c)
@@ -429,12 +472,12 @@ struct Bf16Tiles {
 };
 #endif
 
-// Online-softmax step over vectors [c0, c1) of one key tile: scores become probabilities
-// (masked keys 0), alpha the rescale of each row's accumulator; rows [rows, padded) get zeros
-// and alpha 1. `tile_max` is scratch of `padded` rounded up to kLanes floats.
-inline void softmax_tile(const Problem& p, int tok0, int tok1, int group, int key0, int c0,
-                         int c1, int padded, vf* score, float* row_max, float* row_sum,
-                         float* alpha, float* tile_max) {
+// Online-softmax step over one key tile, each row over its block's vectors: scores become
+// probabilities (masked keys 0), alpha the rescale of each row's accumulator; rows [rows,
+// padded) get zeros and alpha 1. `tile_max` is scratch of `padded` rounded up to kLanes floats.
+inline void softmax_tile(const Problem& p, int tok0, int tok1, int group, int key0,
+                         const VectorRange* blocks, int padded, vf* score, float* row_max,
+                         float* row_sum, float* alpha, float* tile_max) {
   const int rows = (tok1 - tok0) * group;
   // Pass 1: mask, and the new running max of every row (unchanged for rows seeing nothing).
   for (int t = tok0; t < tok1; ++t) {
@@ -446,6 +489,7 @@ inline void softmax_tile(const Problem& p, int tok0, int tok1, int group, int ke
         tile_max[r] = NAN;  // marks the row: no keys here
         continue;
       }
+      const auto [c0, c1] = blocks[r / 4];
       if (seen == Visible::kPartial) mask_row(p, t, key0, c0, c1, s);
       vf m = s[c0];
       for (int c = c0 + 1; c < c1; ++c) m = m > s[c] ? m : s[c];
@@ -463,6 +507,7 @@ inline void softmax_tile(const Problem& p, int tok0, int tok1, int group, int ke
   // Pass 3: probabilities and running sums.
   for (int r = 0; r < padded; ++r) {
     vf* s = score + r * kKeyVecs;
+    const auto [c0, c1] = blocks[r / 4];
     if (r >= rows || std::isnan(tile_max[r])) {
       for (int c = c0; c < c1; ++c) s[c] = vf{};
       alpha[r] = 1.0f;
@@ -499,6 +544,7 @@ void attend(const Problem& p, const In* q, const Tiles& tiles, In* out) {
     thread_local Vectors scores, acc;
     thread_local std::vector<int> visited;
     thread_local std::vector<std::pair<int, int>> spans;
+    thread_local std::vector<VectorRange> blocks;
     q_rows.assign(size_t(max_rows) * kWords, QueryWord{});
     row_max.assign(max_rows + kLanes, -INFINITY);
     row_sum.assign(max_rows, 0.0f);
@@ -510,14 +556,14 @@ void attend(const Problem& p, const In* q, const Tiles& tiles, In* out) {
     // Row r = (token - tok0) * group + i holds query head g * group + i of that token.
     tiles.load_queries(p, q, tok0, tok1, g, group, &q_rows);
     visited_tiles(p, tok0, tok1, &visited, &spans);
+    blocks.resize(padded / 4);
     for (int tile : visited) {
       int key0 = tile * kKeyTile;
-      auto [c0, c1] = visible_vectors(p, tok0, tok1, key0);
-      if (c0 >= c1) continue;
-      tiles.scores(q_rows, g, tile, padded, c0, c1, score);
-      softmax_tile(p, tok0, tok1, group, key0, c0, c1, padded, score, row_max.data(),
+      if (!block_vectors(p, tok0, tok1, group, key0, padded, blocks.data())) continue;
+      tiles.scores(q_rows, g, tile, blocks.data(), padded / 4, score);
+      softmax_tile(p, tok0, tok1, group, key0, blocks.data(), padded, score, row_max.data(),
                    row_sum.data(), alpha.data(), tile_max.data());
-      tiles.values(score, alpha.data(), g, tile, padded, c0, c1, out_rows);
+      tiles.values(score, alpha.data(), g, tile, blocks.data(), padded / 4, out_rows);
     }
     for (int t = tok0; t < tok1; ++t)
       for (int i = 0; i < group; ++i) {
@@ -530,19 +576,25 @@ void attend(const Problem& p, const In* q, const Tiles& tiles, In* out) {
   });
 }
 
+// Prepares the tiles of one call and attends with them. The tiles are reused from call to call
+// (one set per concurrent call, each at the size of the largest layer it served): allocated
+// afresh, every layer's K/V copy was page-faulted in, a sixth of the kernel's time on short
+// texts.
+template <typename Tiles, typename In, int D>
+void run_tiles(const Problem& p, const In* q, const In* k, const In* v, In* out) {
+  static Reusable<Tiles> reusable;
+  auto tiles = reusable.take();
+  tiles->prepare(p, k, v);
+  attend<In, D>(p, q, *tiles, out);
+  reusable.give(std::move(tiles));
+}
+
 template <typename In, int D>
 void run_head_dim(const Problem& p, const In* q, const In* k, const In* v, In* out) {
 #if PACKED_ATTENTION_BF16
-  if constexpr (sizeof(In) == 2) {
-    Bf16Tiles<D> tiles;
-    tiles.prepare(p, k, v);
-    attend<In, D>(p, q, tiles, out);
-    return;
-  }
+  if constexpr (sizeof(In) == 2) return run_tiles<Bf16Tiles<D>, In, D>(p, q, k, v, out);
 #endif
-  F32Tiles<In, D> tiles;
-  tiles.prepare(p, k, v);
-  attend<In, D>(p, q, tiles, out);
+  run_tiles<F32Tiles<In, D>, In, D>(p, q, k, v, out);
 }
 
 template <typename In>

@@ -2,9 +2,13 @@
 
     python -m bench.bench_attention [--tokens 2048 8192] [--dtype bfloat16 float32]
     python -m bench.bench_attention --backend gpu --tokens 2048 8192 32768 --shape qwen3-0.6b
+    python -m bench.bench_attention --packing texts --shape minilm --kernels cpu xla
 
-Packing: one 2000-token prompt shared as a prefix by 20-token items, as many as fit in T tokens,
-then padding. Attention shape of SmolLM2 (H=9, Hkv=3, D=64) or Qwen3-0.6B (H=16, Hkv=8, D=128).
+Packing "w2" (the default): one 2000-token prompt shared as a prefix by 20-token items, as many
+as fit in T tokens, then padding, causal. "texts": an embedder's or cross-encoder's batch, texts
+of 8-256 tokens (log-normal around 60, as `bench embed` draws them) each attending to all of
+itself. Attention shape of SmolLM2 (H=9, Hkv=3, D=64), Qwen3-0.6B (H=16, Hkv=8, D=128) or
+all-MiniLM-L6-v2 (H=Hkv=12, D=32).
 Each kernel is jitted, warmed up, then timed; the median of `--repeats` calls is reported with
 the host schedule build time. `--kernels` picks the columns: "pallas" (compiled on GPU/TPU, the
 Pallas interpreter on CPU: slow, for debugging only), "mosaic" (the Mosaic GPU form: Hopper and
@@ -35,7 +39,7 @@ from kernels import (
 )
 from kernels.tuning import BlockSizes
 
-SHAPES = {"smollm2": (9, 3, 64), "qwen3-0.6b": (16, 8, 128)}  # (H, Hkv, D)
+SHAPES = {"smollm2": (9, 3, 64), "qwen3-0.6b": (16, 8, 128), "minilm": (12, 12, 32)}  # H, Hkv, D
 DEFAULT_KERNELS = {"cpu": ["xla", "reference"], "gpu": ["pallas", "xla", "reference"]}
 DEFAULT_KERNELS["tpu"] = DEFAULT_KERNELS["gpu"]
 
@@ -55,6 +59,21 @@ def w2_spans(
     prefix_end = np.where(padding, t, prefix_end)
     own_start = np.where(padding, t, own_start)
     return tuple(a.astype(np.int32) for a in (prefix_start, prefix_end, own_start))
+
+
+def text_spans(tokens: int, seed: int = 0) -> tuple[np.ndarray, ...]:
+    """(prefix_start, prefix_end, own_start, own_end) i32[T]: texts of 8-256 tokens drawn as
+    `bench embed` draws them, packed back to back, each seeing all of itself (no prefix); the
+    last text is cut at T."""
+    rng = np.random.default_rng(seed)
+    lengths = np.clip(np.round(rng.lognormal(np.log(60), 0.8, tokens)), 8, 256).astype(int)
+    ends = np.minimum(np.cumsum(lengths), tokens)
+    ends = ends[: np.searchsorted(ends, tokens) + 1]
+    starts = np.concatenate([[0], ends[:-1]])
+    own_start = np.repeat(starts, ends - starts).astype(np.int32)
+    own_end = np.repeat(ends, ends - starts).astype(np.int32)
+    zeros = np.zeros(tokens, np.int32)
+    return zeros, zeros, own_start, own_end
 
 
 def power_of_two_widths(blocks: int) -> tuple[int, ...]:
@@ -98,9 +117,11 @@ def time_kernel(kernel: Callable, qkv, meta: AttentionMeta, head_dim: int, repea
 
 def bench(tokens: int, dtype: str, args, kernels: dict[str, Callable]) -> dict:
     heads, kv_heads, head_dim = SHAPES[args.shape]
-    spans = w2_spans(tokens)
+    *spans, own_end = text_spans(tokens) if args.packing == "texts" else (*w2_spans(tokens), None)
     widths = power_of_two_widths(tokens // args.block_size)
-    build = lambda: make_meta(*spans, block_size=args.block_size, width_buckets=widths)
+    build = lambda: make_meta(
+        *spans, block_size=args.block_size, width_buckets=widths, own_end=own_end
+    )
     schedule_ms = median_ms(build, args.repeats)
     meta = jax.tree.map(jnp.asarray, build())
     rng = np.random.default_rng(0)
@@ -133,6 +154,12 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--tokens", type=int, nargs="+", default=[2048, 8192])
     parser.add_argument("--dtype", nargs="+", default=["bfloat16"], choices=["bfloat16", "float32"])
     parser.add_argument("--shape", default="smollm2", choices=sorted(SHAPES))
+    parser.add_argument(
+        "--packing",
+        default="w2",
+        choices=["w2", "texts"],
+        help="w2: a shared prompt and short items (causal); texts: short texts, bidirectional",
+    )
     parser.add_argument("--block-size", type=int, default=64, help="schedule block B")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(

@@ -1,11 +1,13 @@
 """The native CPU attention kernel against the dense oracle, in every instruction-set build."""
 
+import threading
+
 import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 
 from kernels import (
     ATTENTION,
@@ -126,6 +128,50 @@ def test_random_packings(groups, seed: int) -> None:
     meta = make_meta(*spans, block_size=64, width_buckets=(t // 64,))
     q, k, v = random_qkv(t, 6, 2, 64, jnp.float32, seed=seed)
     assert_matches_reference(q, k, v, meta)
+
+
+# The build stays set for every example: the fixture is per test, as hypothesis warns of.
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    lengths=st.lists(st.integers(1, 90), min_size=1, max_size=12),
+    layout=st.sampled_from([(12, 12, 32), (6, 2, 64), (8, 1, 128)]),
+    seed=st.integers(0, 2**16),
+)
+def test_random_encoder_packings(isa: str, lengths, layout, seed: int) -> None:
+    # Texts that see all of themselves, packed back to back: blocks of 4 query rows straddle
+    # texts and tiles, and each computes only the key vectors its rows see.
+    t, kept = 256, []
+    for n in lengths:
+        if sum(kept) + n < t:  # leaves room for one padding token
+            kept.append(n)
+    meta = layout_meta([(0, kept)], t, extra_pad=1, bidirectional=True)
+    q, k, v = random_qkv(t, *layout, jnp.float32, seed=seed)
+    assert_matches_reference(q, k, v, meta)
+
+
+def test_concurrent_calls_match_their_own_results() -> None:
+    # The kernel keeps its K/V tile buffers for reuse: concurrent calls of different sizes
+    # each get their own.
+    problems = []
+    for i, groups in enumerate([[(0, [30, 200, 9])], [(70, [5] * 30)], [(0, [17] * 3)]]):
+        meta = layout_meta(groups, 64, bidirectional=i != 1)
+        qkv = random_qkv(meta.prefix_start.shape[0], 12, 12, 32, jnp.float32, seed=i)
+        problems.append((qkv, meta, np.asarray(run_cpu(*qkv, meta))))
+    failures = []
+
+    def check(qkv, meta, want) -> None:
+        for _ in range(5):
+            if not np.array_equal(np.asarray(run_cpu(*qkv, meta)), want):
+                failures.append(meta.prefix_start.shape[0])
+
+    threads = [threading.Thread(target=check, args=problem) for problem in problems * 2]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
 
 
 def test_threads_do_not_change_results() -> None:
