@@ -38,7 +38,10 @@ WORKLOADS = {
     "engine-offline": ("bench.engine_offline", "Engine vs ScoringModel, per-stage timings"),
     "parity": ("bench.parity", "engine vs transformers scores on varied pairs"),
     "snapshot": ("bench.snapshot", "scores of this checkout in f32/bf16, to compare bit for bit"),
-    "attention": ("bench.bench_attention", "packed attention kernels on a W2-like packing"),
+    "attention": (
+        "bench.bench_attention",
+        "packed attention kernels on a W2-like or short-text packing",
+    ),
     "native": ("bench.bench_native", "Cython hot paths vs their pure-Python twins"),
 }
 

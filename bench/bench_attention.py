@@ -1,4 +1,4 @@
-"""Packed attention kernels on a W2-like packing: Pallas, block-sparse XLA and the dense mask.
+"""Packed attention kernels on a W2-like or short-text packing: Pallas, XLA, the dense mask.
 
     python -m bench.bench_attention [--tokens 2048 8192] [--dtype bfloat16 float32]
     python -m bench.bench_attention --backend gpu --tokens 2048 8192 32768 --shape qwen3-0.6b

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from bench import __main__ as entry
-from bench import common, embed, peak, sides, w1, w2, w3
+from bench import bench_attention, common, embed, peak, sides, w1, w2, w3
 from bench.flops import Cost, common_prefix, shared_prefix_flops
 from engine.models import ModelConfig
 
@@ -546,3 +546,18 @@ def test_embed_beside_sentence_transformers(minilm, tmp_path, capsys):
     assert report["max_abs_component_diff_vs_baseline"] < 1e-5  # f32, unit vectors
     assert capsys.readouterr().out.count("\n") == 1  # one summary line
     assert out.with_suffix(".png").stat().st_size > 1000
+
+
+def test_attention_text_packing_is_texts_back_to_back() -> None:
+    prefix_start, prefix_end, own_start, own_end = bench_attention.text_spans(4096, seed=3)
+    assert all(a.shape == (4096,) and a.dtype == np.int32 for a in (own_start, own_end))
+    assert not prefix_start.any() and not prefix_end.any()  # no prefixes
+    starts, first = np.unique(own_start, return_index=True)
+    np.testing.assert_array_equal(first, starts)  # each text's tokens are contiguous
+    ends = own_end[first]
+    np.testing.assert_array_equal(starts[1:], ends[:-1])  # back to back from token 0
+    assert starts[0] == 0 and ends[-1] == 4096  # the last text cut at T
+    lengths = ends - starts
+    assert lengths[:-1].min() >= 8 and lengths.max() <= 256 and len(lengths) > 20
+    t = np.arange(4096)
+    assert ((own_start <= t) & (t < own_end)).all()  # every token inside its own text
