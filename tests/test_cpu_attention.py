@@ -1,6 +1,6 @@
 """The native CPU attention kernel against the dense oracle, in every instruction-set build."""
 
-import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import hypothesis.strategies as st
 import jax
@@ -159,19 +159,13 @@ def test_concurrent_calls_match_their_own_results() -> None:
         meta = layout_meta(groups, 64, bidirectional=i != 1)
         qkv = random_qkv(meta.prefix_start.shape[0], 12, 12, 32, jnp.float32, seed=i)
         problems.append((qkv, meta, np.asarray(run_cpu(*qkv, meta))))
-    failures = []
 
-    def check(qkv, meta, want) -> None:
-        for _ in range(5):
-            if not np.array_equal(np.asarray(run_cpu(*qkv, meta)), want):
-                failures.append(meta.prefix_start.shape[0])
+    def unchanged(qkv, meta, want) -> bool:
+        return all(np.array_equal(np.asarray(run_cpu(*qkv, meta)), want) for _ in range(5))
 
-    threads = [threading.Thread(target=check, args=problem) for problem in problems * 2]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert failures == []
+    with ThreadPoolExecutor(len(problems) * 2) as pool:
+        runs = [pool.submit(unchanged, *problem) for problem in problems * 2]
+        assert [run.result() for run in runs] == [True] * len(runs)
 
 
 def test_threads_do_not_change_results() -> None:
