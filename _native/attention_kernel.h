@@ -132,18 +132,24 @@ inline void block_scores(const float* q, const vf* kt, int c0, vf* scores) {
   if constexpr (kTail > 0) score_pass<D, kTail>(q, kt, c0 + NV - kTail, scores);
 }
 
+// Calls body(b, c0, std::integral_constant<int, n>) for each block b of 4 rows that sees n > 0
+// key vectors from c0: the score kernels' walk over the blocks.
+template <typename Body>
+inline void for_blocks_seeing_keys(const VectorRange* blocks, int n_blocks, const Body& body) {
+  for (int b = 0; b < n_blocks; ++b) {
+    const int c0 = blocks[b].c0, c1 = blocks[b].c1;
+    if (c0 < c1) with_vector_count(c1 - c0, [&](auto n) { body(b, c0, n); });
+  }
+}
+
 // scores[r][key vectors of r's block] = q_rows[r] . kt[.][same keys] for the blocks of 4 rows.
 // Keys outside a block's range are neither computed nor written.
 template <int D>
 void tile_scores(const float* q_rows, const vf* kt, const VectorRange* blocks, int n_blocks,
                  vf* scores) {
-  for (int b = 0; b < n_blocks; ++b) {
-    const auto [c0, c1] = blocks[b];
-    if (c0 >= c1) continue;
-    with_vector_count(c1 - c0, [&](auto n) {
-      block_scores<D, decltype(n)::value>(q_rows + 4 * b * D, kt, c0, scores + 4 * b * kKeyVecs);
-    });
-  }
+  for_blocks_seeing_keys(blocks, n_blocks, [&](int b, int c0, auto n) {
+    block_scores<D, decltype(n)::value>(q_rows + 4 * b * D, kt, c0, scores + 4 * b * kKeyVecs);
+  });
 }
 
 // out[r][s .. s + W) = out[r][same] * alpha[r] + probs[r][keys] . v_tile[keys][same] for the
@@ -430,14 +436,10 @@ struct Bf16Tiles {
   void scores(const std::vector<uint32_t>& q_rows, int g, int tile, const VectorRange* blocks,
               int n_blocks, vf* score) const {
     const __m512bh* keys = kp.as<__m512bh>() + (int64_t(g) * k_tiles + tile) * kPairs * kKeyVecs;
-    for (int b = 0; b < n_blocks; ++b) {
-      const auto [c0, c1] = blocks[b];
-      if (c0 >= c1) continue;
-      with_vector_count(c1 - c0, [&](auto n) {
-        block_scores<decltype(n)::value>(q_rows.data() + 4 * b * kPairs, keys, c0,
-                                         score + 4 * b * kKeyVecs);
-      });
-    }
+    for_blocks_seeing_keys(blocks, n_blocks, [&](int b, int c0, auto n) {
+      block_scores<decltype(n)::value>(q_rows.data() + 4 * b * kPairs, keys, c0,
+                                       score + 4 * b * kKeyVecs);
+    });
   }
 
   void values(const vf* probs, const float* alpha, int g, int tile, const VectorRange* blocks,

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bench.workloads import text_lengths
 from kernels import (
     ATTENTION,
     AttentionMeta,
@@ -65,8 +66,7 @@ def text_spans(tokens: int, seed: int = 0) -> tuple[np.ndarray, ...]:
     """(prefix_start, prefix_end, own_start, own_end) i32[T]: texts of 8-256 tokens drawn as
     `bench embed` draws them, packed back to back, each seeing all of itself (no prefix); the
     last text is cut at T."""
-    rng = np.random.default_rng(seed)
-    lengths = np.clip(np.round(rng.lognormal(np.log(60), 0.8, tokens)), 8, 256).astype(int)
+    lengths = text_lengths(np.random.default_rng(seed), tokens)
     ends = np.minimum(np.cumsum(lengths), tokens)
     ends = ends[: np.searchsorted(ends, tokens) + 1]
     starts = np.concatenate([[0], ends[:-1]])

@@ -31,7 +31,7 @@ from tqdm import trange
 from bench import common, sides
 from bench.flops import Cost, encoder_flops, shared_prefix_flops
 from bench.peak import measure_peaks
-from bench.workloads import text_of_tokens
+from bench.workloads import text_lengths, text_of_tokens
 from engine import open_engine
 from engine.embed import embed_request
 
@@ -103,8 +103,7 @@ def model_dir(args) -> Path:
 def texts_of(tokenizer, n: int, seed: int) -> list[str]:
     """`n` texts whose lengths spread log-normally around 60 tokens, within 8-256."""
     rng = np.random.default_rng(seed)
-    lengths = np.clip(np.round(rng.lognormal(np.log(60), 0.8, n)), 8, 256).astype(int)
-    return [text_of_tokens(rng, tokenizer, int(k)) for k in lengths]
+    return [text_of_tokens(rng, tokenizer, int(k)) for k in text_lengths(rng, n)]
 
 
 async def run_engine(config, args) -> dict:

@@ -16,6 +16,12 @@ def sentence(rng: np.random.Generator, words: int) -> str:
     return " ".join(rng.choice(WORDS, words)).capitalize() + "."
 
 
+def text_lengths(rng: np.random.Generator, n: int) -> np.ndarray:
+    """int[n]: token counts of short texts as real corpora spread them, log-normal around 60
+    and cut to 8-256."""
+    return np.clip(np.round(rng.lognormal(np.log(60), 0.8, n)), 8, 256).astype(int)
+
+
 def text_of_tokens(rng: np.random.Generator, tokenizer, tokens: int) -> str:
     """A text of about `tokens` tokens under `tokenizer`, built sentence by sentence."""
     out = ""
