@@ -36,7 +36,13 @@ extensions += [
 extensions.append(
     Extension(
         "_native._cpu",
-        ["_native/_cpu.pyx", "_native/attention.cc", "_native/dense.cc", "_native/dense_int8.cc"],
+        [
+            "_native/_cpu.pyx",
+            "_native/attention.cc",
+            "_native/dense.cc",
+            "_native/dense_int8.cc",
+            "_native/dense_f32.cc",
+        ],
         include_dirs=["_native", os.path.join(os.path.dirname(jaxlib.__file__), "include")],
         language="c++",
         extra_compile_args=["-O3", "-std=c++17", "-fno-math-errno", "-Wno-psabi"],
@@ -45,9 +51,12 @@ extensions.append(
             "_native/attention_kernel.h",
             "_native/cpu_pool.h",
             "_native/dense.h",
+            "_native/dense_f32.h",
+            "_native/dense_f32_kernel.h",
             "_native/dense_int8.h",
             "_native/dense_int8_kernel.h",
             "_native/dense_tiles.h",
+            "_native/simd.h",
         ],
     )
 )

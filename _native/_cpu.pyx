@@ -1,6 +1,7 @@
 # distutils: language = c++
 """The native CPU kernels as XLA FFI handler capsules, and their knobs: packed attention
-(attention.cc), the pre-packed bf16 dense matmul (dense.cc) and the int8 one (dense_int8.cc)."""
+(attention.cc), the pre-packed bf16 dense matmul (dense.cc), the f32 one (dense_f32.cc) and the
+int8 one (dense_int8.cc)."""
 
 from cpython.pycapsule cimport PyCapsule_New
 
@@ -20,6 +21,13 @@ cdef extern from "dense.h":
     void packed_dense_set_isa(int isa)
     int packed_dense_isa()
     long long packed_dense_stream_bytes()
+
+
+cdef extern from "dense_f32.h":
+    void* dense_f32_handler()
+    int dense_f32_cpu_has(int isa)
+    void dense_f32_set_isa(int isa)
+    int dense_f32_isa()
 
 
 cdef extern from "dense_int8.h":
@@ -93,6 +101,30 @@ def set_isa(name):
 def isa():
     """The build calls use now."""
     return ISAS[packed_attention_isa()]
+
+
+# Instruction-set builds of the f32 dense kernel, by the index the C side uses.
+F32_ISAS = ("avx2", "avx512")
+
+
+def f32_handler():
+    """The XLA FFI handler of the `dense_f32` custom call, as a PyCapsule."""
+    return PyCapsule_New(dense_f32_handler(), NULL, NULL)
+
+
+def f32_isas():
+    """The f32 dense kernel's builds this CPU can run, narrowest first."""
+    return _builds(F32_ISAS, lambda i: dense_f32_cpu_has(i))
+
+
+def set_f32_isa(name):
+    """Use f32 dense build `name` (one of `f32_isas()`), or None for the widest available."""
+    dense_f32_set_isa(_build_index(F32_ISAS, f32_isas(), name))
+
+
+def f32_isa():
+    """The f32 dense build calls use now, or None when this CPU runs none."""
+    return _build_name(F32_ISAS, dense_f32_isa())
 
 
 # Instruction-set builds of the int8 dense kernel, by the index the C side uses.

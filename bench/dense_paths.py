@@ -1,13 +1,14 @@
 """The dense matmul paths side by side: W1 and W2 through the engine with the measured default
 and with each strategy forced, back to back, in one compute mode.
 
-    python -m bench dense [--model PATH | --shape smollm2-135m] [--mode bfloat16|int8]
+    python -m bench dense [--model PATH | --shape smollm2-135m] [--mode bfloat16|float32|int8]
                           [--workloads w1 w2] [--paths default cpu ...] [--repeats 3]
 
 Each workload is one `Engine.score` request timed as `python -m bench w1` / `w2` time it
 (warm-up, then the best of `--repeats` passes with the KV cache flushed), once per path: the
 default (each weight shape by the strategy measured fastest on this machine) and every strategy
-that runs here ("xla", "cpu", "onednn"; in int8: "int8", "int8-xla"), or those `--paths` names.
+that runs here ("xla", "cpu", "onednn"; in float32: "xla", "cpu"; in int8: "int8",
+"int8-xla"), or those `--paths` names.
 Reported per path: items/s and the ratio to the best forced strategy, the label log-probs'
 largest |d log-prob| from the first path's (`max_abs_logprob_diff_vs_first`), and what the
 default chose per shape with each candidate's GFLOP/s. Prints one line per workload; writes the
@@ -25,7 +26,7 @@ from kernels import INT8_DENSE, dense_runs, devices
 
 def parse(argv):
     p = common.parser(__doc__.split("\n\n")[0])
-    p.add_argument("--mode", default="bfloat16", choices=["bfloat16", "int8"])
+    p.add_argument("--mode", default="bfloat16", choices=["bfloat16", "float32", "int8"])
     common.w1_w2_options(p, [1])  # no baseline runs here
     p.add_argument(
         "--paths",
@@ -40,7 +41,8 @@ def paths(mode: str) -> list[str | None]:
     """The default (None) and every strategy of `mode` that runs on this backend."""
     names = INT8_DENSE if mode == "int8" else ("xla", "cpu", "onednn")
     backend, int8 = devices.backend(), mode == "int8"
-    return [None, *(n for n in names if dense_runs(n, backend, dtype=jnp.bfloat16, int8=int8))]
+    dtype = jnp.float32 if mode == "float32" else jnp.bfloat16
+    return [None, *(n for n in names if dense_runs(n, backend, dtype=dtype, int8=int8))]
 
 
 def main(argv=None) -> dict:

@@ -25,8 +25,9 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # "reference" | "xla" | "cpu" | "pallas" | "mosaic" (Hopper+, bf16); None picks by backend
     # (cpu on CPU, pallas on TPU/GPU)
     attention: str | None = None
-    # layer matmuls: "xla" | "cpu" (bf16 weights packed once for the native kernel: AVX512-BF16
-    # or AVX2) | "onednn" (oneDNN's matmul, AMX where the CPU has it);
+    # layer matmuls: "xla" | "cpu" (weights packed once for the native kernel of their dtype:
+    # bf16 on AVX512-BF16 or AVX2, f32 on AVX-512 or AVX2) | "onednn" (oneDNN's bf16 matmul, AMX
+    # where the CPU has it);
     # under dtype "int8": "int8" (the native VNNI kernel) | "int8-xla"; None: each weight shape
     # by the fastest of those that run, measured on this CPU once (kept in compile_cache_dir)
     dense: str | None = None

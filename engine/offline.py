@@ -38,10 +38,10 @@ def load_model(
     `dtype` is the weight dtype ("bfloat16" or "float32"; matmuls accumulate in f32 either way);
     `attention` forces an implementation by name ("reference", "xla", "cpu"), `None` picks by
     backend (the fused native kernel on CPU when it supports the head dim); `dense` forces the
-    layer matmul path ("xla", or "cpu": bf16 weights packed once for the native kernel), `None`
-    multiplies each weight shape by the fastest path on this CPU (measured once, kept in the
-    compile cache directory: `kernels.dense_choice`); `token_budget` bounds the tokens of one packed
-    batch; `progress` shows a loading bar.
+    layer matmul path ("xla", or "cpu": weights packed once for the native kernel of their
+    dtype), `None` multiplies each weight shape by the fastest path on this CPU (measured once,
+    kept in the compile cache directory: `kernels.dense_choice`); `token_budget` bounds the
+    tokens of one packed batch; `progress` shows a loading bar.
     """
     return ScoringModel(
         load_checkpoint(path, progress=progress),

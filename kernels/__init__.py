@@ -3,7 +3,6 @@ choice of dense matmul path."""
 
 from collections.abc import Callable
 
-import jax.numpy as jnp
 import numpy as np
 
 from kernels import cpu, dense_choice, mosaic_gpu, onednn, pallas
@@ -56,7 +55,7 @@ def select_attention(
     return ATTENTION[name]
 
 
-DENSE = tuple(STRATEGIES)  # "cpu" and "onednn": bf16 layer matrices packed once at load
+DENSE = tuple(STRATEGIES)  # "cpu" and "onednn": layer matrices packed once at load
 INT8_DENSE = ("int8", "int8-xla")  # the strategies of the int8 compute mode
 
 
@@ -70,36 +69,40 @@ def select_dense(
 ) -> Dense:
     """The dense matmul strategy called `name`, or the default for `backend` when `name` is None.
 
-    Where more than one strategy runs (a CPU backend with the native kernels, bfloat16 weights
-    or the int8 mode), the default is the measured one (`kernels.dense_choice.measured`): each
-    weight shape multiplied by the fastest eligible strategy on this machine, the choices kept
-    under `cache_dir` (None: measured once per process). Elsewhere it is "xla", or "int8-xla"
-    in the int8 mode (`int8`). The fixed strategies are "xla", "cpu" (the native bf16 kernel on
-    AVX512-BF16 or AVX2, bf16 weights), "onednn" (oneDNN's matmul on weights it packed, AMX
-    where the CPU has it; bf16 weights), and in the int8 mode "int8" (the native VNNI kernel)
-    and "int8-xla" (the same arithmetic in XLA). Raises ValueError for an unknown name, a
+    Where more than one strategy runs (a CPU backend with the native kernels: bfloat16 or
+    float32 weights, or the int8 mode), the default is the measured one
+    (`kernels.dense_choice.measured`): each weight shape multiplied by the fastest eligible
+    strategy on this machine, the choices kept under `cache_dir` (None: measured once per
+    process). Elsewhere it is "xla", or "int8-xla" in the int8 mode (`int8`). The fixed
+    strategies are "xla", "cpu" (the native kernel of the weight dtype: bf16 on AVX512-BF16 or
+    AVX2, f32 on AVX-512 or AVX2), "onednn" (oneDNN's matmul on bf16 weights it packed, AMX
+    where the CPU has it), and in the int8 mode "int8" (the native VNNI kernel) and "int8-xla"
+    (the same arithmetic in XLA). Raises ValueError for an unknown name, a
     strategy of the other mode, or a native one where it cannot run.
     """
     if int8:
         return _select_int8(name, backend, cache_dir)
-    bf16_cpu = backend == "cpu" and np.dtype(dtype) == jnp.bfloat16
-    runs = {"xla": True, "cpu": bf16_cpu and cpu.DENSE_AVAILABLE}
-    runs["onednn"] = bf16_cpu and onednn.AVAILABLE
+    on_cpu, mode = backend == "cpu", np.dtype(dtype).name
+    native = {"bfloat16": cpu.DENSE_AVAILABLE, "float32": cpu.F32_AVAILABLE}.get(mode, False)
+    runs = {"xla": True, "cpu": on_cpu and native}
+    runs["onednn"] = on_cpu and mode == "bfloat16" and onednn.AVAILABLE
     if name is None:
         several = sum(runs.values()) > 1
-        return dense_choice.measured("bfloat16", cache_dir) if several else STRATEGIES["xla"]
+        return dense_choice.measured(mode, cache_dir) if several else STRATEGIES["xla"]
     if name not in DENSE:
         raise ValueError(f"unknown dense {name!r}; known: {list(DENSE)}")
     if name in INT8_DENSE:
         raise ValueError(f"dense {name!r} is the int8 compute mode's: use dtype 'int8'")
     if not runs[name]:
+        weights = "bfloat16 or float32" if name == "cpu" else "bfloat16"
         needs = {
-            "cpu": "an AVX2 or AVX512-BF16 CPU",
+            "cpu": "an AVX2 or AVX512-BF16 CPU (AVX2 or AVX-512 for float32)",
             "onednn": "the oneDNN extension and an AVX-512 CPU (oneDNN's bf16 matmul)",
         }[name]
         raise ValueError(
-            f"dense {name!r} needs the CPU backend, bfloat16 weights, and {needs} (backend "
-            f"{backend}, dtype {np.dtype(dtype)}, native kernel: {cpu.DENSE_AVAILABLE}, "
+            f"dense {name!r} needs the CPU backend, {weights} weights, and {needs} (backend "
+            f"{backend}, dtype {np.dtype(dtype)}, native kernels: bf16 {cpu.DENSE_AVAILABLE}, "
+            f"f32 {cpu.F32_AVAILABLE}, "
             f"oneDNN built: {onednn.BUILT}, on {onednn.isa() or 'none'})"
         )
     return STRATEGIES[name]

@@ -118,11 +118,19 @@ DENSE_AVAILABLE = AVAILABLE and _cpu.dense_isa() is not None
 if DENSE_AVAILABLE:
     jax.ffi.register_ffi_target(DENSE_TARGET, _cpu.dense_handler(), platform="cpu")
     jax.ffi.register_ffi_target(GATED_TARGET, _cpu.gated_handler(), platform="cpu")
+F32_TARGET = "dense_f32"
+F32_CHUNK = 8  # K must be a multiple of it: the kernel reads activations in chunks of 8 columns
+F32_AVAILABLE = AVAILABLE and _cpu.f32_isa() is not None
+if F32_AVAILABLE:
+    jax.ffi.register_ffi_target(F32_TARGET, _cpu.f32_handler(), platform="cpu")
 
 
-def dense_supports(k: int, n: int) -> bool:
-    """Whether the native dense kernel takes a [K, N] weight (it needs AVX2 or AVX512-BF16)."""
-    return DENSE_AVAILABLE and k % 2 == 0 and n % 16 == 0
+def dense_supports(k: int, n: int, dtype=jax.numpy.bfloat16) -> bool:
+    """Whether a native dense kernel takes a [K, N] weight of `dtype`: the bf16 kernel (AVX2 or
+    AVX512-BF16) or the f32 one (AVX2 or AVX-512)."""
+    if np.dtype(dtype) == np.float32:
+        return F32_AVAILABLE and k % F32_CHUNK == 0 and n % 16 == 0
+    return DENSE_AVAILABLE and np.dtype(dtype) == jax.numpy.bfloat16 and k % 2 == 0 and n % 16 == 0
 
 
 def dense_isas() -> tuple[str, ...]:
@@ -142,12 +150,35 @@ def dense_isa() -> str | None:
     return _native_module().dense_isa()
 
 
-def pack_dense(w) -> np.ndarray:
-    """Weights [..., K, N] packed for `dense_cpu` as bf16 [..., N/16, K/2, 32]: per 16-column
-    group and row pair (k, k+1), the columns' (w[k, n], w[k+1, n]) pairs. The result is aligned
-    for `kernels.host.to_device`."""
+def f32_isas() -> tuple[str, ...]:
+    """Builds of the f32 dense kernel this CPU can run, narrowest first: "avx2", "avx512"."""
+    return _native_module().f32_isas()
+
+
+def set_f32_isa(name: str | None) -> None:
+    """Run f32 dense build `name` from now on (for tests and comparisons); None picks the
+    widest."""
+    _native_module().set_f32_isa(name)
+
+
+def f32_isa() -> str | None:
+    """The build f32 dense calls use now."""
+    return _native_module().f32_isa()
+
+
+def pack_dense(w, dtype=jax.numpy.bfloat16) -> np.ndarray:
+    """Weights [..., K, N] packed for `dense_cpu`. bfloat16: bf16 [..., N/16, K/2, 32], per
+    16-column group and row pair (k, k+1) the columns' (w[k, n], w[k+1, n]) pairs; float32:
+    f32 [..., N/16, K, 16], per 16-column group its K rows. The result is aligned for
+    `kernels.host.to_device`."""
     w = np.asarray(w)
     *lead, k, n = w.shape
+    if np.dtype(dtype) == np.float32:
+        out = aligned_empty((*lead, n // 16, k, 16), np.float32)
+        out[...] = np.swapaxes(
+            w.astype(np.float32, copy=False).reshape(*lead, k, n // 16, 16), -3, -2
+        )
+        return out
     out = aligned_empty((*lead, n // 16, k // 2, 16, 2), jax.numpy.bfloat16)
     _pack_into(out, w)
     return out.reshape(*lead, n // 16, k // 2, 32)
@@ -176,16 +207,20 @@ def _pack_into(out: np.ndarray, w: np.ndarray) -> None:
 
 
 def dense_cpu(
-    x: jax.Array,  # [M, K], cast to bf16
-    w: jax.Array,  # bf16[L, N/16, K/2, 32] from `pack_dense`
+    x: jax.Array,  # [M, K], cast to w's dtype
+    w: jax.Array,  # bf16[L, N/16, K/2, 32] or f32[L, N/16, K, 16] from `pack_dense`
     layer: jax.Array,  # i32[]: which of the L matrices
 ) -> jax.Array:  # f32[M, N]
-    """`x @ W[layer]` on the CPU: bf16 inputs, f32 products and accumulation."""
+    """`x @ W[layer]` on the CPU in the weights' dtype: bf16 inputs with exact f32 products,
+    or f32 inputs with fused multiply-adds; f32 accumulation in order over K."""
     m, k = x.shape
-    if w.ndim != 4 or w.shape[2] * 2 != k or w.shape[3] != 32:
+    f32 = w.dtype == np.float32
+    rows, width = (k, 16) if f32 else (k // 2, 32)
+    if w.ndim != 4 or w.shape[2] != rows or w.shape[3] != width or (not f32 and k % 2):
         raise ValueError(f"dense_cpu: weights of shape {w.shape} do not take x of shape {x.shape}")
-    call = jax.ffi.ffi_call(DENSE_TARGET, jax.ShapeDtypeStruct((m, w.shape[1] * 16), np.float32))
-    return call(x.astype(jax.numpy.bfloat16), w, jax.numpy.asarray(layer, np.int32))
+    out = jax.ShapeDtypeStruct((m, w.shape[1] * 16), np.float32)
+    call = jax.ffi.ffi_call(F32_TARGET if f32 else DENSE_TARGET, out)
+    return call(x.astype(w.dtype), w, jax.numpy.asarray(layer, np.int32))
 
 
 def gated_cpu(

@@ -5,9 +5,10 @@ load (a stack `[L, K, N]` over layers, the gated pair of the MLP, the LM head) a
 the prepared form; the forward never looks inside. Two exist:
 
 - `XLA`: the matrices in the weight dtype, `jnp.matmul` with f32 accumulation; any backend.
-- `CPU`: bf16 matrices packed once for the native bf16 kernel (`kernels.cpu`: AVX512-BF16 dot
-  products, or f32 FMAs on AVX2); a matrix the kernel cannot take (odd K, N not a multiple of
-  16) stays in the XLA form.
+- `CPU`: matrices packed once for the native kernel of their dtype (`kernels.cpu`): bf16 for
+  AVX512-BF16 dot products (f32 FMAs on AVX2), f32 for f32 FMAs on AVX2 or AVX-512 (its gated
+  pair as one product, the activation in XLA); a matrix the kernel cannot take (K odd, or not
+  a multiple of 8 in f32; N not a multiple of 16) stays in the XLA form.
 - `INT8_XLA`: layer matrices quantised once to int8 per column, activations per row block on
   the fly (`kernels.quant`), int32 sums in XLA; the LM head stays in the weight dtype.
 - `INT8`: the same arithmetic in the native AVX512-VNNI kernel (`kernels.cpu.dense_int8`), the
@@ -94,17 +95,13 @@ class Packed(NamedTuple):
     """A stack of matrices packed for `kernels.cpu.dense_cpu` / `gated_cpu` (the packers return
     fresh aligned buffers, which `jax.device_put` adopts on the CPU without copying)."""
 
-    data: jax.Array  # bf16[L, N/16, K/2, 32]
-
-
-def _packable(k: int, n: int, dtype) -> bool:
-    return np.dtype(dtype) == jnp.bfloat16 and cpu.dense_supports(k, n)
+    data: jax.Array  # bf16[L, N/16, K/2, 32] or f32[L, N/16, K, 16]
 
 
 def _cpu_prepare(w, dtype) -> Packed | jax.Array:
-    if not _packable(*w.shape[-2:], dtype):
+    if not cpu.dense_supports(*w.shape[-2:], dtype):
         return _xla_prepare(w, dtype)
-    return Packed(jax.device_put(cpu.pack_dense(w)))
+    return Packed(jax.device_put(cpu.pack_dense(w, dtype)))
 
 
 def _cpu_matmul(x: jax.Array, w: Packed | jax.Array, layer: jax.Array) -> jax.Array:
@@ -114,21 +111,25 @@ def _cpu_matmul(x: jax.Array, w: Packed | jax.Array, layer: jax.Array) -> jax.Ar
 
 
 def _cpu_prepare_gated(gate, up, dtype) -> Packed | jax.Array:
-    if not _packable(*gate.shape[-2:], dtype):
+    if not cpu.dense_supports(*gate.shape[-2:], dtype):
         return _xla_prepare_gated(gate, up, dtype)
+    if np.dtype(dtype) == np.float32:  # one product of the pairs (f32 has no fused kernel)
+        return _cpu_prepare(_pairs(gate, up), dtype)
     return Packed(jax.device_put(cpu.pack_gated(gate, up)))
 
 
 def _cpu_gated(x: jax.Array, w: Packed | jax.Array, layer: jax.Array) -> jax.Array:
-    if isinstance(w, Packed):
-        return cpu.gated_cpu(x, w.data, layer)
-    return _xla_gated(x, w, layer)
+    if not isinstance(w, Packed):
+        return _xla_gated(x, w, layer)
+    if w.data.dtype == np.float32:
+        return _silu_gate(cpu.dense_cpu(x, w.data, layer))
+    return cpu.gated_cpu(x, w.data, layer)
 
 
 def _cpu_prepare_head(w, dtype) -> Packed | jax.Array:
-    if not _packable(*w.shape[::-1], dtype):
+    if not cpu.dense_supports(*w.shape[::-1], dtype):
         return _xla_prepare(w, dtype)
-    return Packed(jax.device_put(cpu.pack_dense(np.asarray(w).T[None])))  # [1, E, V] packed
+    return Packed(jax.device_put(cpu.pack_dense(np.asarray(w).T[None], dtype)))  # [1, E, V]
 
 
 def _cpu_head(h: jax.Array, w: Packed | jax.Array) -> jax.Array:

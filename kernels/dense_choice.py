@@ -9,10 +9,10 @@ forward multiplies it, out of a stack indexed by a scanned layer), and takes the
 the preferred of those within a margin of it (`MARGIN`, `PREFERENCE`).
 
 Speed is not the only criterion: a candidate is eligible only if its products stay within the
-bound that any f32 accumulation of the bf16 inputs keeps, `K * 2^-23 * (|x| @ |w|)` per element
-(checked against float64 on a few rows of each timed call; the gated pair also allows its one
-bf16 rounding). In the int8 mode the int8 strategies are held to the XLA twin, which defines the
-arithmetic (`kernels.quant`).
+bound that any f32 accumulation of the inputs keeps (bf16 inputs in the "bfloat16" mode, f32 in
+"float32"), `K * 2^-23 * (|x| @ |w|)` per element (checked against float64 on a few rows of each
+timed call; the gated pair also allows one bf16 rounding, the bf16 kernel's). In the int8 mode
+the int8 strategies are held to the XLA twin, which defines the arithmetic (`kernels.quant`).
 
 The choices are kept in `<cache_dir>/dense-choice/<mode>-<key>.json`, keyed by the CPU model
 and flags, the cores this process may use, the native builds and the JAX version, so a later
@@ -58,7 +58,7 @@ MARGIN = 0.15
 PREFERENCE = ("cpu", "int8", "xla", "int8-xla", "onednn")
 METHOD = "2"  # how candidates are timed and compared: a change retires the cached choices
 MATRIX_FLAGS = ("amx_bf16", "amx_int8", "avx512_bf16", "avx512_vnni", "avx_vnni", "avx2")
-MODES = ("bfloat16", "int8")
+MODES = ("bfloat16", "float32", "int8")
 KINDS = ("matmul", "gated", "head")
 
 
@@ -87,7 +87,7 @@ class ShapeChoice(msgspec.Struct, frozen=True, kw_only=True):
 class DenseChoice(msgspec.Struct, frozen=True, kw_only=True):
     """What the measured strategy chose for a model's matrices on this machine."""
 
-    mode: str  # "bfloat16" | "int8"
+    mode: str  # "bfloat16" | "float32" | "int8"
     cpu: str  # the CPU model
     matrix_isa: str  # the CPU's widest matrix instructions ("amx", "avx512_bf16", ...)
     cores: int  # cores this process may use
@@ -126,6 +126,7 @@ def machine() -> dict[str, str]:
         "onednn_build": _build(onednn._onednn),
         "isa": cpu.isa() if cpu.AVAILABLE else "none",
         "dense_isa": (cpu.dense_isa() or "none") if cpu.AVAILABLE else "none",
+        "f32_isa": (cpu.f32_isa() or "none") if cpu.AVAILABLE else "none",
         "int8_isa": (cpu.int8_isa() or "none") if cpu.AVAILABLE else "none",
         "onednn": onednn.isa() or "none",
         "jax": f"{jax.__version__}/{jax.lib.__version__}",
@@ -159,6 +160,8 @@ def _cpuinfo() -> dict[str, str]:
 
 def candidates(mode: str, kind: str, k: int, n: int) -> tuple[str, ...]:
     """The strategies that can run this shape in `mode`; the reference (XLA) form first."""
+    if mode == "float32":
+        return ("xla", *("cpu",) * cpu.dense_supports(k, n, jnp.float32))
     bf16 = ("xla", *("cpu",) * cpu.dense_supports(k, n), *("onednn",) * onednn.supports(k, n))
     if mode == "bfloat16" or kind == "head":  # the int8 mode's head is bf16
         return bf16
@@ -305,9 +308,9 @@ def chooser(mode: str) -> Chooser:
 
 
 def measured(mode: str, cache_dir: str | None) -> Dense:
-    """The strategy that multiplies each shape as measured fastest in `mode` ("bfloat16", or
-    "int8" for the int8 compute mode), the choices kept in `cache_dir` (None: in this process
-    only)."""
+    """The strategy that multiplies each shape as measured fastest in `mode` ("bfloat16",
+    "float32", or "int8" for the int8 compute mode), the choices kept in `cache_dir` (None: in
+    this process only)."""
     choices = chooser(mode)
     choices.use(cache_dir)
     return chosen(Picks(choices))
@@ -320,9 +323,10 @@ def measure_shape(mode: str, kind: str, k: int, n: int, names) -> dict[str, Timi
     rng = np.random.default_rng(k * 65_537 + n)
     rows = HEAD_ROWS if kind == "head" else ROWS
     n = min(n, HEAD_COLUMNS) if kind == "head" else n
-    x = jnp.asarray(rng.standard_normal((max(rows), k), np.float32) / math.sqrt(k), jnp.bfloat16)
+    dtype = jnp.float32 if mode == "float32" else jnp.bfloat16  # of the weights and inputs
+    x = jnp.asarray(rng.standard_normal((max(rows), k), np.float32) / math.sqrt(k), dtype)
     ws = [_weights(rng, k, n, kind) for _ in range(2 if kind == "gated" else 1)]
-    apply = {name: _program(STRATEGIES[name], kind, ws) for name in names}
+    apply = {name: _program(STRATEGIES[name], kind, ws, dtype) for name in names}
     reference = _reference(mode, kind, x[:CHECK_ROWS], [w[:, :CHECK_COLUMNS] for w in ws], apply)
     seconds = {name: {} for name in names}
     error = dict.fromkeys(names, 0.0)
@@ -373,21 +377,21 @@ def _first(y: jax.Array) -> jax.Array:
     return y[0] if y.ndim == 3 else y
 
 
-def _program(dense: Dense, kind: str, ws) -> _Program:
-    """The strategy's product with weights `ws` prepared as it prepares them.
+def _program(dense: Dense, kind: str, ws, dtype) -> _Program:
+    """The strategy's product with weights `ws` prepared as it prepares them in `dtype`.
 
     Layer matrices are multiplied as the forward multiplies them: a stack of `LAYERS` copies
     indexed by the layer a `lax.scan` carries, not a constant index (XLA folds a constant
     slice away, but copies a traced one out of the stack, which costs it up to half its speed
     at a few hundred rows)."""
     if kind == "head":
-        w = dense.prepare_head(ws[0].T, jnp.bfloat16)  # [N, K], as a head is stored
+        w = dense.prepare_head(ws[0].T, dtype)  # [N, K], as a head is stored
         return _Program(jax.jit(dense.head), w)
     stack = [np.stack([w] * LAYERS) for w in ws]  # [L, K, N] each
     if kind == "matmul":
-        w, product = dense.prepare(stack[0], jnp.bfloat16), dense.matmul
+        w, product = dense.prepare(stack[0], dtype), dense.matmul
     else:
-        w, product = dense.prepare_gated(*stack, jnp.bfloat16), dense.gated
+        w, product = dense.prepare_gated(*stack, dtype), dense.gated
 
     def layers(x, w):  # f32[L, M, N]
         return jax.lax.scan(lambda _, i: (None, product(x, w, i)), None, jnp.arange(LAYERS))[1]

@@ -371,6 +371,22 @@ def test_dense_paths_side_by_side(tiny, tmp_path):
             assert all(s["chosen"] in forced for s in shapes)
 
 
+def test_dense_paths_in_f32_agree_to_f32_rounding(tiny, tmp_path):
+    from bench import dense_paths
+    from kernels import cpu
+
+    forced = ["xla", *["cpu"] * cpu.F32_AVAILABLE]
+    assert dense_paths.paths("float32") == [None, *forced]
+    quick = [q for q in QUICK if q not in ("--dtype", "float32")]
+    argv = ["--model", tiny, *quick, "--mode", "float32", "--workloads", "w1"]
+    report = dense_paths.main([*argv, "--json", str(tmp_path / "dense.json")])
+    paths = report["workloads"]["w1"]["paths"]
+    assert list(paths) == ["default", *forced]
+    for side in paths.values():
+        positive(side, "items_per_s", "over_best_forced")
+        assert side["max_abs_logprob_diff_vs_first"] < 1e-4  # f32 on every path
+
+
 def test_dashboard_screenshot_under_load(tiny, tmp_path):
     from bench import dashboard_shot
 

@@ -43,7 +43,8 @@ def jax_silu(x):
 
 @pytest.fixture
 def emulated_kernel(monkeypatch):
-    monkeypatch.setattr(cpu, "dense_supports", lambda k, n: k % 2 == 0 and n % 16 == 0)
+    supports = lambda k, n, dtype=jnp.bfloat16: dtype == jnp.bfloat16 and k % 2 == 0 and n % 16 == 0
+    monkeypatch.setattr(cpu, "dense_supports", supports)
     monkeypatch.setattr(cpu, "dense_cpu", emulated_dense)
     monkeypatch.setattr(cpu, "gated_cpu", emulated_gated)
 

@@ -67,7 +67,8 @@ class FakeMeasure:
 def two_candidates(monkeypatch):
     """XLA and the native kernel as the bf16 candidates, the latter for every even K and N a
     multiple of 16 (as on a CPU with AVX512-BF16), whatever this CPU has."""
-    monkeypatch.setattr(cpu, "dense_supports", lambda k, n: k % 2 == 0 and n % 16 == 0)
+    supports = lambda k, n, dtype=jnp.bfloat16: k % 2 == 0 and n % 16 == 0
+    monkeypatch.setattr(cpu, "dense_supports", supports)
     monkeypatch.setattr(onednn, "supports", lambda k, n: False)
 
 
@@ -138,7 +139,7 @@ def test_the_report_names_the_shapes_of_one_model(two_candidates):
 
 
 def test_chosen_prepares_each_shape_as_picked(two_candidates, monkeypatch):
-    monkeypatch.setattr(cpu, "pack_dense", lambda w: ("packed", np.shape(w)))
+    monkeypatch.setattr(cpu, "pack_dense", lambda w, dtype: ("packed", np.shape(w)))
     monkeypatch.setattr(dense.jax, "device_put", lambda x: x)
     picks = {("matmul", 64, 96): "cpu", ("matmul", 96, 64): "xla", ("head", 64, 384): "cpu"}
     strategy = dense.chosen(lambda kind, k, n: picks[kind, k, n])
@@ -183,6 +184,22 @@ def test_measuring_real_kernels_checks_their_products(monkeypatch):
     assert timings["broken"].error > 1
 
 
+def test_measuring_in_f32_holds_the_native_kernel_to_the_f32_bound(monkeypatch):
+    names = dense_choice.candidates("float32", "matmul", 64, 96)
+    assert names == ("xla", "cpu") if cpu.F32_AVAILABLE else names == ("xla",)
+    assert dense_choice.candidates("float32", "matmul", 60, 96) == ("xla",)  # K: chunks of 8
+    for kind in dense_choice.KINDS:
+        timings = dense_choice.measure_shape("float32", kind, 64, 96, names)
+        assert set(timings) == set(names)
+        for t in timings.values():
+            assert t.eligible and 0 <= t.error <= 1, (kind, t)
+    # products rounded to bf16 are out of the f32 bound
+    to_bf16 = lambda y: y.astype(jnp.bfloat16).astype(jnp.float32)
+    monkeypatch.setitem(dense.STRATEGIES, "broken", broken_strategy(to_bf16))
+    timings = dense_choice.measure_shape("float32", "matmul", 256, 96, ("xla", "broken"))
+    assert timings["xla"].eligible and not timings["broken"].eligible
+
+
 def test_native_paths_are_candidates_exactly_where_they_run():
     """On every CPU. Where a native path does not run (neither AVX2 nor AVX512-BF16 for the
     native kernel; no extension, or no bf16 matmul in oneDNN on a CPU with AVX2 and no AVX-512,
@@ -206,7 +223,7 @@ def test_native_paths_are_candidates_exactly_where_they_run():
 def test_forcing_the_native_kernel_without_it_names_what_it_needs(monkeypatch):
     """As on a CPU with neither AVX2 nor AVX512-BF16, or a checkout without the extension."""
     monkeypatch.setattr(cpu, "DENSE_AVAILABLE", False)
-    needs = r"needs .* an AVX2 or AVX512-BF16 CPU .* native kernel: False"
+    needs = r"needs .* an AVX2 or AVX512-BF16 CPU .* native kernels: bf16 False"
     with pytest.raises(ValueError, match=needs):
         select_dense("cpu", "cpu", dtype=jnp.bfloat16)
     assert not dense_runs("cpu", "cpu", dtype=jnp.bfloat16)
