@@ -49,6 +49,7 @@ extensions.append(
         depends=[
             "_native/attention.h",
             "_native/attention_kernel.h",
+            "_native/builds.h",
             "_native/cpu_pool.h",
             "_native/dense.h",
             "_native/dense_f32.h",
@@ -106,7 +107,7 @@ if (found := onednn_dirs()) is not None:
             libraries=[":libdnnl.so.3"],
             language="c++",
             extra_compile_args=["-O2", "-std=c++17"],
-            depends=["_native/dense_onednn.h"],
+            depends=["_native/builds.h", "_native/dense_onednn.h"],
         )
     )
 

@@ -6,7 +6,6 @@
 // supports on `threads` worker threads (every core this process may run on by default).
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -22,6 +21,7 @@
 #include <vector>
 
 #include "attention.h"
+#include "builds.h"
 #include "cpu_pool.h"
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -159,15 +159,9 @@ bool cpu_has(int isa) {
   }
 }
 
-std::atomic<int> g_isa{-1};  // -1: the widest this CPU has
+native_builds::Choice g_builds(kAvx512Bf16, cpu_has);  // the portable build runs anywhere
 
-int chosen_isa() {
-  int isa = g_isa.load();
-  if (isa >= 0) return isa;
-  for (int best = kAvx512Bf16; best > kPortable; --best)
-    if (cpu_has(best)) return best;
-  return kPortable;
-}
+int chosen_isa() { return g_builds.chosen(); }
 
 template <typename In>
 bool dispatch(const Problem& p, const In* q, const In* k, const In* v, In* out) {
@@ -296,6 +290,6 @@ void packed_attention_set_threads(int threads) { native_cpu::g_threads = threads
 
 int packed_attention_cpu_has(int isa) { return packed_attention::cpu_has(isa); }
 
-void packed_attention_set_isa(int isa) { packed_attention::g_isa = isa; }
+void packed_attention_set_isa(int isa) { packed_attention::g_builds.set(isa); }
 
 int packed_attention_isa() { return packed_attention::chosen_isa(); }

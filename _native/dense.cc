@@ -18,12 +18,12 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <string>
 #include <utility>
 
+#include "builds.h"
 #include "cpu_pool.h"
 #include "dense.h"
 #include "dense_tiles.h"
@@ -216,15 +216,9 @@ bool cpu_has(int isa) {
   return false;
 }
 
-std::atomic<int> g_isa{-1};  // -1: the widest this CPU has
+native_builds::Choice g_builds(kAvx512Bf16, cpu_has);
 
-int chosen_isa() {
-  const int isa = g_isa.load();
-  if (isa >= 0) return isa;
-  for (int widest = kAvx512Bf16; widest >= kAvx2; --widest)
-    if (cpu_has(widest)) return widest;
-  return -1;
-}
+int chosen_isa() { return g_builds.chosen(); }
 
 template <bool kGated>
 void run(const Problem& p) {
@@ -237,11 +231,7 @@ void run(const Problem& p) {
 #endif
 }
 
-std::string dims(const ffi::AnyBuffer& buffer) {
-  std::string text;
-  for (int64_t d : buffer.dimensions()) text += (text.empty() ? "" : ", ") + std::to_string(d);
-  return "[" + text + "]";
-}
+using native_builds::dims;
 
 // Checks the operands and returns the problem, or an error message.
 std::string check(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w,
@@ -304,7 +294,7 @@ void* packed_gated_handler() { return reinterpret_cast<void*>(&PackedGatedHandle
 
 int packed_dense_cpu_has(int isa) { return packed_dense::cpu_has(isa); }
 
-void packed_dense_set_isa(int isa) { packed_dense::g_isa = isa; }
+void packed_dense_set_isa(int isa) { packed_dense::g_builds.set(isa); }
 
 int packed_dense_isa() { return packed_dense::chosen_isa(); }
 

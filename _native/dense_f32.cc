@@ -15,12 +15,12 @@
 #include "dense_f32.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "builds.h"
 #include "cpu_pool.h"
 #include "dense_tiles.h"
 #if defined(__x86_64__)
@@ -86,15 +86,9 @@ bool cpu_has(int isa) {
   return false;
 }
 
-std::atomic<int> g_isa{-1};  // -1: the widest this CPU has
+native_builds::Choice g_builds(kAvx512, cpu_has);
 
-int chosen_isa() {
-  const int isa = g_isa.load();
-  if (isa >= 0) return isa;
-  for (int widest = kAvx512; widest >= kAvx2; --widest)
-    if (cpu_has(widest)) return widest;
-  return -1;
-}
+int chosen_isa() { return g_builds.chosen(); }
 
 // Rows of the register tiles of build `isa` (the copy of a is laid out by them).
 int tile_rows(int isa) {
@@ -111,11 +105,7 @@ void run(const Problem& p, int isa) {
 #endif
 }
 
-std::string dims(const ffi::AnyBuffer& buffer) {
-  std::string text;
-  for (int64_t d : buffer.dimensions()) text += (text.empty() ? "" : ", ") + std::to_string(d);
-  return "[" + text + "]";
-}
+using native_builds::dims;
 
 // Checks the operands; an error message, or "" when they are right.
 std::string check(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w,
@@ -172,6 +162,6 @@ void* dense_f32_handler() { return reinterpret_cast<void*>(&DenseF32Handler); }
 
 int dense_f32_cpu_has(int isa) { return dense_f32::cpu_has(isa); }
 
-void dense_f32_set_isa(int isa) { dense_f32::g_isa = isa; }
+void dense_f32_set_isa(int isa) { dense_f32::g_builds.set(isa); }
 
 int dense_f32_isa() { return dense_f32::chosen_isa(); }

@@ -18,7 +18,6 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -26,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "builds.h"
 #include "cpu_pool.h"
 #include "dense_tiles.h"
 #if defined(__x86_64__)
@@ -106,15 +106,9 @@ bool cpu_has(int isa) {
   return false;
 }
 
-std::atomic<int> g_isa{-1};  // -1: the widest this CPU has
+native_builds::Choice g_builds(kAvx512Vnni, cpu_has);
 
-int chosen_isa() {
-  const int isa = g_isa.load();
-  if (isa >= 0) return isa;
-  for (int widest = kAvx512Vnni; widest >= kAvx2; --widest)
-    if (cpu_has(widest)) return widest;
-  return -1;
-}
+int chosen_isa() { return g_builds.chosen(); }
 
 template <bool kGated>
 void run(const Problem& p) {
@@ -131,11 +125,7 @@ void run(const Problem& p) {
 #endif
 }
 
-std::string dims(const ffi::AnyBuffer& buffer) {
-  std::string text;
-  for (int64_t d : buffer.dimensions()) text += (text.empty() ? "" : ", ") + std::to_string(d);
-  return "[" + text + "]";
-}
+using native_builds::dims;
 
 // Checks the operands; an error message, or "" when they are right.
 std::string check(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w, const ffi::AnyBuffer& scale,
@@ -223,6 +213,6 @@ void* gated_int8_handler() { return reinterpret_cast<void*>(&GatedInt8Handler); 
 
 int dense_int8_cpu_has(int isa) { return dense_int8::cpu_has(isa); }
 
-void dense_int8_set_isa(int isa) { dense_int8::g_isa = isa; }
+void dense_int8_set_isa(int isa) { dense_int8::g_builds.set(isa); }
 
 int dense_int8_isa() { return dense_int8::chosen_isa(); }

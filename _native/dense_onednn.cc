@@ -15,6 +15,7 @@
 #include <string>
 #include <tuple>
 
+#include "builds.h"
 #include "dense_onednn.h"
 #include "oneapi/dnnl/dnnl.hpp"
 #include "xla/ffi/api/ffi.h"
@@ -63,11 +64,7 @@ const dnnl::matmul& primitive(int64_t m, int64_t k, int64_t n) {
   return made.emplace(std::make_tuple(m, k, n), dnnl::matmul(pd)).first->second;
 }
 
-std::string dims(const ffi::AnyBuffer& b) {
-  std::string s = "[";
-  for (auto d : b.dimensions()) s += (s.size() > 1 ? ", " : "") + std::to_string(d);
-  return s + "]";
-}
+using native_builds::dims;
 
 std::string check(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w,
                   const ffi::Buffer<ffi::S32>& layer, const ffi::AnyBuffer& out) {

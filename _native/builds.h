@@ -1,0 +1,41 @@
+// What the native kernels' XLA FFI handlers share: which instruction-set build a kernel runs,
+// and operand shapes for their error messages.
+#pragma once
+
+#include <atomic>
+#include <string>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace native_builds {
+
+// A kernel's builds, indexed narrowest first: the one `set`, or else the widest this CPU runs.
+class Choice {
+ public:
+  Choice(int widest, bool (*runs)(int)) : widest_(widest), runs_(runs) {}
+
+  void set(int isa) { set_ = isa; }  // -1: the widest this CPU runs
+
+  // The build calls use now; -1 when this CPU runs none.
+  int chosen() const {
+    const int isa = set_.load();
+    if (isa >= 0) return isa;
+    for (int widest = widest_; widest >= 0; --widest)
+      if (runs_(widest)) return widest;
+    return -1;
+  }
+
+ private:
+  const int widest_;
+  bool (*const runs_)(int);
+  std::atomic<int> set_{-1};
+};
+
+// A buffer's shape as "[d0, d1, ...]".
+inline std::string dims(const xla::ffi::AnyBuffer& buffer) {
+  std::string text;
+  for (int64_t d : buffer.dimensions()) text += (text.empty() ? "" : ", ") + std::to_string(d);
+  return "[" + text + "]";
+}
+
+}  // namespace native_builds
