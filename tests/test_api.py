@@ -21,6 +21,7 @@ from api import schemas
 from api.app import create_app
 from api.routes import ROUTES
 from api.settings import Settings, settings_from_env
+from kernels import cpu
 from tests.test_api_support import (
     DOCS,
     NO,
@@ -596,7 +597,12 @@ def test_server_info(client, tiny_path):
         "bytes": 2**18 * 512,
         "prefix_cache": True,
     }
-    assert info["dense"] is None  # f32: XLA's dot is the one strategy, nothing was measured
+    dense = info["dense"]  # f32: the native f32 kernel timed against XLA's dot, where it runs
+    if cpu.F32_AVAILABLE:
+        assert dense["mode"] == "float32" and dense["shapes"]
+        assert {s["chosen"] for s in dense["shapes"]} <= {"xla", "cpu"}
+    else:
+        assert dense is None
     weights = engine_of(client).program.weight_bytes
     assert list(info["plan"]) == ["cpu", "h100", "h200", "tpu-v5e", "tpu-v6e"]
     assert info["plan"]["h100"] == {
