@@ -56,6 +56,7 @@ extensions.append(
             "_native/dense_f32_kernel.h",
             "_native/dense_int8.h",
             "_native/dense_int8_kernel.h",
+            "_native/dense_staged.h",
             "_native/dense_tiles.h",
             "_native/simd.h",
         ],

@@ -13,7 +13,8 @@
 // memory.
 //
 // Builds: AVX512-BF16 (the hardware bf16 dot product) and AVX2 (the same products by f32 FMAs on
-// the bf16 values widened, which is exact); the widest the CPU runs is used unless `set_isa` says
+// the bf16 values widened, which is exact: the activations once per call, into dense_staged.h's
+// copy, the weights as they are loaded); the widest the CPU runs is used unless `set_isa` says
 // otherwise.
 
 #include <algorithm>
@@ -22,6 +23,7 @@
 #include <cstring>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "builds.h"
 #include "cpu_pool.h"
@@ -42,6 +44,8 @@ struct Problem {
   const uint16_t* w;  // [n / 16, k / 2, 32]
   void* out;          // f32[m, n], or bf16[m, n / 2] when gated
   bool stream;        // f32 out written with streaming stores (dense_tiles::streams)
+  float* tiles;       // the AVX2 build's f32 copy of a's rows from first_row (dense_staged.h)
+  int64_t first_row;  // (both set by run_staged)
 };
 
 enum Isa { kAvx2 = 0, kAvx512Bf16 = 1 };
@@ -143,37 +147,47 @@ namespace avx2 {
 #include "simd.h"
 #undef SIMD_WIDE
 
-// Four rows: 8 accumulators, 4 widened weight vectors, the mask and a row's activation pair
-// (widened as the weights are) in the 16 registers. Widening the activations once into an f32
-// copy instead measured the same and kept an M x K f32 buffer per thread.
-using StoreF32 = F32Out<4, 1>;
-using StoreGated = GatedOut<4, 2>;
+#include "dense_staged.h"
 
-// Rows [row, row + R) of a by the G column groups starting at `group`, stored by `Store`: one
-// pass over K per group, whose pair records' two 8-column halves are each widened to the odd
-// row's weights (the high words as they are) and the even row's (shifted up). The odd product
-// is added first, as VDPBF16PS adds.
+// Five rows by one group: 10 accumulators, two widened weight vectors, the mask and a broadcast
+// in the 16 registers (six rows take all 16, and GCC then kept two accumulators on the stack),
+// the activations widened once into dense_staged.h's copy.
+using StoreF32 = F32Out<5, 1>;
+using StoreGated = GatedOut<5, 2>;
+
+// Rows [row, row + R) (the first R of a tile) by the G column groups starting at `group`, stored
+// by `Store`: one pass over K per group, whose pair records' two 8-column halves are each
+// widened to the odd row's weights (the high words as they are) and the even row's (shifted
+// up). The odd product is added first, as VDPBF16PS adds.
 template <class Store, int R, int G>
 void tile(const Problem& p, int64_t row, int64_t group) {
   alignas(32) float done[R][2 * G][kLanes];
-  const int64_t pairs = p.k / 2, stride = p.k * 16;
-  const Pair* x = reinterpret_cast<const Pair*>(p.a + row * p.k);
   const VI high = set1_i(int32_t(0xFFFF0000u));
   for (int g = 0; g < G; ++g) {
-    const uint16_t* w = p.w + (group + g) * stride;
+    const uint16_t* w = p.w + (group + g) * p.k * 16;
+    const float* x = staged(p, row);
     VF acc[R][2];
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = zero_f();
-    for (int64_t i = 0; i < pairs; ++i) {
-      VF odd[2], even[2];
-      for (int v = 0; v < 2; ++v) {
-        const VI packed = load_i(w + i * 32 + v * 16);
-        odd[v] = from_bits(and_i(packed, high));
-        even[v] = from_bits(shl_i(packed, 16));
-      }
-      for (int r = 0; r < R; ++r) {
-        const VI pair = set1_i(x[r * pairs + i]);
-        const VF xo = from_bits(and_i(pair, high)), xe = from_bits(shl_i(pair, 16));
-        for (int v = 0; v < 2; ++v) acc[r][v] = fmadd(xe, even[v], fmadd(xo, odd[v], acc[r][v]));
+    for (int64_t c = 0; c < p.k; c += kChunk, x += kChunk * Store::kRows) {
+      const int columns = int(std::min<int64_t>(kChunk, p.k - c));
+      const float* xi = x;  // pointers stepped, not indices: constant offsets from them
+      const uint16_t* pair = w + c * 16;  // rows c + i and c + i + 1
+#pragma GCC unroll 1  // as dense_f32_kernel.h's loop: unrolled, accumulators go to the stack
+      for (int i = 0; i < columns; i += 2, xi += 2, pair += 32) {
+        VF odd[2], even[2];
+        for (int v = 0; v < 2; ++v) odd[v] = from_bits(and_i(load_i(pair + v * 16), high));
+        for (int r = 0; r < R; ++r) {
+          const VF xo = set1_f(xi[r * kChunk + 1]);
+          for (int v = 0; v < 2; ++v) acc[r][v] = fmadd(xo, odd[v], acc[r][v]);
+        }
+        // the weights loaded again rather than kept from the first load, which holds two
+        // more registers through the odd products
+        asm volatile("" ::: "memory");
+        for (int v = 0; v < 2; ++v) even[v] = from_bits(shl_i(load_i(pair + v * 16), 16));
+        for (int r = 0; r < R; ++r) {
+          const VF xe = set1_f(xi[r * kChunk]);
+          for (int v = 0; v < 2; ++v) acc[r][v] = fmadd(xe, even[v], acc[r][v]);
+        }
       }
     }
     for (int r = 0; r < R; ++r)
@@ -196,7 +210,7 @@ struct Make {
 
 template <class Store>
 void run(const Problem& p) {
-  dense_tiles::run<Problem, Store, Make<Store>>(p, p.m, p.n / 16, 2 * p.k, 256 * 1024, 64);
+  run_staged<Problem, Store, Make<Store>>(p);
 }
 }  // namespace avx2
 #pragma GCC pop_options
@@ -268,7 +282,9 @@ ffi::Error Dense(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::Buffer<ffi::S32> layer
             static_cast<const uint16_t*>(a.untyped_data()),
             static_cast<const uint16_t*>(w.untyped_data()) + layer.typed_data()[0] * per_layer,
             out->untyped_data(),
-            !kGated && dense_tiles::streams(out->untyped_data(), ad[0] * wd[1] * 16 * 4)};
+            !kGated && dense_tiles::streams(out->untyped_data(), ad[0] * wd[1] * 16 * 4),
+            nullptr,
+            0};
   run<kGated>(p);
   return ffi::Error::Success();
 }

@@ -1,15 +1,6 @@
 // The f32 dense kernel of one instruction-set build (dense_f32.cc includes it inside each
-// build's namespace): simd.h's vectors and `Store`, the f32 epilogue whose size is the
-// build's register tile, come from the includer.
-
-// Rows [r0, r1) of a copied into their tiles' chunks.
-inline void copy_rows(const Problem& p, int64_t r0, int64_t r1) {
-  for (int64_t r = r0; r < r1; ++r) {
-    float* tile = p.tiles + r / Store::kRows * Store::kRows * p.k + r % Store::kRows * kChunk;
-    for (int64_t c = 0; c < p.k; c += kChunk)
-      std::memcpy(tile + c * Store::kRows, p.a + r * p.k + c, kChunk * sizeof(float));
-  }
-}
+// build's namespace): simd.h's vectors, dense_staged.h's copy of the activations and `Store`,
+// the f32 epilogue whose size is the build's register tile, come from the includer.
 
 // Rows [row, row + R) (the first R of a tile: row is a multiple of kRows) by the G groups from
 // `group`: per column of a, G groups of weights loaded once and each row's value broadcast.
@@ -19,16 +10,18 @@ void tile(const Problem& p, int64_t row, int64_t group) {
   VF acc[R][V];
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < V; ++v) acc[r][v] = zero_f();
-  const float* x = p.tiles + row * p.k;
+  const float* x = staged(p, row);
   const float* w = p.w + group * p.k * 16;
   for (int64_t c = 0; c < p.k; c += kChunk, x += kChunk * Store::kRows) {
+    const int columns = int(std::min<int64_t>(kChunk, p.k - c));
+    const float* xi = x;  // pointers stepped, not indices: constant offsets from them
+    const float* wi = w + c * 16;
 #pragma GCC unroll 1  // unrolled, GCC 12 kept two of AVX2's 12 accumulators on the stack
-    for (int i = 0; i < kChunk; ++i) {
+    for (int i = 0; i < columns; ++i, ++xi, wi += 16) {
       VF b[V];
-      for (int v = 0; v < V; ++v)
-        b[v] = load_f(w + v / kVecs * p.k * 16 + (c + i) * 16 + v % kVecs * kLanes);
+      for (int v = 0; v < V; ++v) b[v] = load_f(wi + v / kVecs * p.k * 16 + v % kVecs * kLanes);
       for (int r = 0; r < R; ++r) {
-        const VF xr = set1_f(x[r * kChunk + i]);
+        const VF xr = set1_f(xi[r * kChunk]);
         for (int v = 0; v < V; ++v) acc[r][v] = fmadd(xr, b[v], acc[r][v]);
       }
     }
@@ -43,8 +36,4 @@ struct Make {
   }
 };
 
-// About 256 KiB of activations per row block, beside one weight panel.
-inline void run(const Problem& p) {
-  dense_tiles::run<Problem, Store, Make>(p, p.m, p.n / 16, 4 * p.k, 256 * 1024, 64,
-                                         [&](int64_t r0, int64_t r1) { copy_rows(p, r0, r1); });
-}
+inline void run(const Problem& p) { run_staged<Problem, Store, Make>(p); }

@@ -187,8 +187,10 @@ struct Make {
 template <class Store>
 void run(const Problem& p) {
   // about 128 KiB of int8 activations per row block, each row quantised just before its tiles
+  const auto plan = dense_tiles::plan<Store>(p.m, p.n / 16, p.k, 128 * 1024, 128);
   dense_tiles::run<Problem, Store, Make<Store>>(
-      p, p.m, p.n / 16, p.k, 128 * 1024, 128, [&](int64_t r0, int64_t r1) {
+      p, plan, [&](int64_t r0, int64_t r1) -> const Problem& {
         for (int64_t r = r0; r < r1; ++r) quantize_row(p, r);
+        return p;
       });
 }

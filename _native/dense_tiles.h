@@ -1,4 +1,5 @@
-// The register-tile table and cache blocking the dense kernels share (dense.cc, dense_int8.cc).
+// The register-tile table and cache blocking the dense kernels share (dense.cc, dense_int8.cc,
+// dense_f32.cc).
 //
 // A kernel brings its Problem, a Store (the epilogue, with its largest tile kRows x kGroups) and
 // Make, whose `of<R, G>()` is its function computing R rows by G 16-column groups from
@@ -63,14 +64,15 @@ void block(const Problem& p, int64_t groups, int64_t r0, int64_t r1, int64_t p0,
   }
 }
 
-// All m rows by `groups` groups: rows in blocks of about `block_bytes` of activations
-// (`row_bytes` a row, at most `max_tiles` tiles high), beside one weight panel in L2; small
-// batches split the columns too, so every thread has work. `prepare(r0, r1)` readies rows
-// [r0, r1) before any tile reads them: inside each row block's work item, while its rows are
-// in cache, when the columns are not split; in a pass of its own before the tiles when they are.
-template <class Problem, class Store, class Make, class Prepare>
-void run(const Problem& p, int64_t m, int64_t groups, int64_t row_bytes, int64_t block_bytes,
-         int64_t max_tiles, const Prepare& prepare) {
+// How `run` covers m rows by `groups` groups: rows in blocks of about `block_bytes` of
+// activations (`row_bytes` a row, at most `max_tiles` tiles high), beside one weight panel in L2;
+// small batches split the columns too, so every thread has work.
+struct Plan {
+  int64_t m, groups, panels, block_rows, row_blocks, splits;
+};
+
+template <class Store>
+Plan plan(int64_t m, int64_t groups, int64_t row_bytes, int64_t block_bytes, int64_t max_tiles) {
   const int64_t panels = (groups + Store::kGroups - 1) / Store::kGroups;
   const int64_t block_rows = std::clamp<int64_t>(
       (block_bytes / row_bytes) / Store::kRows * Store::kRows, Store::kRows,
@@ -78,18 +80,31 @@ void run(const Problem& p, int64_t m, int64_t groups, int64_t row_bytes, int64_t
   const int64_t row_blocks = (m + block_rows - 1) / block_rows;
   const int64_t wanted = 4 * native_cpu::thread_count();
   const int64_t splits = std::clamp<int64_t>((wanted + row_blocks - 1) / row_blocks, 1, panels);
+  return {m, groups, panels, block_rows, row_blocks, splits};
+}
+
+// All rows by all groups as `plan` says. `prepare(r0, r1)` readies rows [r0, r1) before any tile
+// reads them and returns the problem those tiles take: inside each row block's work item, while
+// its rows are in cache, when the columns are not split; in a pass of its own before the tiles
+// when they are (the tiles then take `p`).
+template <class Problem, class Store, class Make, class Prepare>
+void run(const Problem& p, const Plan& plan, const Prepare& prepare) {
+  const int64_t m = plan.m, splits = plan.splits;
   if (splits > 1) {
     constexpr int64_t kRowsPerItem = 16;
     native_cpu::parallel_for(int((m + kRowsPerItem - 1) / kRowsPerItem), [&](int item) {
       prepare(item * kRowsPerItem, std::min(m, (item + 1) * kRowsPerItem));
     });
   }
-  native_cpu::parallel_for(int(row_blocks * splits), [&](int item) {
+  native_cpu::parallel_for(int(plan.row_blocks * splits), [&](int item) {
     const int64_t rb = item / splits, s = item % splits;
-    const int64_t r0 = rb * block_rows, r1 = std::min(m, r0 + block_rows);
-    if (splits == 1) prepare(r0, r1);
-    block<Problem, Store, Make>(p, groups, r0, r1, s * panels / splits,
-                                (s + 1) * panels / splits);
+    const int64_t r0 = rb * plan.block_rows, r1 = std::min(m, r0 + plan.block_rows);
+    const int64_t p0 = s * plan.panels / splits, p1 = (s + 1) * plan.panels / splits;
+    if (splits == 1) {
+      block<Problem, Store, Make>(prepare(r0, r1), plan.groups, r0, r1, p0, p1);
+    } else {
+      block<Problem, Store, Make>(p, plan.groups, r0, r1, p0, p1);
+    }
 #if defined(__x86_64__)
     _mm_sfence();  // streamed stores land before the item counts as done
 #endif
@@ -100,8 +115,8 @@ void run(const Problem& p, int64_t m, int64_t groups, int64_t row_bytes, int64_t
 template <class Problem, class Store, class Make>
 void run(const Problem& p, int64_t m, int64_t groups, int64_t row_bytes, int64_t block_bytes,
          int64_t max_tiles) {
-  run<Problem, Store, Make>(p, m, groups, row_bytes, block_bytes, max_tiles,
-                            [](int64_t, int64_t) {});
+  run<Problem, Store, Make>(p, plan<Store>(m, groups, row_bytes, block_bytes, max_tiles),
+                            [&](int64_t, int64_t) -> const Problem& { return p; });
 }
 
 }  // namespace dense_tiles

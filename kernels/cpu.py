@@ -119,7 +119,6 @@ if DENSE_AVAILABLE:
     jax.ffi.register_ffi_target(DENSE_TARGET, _cpu.dense_handler(), platform="cpu")
     jax.ffi.register_ffi_target(GATED_TARGET, _cpu.gated_handler(), platform="cpu")
 F32_TARGET = "dense_f32"
-F32_CHUNK = 8  # K must be a multiple of it: the kernel reads activations in chunks of 8 columns
 F32_AVAILABLE = AVAILABLE and _cpu.f32_isa() is not None
 if F32_AVAILABLE:
     jax.ffi.register_ffi_target(F32_TARGET, _cpu.f32_handler(), platform="cpu")
@@ -129,7 +128,7 @@ def dense_supports(k: int, n: int, dtype=jax.numpy.bfloat16) -> bool:
     """Whether a native dense kernel takes a [K, N] weight of `dtype`: the bf16 kernel (AVX2 or
     AVX512-BF16) or the f32 one (AVX2 or AVX-512)."""
     if np.dtype(dtype) == np.float32:
-        return F32_AVAILABLE and k % F32_CHUNK == 0 and n % 16 == 0
+        return F32_AVAILABLE and n % 16 == 0
     return DENSE_AVAILABLE and np.dtype(dtype) == jax.numpy.bfloat16 and k % 2 == 0 and n % 16 == 0
 
 

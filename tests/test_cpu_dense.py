@@ -45,9 +45,12 @@ def exact(x, w) -> np.ndarray:
 
 
 # rows cover every register-tile height (1..8 and beyond); columns every panel width (1..3
-# groups of 16) and several panels; K from one pair up to a model's hidden size
+# groups of 16) and several panels; K from one pair (and ending in part of a chunk of 8, as the
+# AVX2 build copies the activations) up to a model's hidden size
 SHAPES = [
     (1, 2, 16),
+    (2, 10, 16),
+    (6, 22, 32),
     (3, 64, 32),
     (7, 64, 48),
     (8, 96, 64),
@@ -71,7 +74,8 @@ def test_equals_xla_and_float64(isa, m, k, n):
 
 
 @pytest.mark.parametrize(
-    ("m", "k", "i"), [(1, 2, 16), (5, 64, 16), (7, 64, 48), (13, 128, 80), (300, 576, 1536)]
+    ("m", "k", "i"),
+    [(1, 2, 16), (4, 10, 16), (5, 64, 16), (7, 64, 48), (11, 70, 48), (13, 128, 80), (300, 576, 1536)],
 )
 def test_gated_equals_silu_gate_times_up(isa, m, k, i):
     rng = np.random.default_rng(m + k + i)
@@ -113,6 +117,20 @@ def test_thread_count_does_not_change_results(isa):
     finally:
         cpu.set_threads(0)
     np.testing.assert_array_equal(every, one)
+
+
+def test_a_row_does_not_depend_on_its_batch(isa):
+    # one thread: 1000 rows are several row blocks, each copied in its own work item (AVX2);
+    # a few rows split the columns and are copied whole first
+    rng = np.random.default_rng(9)
+    x, w = bf16(rng, 1000, 576), jnp.asarray(cpu.pack_dense(bf16(rng, 1, 576, 96)))
+    try:
+        cpu.set_threads(1)
+        whole = np.asarray(jax.jit(lambda x, w: cpu.dense_cpu(x, w, 0) + 0)(x, w))
+    finally:
+        cpu.set_threads(0)
+    for start, stop in ((0, 1), (3, 10), (111, 118), (990, 1000)):
+        np.testing.assert_array_equal(whole[start:stop], native(x[start:stop], w, 0))
 
 
 def test_outputs_past_the_stream_size_are_the_same(isa):

@@ -48,10 +48,13 @@ def within_bound(out, x, w) -> float:
 
 
 # rows cover every register-tile height (1..8 and beyond) and tails of a row block; columns
-# every panel width (1..3 groups of 16) and several panels; K from one chunk of 8 up to a
-# model's intermediate size
+# every panel width (1..3 groups of 16) and several panels; K from under one chunk of 8, ending
+# in part of one, up to a model's intermediate size
 SHAPES = [
     (1, 8, 16),
+    (3, 5, 16),
+    (4, 13, 32),
+    (11, 390, 48),
     (2, 16, 32),
     (5, 24, 48),
     (6, 64, 64),
@@ -81,6 +84,20 @@ def test_a_row_does_not_depend_on_its_batch(isa):
     x, w = normal(rng, 67, 384), packed(normal(rng, 1, 384, 80))
     whole = np.asarray(native(x, w, 0))
     for start, stop in ((0, 1), (5, 6), (3, 17), (60, 67), (7, 67)):
+        np.testing.assert_array_equal(whole[start:stop], native(x[start:stop], w, 0))
+
+
+def test_rows_copied_per_block_equal_rows_copied_whole(isa):
+    # one thread: 1000 rows are several row blocks, each copied in its own work item; a few
+    # rows split the columns and are copied whole first
+    rng = np.random.default_rng(9)
+    x, w = normal(rng, 1000, 390), packed(normal(rng, 1, 390, 96))
+    try:
+        cpu.set_threads(1)
+        whole = np.asarray(jax.jit(lambda x, w: cpu.dense_cpu(x, w, 0) + 0)(x, w))
+    finally:
+        cpu.set_threads(0)
+    for start, stop in ((0, 1), (3, 10), (160, 170), (990, 1000)):
         np.testing.assert_array_equal(whole[start:stop], native(x[start:stop], w, 0))
 
 
@@ -141,7 +158,7 @@ def test_bad_shapes_and_layers_are_refused():
     with pytest.raises(Exception, match="layer 2 outside the stack of 2"):
         native(x, w, 2).block_until_ready()
     assert cpu.dense_supports(384, 1536, jnp.float32)
-    assert not cpu.dense_supports(388, 1536, jnp.float32)  # K: chunks of 8
+    assert cpu.dense_supports(388, 1536, jnp.float32)  # any K: the last chunk is padded
     assert not cpu.dense_supports(384, 1544, jnp.float32)  # N: groups of 16
     assert not cpu.dense_supports(384, 1536, jnp.float16)
     with pytest.raises(ValueError, match="isa must be one of"):
