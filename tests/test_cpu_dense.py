@@ -75,7 +75,15 @@ def test_equals_xla_and_float64(isa, m, k, n):
 
 @pytest.mark.parametrize(
     ("m", "k", "i"),
-    [(1, 2, 16), (4, 10, 16), (5, 64, 16), (7, 64, 48), (11, 70, 48), (13, 128, 80), (300, 576, 1536)],
+    [
+        (1, 2, 16),
+        (4, 10, 16),
+        (5, 64, 16),
+        (7, 64, 48),
+        (11, 70, 48),
+        (13, 128, 80),
+        (300, 576, 1536),
+    ],
 )
 def test_gated_equals_silu_gate_times_up(isa, m, k, i):
     rng = np.random.default_rng(m + k + i)
