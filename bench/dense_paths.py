@@ -17,11 +17,9 @@ JSON report and a chart.
 
 from functools import partial
 
-import jax.numpy as jnp
-
 from bench import common, sides, w1, w2
 from bench.int8 import QUICK
-from kernels import INT8_DENSE, dense_runs, devices
+from kernels import INT8_DENSE, dense_choice, dense_runs, devices
 
 
 def parse(argv):
@@ -41,7 +39,7 @@ def paths(mode: str) -> list[str | None]:
     """The default (None) and every strategy of `mode` that runs on this backend."""
     names = INT8_DENSE if mode == "int8" else ("xla", "cpu", "onednn")
     backend, int8 = devices.backend(), mode == "int8"
-    dtype = jnp.float32 if mode == "float32" else jnp.bfloat16
+    dtype = dense_choice.input_dtype(mode)
     return [None, *(n for n in names if dense_runs(n, backend, dtype=dtype, int8=int8))]
 
 

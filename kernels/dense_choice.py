@@ -158,6 +158,12 @@ def _cpuinfo() -> dict[str, str]:
     return {k.strip(): v.strip() for k, v in fields}
 
 
+def input_dtype(mode: str):
+    """The dtype a dense mode's weights and inputs take: f32 in "float32", else bf16 (the int8
+    mode's activations and head are bf16)."""
+    return jnp.float32 if mode == "float32" else jnp.bfloat16
+
+
 def candidates(mode: str, kind: str, k: int, n: int) -> tuple[str, ...]:
     """The strategies that can run this shape in `mode`; the reference (XLA) form first."""
     if mode == "float32":
@@ -323,7 +329,7 @@ def measure_shape(mode: str, kind: str, k: int, n: int, names) -> dict[str, Timi
     rng = np.random.default_rng(k * 65_537 + n)
     rows = HEAD_ROWS if kind == "head" else ROWS
     n = min(n, HEAD_COLUMNS) if kind == "head" else n
-    dtype = jnp.float32 if mode == "float32" else jnp.bfloat16  # of the weights and inputs
+    dtype = input_dtype(mode)
     x = jnp.asarray(rng.standard_normal((max(rows), k), np.float32) / math.sqrt(k), dtype)
     ws = [_weights(rng, k, n, kind) for _ in range(2 if kind == "gated" else 1)]
     apply = {name: _program(STRATEGIES[name], kind, ws, dtype) for name in names}
