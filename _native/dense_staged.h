@@ -21,8 +21,9 @@ inline void stage_chunk(float* to, const float* from, int n) {
 
 // bf16 widened to f32, which is exact
 inline void stage_chunk(float* to, const uint16_t* from, int n) {
-  if (kLanes == kChunk && n == kChunk) return store_f(to, load_bf16(from));
-  for (int j = 0; j < n; ++j) to[j] = bf16_to_f32(from[j]);
+  int j = 0;
+  for (; j + kLanes <= n; j += kLanes) store_f(to + j, load_bf16(from + j));
+  for (; j < n; ++j) to[j] = bf16_to_f32(from[j]);
 }
 
 // Rows [r0, r1) of p.a into p.tiles.
