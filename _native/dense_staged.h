@@ -3,13 +3,13 @@
 // in its namespace, and <cstring> and <vector> at file scope.
 //
 // Each register tile of kRows rows reads its activations from a copy laid out
-// [K / kChunk][kRows][kChunk] (the last chunk's unused columns unset), so it streams one contiguous run
-// instead of kRows strided rows (5-20% faster at MiniLM's shapes on AVX2), and bf16 inputs are
-// widened once instead of once per column group. A row block is copied inside its work item
-// into a buffer its worker thread keeps (about 256 KiB); a batch small enough that the columns
-// are split too (at most 4 row blocks per thread) is copied whole first, into a buffer the
-// calling thread keeps. A Problem has the kernel's m, n, k and a, and `float* tiles` and
-// `int64_t first_row` (the row the copy starts at, a multiple of kRows).
+// [K / kChunk][kRows][kChunk] (a last, partial chunk's unused columns unset), so it streams one
+// contiguous run instead of kRows strided rows (5-20% faster at MiniLM's shapes on AVX2), and
+// bf16 inputs are widened once instead of once per column group. A row block is copied inside
+// its work item into a buffer its worker thread keeps (about 256 KiB); a batch small enough that
+// the columns are split too (at most 4 row blocks per thread) is copied whole first, into a
+// buffer the calling thread keeps. A Problem has the kernel's m, n, k and a, and `float* tiles`
+// and `int64_t first_row` (the row the copy starts at, a multiple of kRows).
 
 constexpr int kChunk = 8;  // columns of a row in one chunk
 
