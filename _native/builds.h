@@ -2,7 +2,10 @@
 // and operand shapes for their error messages.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "xla/ffi/api/ffi.h"
@@ -36,6 +39,18 @@ inline std::string dims(const xla::ffi::AnyBuffer& buffer) {
   std::string text;
   for (int64_t d : buffer.dimensions()) text += (text.empty() ? "" : ", ") + std::to_string(d);
   return "[" + text + "]";
+}
+
+// The rows of an m-row output a dense call computes: its `rows` operand (i32[]: the real rows,
+// the first ones) clamped to [0, m]. The rest are a batch's padding, which nothing reads: they
+// cost no products and are written as zeros (`zero_rows`), so they stay finite.
+inline int64_t computed_rows(const xla::ffi::Buffer<xla::ffi::S32>& rows, int64_t m) {
+  return std::clamp<int64_t>(rows.typed_data()[0], 0, m);
+}
+
+// Rows [from, m) of an output whose rows are `row_bytes` long, set to zeros.
+inline void zero_rows(void* out, int64_t from, int64_t m, int64_t row_bytes) {
+  if (from < m) std::memset(static_cast<char*>(out) + from * row_bytes, 0, (m - from) * row_bytes);
 }
 
 }  // namespace native_builds

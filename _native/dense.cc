@@ -8,6 +8,8 @@
 // index keeps a `lax.scan` over layers from copying each layer's weights out of the stack.
 //
 // Products are exact in f32 and accumulate in f32, as `preferred_element_type=float32` does.
+// Only the first `rows` rows of a are multiplied (a batch's real tokens); the output's other rows
+// are zeros.
 // The gated form computes a SwiGLU MLP's bf16(silu(a @ W_gate) * (a @ W_up)) in one pass, from
 // gate and up packed with their 16-column groups interleaved, so neither f32 product reaches
 // memory.
@@ -249,7 +251,8 @@ using native_builds::dims;
 
 // Checks the operands and returns the problem, or an error message.
 std::string check(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w,
-                  const ffi::Buffer<ffi::S32>& layer, const ffi::AnyBuffer& out, bool gated) {
+                  const ffi::Buffer<ffi::S32>& layer, const ffi::Buffer<ffi::S32>& rows,
+                  const ffi::AnyBuffer& out, bool gated) {
   if (chosen_isa() < 0) return "this CPU has neither AVX2 nor AVX512-BF16";
   auto ad = a.dimensions(), wd = w.dimensions(), od = out.dimensions();
   const auto out_type = gated ? ffi::DataType::BF16 : ffi::DataType::F32;
@@ -262,6 +265,7 @@ std::string check(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w,
   const int64_t columns = gated ? wd[1] * 8 : wd[1] * 16;
   if (od.size() != 2 || od[0] != ad[0] || od[1] != columns) return "out has shape " + dims(out);
   if (layer.element_count() != 1) return "layer must be a scalar";
+  if (rows.element_count() != 1) return "rows must be a scalar";
   const int32_t index = layer.typed_data()[0];
   if (index < 0 || index >= wd[0])
     return "layer " + std::to_string(index) + " outside the stack of " + std::to_string(wd[0]);
@@ -270,22 +274,26 @@ std::string check(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w,
 
 template <bool kGated>
 ffi::Error Dense(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::Buffer<ffi::S32> layer,
-                 ffi::Result<ffi::AnyBuffer> out, ffi::ThreadPool pool) {
-  std::string error = check(a, w, layer, *out, kGated);
+                 ffi::Buffer<ffi::S32> rows, ffi::Result<ffi::AnyBuffer> out,
+                 ffi::ThreadPool pool) {
+  std::string error = check(a, w, layer, rows, *out, kGated);
   if (!error.empty()) return ffi::Error::InvalidArgument("packed_dense: " + error);
   native_cpu::PoolScope scope(pool);
   auto ad = a.dimensions(), wd = w.dimensions();
+  const int64_t m = native_builds::computed_rows(rows, ad[0]), n = wd[1] * 16;
   const int64_t per_layer = wd[1] * wd[2] * wd[3];
-  Problem p{ad[0],
-            wd[1] * 16,
+  const int64_t row_bytes = kGated ? n / 2 * sizeof(uint16_t) : n * sizeof(float);
+  Problem p{m,
+            n,
             ad[1],
             static_cast<const uint16_t*>(a.untyped_data()),
             static_cast<const uint16_t*>(w.untyped_data()) + layer.typed_data()[0] * per_layer,
             out->untyped_data(),
-            !kGated && dense_tiles::streams(out->untyped_data(), ad[0] * wd[1] * 16 * 4),
+            !kGated && dense_tiles::streams(out->untyped_data(), m * row_bytes),
             nullptr,
             0};
-  run<kGated>(p);
+  if (m > 0) run<kGated>(p);
+  native_builds::zero_rows(out->untyped_data(), m, ad[0], row_bytes);
   return ffi::Error::Success();
 }
 
@@ -295,6 +303,7 @@ ffi::Error Dense(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::Buffer<ffi::S32> layer
   ffi::Ffi::Bind()                             \
       .Arg<ffi::AnyBuffer>()                   \
       .Arg<ffi::AnyBuffer>()                   \
+      .Arg<ffi::Buffer<ffi::S32>>()            \
       .Arg<ffi::Buffer<ffi::S32>>()            \
       .Ret<ffi::AnyBuffer>()                   \
       .Ctx<ffi::ThreadPool>()

@@ -5,7 +5,9 @@
 // tile reads them. The register tiles read a copy of the activations (dense_staged.h).
 //
 // Each output is the sum over k in order of fused multiply-adds, whatever the row count or the
-// row's place in the batch: a row's result does not depend on what it is batched with.
+// row's place in the batch: a row's result does not depend on what it is batched with. Only the
+// first `rows` rows of a are multiplied (a batch's real tokens); the output's other rows are
+// zeros.
 //
 // Builds: AVX-512 (16 lanes: 8 rows by 3 groups of accumulators) and AVX2 (8 lanes: 6 rows by
 // one group, 12 accumulators); the widest the CPU runs is used unless `set_isa` says otherwise.
@@ -99,7 +101,8 @@ using native_builds::dims;
 
 // Checks the operands; an error message, or "" when they are right.
 std::string check(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w,
-                  const ffi::Buffer<ffi::S32>& layer, const ffi::AnyBuffer& out) {
+                  const ffi::Buffer<ffi::S32>& layer, const ffi::Buffer<ffi::S32>& rows,
+                  const ffi::AnyBuffer& out) {
   if (chosen_isa() < 0) return "this CPU has neither AVX2 nor AVX-512";
   auto ad = a.dimensions(), wd = w.dimensions(), od = out.dimensions();
   if (a.element_type() != ffi::DataType::F32 || w.element_type() != ffi::DataType::F32 ||
@@ -110,6 +113,7 @@ std::string check(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w,
     return "w has shape " + dims(w) + " for a of " + dims(a);
   if (od.size() != 2 || od[0] != ad[0] || od[1] != wd[1] * 16) return "out has shape " + dims(out);
   if (layer.element_count() != 1) return "layer must be a scalar";
+  if (rows.element_count() != 1) return "rows must be a scalar";
   const int32_t index = layer.typed_data()[0];
   if (index < 0 || index >= wd[0])
     return "layer " + std::to_string(index) + " outside the stack of " + std::to_string(wd[0]);
@@ -117,12 +121,13 @@ std::string check(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w,
 }
 
 ffi::Error Dense(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::Buffer<ffi::S32> layer,
-                 ffi::Result<ffi::AnyBuffer> out, ffi::ThreadPool pool) {
-  std::string error = check(a, w, layer, *out);
+                 ffi::Buffer<ffi::S32> rows, ffi::Result<ffi::AnyBuffer> out,
+                 ffi::ThreadPool pool) {
+  std::string error = check(a, w, layer, rows, *out);
   if (!error.empty()) return ffi::Error::InvalidArgument("dense_f32: " + error);
   native_cpu::PoolScope scope(pool);
   auto ad = a.dimensions(), wd = w.dimensions();
-  const int64_t m = ad[0], k = ad[1], n = wd[1] * 16;
+  const int64_t m = native_builds::computed_rows(rows, ad[0]), k = ad[1], n = wd[1] * 16;
   Problem p{m,
             n,
             k,
@@ -132,7 +137,8 @@ ffi::Error Dense(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::Buffer<ffi::S32> layer
             dense_tiles::streams(out->untyped_data(), m * n * 4),
             nullptr,
             0};
-  run(p, chosen_isa());
+  if (m > 0) run(p, chosen_isa());
+  native_builds::zero_rows(out->untyped_data(), m, ad[0], n * sizeof(float));
   return ffi::Error::Success();
 }
 
@@ -142,6 +148,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(DenseF32Handler, dense_f32::Dense,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ctx<ffi::ThreadPool>());

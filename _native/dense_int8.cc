@@ -10,6 +10,9 @@
 // bf16(silu(a @ W_gate) * (a @ W_up)) from gate and up packed with their 16-column groups
 // interleaved.
 //
+// Only the first `rows` rows of a are multiplied (a batch's real tokens); the output's other rows
+// are zeros.
+//
 // Builds: AVX512-VNNI (512-bit), AVX-VNNI (256-bit) and AVX2 (256-bit, the dot product emulated
 // exactly); the widest the CPU runs is used unless `set_isa` says otherwise. All give the same
 // results to f32 rounding.
@@ -129,8 +132,8 @@ using native_builds::dims;
 
 // Checks the operands; an error message, or "" when they are right.
 std::string check(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w, const ffi::AnyBuffer& scale,
-                  const ffi::Buffer<ffi::S32>& layer, int64_t block, const ffi::AnyBuffer& out,
-                  bool gated) {
+                  const ffi::Buffer<ffi::S32>& layer, const ffi::Buffer<ffi::S32>& rows,
+                  int64_t block, const ffi::AnyBuffer& out, bool gated) {
   if (chosen_isa() < 0) return "this CPU has neither AVX2 nor AVX512-VNNI";
   auto ad = a.dimensions(), wd = w.dimensions(), sd = scale.dimensions(), od = out.dimensions();
   const auto out_type = gated ? ffi::DataType::BF16 : ffi::DataType::F32;
@@ -148,6 +151,7 @@ std::string check(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w, const ffi::A
   if (block < 4 || block % 4 != 0)
     return "block " + std::to_string(block) + " is not a positive multiple of 4";
   if (layer.element_count() != 1) return "layer must be a scalar";
+  if (rows.element_count() != 1) return "rows must be a scalar";
   const int32_t index = layer.typed_data()[0];
   if (index < 0 || index >= wd[0])
     return "layer " + std::to_string(index) + " outside the stack of " + std::to_string(wd[0]);
@@ -163,13 +167,15 @@ struct Scratch {
 
 template <bool kGated>
 ffi::Error Dense(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::AnyBuffer scale,
-                 ffi::Buffer<ffi::S32> layer, ffi::Result<ffi::AnyBuffer> out, int64_t block,
-                 ffi::ThreadPool pool) {
-  std::string error = check(a, w, scale, layer, block, *out, kGated);
+                 ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> rows,
+                 ffi::Result<ffi::AnyBuffer> out, int64_t block, ffi::ThreadPool pool) {
+  std::string error = check(a, w, scale, layer, rows, block, *out, kGated);
   if (!error.empty()) return ffi::Error::InvalidArgument("dense_int8: " + error);
   native_cpu::PoolScope scope(pool);
   auto ad = a.dimensions(), wd = w.dimensions();
-  const int64_t m = ad[0], k = ad[1], n = wd[1] * 16, blocks = (k + block - 1) / block;
+  const int64_t m = native_builds::computed_rows(rows, ad[0]), k = ad[1], n = wd[1] * 16;
+  const int64_t blocks = (k + block - 1) / block;
+  const int64_t row_bytes = kGated ? n / 2 * sizeof(uint16_t) : n * sizeof(float);
   const int32_t index = layer.typed_data()[0];
   thread_local Scratch scratch;
   scratch.q.resize(m * k);
@@ -188,7 +194,8 @@ ffi::Error Dense(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::AnyBuffer scale,
             scratch.offsets.data(),
             out->untyped_data(),
             !kGated && dense_tiles::streams(out->untyped_data(), m * n * 4)};
-  run<kGated>(p);
+  if (m > 0) run<kGated>(p);
+  native_builds::zero_rows(out->untyped_data(), m, ad[0], row_bytes);
   return ffi::Error::Success();
 }
 
@@ -199,6 +206,7 @@ ffi::Error Dense(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::AnyBuffer scale,
       .Arg<ffi::AnyBuffer>()        \
       .Arg<ffi::AnyBuffer>()        \
       .Arg<ffi::AnyBuffer>()        \
+      .Arg<ffi::Buffer<ffi::S32>>() \
       .Arg<ffi::Buffer<ffi::S32>>() \
       .Ret<ffi::AnyBuffer>()        \
       .Attr<int64_t>("block")       \

@@ -245,6 +245,7 @@ def pack(
         score_rows,
         _label_ids([labels[m] for m in order], s, label_width),
         np.array(len(order), np.int32),  # the scored rows: the others' outputs are not read
+        np.array(n, np.int32),  # the real tokens: the padding's are not multiplied
         region.slots,
         window_meta,
     )
@@ -432,6 +433,7 @@ def empty_batch(
         np.zeros(rows, np.int32),
         np.zeros((rows, labels), np.int32),
         np.array(rows, np.int32),  # every row computed, as when a caller fills them in
+        np.array(tokens, np.int32),  # every token too
         np.full(tokens, -1, np.int32),
         meta if window else None,  # padding alone: the window changes nothing
     )

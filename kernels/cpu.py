@@ -209,23 +209,26 @@ def dense_cpu(
     x: jax.Array,  # [M, K], cast to w's dtype
     w: jax.Array,  # bf16[L, N/16, K/2, 32] or f32[L, N/16, K, 16] from `pack_dense`
     layer: jax.Array,  # i32[]: which of the L matrices
+    rows: jax.Array | None = None,  # i32[]: the real rows of x, the first ones (None: all)
 ) -> jax.Array:  # f32[M, N]
     """`x @ W[layer]` on the CPU in the weights' dtype: bf16 inputs with exact f32 products,
-    or f32 inputs with fused multiply-adds; f32 accumulation in order over K."""
+    or f32 inputs with fused multiply-adds; f32 accumulation in order over K. Rows of x past
+    `rows` (a batch's padding) are not multiplied: their output rows are zeros."""
     m, k = x.shape
     f32 = w.dtype == np.float32
-    rows, width = (k, 16) if f32 else (k // 2, 32)
-    if w.ndim != 4 or w.shape[2] != rows or w.shape[3] != width or (not f32 and k % 2):
+    depth, width = (k, 16) if f32 else (k // 2, 32)  # w's last two dimensions
+    if w.ndim != 4 or w.shape[2] != depth or w.shape[3] != width or (not f32 and k % 2):
         raise ValueError(f"dense_cpu: weights of shape {w.shape} do not take x of shape {x.shape}")
     out = jax.ShapeDtypeStruct((m, w.shape[1] * 16), np.float32)
     call = jax.ffi.ffi_call(F32_TARGET if f32 else DENSE_TARGET, out)
-    return call(x.astype(w.dtype), w, jax.numpy.asarray(layer, np.int32))
+    return call(x.astype(w.dtype), w, jax.numpy.asarray(layer, np.int32), _rows(rows, m))
 
 
 def gated_cpu(
     x: jax.Array,  # [M, K], cast to bf16
     w: jax.Array,  # bf16[L, 2I/16, K/2, 32] from `pack_gated`
     layer: jax.Array,  # i32[]
+    rows: jax.Array | None = None,  # i32[]: the real rows of x (as `dense_cpu`)
 ) -> jax.Array:  # bf16[M, I]
     """`silu(x @ W_gate) * (x @ W_up)` of layer `layer`, rounded to bf16 once: the SwiGLU
     input of the down projection, with f32 products, accumulation and activation."""
@@ -234,7 +237,12 @@ def gated_cpu(
         raise ValueError(f"gated_cpu: weights of shape {w.shape} do not take x of shape {x.shape}")
     out = jax.ShapeDtypeStruct((m, w.shape[1] * 8), jax.numpy.bfloat16)
     call = jax.ffi.ffi_call(GATED_TARGET, out)
-    return call(x.astype(jax.numpy.bfloat16), w, jax.numpy.asarray(layer, np.int32))
+    return call(x.astype(jax.numpy.bfloat16), w, jax.numpy.asarray(layer, np.int32), _rows(rows, m))
+
+
+def _rows(rows: jax.Array | None, m: int) -> jax.Array:
+    """The native dense calls' `rows` operand, i32[]: all m rows when None."""
+    return jax.numpy.asarray(m if rows is None else rows, np.int32)
 
 
 INT8_TARGET, INT8_GATED_TARGET = "dense_int8", "gated_int8"
@@ -309,6 +317,7 @@ def dense_int8(
     scale: jax.Array,  # f32[L, N]
     layer: jax.Array,  # i32[]: which of the L matrices
     block: int = ACT_BLOCK,
+    rows: jax.Array | None = None,  # i32[]: the real rows of x (as `dense_cpu`)
 ) -> jax.Array:  # f32[M, N]
     """`x @ (q * scale)[layer]` on the CPU with x quantised per row block of `block`: the
     arithmetic of `kernels.quant.int8_matmul`, int32 sums of VNNI dot products."""
@@ -316,7 +325,7 @@ def dense_int8(
     if w.ndim != 4 or w.shape[2] * 4 != k or w.shape[3] != 64:
         raise ValueError(f"dense_int8: weights of shape {w.shape} do not take x of shape {x.shape}")
     out = jax.ShapeDtypeStruct((m, w.shape[1] * 16), np.float32)
-    return _int8_call(INT8_TARGET, out, x, w, scale, layer, block)
+    return _int8_call(INT8_TARGET, out, x, w, scale, layer, block, rows)
 
 
 def gated_int8(
@@ -325,6 +334,7 @@ def gated_int8(
     scale: jax.Array,  # f32[L, 2I] from `interleave_int8_scales`
     layer: jax.Array,  # i32[]
     block: int = ACT_BLOCK,
+    rows: jax.Array | None = None,  # i32[]: the real rows of x (as `dense_cpu`)
 ) -> jax.Array:  # bf16[M, I]
     """`silu(x @ W_gate) * (x @ W_up)` of layer `layer` in int8 (as `dense_int8`), rounded to
     bf16 once: the SwiGLU input of the down projection."""
@@ -332,10 +342,11 @@ def gated_int8(
     if w.ndim != 4 or w.shape[1] % 2 or w.shape[2] * 4 != k or w.shape[3] != 64:
         raise ValueError(f"gated_int8: weights of shape {w.shape} do not take x of shape {x.shape}")
     out = jax.ShapeDtypeStruct((m, w.shape[1] * 8), jax.numpy.bfloat16)
-    return _int8_call(INT8_GATED_TARGET, out, x, w, scale, layer, block)
+    return _int8_call(INT8_GATED_TARGET, out, x, w, scale, layer, block, rows)
 
 
-def _int8_call(target, out, x, w, scale, layer, block: int) -> jax.Array:
+def _int8_call(target, out, x, w, scale, layer, block: int, rows) -> jax.Array:
     call = jax.ffi.ffi_call(target, out)
     layer = jax.numpy.asarray(layer, np.int32)
-    return call(x.astype(jax.numpy.bfloat16), w, scale, layer, block=np.int64(block))
+    x = x.astype(jax.numpy.bfloat16)
+    return call(x, w, scale, layer, _rows(rows, x.shape[0]), block=np.int64(block))

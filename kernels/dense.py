@@ -7,8 +7,8 @@ the prepared form; the forward never looks inside. Two exist:
 - `XLA`: the matrices in the weight dtype, `jnp.matmul` with f32 accumulation; any backend.
 - `CPU`: matrices packed once for the native kernel of their dtype (`kernels.cpu`): bf16 for
   AVX512-BF16 dot products (f32 FMAs on AVX2), f32 for f32 FMAs on AVX2 or AVX-512 (its gated
-  pair as one product, the activation in XLA); a matrix the kernel cannot take (K odd, or not
-  a multiple of 8 in f32; N not a multiple of 16) stays in the XLA form.
+  pair as one product, the activation in XLA); a matrix the kernel cannot take (K odd in bf16,
+  N not a multiple of 16) stays in the XLA form.
 - `INT8_XLA`: layer matrices quantised once to int8 per column, activations per row block on
   the fly (`kernels.quant`), int32 sums in XLA; the LM head stays in the weight dtype.
 - `INT8`: the same arithmetic in the native AVX512-VNNI kernel (`kernels.cpu.dense_int8`), the
@@ -17,6 +17,10 @@ the prepared form; the forward never looks inside. Two exist:
   it has them: `kernels.onednn`); the gated pair as XLA's, its activation in XLA.
 
 `chosen` mixes them per weight shape (the default, `kernels.dense_choice` measures which).
+
+`matmul` and `gated` take the count of x's real rows (i32[], the first ones; None: all): the
+native kernels (`CPU`, `INT8`) multiply those alone and answer zeros for the rest, a batch's
+padding, which the others compute as any row. The forward reads no padding row's result.
 """
 
 from collections.abc import Callable
@@ -33,9 +37,10 @@ from kernels.host import interleave_to_device, to_device
 class Dense(NamedTuple):
     """One way to store and multiply weight matrices (see the module docstring).
 
-    prepare(w [L, K, N], dtype) -> W;  matmul(x [M, K], W, layer i32[]) -> f32[M, N]
+    prepare(w [L, K, N], dtype) -> W;  matmul(x [M, K], W, layer i32[], rows) -> f32[M, N]
     prepare_gated(gate [L, K, I], up [L, K, I], dtype) -> G;
-        gated(x [M, K], G, layer) -> silu(x @ gate) * (x @ up) [M, I]
+        gated(x [M, K], G, layer, rows) -> silu(x @ gate) * (x @ up) [M, I]
+    (rows: i32[] or None, the real rows of x; see the module docstring)
     prepare_head(w [V, E], dtype) -> H;  head(h [S, E], H) -> f32[S, V] = h @ w.T
     """
 
@@ -53,7 +58,7 @@ def _xla_prepare(w, dtype) -> jax.Array:
     return to_device(w, dtype)
 
 
-def _xla_matmul(x: jax.Array, w: jax.Array, layer: jax.Array) -> jax.Array:
+def _xla_matmul(x: jax.Array, w: jax.Array, layer: jax.Array, rows=None) -> jax.Array:
     w = w[layer]  # [K, N]
     return jnp.matmul(x.astype(w.dtype), w, preferred_element_type=jnp.float32)
 
@@ -76,7 +81,7 @@ def _silu_gate(y: jax.Array) -> jax.Array:
     return jax.nn.silu(y[..., 0]) * y[..., 1]
 
 
-def _xla_gated(x: jax.Array, w: jax.Array, layer: jax.Array) -> jax.Array:
+def _xla_gated(x: jax.Array, w: jax.Array, layer: jax.Array, rows=None) -> jax.Array:
     return _silu_gate(_xla_matmul(x, w, layer))
 
 
@@ -104,9 +109,9 @@ def _cpu_prepare(w, dtype) -> Packed | jax.Array:
     return Packed(jax.device_put(cpu.pack_dense(w, dtype)))
 
 
-def _cpu_matmul(x: jax.Array, w: Packed | jax.Array, layer: jax.Array) -> jax.Array:
+def _cpu_matmul(x: jax.Array, w: Packed | jax.Array, layer: jax.Array, rows=None) -> jax.Array:
     if isinstance(w, Packed):
-        return cpu.dense_cpu(x, w.data, layer)
+        return cpu.dense_cpu(x, w.data, layer, rows)
     return _xla_matmul(x, w, layer)
 
 
@@ -118,12 +123,12 @@ def _cpu_prepare_gated(gate, up, dtype) -> Packed | jax.Array:
     return Packed(jax.device_put(cpu.pack_gated(gate, up)))
 
 
-def _cpu_gated(x: jax.Array, w: Packed | jax.Array, layer: jax.Array) -> jax.Array:
+def _cpu_gated(x: jax.Array, w: Packed | jax.Array, layer: jax.Array, rows=None) -> jax.Array:
     if not isinstance(w, Packed):
         return _xla_gated(x, w, layer)
     if w.data.dtype == np.float32:
-        return _silu_gate(cpu.dense_cpu(x, w.data, layer))
-    return cpu.gated_cpu(x, w.data, layer)
+        return _silu_gate(cpu.dense_cpu(x, w.data, layer, rows))
+    return cpu.gated_cpu(x, w.data, layer, rows)
 
 
 def _cpu_prepare_head(w, dtype) -> Packed | jax.Array:
@@ -167,7 +172,9 @@ def _onednn_prepare(w, dtype) -> OneDnnPacked | jax.Array:
     return OneDnnPacked(jax.device_put(onednn.pack(w)), n)
 
 
-def _onednn_matmul(x: jax.Array, w: OneDnnPacked | jax.Array, layer: jax.Array) -> jax.Array:
+def _onednn_matmul(
+    x: jax.Array, w: OneDnnPacked | jax.Array, layer: jax.Array, rows=None
+) -> jax.Array:
     if isinstance(w, OneDnnPacked):
         return onednn.dense(x, w.data, layer, w.n)
     return _xla_matmul(x, w, layer)
@@ -177,7 +184,9 @@ def _onednn_prepare_gated(gate, up, dtype) -> OneDnnPacked | jax.Array:
     return _onednn_prepare(_pairs(gate, up), dtype)  # the layout of _xla_prepare_gated
 
 
-def _onednn_gated(x: jax.Array, w: OneDnnPacked | jax.Array, layer: jax.Array) -> jax.Array:
+def _onednn_gated(
+    x: jax.Array, w: OneDnnPacked | jax.Array, layer: jax.Array, rows=None
+) -> jax.Array:
     return _silu_gate(_onednn_matmul(x, w, layer))
 
 
@@ -222,7 +231,7 @@ def _int8_prepare(w, dtype) -> Int8:
     return Int8(to_device(q), to_device(scale))
 
 
-def _int8_matmul(x: jax.Array, w: Int8, layer: jax.Array) -> jax.Array:
+def _int8_matmul(x: jax.Array, w: Int8, layer: jax.Array, rows=None) -> jax.Array:
     return quant.int8_matmul(x, w.q[layer], w.scale[layer])
 
 
@@ -230,7 +239,7 @@ def _int8_prepare_gated(gate, up, dtype) -> Int8:
     return _int8_prepare(_pairs(gate, up), dtype)
 
 
-def _int8_gated(x: jax.Array, w: Int8, layer: jax.Array) -> jax.Array:
+def _int8_gated(x: jax.Array, w: Int8, layer: jax.Array, rows=None) -> jax.Array:
     return _silu_gate(_int8_matmul(x, w, layer))
 
 
@@ -252,9 +261,9 @@ def _vnni_prepare(w, dtype) -> Int8Packed | Int8:
     return Int8Packed(jax.device_put(cpu.pack_int8(q)), to_device(scale))
 
 
-def _vnni_matmul(x: jax.Array, w: Int8Packed | Int8, layer: jax.Array) -> jax.Array:
+def _vnni_matmul(x: jax.Array, w: Int8Packed | Int8, layer: jax.Array, rows=None) -> jax.Array:
     if isinstance(w, Int8Packed):
-        return cpu.dense_int8(x, w.data, w.scale, layer)
+        return cpu.dense_int8(x, w.data, w.scale, layer, rows=rows)
     return _int8_matmul(x, w, layer)
 
 
@@ -266,9 +275,9 @@ def _vnni_prepare_gated(gate, up, dtype) -> Int8Packed | Int8:
     return Int8Packed(jax.device_put(packed), to_device(cpu.interleave_int8_scales(sg, su)))
 
 
-def _vnni_gated(x: jax.Array, w: Int8Packed | Int8, layer: jax.Array) -> jax.Array:
+def _vnni_gated(x: jax.Array, w: Int8Packed | Int8, layer: jax.Array, rows=None) -> jax.Array:
     if isinstance(w, Int8Packed):
-        return cpu.gated_int8(x, w.data, w.scale, layer)
+        return cpu.gated_int8(x, w.data, w.scale, layer, rows=rows)
     return _int8_gated(x, w, layer)
 
 
@@ -303,11 +312,11 @@ def chosen(pick: Callable[[str, int, int], str]) -> Dense:
     def prepare_head(w, dtype):
         return STRATEGIES[pick("head", *w.shape[::-1])].prepare_head(w, dtype)
 
-    def matmul(x, w, layer):
-        return _owner(w).matmul(x, w, layer)
+    def matmul(x, w, layer, rows=None):
+        return _owner(w).matmul(x, w, layer, rows)
 
-    def gated(x, w, layer):
-        return _owner(w).gated(x, w, layer)
+    def gated(x, w, layer, rows=None):
+        return _owner(w).gated(x, w, layer, rows)
 
     def head(h, w):
         return _owner(w).head(h, w)

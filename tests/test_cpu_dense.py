@@ -98,6 +98,28 @@ def test_gated_equals_silu_gate_times_up(isa, m, k, i):
     np.testing.assert_allclose(np.asarray(out, np.float64), truth, rtol=2**-8, atol=atol)
 
 
+# counts of real rows: none, inside the first register tile, a tile's edge, inside a later
+# tile, all of them, and past them (clamped)
+COUNTS = [0, 1, 5, 23, 40, 45]
+
+
+@pytest.mark.parametrize("count", COUNTS)
+def test_rows_past_the_count_are_zeros_and_the_rest_unchanged(isa, count):
+    """A batch's padding (rows past `rows`, a traced operand) is not multiplied: plain and gated
+    products answer zeros there, and every real row bitwise as the whole product has it."""
+    rng = np.random.default_rng(count)
+    m, k, n = 40, 96, 64
+    x, w, gate, up = bf16(rng, m, k), bf16(rng, 1, k, n), bf16(rng, 1, k, n), bf16(rng, 1, k, n)
+    plain = jax.jit(lambda x, w, rows: cpu.dense_cpu(x, w, 0, rows))
+    gated = jax.jit(lambda x, w, rows: cpu.gated_cpu(x, w, 0, rows))
+    real = min(count, m)
+    for run, weights in ((plain, cpu.pack_dense(w)), (gated, cpu.pack_gated(gate, up))):
+        weights = jnp.asarray(weights)
+        whole, out = (np.asarray(run(x, weights, rows), np.float32) for rows in (m, count))
+        np.testing.assert_array_equal(out[:real], whole[:real])
+        assert not out[real:].any() and whole[real:].all()
+
+
 def test_f32_inputs_are_rounded_to_bf16_first():
     rng = np.random.default_rng(3)
     x = jnp.asarray(rng.standard_normal((40, 64)), jnp.float32)

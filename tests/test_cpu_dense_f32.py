@@ -101,6 +101,20 @@ def test_rows_copied_per_block_equal_rows_copied_whole(isa):
         np.testing.assert_array_equal(whole[start:stop], native(x[start:stop], w, 0))
 
 
+@pytest.mark.parametrize("count", [0, 1, 6, 23, 40, 45])
+def test_rows_past_the_count_are_zeros_and_the_rest_unchanged(isa, count):
+    """A batch's padding (rows past `rows`, a traced operand) is not multiplied: zeros there,
+    and every real row bitwise as the whole product has it."""
+    rng = np.random.default_rng(count)
+    m, k, n = 40, 90, 48
+    x, w = jnp.asarray(normal(rng, m, k)), packed(normal(rng, 1, k, n))
+    run = jax.jit(lambda x, w, rows: cpu.dense_cpu(x, w, 0, rows))
+    whole, out = (np.asarray(run(x, w, rows)) for rows in (m, count))
+    real = min(count, m)
+    np.testing.assert_array_equal(out[:real], whole[:real])
+    assert not out[real:].any() and whole[real:].all()
+
+
 def test_the_builds_agree(isa):
     rng = np.random.default_rng(2)
     x, w = normal(rng, 50, 256), packed(normal(rng, 1, 256, 48))

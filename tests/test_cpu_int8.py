@@ -93,6 +93,28 @@ def test_gated_equals_silu_gate_times_up(isa, m, k, i):
     np.testing.assert_allclose(np.asarray(out, np.float64), truth, rtol=2**-8, atol=atol)
 
 
+@pytest.mark.parametrize("count", [0, 1, 3, 23, 40, 45])
+def test_rows_past_the_count_are_zeros_and_the_rest_unchanged(isa, count):
+    """A batch's padding (rows past `rows`, a traced operand) is neither quantised nor
+    multiplied: plain and gated products answer zeros there, and every real row bitwise as the
+    whole product has it."""
+    rng = np.random.default_rng(count)
+    m, k, n = 40, 256, 32
+    x, q, scale = operands(rng, m, k, n)
+    (qg, sg), (qu, su) = (quant.quantize_columns(rng.standard_normal((1, k, n))) for _ in "gu")
+    plain = jax.jit(lambda x, w, s, rows: cpu.dense_int8(x, w, s, 0, rows=rows))
+    gated = jax.jit(lambda x, w, s, rows: cpu.gated_int8(x, w, s, 0, rows=rows))
+    real = min(count, m)
+    for run, w, s in (
+        (plain, cpu.pack_int8(q), scale),
+        (gated, cpu.pack_int8_gated(qg, qu), cpu.interleave_int8_scales(sg, su)),
+    ):
+        w = jnp.asarray(w)
+        whole, out = (np.asarray(run(x, w, s, rows), np.float32) for rows in (m, count))
+        np.testing.assert_array_equal(out[:real], whole[:real])
+        assert not out[real:].any() and whole[real:].all()
+
+
 def test_the_builds_agree_bit_for_bit():
     rng = np.random.default_rng(2)
     x, q, scale = operands(rng, 37, 576, 96)

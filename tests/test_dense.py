@@ -21,12 +21,19 @@ def unpack(data: jnp.ndarray) -> jnp.ndarray:
     return w.reshape(lead, pairs * 2, groups * 16)
 
 
-def emulated_dense(x, data, layer):
+def emulated_dense(x, data, layer, rows=None):
     w = unpack(data)[layer]
-    return jnp.matmul(x.astype(jnp.bfloat16), w, preferred_element_type=jnp.float32)
+    return padding_zeroed(
+        jnp.matmul(x.astype(jnp.bfloat16), w, preferred_element_type=jnp.float32), rows
+    )
 
 
-def emulated_gated(x, data, layer):
+def padding_zeroed(out, rows):
+    """out with its rows past `rows` zero, as the native kernels answer them."""
+    return out if rows is None else jnp.where(jnp.arange(out.shape[0])[:, None] < rows, out, 0)
+
+
+def emulated_gated(x, data, layer, rows=None):
     w = unpack(data)[layer]  # [K, 2I]: 16-column groups of gate and up interleaved
     k, both = w.shape
     w = w.reshape(k, both // 32, 2, 16)
@@ -34,7 +41,7 @@ def emulated_gated(x, data, layer):
     xb = x.astype(jnp.bfloat16)
     g = jnp.matmul(xb, gate, preferred_element_type=jnp.float32)
     u = jnp.matmul(xb, up, preferred_element_type=jnp.float32)
-    return (jax_silu(g) * u).astype(jnp.bfloat16)
+    return padding_zeroed((jax_silu(g) * u).astype(jnp.bfloat16), rows)
 
 
 def jax_silu(x):
@@ -101,3 +108,26 @@ def test_a_model_on_the_cpu_strategy_scores_like_xla(
     np.testing.assert_allclose(
         packed.score(query, items, [1, 2, 3]), plain.score(query, items, [1, 2, 3]), rtol=1e-5
     )
+
+
+@pytest.mark.skipif(not cpu.DENSE_AVAILABLE, reason="needs the native dense kernels (AVX2)")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_a_batch_padding_moves_no_output(tiny_checkpoints, dtype):
+    """The forward hands the native kernels its real token count: the padding after them is
+    not multiplied, and the outputs equal those of the batch computed whole, bitwise (a row's
+    products do not depend on its batch)."""
+    from engine import packing
+    from engine.buckets import make_buckets
+
+    model = load_model(tiny_checkpoints["qwen2"], dtype=dtype, dense="cpu", progress=False)
+    assert isinstance(model.program.params["matrices"]["gate_up"], dense.Packed)
+    seqs = [[5] * 30 + [i + 3] * (i + 1) for i in range(6)]
+    buckets = make_buckets(512, token_budget=256)
+    (chunks,) = packing.plan(seqs, token_budget=256, buckets=buckets)
+    inputs = packing.pack(seqs, [[1, 2]] * len(seqs), chunks, buckets).inputs
+    tokens = len(inputs.tokens)
+    assert int(inputs.token_count) == 30 + sum(range(1, 7)) < tokens
+    skipped = np.asarray(model.program.run(inputs))
+    whole = np.asarray(model.program.run(inputs._replace(token_count=np.array(tokens, np.int32))))
+    np.testing.assert_array_equal(skipped[: len(seqs)], whole[: len(seqs)])
+    assert np.isfinite(skipped).all()

@@ -161,8 +161,8 @@ def broken_strategy(rounding) -> dense.Dense:
     xla = dense.XLA
     return xla._replace(
         name="broken",
-        matmul=lambda x, w, layer: rounding(xla.matmul(x, w, layer)),
-        gated=lambda x, w, layer: rounding(xla.gated(x, w, layer)),
+        matmul=lambda x, w, layer, rows=None: rounding(xla.matmul(x, w, layer, rows)),
+        gated=lambda x, w, layer, rows=None: rounding(xla.gated(x, w, layer, rows)),
         head=lambda h, w: rounding(xla.head(h, w)),
     )
 
