@@ -140,7 +140,7 @@ class Step(NamedTuple):
     matrices: Params  # "qkv", "o", "gate_up", "down": prepared stacks over layers
     cache_slots: jax.Array  # i32[T]
     write_kv: Callable  # (pool, slots, k, v) -> pool: `kernels.paging.write`
-    rows: jax.Array | None  # i32[]: the real rows of the layer's inputs (None: all)
+    real_rows: jax.Array | None  # i32[]: the real rows of the layer's inputs (None: all)
 
 
 def _attend(carry: tuple[jax.Array, KVPool | None], xs: tuple[jax.Array, ...], s: Step):
@@ -150,7 +150,7 @@ def _attend(carry: tuple[jax.Array, KVPool | None], xs: tuple[jax.Array, ...], s
     index, sliding, p = xs  # the layer index i32[], whether it slides bool[], norms and biases
     cfg, m = s.cfg, s.matrices
     h = rms_norm(x, p["attn_norm"], cfg.norm_eps)
-    q, k, v = s.family.project_qkv(s.dense.matmul(h, m["qkv"], index, s.rows), p, cfg)
+    q, k, v = s.family.project_qkv(s.dense.matmul(h, m["qkv"], index, s.real_rows), p, cfg)
     cos, sin = s.rope if s.local_rope is None else pick_sliding(sliding, s.local_rope, s.rope)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     dt = s.dtype
@@ -169,13 +169,13 @@ def _finish(x: jax.Array, o: jax.Array, xs: tuple[jax.Array, ...], s: Step) -> j
     index, _, p = xs
     cfg, m = s.cfg, s.matrices
     x = x + _sandwich(
-        s.dense.matmul(o.reshape(x.shape[0], -1), m["o"], index, s.rows),
+        s.dense.matmul(o.reshape(x.shape[0], -1), m["o"], index, s.real_rows),
         p,
         "post_attn_norm",
         cfg,
     )
     h = rms_norm(x, p["mlp_norm"], cfg.norm_eps)
-    y = s.dense.matmul(_mlp_gate(h, m["gate_up"], index, s), m["down"], index, s.rows)
+    y = s.dense.matmul(_mlp_gate(h, m["gate_up"], index, s), m["down"], index, s.real_rows)
     return x + _sandwich(y, p, "post_mlp_norm", cfg)
 
 
@@ -213,8 +213,8 @@ def _mlp_gate(h: jax.Array, w, index: jax.Array, s: "Step") -> jax.Array:
     other activation after a plain product with gate and up columns side by side
     (`engine.models.layout.place_decoder`)."""
     if s.cfg.mlp_activation == "silu":
-        return s.dense.gated(h, w, index, s.rows)
-    y = s.dense.matmul(h, w, index, s.rows).reshape(h.shape[0], -1, 2)  # f32[T, I, gate/up]
+        return s.dense.gated(h, w, index, s.real_rows)
+    y = s.dense.matmul(h, w, index, s.real_rows).reshape(h.shape[0], -1, 2)  # f32[T, I, gate/up]
     return jax.nn.gelu(y[..., 0], approximate=True) * y[..., 1]
 
 
@@ -287,7 +287,7 @@ def forward(
     stack, last = split_last(xs)
     x, o, pool = _attend(run_layers(layer, (x, pool), stack, unroll), last, step)
 
-    at_score_rows = step._replace(rows=None)  # x[rows] holds score rows, all read
+    at_score_rows = step._replace(real_rows=None)  # x[rows] holds score rows, all read
 
     def at_rows(rows: jax.Array, labels: jax.Array) -> jax.Array:  # i32[C], i32[C, L]
         h = final(_finish(x[rows], o[rows], last, at_score_rows))  # f32[C, E]

@@ -94,7 +94,7 @@ class Step(NamedTuple):
     local_rope: Rope | None  # local layers' own RoPE (None: as global ones)
     dtype: Any
     matrices: dict  # "qkv", "o", "up", "down": prepared stacks over layers
-    rows: jax.Array | None  # i32[]: the real rows of the layer's inputs (None: all)
+    real_rows: jax.Array | None  # i32[]: the real rows of the layer's inputs (None: all)
 
 
 def _attend(x: jax.Array, xs: tuple, s: Step) -> jax.Array:  # [T, H, D]
@@ -104,7 +104,7 @@ def _attend(x: jax.Array, xs: tuple, s: Step) -> jax.Array:  # [T, H, D]
     h = x
     if not cfg.post_norm:
         h = jnp.where(normed, _norm(x, p, "attn_norm", cfg), x)  # ModernBERT's first: identity
-    q, k, v = qwen2.project_qkv(s.dense.matmul(h, m["qkv"], index, s.rows), p, cfg)
+    q, k, v = qwen2.project_qkv(s.dense.matmul(h, m["qkv"], index, s.real_rows), p, cfg)
     if s.rope is not None:
         cos, sin = s.rope if s.local_rope is None else pick_sliding(sliding, s.local_rope, s.rope)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -118,11 +118,11 @@ def _finish(x: jax.Array, o: jax.Array, xs: tuple, s: Step) -> jax.Array:
     the layer's output f32[R, E] (projection, MLP, norms)."""
     index, _, _, p = xs
     cfg, m = s.cfg, s.matrices
-    x = x + s.dense.matmul(o.reshape(x.shape[0], -1), m["o"], index, s.rows) + p["bo"]
+    x = x + s.dense.matmul(o.reshape(x.shape[0], -1), m["o"], index, s.real_rows) + p["bo"]
     if cfg.post_norm:
         x = _norm(x, p, "attn_norm", cfg)
     h = x if cfg.post_norm else _norm(x, p, "mlp_norm", cfg)
-    x = x + s.dense.matmul(_mlp_hidden(h, index, p, s), m["down"], index, s.rows) + p["b_down"]
+    x = x + s.dense.matmul(_mlp_hidden(h, index, p, s), m["down"], index, s.real_rows) + p["b_down"]
     return _norm(x, p, "mlp_norm", cfg) if cfg.post_norm else x
 
 
@@ -133,8 +133,9 @@ def _layer(x: jax.Array, xs: tuple, s: Step):
 def _mlp_hidden(h: jax.Array, index: jax.Array, p: dict, s: Step) -> jax.Array:  # f32[T, I]
     act = ACTIVATIONS[s.cfg.mlp_activation]
     if not s.cfg.gated_mlp:
-        return act(s.dense.matmul(h, s.matrices["up"], index, s.rows) + p["b_up"])
-    y = s.dense.matmul(h, s.matrices["up"], index, s.rows).reshape(h.shape[0], -1, 2)  # [T, I, 2]
+        return act(s.dense.matmul(h, s.matrices["up"], index, s.real_rows) + p["b_up"])
+    y = s.dense.matmul(h, s.matrices["up"], index, s.real_rows)
+    y = y.reshape(h.shape[0], -1, 2)  # [T, I, gate/up]
     return act(y[..., 0] + p["b_gate"]) * (y[..., 1] + p["b_up"])
 
 
@@ -223,7 +224,7 @@ def forward(
     x = run_layers(layer, x, stack, unroll)
     o = _attend(x, last, step)
 
-    at_score_rows = step._replace(rows=None)  # x[rows] holds score rows, all read
+    at_score_rows = step._replace(real_rows=None)  # x[rows] holds score rows, all read
 
     def at_first_tokens(rows: jax.Array, labels: jax.Array) -> jax.Array:  # i32[C], i32[C, L]
         h = final(_finish(x[rows], o[rows], last, at_score_rows))  # f32[C, E]: those rows
