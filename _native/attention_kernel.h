@@ -13,7 +13,7 @@
 // region's keys (C of them, before the batch's) are rows of this layer's pool pages
 // [P, page, Hkv, D], found through the page table. Work items are
 // (query tile of `tile_tokens` tokens, kv head); a work item's rows are its tokens times the G
-// query heads of that kv head. Scores never leave a 64-key tile held in cache: QK^T, the mask,
+// query heads of that kv head. Scores never leave a key tile held in cache: QK^T, the mask,
 // an online softmax (exp2 with log2(e) folded into the query scale) and PV are fused per tile.
 // Rows go in blocks of 4, and each block computes only the key vectors its rows see in the tile:
 // short spans (an encoder's texts, a decoder's items) skip most of the tiles they overlap.
@@ -25,8 +25,13 @@ constexpr int kLanes = PACKED_ATTENTION_LANES;
 typedef float vf __attribute__((vector_size(kLanes * 4)));
 typedef int32_t vi __attribute__((vector_size(kLanes * 4)));
 
-constexpr int kKeyTile = 64;
-constexpr int kKeyVecs = kKeyTile / kLanes;
+// Keys per tile (KT below): 128 where vectors are 512-bit and a tile's prepared K and V fit in
+// 64 KB, else 64. On a Zen 5 (AVX-512) 128-key tiles ran the bf16 W2 packing 7% faster than
+// 64-key ones (the per-row, per-tile work halved), but f32 at head dim 128 (128 KB a tile) 12%
+// slower, and 256 keys gained nothing.
+constexpr int key_tile(int head_dim, int prepared_bytes) {
+  return PACKED_ATTENTION_AVX512 && 2 * 128 * head_dim * prepared_bytes <= 64 * 1024 ? 128 : 64;
+}
 
 inline vf splat(float x) { return vf{} + x; }
 
@@ -42,18 +47,23 @@ inline vf exp2_fraction(vf r) {
   return p * r + splat(1.0f);
 }
 
+// A row's running max moves only when a score passes it by more than this (log2 units): until
+// then probabilities reach at most 2^kMaxSlack, and the row skips its horizontal max and its
+// rescale. The softmax is the same for any such shift; only the rounding differs.
+constexpr float kMaxSlack = 8.0f;
+
 #if PACKED_ATTENTION_AVX512
-// 2^x for x <= 0 (scores minus their running max); 0 for -inf. Below -160 the result
+// 2^x for x <= kMaxSlack (scores minus a running max); 0 for -inf. Below -160 the result
 // underflows to exactly 0; between -160 and -126 it may be a denormal.
-inline vf exp2_nonpositive(vf x) {
+inline vf exp2_bounded(vf x) {
   const __m512 clamped = _mm512_max_ps((__m512)x, _mm512_set1_ps(-160.0f));
   const __m512 n = _mm512_roundscale_ps(clamped, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const vf p = exp2_fraction((vf)_mm512_sub_ps(clamped, n));
   return (vf)_mm512_scalef_ps((__m512)p, n);
 }
 #else
-// 2^x for x <= 0 (scores minus their running max), exact 0 below -126.
-inline vf exp2_nonpositive(vf x) {
+// 2^x for x <= kMaxSlack (scores minus a running max), exact 0 below -126.
+inline vf exp2_bounded(vf x) {
   const vf magic = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
   vf clamped = x < splat(-126.0f) ? splat(-126.0f) : x;
   vf shifted = clamped + magic;
@@ -72,12 +82,21 @@ inline vf exp2_nonpositive(vf x) {
 
 #if PACKED_ATTENTION_AVX512
 inline float hmax(vf x) { return _mm512_reduce_max_ps((__m512)x); }
+inline bool any_above(vf x, float limit) {
+  return _mm512_cmp_ps_mask((__m512)x, _mm512_set1_ps(limit), _CMP_GT_OQ) != 0;
+}
 inline float hsum(vf x) { return _mm512_reduce_add_ps((__m512)x); }
 #else
 inline float hmax(vf x) {
   float m = x[0];
   for (int i = 1; i < kLanes; ++i) m = std::max(m, x[i]);
   return m;
+}
+
+inline bool any_above(vf x, float limit) {
+  bool any = false;
+  for (int i = 0; i < kLanes; ++i) any = any || x[i] > limit;
+  return any;
 }
 
 inline float hsum(vf x) {
@@ -93,8 +112,9 @@ inline float hsum(vf x) {
 constexpr int kAccVecs = PACKED_ATTENTION_AVX512 ? 16 : 12;
 
 // scores[r][s .. s + W) = q_rows[r] . kt[.][same key vectors] for the 4 rows at q.
-template <int D, int W>
+template <int KT, int D, int W>
 inline void score_pass(const float* q, const vf* kt, int s, vf* scores) {
+  constexpr int kKeyVecs = KT / kLanes;
   vf acc[4][W] = {};
   for (int d = 0; d < D; ++d) {
     const vf* key = kt + d * kKeyVecs + s;
@@ -107,54 +127,55 @@ inline void score_pass(const float* q, const vf* kt, int s, vf* scores) {
     for (int c = 0; c < W; ++c) scores[i * kKeyVecs + s + c] = acc[i][c];
 }
 
-// Calls body(std::integral_constant<int, n>) for n in [N, kKeyVecs] (n < N runs as N): the
-// vector count of a key range as a compile-time constant, so the accumulators stay in registers.
-template <int N = 1, typename Body>
+// Calls body(std::integral_constant<int, n>) for n in [N, KV] (n < N runs as N): the vector
+// count of a key range as a compile-time constant, so the accumulators stay in registers.
+template <int KV, int N = 1, typename Body>
 inline void with_vector_count(int n, const Body& body) {
-  if constexpr (N < kKeyVecs) {
-    if (n > N) return with_vector_count<N + 1>(n, body);
+  if constexpr (N < KV) {
+    if (n > N) return with_vector_count<KV, N + 1>(n, body);
   }
   body(std::integral_constant<int, N>{});
 }
 
-// Key vectors [c0, c1) of a 64-key tile (empty when c0 >= c1): what a block of 4 rows sees.
+// Key vectors [c0, c1) of a key tile (empty when c0 >= c1): what a block of 4 rows sees.
 struct VectorRange {
   int c0, c1;
 };
 
 // scores[r][key vectors c0 .. c0 + NV) = q[r] . kt[.][same keys] for the 4 rows at q, in passes
 // of up to kAccVecs / 4 key vectors.
-template <int D, int NV>
+template <int KT, int D, int NV>
 inline void block_scores(const float* q, const vf* kt, int c0, vf* scores) {
   constexpr int kStep = std::min(NV, kAccVecs / 4);
   constexpr int kTail = NV % kStep;
-  for (int s = c0; s < c0 + NV - kTail; s += kStep) score_pass<D, kStep>(q, kt, s, scores);
-  if constexpr (kTail > 0) score_pass<D, kTail>(q, kt, c0 + NV - kTail, scores);
+  for (int s = c0; s < c0 + NV - kTail; s += kStep) score_pass<KT, D, kStep>(q, kt, s, scores);
+  if constexpr (kTail > 0) score_pass<KT, D, kTail>(q, kt, c0 + NV - kTail, scores);
 }
 
 // Calls body(b, c0, std::integral_constant<int, n>) for each block b of 4 rows that sees n > 0
 // key vectors from c0: the score kernels' walk over the blocks.
-template <typename Body>
+template <int KT, typename Body>
 inline void for_blocks_seeing_keys(const VectorRange* blocks, int n_blocks, const Body& body) {
   for (int b = 0; b < n_blocks; ++b) {
     const int c0 = blocks[b].c0, c1 = blocks[b].c1;
-    if (c0 < c1) with_vector_count(c1 - c0, [&](auto n) { body(b, c0, n); });
+    if (c0 < c1) with_vector_count<KT / kLanes>(c1 - c0, [&](auto n) { body(b, c0, n); });
   }
 }
 
 // scores[r][key vectors of r's block] = q_rows[r] . kt[.][same keys] for the blocks of 4 rows.
 // Keys outside a block's range are neither computed nor written.
-template <int D>
+template <int KT, int D>
 void tile_scores(const float* q_rows, const vf* kt, const VectorRange* blocks, int n_blocks,
                  vf* scores) {
-  for_blocks_seeing_keys(blocks, n_blocks, [&](int b, int c0, auto n) {
-    block_scores<D, decltype(n)::value>(q_rows + 4 * b * D, kt, c0, scores + 4 * b * kKeyVecs);
+  for_blocks_seeing_keys<KT>(blocks, n_blocks, [&](int b, int c0, auto n) {
+    block_scores<KT, D, decltype(n)::value>(q_rows + 4 * b * D, kt, c0,
+                                            scores + 4 * b * (KT / kLanes));
   });
 }
 
 // out[r][s .. s + W) = out[r][same] * alpha[r] + probs[r][keys] . v_tile[keys][same] for the
 // R rows at r, over the keys of vectors [c0, c1).
-template <int D, int R, int W>
+template <int KT, int D, int R, int W>
 inline void value_pass(const vf* probs, const vf* v_tile, const float* alpha, int r, int s,
                        int c0, int c1, vf* out) {
   constexpr int kVecs = D / kLanes;
@@ -163,11 +184,11 @@ inline void value_pass(const vf* probs, const vf* v_tile, const float* alpha, in
     for (int c = 0; c < W; ++c) acc[i][c] = out[(r + i) * kVecs + s + c] * alpha[r + i];
   // Pointers stepped per key: every broadcast and load is at a constant offset (indices
   // recomputed per broadcast cost two scalar instructions each, a third of the loop).
-  const float* p = reinterpret_cast<const float*>(probs + r * kKeyVecs) + c0 * kLanes;
+  const float* p = reinterpret_cast<const float*>(probs) + r * KT + c0 * kLanes;
   const float* const p_end = p + (c1 - c0) * kLanes;
   for (const vf* value = v_tile + c0 * kLanes * kVecs + s; p < p_end; ++p, value += kVecs) {
     for (int i = 0; i < R; ++i) {
-      float pv = p[i * kKeyTile];
+      float pv = p[i * KT];
       for (int c = 0; c < W; ++c) acc[i][c] += pv * value[c];
     }
   }
@@ -178,7 +199,7 @@ inline void value_pass(const vf* probs, const vf* v_tile, const float* alpha, in
 // out[r] = out[r] * alpha[r] + probs[r][keys] . v_tile[keys] over the key vectors of r's block,
 // in passes of kRows rows by up to kAccVecs / kRows head-dim vectors. Blocks that see no key are
 // skipped: their rows' alpha is 1.
-template <int D>
+template <int KT, int D>
 void tile_values(const vf* probs, const vf* v_tile, const float* alpha,
                  const VectorRange* blocks, int n_blocks, vf* out) {
   constexpr int kVecs = D / kLanes;
@@ -190,17 +211,18 @@ void tile_values(const vf* probs, const vf* v_tile, const float* alpha,
     if (c0 >= c1) continue;
     for (int r = 4 * b; r < 4 * b + 4; r += kRows) {
       for (int s = 0; s < kVecs - kTail; s += kStep)
-        value_pass<D, kRows, kStep>(probs, v_tile, alpha, r, s, c0, c1, out);
+        value_pass<KT, D, kRows, kStep>(probs, v_tile, alpha, r, s, c0, c1, out);
       if constexpr (kTail > 0)
-        value_pass<D, kRows, kTail>(probs, v_tile, alpha, r, kVecs - kTail, c0, c1, out);
+        value_pass<KT, D, kRows, kTail>(probs, v_tile, alpha, r, kVecs - kTail, c0, c1, out);
     }
   }
 }
 
 enum class Visible { kNone, kPartial, kAll };
 
+template <int KT>
 inline Visible classify(const Problem& p, int token, int key0) {
-  int key1 = key0 + kKeyTile;  // exclusive
+  int key1 = key0 + KT;  // exclusive
   int ps = p.prefix_start[token], pe = p.prefix_end[token], os = p.own_start[token];
   int oe = p.own_end[token];
   bool prefix_all = ps <= key0 && key1 <= pe;
@@ -224,11 +246,12 @@ inline void mask_row(const Problem& p, int token, int key0, int c0, int c1, vf* 
 }
 
 // The key vectors of the tile at key0 that the tokens [t0, t1) can see, as one range.
+template <int KT>
 inline VectorRange visible_vectors(const Problem& p, int t0, int t1, int key0) {
-  int lo = key0 + kKeyTile, hi = key0;  // visible keys [lo, hi), empty so far
+  int lo = key0 + KT, hi = key0;  // visible keys [lo, hi), empty so far
   auto cover = [&](int start, int end) {  // [start, end) clipped to the tile
     start = std::max(start, key0);
-    end = std::min(end, key0 + kKeyTile);
+    end = std::min(end, key0 + KT);
     if (start < end) lo = std::min(lo, start), hi = std::max(hi, end);
   };
   for (int t = t0; t < t1; ++t) {
@@ -242,14 +265,15 @@ inline VectorRange visible_vectors(const Problem& p, int t0, int t1, int key0) {
 // blocks[b] = the key vectors of the tile at key0 that rows [4b, 4b + 4) see (row r is token
 // tok0 + r / group; rows past the tokens' see nothing), for the `padded` rows; returns whether
 // any block sees a key.
+template <int KT>
 inline bool block_vectors(const Problem& p, int tok0, int tok1, int group, int key0, int padded,
                           VectorRange* blocks) {
   const int rows = (tok1 - tok0) * group;
   bool any = false;
   for (int b = 0; b < padded / 4; ++b) {
     int first = 4 * b, last = std::min(4 * b + 4, rows);  // real rows [first, last)
-    blocks[b] = first < last ? visible_vectors(p, tok0 + first / group,
-                                               tok0 + (last - 1) / group + 1, key0)
+    blocks[b] = first < last ? visible_vectors<KT>(p, tok0 + first / group,
+                                                   tok0 + (last - 1) / group + 1, key0)
                              : VectorRange{0, 0};
     any = any || blocks[b].c0 < blocks[b].c1;
   }
@@ -257,6 +281,7 @@ inline bool block_vectors(const Problem& p, int tok0, int tok1, int group, int k
 }
 
 // Ascending key tiles any token of [tok0, tok1) sees.
+template <int KT>
 inline void visited_tiles(const Problem& p, int tok0, int tok1, std::vector<int>* tiles,
                           std::vector<std::pair<int, int>>* spans) {
   spans->clear();
@@ -268,7 +293,7 @@ inline void visited_tiles(const Problem& p, int tok0, int tok1, std::vector<int>
   std::sort(spans->begin(), spans->end());
   tiles->clear();
   for (const auto& [lo, hi] : *spans) {
-    int first = lo / kKeyTile, last = (hi - 1) / kKeyTile;
+    int first = lo / KT, last = (hi - 1) / KT;
     if (!tiles->empty()) first = std::max(first, tiles->back() + 1);
     for (int tile = first; tile <= last; ++tile) tiles->push_back(tile);
   }
@@ -314,8 +339,11 @@ struct F32Tiles {
   using QueryWord = float;
   static constexpr int kQueryWords = D;
   static constexpr int kVecs = D / kLanes;
+  static constexpr int kKeyTile = key_tile(D, sizeof(float));
+  static constexpr int kKeyVecs = kKeyTile / kLanes;
   int k_tiles = 0;
-  Vectors kt, vt;  // kt[g][tile][d][64] (transposed for the score kernel), vt[g][tile][64][d]
+  // kt[g][tile][d][kKeyTile] (transposed for the score kernel), vt[g][tile][kKeyTile][d]
+  Vectors kt, vt;
 
   void prepare(const Problem& p, const In* k, const In* v) {
     k_tiles = (p.keys + kKeyTile - 1) / kKeyTile;
@@ -355,13 +383,13 @@ struct F32Tiles {
   void scores(const std::vector<float>& q_rows, int g, int tile, const VectorRange* blocks,
               int n_blocks, vf* score) const {
     const vf* kt_tile = kt.as<vf>() + (int64_t(g) * k_tiles + tile) * D * kKeyVecs;
-    tile_scores<D>(q_rows.data(), kt_tile, blocks, n_blocks, score);
+    tile_scores<kKeyTile, D>(q_rows.data(), kt_tile, blocks, n_blocks, score);
   }
 
   void values(const vf* probs, const float* alpha, int g, int tile, const VectorRange* blocks,
               int n_blocks, vf* out) const {
     const vf* v_tile = vt.as<vf>() + (int64_t(g) * k_tiles + tile) * kKeyTile * kVecs;
-    tile_values<D>(probs, v_tile, alpha, blocks, n_blocks, out);
+    tile_values<kKeyTile, D>(probs, v_tile, alpha, blocks, n_blocks, out);
   }
 };
 
@@ -375,10 +403,12 @@ struct Bf16Tiles {
   static constexpr int kPairs = D / 2;
   using QueryWord = uint32_t;
   static constexpr int kQueryWords = kPairs;
+  static constexpr int kKeyTile = key_tile(D, sizeof(uint16_t));
+  static constexpr int kKeyVecs = kKeyTile / kLanes;
   int k_tiles = 0;
   float score_scale = 0.0f;
-  // kp[g][tile][D/2][64]: the 32-bit (d, d+1) pair of each key; vp[g][tile][32][D][2]: the
-  // (2k, 2k+1) key pair of each dimension.
+  // kp[g][tile][D/2][kKeyTile]: the 32-bit (d, d+1) pair of each key; vp[g][tile][kKeyTile/2][D][2]:
+  // the (2k, 2k+1) key pair of each dimension.
   Vectors kp, vp;
 
   void prepare(const Problem& p, const uint16_t* k, const uint16_t* v) {
@@ -416,29 +446,38 @@ struct Bf16Tiles {
       }
   }
 
-  // score[i][key vectors c0 .. c0 + NV) for the 4 rows at q.
-  template <int NV>
-  void block_scores(const uint32_t* q, const __m512bh* keys, int c0, vf* score) const {
-    __m512 acc[4][NV];
+  // score[i][key vectors s .. s + W) for the 4 rows at q.
+  template <int W>
+  void score_pass(const uint32_t* q, const __m512bh* keys, int s, vf* score) const {
+    __m512 acc[4][W];
     for (int i = 0; i < 4; ++i)
-      for (int c = 0; c < NV; ++c) acc[i][c] = _mm512_setzero_ps();
+      for (int c = 0; c < W; ++c) acc[i][c] = _mm512_setzero_ps();
     for (int dp = 0; dp < kPairs; ++dp) {
-      const __m512bh* key = keys + dp * kKeyVecs + c0;
+      const __m512bh* key = keys + dp * kKeyVecs + s;
       for (int i = 0; i < 4; ++i) {
         __m512bh qv = (__m512bh)_mm512_set1_epi32(int(q[i * kPairs + dp]));
-        for (int c = 0; c < NV; ++c) acc[i][c] = _mm512_dpbf16_ps(acc[i][c], key[c], qv);
+        for (int c = 0; c < W; ++c) acc[i][c] = _mm512_dpbf16_ps(acc[i][c], key[c], qv);
       }
     }
     const __m512 scale = _mm512_set1_ps(score_scale);
     for (int i = 0; i < 4; ++i)
-      for (int c = 0; c < NV; ++c)
-        score[i * kKeyVecs + c0 + c] = (vf)_mm512_mul_ps(acc[i][c], scale);
+      for (int c = 0; c < W; ++c)
+        score[i * kKeyVecs + s + c] = (vf)_mm512_mul_ps(acc[i][c], scale);
+  }
+
+  // score[i][key vectors c0 .. c0 + NV) for the 4 rows at q, in passes of up to kAccVecs / 4.
+  template <int NV>
+  void block_scores(const uint32_t* q, const __m512bh* keys, int c0, vf* score) const {
+    constexpr int kStep = std::min(NV, kAccVecs / 4);
+    constexpr int kTail = NV % kStep;
+    for (int s = c0; s < c0 + NV - kTail; s += kStep) score_pass<kStep>(q, keys, s, score);
+    if constexpr (kTail > 0) score_pass<kTail>(q, keys, c0 + NV - kTail, score);
   }
 
   void scores(const std::vector<uint32_t>& q_rows, int g, int tile, const VectorRange* blocks,
               int n_blocks, vf* score) const {
     const __m512bh* keys = kp.as<__m512bh>() + (int64_t(g) * k_tiles + tile) * kPairs * kKeyVecs;
-    for_blocks_seeing_keys(blocks, n_blocks, [&](int b, int c0, auto n) {
+    for_blocks_seeing_keys<kKeyTile>(blocks, n_blocks, [&](int b, int c0, auto n) {
       block_scores<decltype(n)::value>(q_rows.data() + 4 * b * kPairs, keys, c0,
                                        score + 4 * b * kKeyVecs);
     });
@@ -479,13 +518,16 @@ struct Bf16Tiles {
 // Online-softmax step over one key tile, each row over its block's vectors: scores become
 // probabilities (masked keys 0), alpha the rescale of each row's accumulator; rows [rows,
 // padded) get zeros and alpha 1. `tile_max` is scratch of `padded` rounded up to kLanes floats.
-inline void softmax_tile(const Problem& p, int tok0, int tok1, int group, int key0,
-                         const VectorRange* blocks, int padded, vf* score, float* row_max,
-                         float* row_sum, float* alpha, float* tile_max) {
+template <int KT>
+void softmax_tile(const Problem& p, int tok0, int tok1, int group, int key0,
+                  const VectorRange* blocks, int padded, vf* score, float* row_max, vf* row_sum,
+                  float* alpha, float* tile_max) {
+  constexpr int kKeyVecs = KT / kLanes;
   const int rows = (tok1 - tok0) * group;
-  // Pass 1: mask, and the new running max of every row (unchanged for rows seeing nothing).
+  // Pass 1: mask, and the new running max of every row (unchanged for rows seeing nothing or no
+  // score past the old max by more than kMaxSlack).
   for (int t = tok0; t < tok1; ++t) {
-    Visible seen = classify(p, t, key0);
+    Visible seen = classify<KT>(p, t, key0);
     for (int i = 0; i < group; ++i) {
       int r = (t - tok0) * group + i;
       vf* s = score + r * kKeyVecs;
@@ -497,7 +539,8 @@ inline void softmax_tile(const Problem& p, int tok0, int tok1, int group, int ke
       if (seen == Visible::kPartial) mask_row(p, t, key0, c0, c1, s);
       vf m = s[c0];
       for (int c = c0 + 1; c < c1; ++c) m = m > s[c] ? m : s[c];
-      tile_max[r] = std::max(row_max[r], hmax(m));
+      bool moves = any_above(m, row_max[r] + kMaxSlack);
+      tile_max[r] = moves ? std::max(row_max[r], hmax(m)) : row_max[r];
     }
   }
   // Pass 2: alpha = 2^(old max - new max) for kLanes rows at a time (0 while the old max is -inf).
@@ -505,10 +548,10 @@ inline void softmax_tile(const Problem& p, int tok0, int tok1, int group, int ke
     vf old_max, new_max;
     std::memcpy(&old_max, row_max + r, sizeof old_max);
     std::memcpy(&new_max, tile_max + r, sizeof new_max);
-    vf a = exp2_nonpositive(old_max - new_max);
+    vf a = exp2_bounded(old_max - new_max);
     std::memcpy(alpha + r, &a, sizeof a);
   }
-  // Pass 3: probabilities and running sums.
+  // Pass 3: probabilities and running sums (per lane: reduced once, after the last tile).
   for (int r = 0; r < padded; ++r) {
     vf* s = score + r * kKeyVecs;
     const auto [c0, c1] = blocks[r / 4];
@@ -520,10 +563,10 @@ inline void softmax_tile(const Problem& p, int tok0, int tok1, int group, int ke
     float m = tile_max[r];
     vf sum{};
     for (int c = c0; c < c1; ++c) {
-      s[c] = exp2_nonpositive(s[c] - m);
+      s[c] = exp2_bounded(s[c] - m);
       sum += s[c];
     }
-    row_sum[r] = row_sum[r] * alpha[r] + hsum(sum);
+    row_sum[r] = row_sum[r] * alpha[r] + sum;
     row_max[r] = m;
   }
 }
@@ -532,6 +575,7 @@ inline void softmax_tile(const Problem& p, int tok0, int tok1, int group, int ke
 template <typename In, int D, typename Tiles>
 void attend(const Problem& p, const In* q, const Tiles& tiles, In* out) {
   using QueryWord = typename Tiles::QueryWord;
+  constexpr int KT = Tiles::kKeyTile;
   constexpr int kVecs = D / kLanes;
   constexpr int kWords = Tiles::kQueryWords;
   const int group = p.heads / p.kv_heads;
@@ -544,29 +588,30 @@ void attend(const Problem& p, const In* q, const Tiles& tiles, In* out) {
     int tok1 = std::min(p.tokens, tok0 + tile_tokens);
     int padded = ((tok1 - tok0) * group + 3) / 4 * 4;
     thread_local std::vector<QueryWord> q_rows;
-    thread_local std::vector<float> row_max, row_sum, alpha, tile_max;
-    thread_local Vectors scores, acc;
+    thread_local std::vector<float> row_max, alpha, tile_max;
+    thread_local Vectors scores, acc, sums;
     thread_local std::vector<int> visited;
     thread_local std::vector<std::pair<int, int>> spans;
     thread_local std::vector<VectorRange> blocks;
     q_rows.assign(size_t(max_rows) * kWords, QueryWord{});
     row_max.assign(max_rows + kLanes, -INFINITY);
-    row_sum.assign(max_rows, 0.0f);
+    vf* const row_sum = sums.resize<vf>(max_rows);
+    std::fill(row_sum, row_sum + max_rows, vf{});
     alpha.assign(max_rows + kLanes, 1.0f);
     tile_max.assign(max_rows + kLanes, 0.0f);
-    vf* const score = scores.resize<vf>(size_t(max_rows) * kKeyVecs);
+    vf* const score = scores.resize<vf>(size_t(max_rows) * Tiles::kKeyVecs);
     vf* const out_rows = acc.resize<vf>(size_t(max_rows) * kVecs);
     std::fill(out_rows, out_rows + size_t(max_rows) * kVecs, vf{});
     // Row r = (token - tok0) * group + i holds query head g * group + i of that token.
     tiles.load_queries(p, q, tok0, tok1, g, group, &q_rows);
-    visited_tiles(p, tok0, tok1, &visited, &spans);
+    visited_tiles<KT>(p, tok0, tok1, &visited, &spans);
     blocks.resize(padded / 4);
     for (int tile : visited) {
-      int key0 = tile * kKeyTile;
-      if (!block_vectors(p, tok0, tok1, group, key0, padded, blocks.data())) continue;
+      int key0 = tile * KT;
+      if (!block_vectors<KT>(p, tok0, tok1, group, key0, padded, blocks.data())) continue;
       tiles.scores(q_rows, g, tile, blocks.data(), padded / 4, score);
-      softmax_tile(p, tok0, tok1, group, key0, blocks.data(), padded, score, row_max.data(),
-                   row_sum.data(), alpha.data(), tile_max.data());
+      softmax_tile<KT>(p, tok0, tok1, group, key0, blocks.data(), padded, score, row_max.data(),
+                   row_sum, alpha.data(), tile_max.data());
       tiles.values(score, alpha.data(), g, tile, blocks.data(), padded / 4, out_rows);
     }
     for (int t = tok0; t < tok1; ++t)
@@ -574,7 +619,7 @@ void attend(const Problem& p, const In* q, const Tiles& tiles, In* out) {
         int r = (t - tok0) * group + i;
         int64_t base = (int64_t(t) * p.heads + g * group + i) * D;
         const float* o = reinterpret_cast<const float*>(out_rows + r * kVecs);
-        float inv = 1.0f / row_sum[r];
+        float inv = 1.0f / hsum(row_sum[r]);
         for (int d = 0; d < D; ++d) store(out, base + d, o[d] * inv);
       }
   });

@@ -78,14 +78,54 @@ def test_matches_reference(isa: str, scenario: str, dtype) -> None:
 def test_head_layouts_and_ragged_token_count(
     isa: str, heads: int, kv_heads: int, head_dim: int
 ) -> None:
-    # Every build: their vector widths split head dims 32, 64 and 128 into different passes.
-    # 150 tokens: not a multiple of the 64-key tile nor of the query tile (64 // group tokens);
-    # a 70-token prefix crosses a tile edge, and items cross both tile grids.
-    meta = layout_meta([(70, [9, 30, 1, 17]), (0, [23])], 1)
-    assert meta.prefix_start.shape[0] == 150
+    # Every build: their vector widths split head dims 32, 64 and 128 into different passes,
+    # and their key tiles are 64 or 128 keys. 220 tokens: a multiple of neither key tile nor of
+    # the query tile (64 // group tokens); a 140-token prefix crosses both tiles' edges, and
+    # items cross every tile grid.
+    meta = layout_meta([(140, [9, 30, 1, 17]), (0, [23])], 1)
+    assert meta.prefix_start.shape[0] == 220
     for dtype in (jnp.float32, jnp.bfloat16):
-        q, k, v = random_qkv(150, heads, kv_heads, head_dim, dtype, seed=heads)
+        q, k, v = random_qkv(220, heads, kv_heads, head_dim, dtype, seed=heads)
         assert_matches_reference(q, k, v, meta)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("span", [1000, 400, 160], ids=["creeping", "steady", "leaping"])
+def test_a_rising_max_matches_reference(isa: str, span: int, head_dim: int, dtype) -> None:
+    # Scores rise evenly from -15 to 15 over the first `span` keys, then stay at 15, over a
+    # 600-token prefix and its 20 items: per 128-key tile by 5.5, 14 and 35 log2 units (per
+    # 64-key tile half that), so a row's running max passes its old value by less than the
+    # kernel's slack (8) on some tiles and by more on others. The scores stay small enough for
+    # f32 rounding of them to stay inside the bound.
+    meta = layout_meta([(600, [5] * 20)], 1)
+    t = meta.prefix_start.shape[0]
+    rng = np.random.default_rng(head_dim)
+    direction = rng.standard_normal(head_dim)
+    direction *= head_dim**0.25 / np.linalg.norm(direction)  # q . k * D^-0.5 = the key's score
+    q = np.broadcast_to(direction, (t, 6, head_dim))
+    scores = np.minimum(np.arange(t) / span, 1.0) * 30.0 - 15.0
+    k = np.broadcast_to(scores[:, None, None] * direction, (t, 2, head_dim))
+    v = rng.standard_normal((t, 2, head_dim))
+    assert_matches_reference(*(jnp.asarray(x, dtype) for x in (q, k, v)), meta)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_scores_far_past_an_earlier_max_stay_finite(isa: str, dtype) -> None:
+    # Scores rise from -200 to 200 over the keys: probabilities taken against an earlier tile's
+    # max would overflow f32 (2^577). Every value row is the same, so every output row is it.
+    meta = layout_meta([(600, [5] * 20)], 1)
+    t = meta.prefix_start.shape[0]
+    rng = np.random.default_rng(3)
+    direction = rng.standard_normal(64)
+    direction *= 64**0.25 / np.linalg.norm(direction)
+    q = np.broadcast_to(direction, (t, 6, 64))
+    k = np.broadcast_to((400.0 * np.arange(t) / t - 200.0)[:, None, None] * direction, (t, 2, 64))
+    v = np.broadcast_to(rng.standard_normal(64), (t, 2, 64))
+    out = np.asarray(run_cpu(*(jnp.asarray(x, dtype) for x in (q, k, v)), meta), np.float32)
+    want = np.asarray(jnp.asarray(v[:, :1], dtype), np.float32)  # every head reads the same row
+    tol = TOLERANCE[jnp.dtype(dtype).type]
+    np.testing.assert_allclose(out, np.broadcast_to(want, out.shape), atol=tol, rtol=tol)
 
 
 def test_long_prefix_bf16_matches_f32_kernel() -> None:
