@@ -3,8 +3,8 @@
 XLA on the CPU cannot fuse QK^T, the mask, the softmax and PV, so the score matrix makes several
 round trips through memory and attention runs memory-bound at a small fraction of the matmul
 peak. This kernel (`_native/attention.cc`) keeps each score tile (64 or 128 keys) in cache and
-fuses the whole chain, with an online softmax in f32. It reads only the per-token spans, not the block
-schedule: each tile of queries visits the key tiles its tokens' spans touch.
+fuses the whole chain, with an online softmax in f32. It reads only the per-token spans, not the
+block schedule: each tile of queries visits the key tiles its tokens' spans touch.
 
 `AVAILABLE` is False when the native module was not built or the head dim is unsupported; the
 registry then falls back to the portable XLA kernel.
