@@ -26,7 +26,7 @@ typedef float vf __attribute__((vector_size(kLanes * 4)));
 typedef int32_t vi __attribute__((vector_size(kLanes * 4)));
 
 // Keys per tile (KT below): 128 where vectors are 512-bit and a tile's prepared K and V fit in
-// 64 KB, else 64. On a Zen 5 (AVX-512) 128-key tiles ran the bf16 W2 packing 7% faster than
+// 64 KB, else 64. On a Zen 5 (AVX-512) 128-key tiles ran the bf16 W2 packing 6-7% faster than
 // 64-key ones (the per-row, per-tile work halved), but f32 at head dim 128 (128 KB a tile) 12%
 // slower, and 256 keys gained nothing.
 constexpr int key_tile(int head_dim, int prepared_bytes) {
@@ -407,8 +407,8 @@ struct Bf16Tiles {
   static constexpr int kKeyVecs = kKeyTile / kLanes;
   int k_tiles = 0;
   float score_scale = 0.0f;
-  // kp[g][tile][D/2][kKeyTile]: the 32-bit (d, d+1) pair of each key; vp[g][tile][kKeyTile/2][D][2]:
-  // the (2k, 2k+1) key pair of each dimension.
+  // kp[g][tile][D/2][kKeyTile]: the 32-bit (d, d+1) pair of each key;
+  // vp[g][tile][kKeyTile/2][D][2]: the (2k, 2k+1) key pair of each dimension.
   Vectors kp, vp;
 
   void prepare(const Problem& p, const uint16_t* k, const uint16_t* v) {
