@@ -517,58 +517,47 @@ struct Bf16Tiles {
 
 // Online-softmax step over one key tile, each row over its block's vectors: scores become
 // probabilities (masked keys 0), alpha the rescale of each row's accumulator; rows [rows,
-// padded) get zeros and alpha 1. `tile_max` is scratch of `padded` rounded up to kLanes floats.
+// padded) and rows that see no key here get zeros and alpha 1.
 template <int KT>
 void softmax_tile(const Problem& p, int tok0, int tok1, int group, int key0,
                   const VectorRange* blocks, int padded, vf* score, float* row_max, vf* row_sum,
-                  float* alpha, float* tile_max) {
+                  float* alpha) {
   constexpr int kKeyVecs = KT / kLanes;
   const int rows = (tok1 - tok0) * group;
-  // Pass 1: mask, and the new running max of every row (unchanged for rows seeing nothing or no
-  // score past the old max by more than kMaxSlack).
+  auto no_keys = [&](int r) {
+    const auto [c0, c1] = blocks[r / 4];
+    for (int c = c0; c < c1; ++c) score[r * kKeyVecs + c] = vf{};
+    alpha[r] = 1.0f;
+  };
   for (int t = tok0; t < tok1; ++t) {
     Visible seen = classify<KT>(p, t, key0);
     for (int i = 0; i < group; ++i) {
       int r = (t - tok0) * group + i;
-      vf* s = score + r * kKeyVecs;
       if (seen == Visible::kNone) {
-        tile_max[r] = NAN;  // marks the row: no keys here
+        no_keys(r);
         continue;
       }
+      vf* s = score + r * kKeyVecs;
       const auto [c0, c1] = blocks[r / 4];
       if (seen == Visible::kPartial) mask_row(p, t, key0, c0, c1, s);
-      vf m = s[c0];
-      for (int c = c0 + 1; c < c1; ++c) m = m > s[c] ? m : s[c];
-      bool moves = any_above(m, row_max[r] + kMaxSlack);
-      tile_max[r] = moves ? std::max(row_max[r], hmax(m)) : row_max[r];
+      vf top = s[c0];
+      for (int c = c0 + 1; c < c1; ++c) top = top > s[c] ? top : s[c];
+      float m = row_max[r], a = 1.0f;
+      if (any_above(top, m + kMaxSlack)) {  // the max moves: rescale by 2^(old - new)
+        float moved = std::max(m, hmax(top));
+        a = std::exp2(m - moved);  // 0 while the old max is -inf
+        row_max[r] = m = moved;
+      }
+      vf sum{};
+      for (int c = c0; c < c1; ++c) {
+        s[c] = exp2_bounded(s[c] - m);
+        sum += s[c];
+      }
+      row_sum[r] = row_sum[r] * a + sum;  // per lane: reduced once, after the last tile
+      alpha[r] = a;
     }
   }
-  // Pass 2: alpha = 2^(old max - new max) for kLanes rows at a time (0 while the old max is -inf).
-  for (int r = 0; r < rows; r += kLanes) {
-    vf old_max, new_max;
-    std::memcpy(&old_max, row_max + r, sizeof old_max);
-    std::memcpy(&new_max, tile_max + r, sizeof new_max);
-    vf a = exp2_bounded(old_max - new_max);
-    std::memcpy(alpha + r, &a, sizeof a);
-  }
-  // Pass 3: probabilities and running sums (per lane: reduced once, after the last tile).
-  for (int r = 0; r < padded; ++r) {
-    vf* s = score + r * kKeyVecs;
-    const auto [c0, c1] = blocks[r / 4];
-    if (r >= rows || std::isnan(tile_max[r])) {
-      for (int c = c0; c < c1; ++c) s[c] = vf{};
-      alpha[r] = 1.0f;
-      continue;
-    }
-    float m = tile_max[r];
-    vf sum{};
-    for (int c = c0; c < c1; ++c) {
-      s[c] = exp2_bounded(s[c] - m);
-      sum += s[c];
-    }
-    row_sum[r] = row_sum[r] * alpha[r] + sum;
-    row_max[r] = m;
-  }
+  for (int r = rows; r < padded; ++r) no_keys(r);
 }
 
 // One work item per (query tile, kv head); `Tiles` supplies the score and value kernels.
@@ -588,7 +577,7 @@ void attend(const Problem& p, const In* q, const Tiles& tiles, In* out) {
     int tok1 = std::min(p.tokens, tok0 + tile_tokens);
     int padded = ((tok1 - tok0) * group + 3) / 4 * 4;
     thread_local std::vector<QueryWord> q_rows;
-    thread_local std::vector<float> row_max, alpha, tile_max;
+    thread_local std::vector<float> row_max, alpha;
     thread_local Vectors scores, acc, sums;
     thread_local std::vector<int> visited;
     thread_local std::vector<std::pair<int, int>> spans;
@@ -598,7 +587,6 @@ void attend(const Problem& p, const In* q, const Tiles& tiles, In* out) {
     vf* const row_sum = sums.resize<vf>(max_rows);
     std::fill(row_sum, row_sum + max_rows, vf{});
     alpha.assign(max_rows + kLanes, 1.0f);
-    tile_max.assign(max_rows + kLanes, 0.0f);
     vf* const score = scores.resize<vf>(size_t(max_rows) * Tiles::kKeyVecs);
     vf* const out_rows = acc.resize<vf>(size_t(max_rows) * kVecs);
     std::fill(out_rows, out_rows + size_t(max_rows) * kVecs, vf{});
@@ -611,7 +599,7 @@ void attend(const Problem& p, const In* q, const Tiles& tiles, In* out) {
       if (!block_vectors<KT>(p, tok0, tok1, group, key0, padded, blocks.data())) continue;
       tiles.scores(q_rows, g, tile, blocks.data(), padded / 4, score);
       softmax_tile<KT>(p, tok0, tok1, group, key0, blocks.data(), padded, score, row_max.data(),
-                   row_sum, alpha.data(), tile_max.data());
+                   row_sum, alpha.data());
       tiles.values(score, alpha.data(), g, tile, blocks.data(), padded / 4, out_rows);
     }
     for (int t = tok0; t < tok1; ++t)
