@@ -583,10 +583,10 @@ void attend(const Problem& p, const In* q, const Tiles& tiles, In* out) {
     thread_local std::vector<std::pair<int, int>> spans;
     thread_local std::vector<VectorRange> blocks;
     q_rows.assign(size_t(max_rows) * kWords, QueryWord{});
-    row_max.assign(max_rows + kLanes, -INFINITY);
+    row_max.assign(max_rows, -INFINITY);
     vf* const row_sum = sums.resize<vf>(max_rows);
     std::fill(row_sum, row_sum + max_rows, vf{});
-    alpha.assign(max_rows + kLanes, 1.0f);
+    alpha.assign(max_rows, 1.0f);
     vf* const score = scores.resize<vf>(size_t(max_rows) * Tiles::kKeyVecs);
     vf* const out_rows = acc.resize<vf>(size_t(max_rows) * kVecs);
     std::fill(out_rows, out_rows + size_t(max_rows) * kVecs, vf{});
