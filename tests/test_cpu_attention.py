@@ -89,6 +89,16 @@ def test_head_layouts_and_ragged_token_count(
         assert_matches_reference(q, k, v, meta)
 
 
+def scoring_qk(scores: np.ndarray, head_dim: int, rng) -> tuple[np.ndarray, np.ndarray]:
+    """q [T, 6, D] and k [T, 2, D] such that every query scores key j at scores[j] (q . k
+    times D^-0.5): all of them along one random direction."""
+    direction = rng.standard_normal(head_dim)
+    direction *= head_dim**0.25 / np.linalg.norm(direction)
+    q = np.broadcast_to(direction, (len(scores), 6, head_dim))
+    k = np.broadcast_to(scores[:, None, None] * direction, (len(scores), 2, head_dim))
+    return q, k
+
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("span", [1000, 400, 160], ids=["creeping", "steady", "leaping"])
@@ -101,11 +111,7 @@ def test_a_rising_max_matches_reference(isa: str, span: int, head_dim: int, dtyp
     meta = layout_meta([(600, [5] * 20)], 1)
     t = meta.prefix_start.shape[0]
     rng = np.random.default_rng(head_dim)
-    direction = rng.standard_normal(head_dim)
-    direction *= head_dim**0.25 / np.linalg.norm(direction)  # q . k * D^-0.5 = the key's score
-    q = np.broadcast_to(direction, (t, 6, head_dim))
-    scores = np.minimum(np.arange(t) / span, 1.0) * 30.0 - 15.0
-    k = np.broadcast_to(scores[:, None, None] * direction, (t, 2, head_dim))
+    q, k = scoring_qk(np.minimum(np.arange(t) / span, 1.0) * 30.0 - 15.0, head_dim, rng)
     v = rng.standard_normal((t, 2, head_dim))
     assert_matches_reference(*(jnp.asarray(x, dtype) for x in (q, k, v)), meta)
 
@@ -117,10 +123,7 @@ def test_scores_far_past_an_earlier_max_stay_finite(isa: str, dtype) -> None:
     meta = layout_meta([(600, [5] * 20)], 1)
     t = meta.prefix_start.shape[0]
     rng = np.random.default_rng(3)
-    direction = rng.standard_normal(64)
-    direction *= 64**0.25 / np.linalg.norm(direction)
-    q = np.broadcast_to(direction, (t, 6, 64))
-    k = np.broadcast_to((400.0 * np.arange(t) / t - 200.0)[:, None, None] * direction, (t, 2, 64))
+    q, k = scoring_qk(400.0 * np.arange(t) / t - 200.0, 64, rng)
     v = np.broadcast_to(rng.standard_normal(64), (t, 2, 64))
     out = np.asarray(run_cpu(*(jnp.asarray(x, dtype) for x in (q, k, v)), meta), np.float32)
     want = np.asarray(jnp.asarray(v[:, :1], dtype), np.float32)  # every head reads the same row
