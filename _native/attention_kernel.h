@@ -137,6 +137,16 @@ inline void with_vector_count(int n, const Body& body) {
   body(std::integral_constant<int, N>{});
 }
 
+// Calls pass(s, std::integral_constant<int, w>) over vectors [first, first + N) in runs of
+// w = Step (the last run the remainder): a register tile's width as a compile-time constant.
+template <int N, int Step, typename Pass>
+inline void in_passes(int first, const Pass& pass) {
+  constexpr int kTail = N % Step;
+  for (int s = first; s < first + N - kTail; s += Step)
+    pass(s, std::integral_constant<int, Step>{});
+  if constexpr (kTail > 0) pass(first + N - kTail, std::integral_constant<int, kTail>{});
+}
+
 // Key vectors [c0, c1) of a key tile (empty when c0 >= c1): what a block of 4 rows sees.
 struct VectorRange {
   int c0, c1;
@@ -146,10 +156,9 @@ struct VectorRange {
 // of up to kAccVecs / 4 key vectors.
 template <int KT, int D, int NV>
 inline void block_scores(const float* q, const vf* kt, int c0, vf* scores) {
-  constexpr int kStep = std::min(NV, kAccVecs / 4);
-  constexpr int kTail = NV % kStep;
-  for (int s = c0; s < c0 + NV - kTail; s += kStep) score_pass<KT, D, kStep>(q, kt, s, scores);
-  if constexpr (kTail > 0) score_pass<KT, D, kTail>(q, kt, c0 + NV - kTail, scores);
+  in_passes<NV, std::min(NV, kAccVecs / 4)>(c0, [&](int s, auto w) {
+    score_pass<KT, D, decltype(w)::value>(q, kt, s, scores);
+  });
 }
 
 // Calls body(b, c0, std::integral_constant<int, n>) for each block b of 4 rows that sees n > 0
@@ -204,17 +213,13 @@ void tile_values(const vf* probs, const vf* v_tile, const float* alpha,
                  const VectorRange* blocks, int n_blocks, vf* out) {
   constexpr int kVecs = D / kLanes;
   constexpr int kRows = PACKED_ATTENTION_AVX512 && kVecs >= 8 ? 2 : 4;
-  constexpr int kStep = std::min(kVecs, kAccVecs / kRows);
-  constexpr int kTail = kVecs % kStep;
   for (int b = 0; b < n_blocks; ++b) {
     const auto [c0, c1] = blocks[b];
     if (c0 >= c1) continue;
-    for (int r = 4 * b; r < 4 * b + 4; r += kRows) {
-      for (int s = 0; s < kVecs - kTail; s += kStep)
-        value_pass<KT, D, kRows, kStep>(probs, v_tile, alpha, r, s, c0, c1, out);
-      if constexpr (kTail > 0)
-        value_pass<KT, D, kRows, kTail>(probs, v_tile, alpha, r, kVecs - kTail, c0, c1, out);
-    }
+    for (int r = 4 * b; r < 4 * b + 4; r += kRows)
+      in_passes<kVecs, std::min(kVecs, kAccVecs / kRows)>(0, [&](int s, auto w) {
+        value_pass<KT, D, kRows, decltype(w)::value>(probs, v_tile, alpha, r, s, c0, c1, out);
+      });
   }
 }
 
@@ -468,10 +473,9 @@ struct Bf16Tiles {
   // score[i][key vectors c0 .. c0 + NV) for the 4 rows at q, in passes of up to kAccVecs / 4.
   template <int NV>
   void block_scores(const uint32_t* q, const __m512bh* keys, int c0, vf* score) const {
-    constexpr int kStep = std::min(NV, kAccVecs / 4);
-    constexpr int kTail = NV % kStep;
-    for (int s = c0; s < c0 + NV - kTail; s += kStep) score_pass<kStep>(q, keys, s, score);
-    if constexpr (kTail > 0) score_pass<kTail>(q, keys, c0 + NV - kTail, score);
+    in_passes<NV, std::min(NV, kAccVecs / 4)>(c0, [&](int s, auto w) {
+      score_pass<decltype(w)::value>(q, keys, s, score);
+    });
   }
 
   void scores(const std::vector<uint32_t>& q_rows, int g, int tile, const VectorRange* blocks,
@@ -598,8 +602,8 @@ void attend(const Problem& p, const In* q, const Tiles& tiles, In* out) {
       int key0 = tile * KT;
       if (!block_vectors<KT>(p, tok0, tok1, group, key0, padded, blocks.data())) continue;
       tiles.scores(q_rows, g, tile, blocks.data(), padded / 4, score);
-      softmax_tile<KT>(p, tok0, tok1, group, key0, blocks.data(), padded, score, row_max.data(),
-                   row_sum, alpha.data());
+      softmax_tile<KT>(p, tok0, tok1, group, key0, blocks.data(), padded, score,
+                       row_max.data(), row_sum, alpha.data());
       tiles.values(score, alpha.data(), g, tile, blocks.data(), padded / 4, out_rows);
     }
     for (int t = tok0; t < tok1; ++t)
