@@ -58,7 +58,7 @@ def gated_handler():
 
 
 # Instruction-set builds of the bf16 dense kernel, by the index the C side uses.
-DENSE_ISAS = ("avx2", "avx512bf16")
+DENSE_ISAS = ("avx2", "avx512bf16", "amx")
 
 
 def dense_isas():
@@ -128,7 +128,7 @@ def f32_isa():
 
 
 # Instruction-set builds of the int8 dense kernel, by the index the C side uses.
-INT8_ISAS = ("avx2", "avxvnni", "avx512vnni")
+INT8_ISAS = ("avx2", "avxvnni", "avx512vnni", "amx")
 
 
 def int8_handler():

@@ -14,10 +14,10 @@
 // gate and up packed with their 16-column groups interleaved, so neither f32 product reaches
 // memory.
 //
-// Builds: AVX512-BF16 (the hardware bf16 dot product) and AVX2 (the same products by f32 FMAs on
-// the bf16 values widened, which is exact: the activations once per call, into dense_staged.h's
-// copy, the weights as they are loaded); the widest the CPU runs is used unless `set_isa` says
-// otherwise.
+// Builds: AMX (tile dot products, dense_amx.h), AVX512-BF16 (the hardware bf16 dot product) and
+// AVX2 (the same products by f32 FMAs on the bf16 values widened, which is exact: the activations
+// once per call, into dense_staged.h's copy, the weights as they are loaded); the widest the CPU
+// runs is used unless `set_isa` says otherwise.
 
 #include <algorithm>
 #include <array>
@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "amx.h"
 #include "builds.h"
 #include "cpu_pool.h"
 #include "dense.h"
@@ -48,14 +49,29 @@ struct Problem {
   bool stream;        // f32 out written with streaming stores (dense_tiles::streams)
   float* tiles;       // the AVX2 build's f32 copy of a's rows from first_row (dense_staged.h)
   int64_t first_row;  // (both set by run_staged)
+  uint64_t call;      // the AMX build's call number (amx_tiles::configure)
+  int64_t held;       // rows of a in memory (m or more)
+  const uint16_t* staged = nullptr;  // the AMX build's copy of rows [from, m), ld apart
+  int64_t from = 0, ld = 0;          // (set by dense_amx.h's stage)
 };
 
-enum Isa { kAvx2 = 0, kAvx512Bf16 = 1 };
+enum Isa { kAvx2 = 0, kAvx512Bf16 = 1, kAmx = 2 };
 
 typedef int32_t __attribute__((may_alias)) Pair;  // two bf16 values read as one lane
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define PACKED_DENSE_NATIVE 1
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,avx512bf16,fma,amx-tile,amx-bf16")
+namespace amx {
+#define SIMD_WIDE 1
+#include "simd.h"
+#undef SIMD_WIDE
+
+#include "dense_amx.h"
+}  // namespace amx
+#pragma GCC pop_options
+
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,avx512bf16,fma")
 namespace avx512bf16 {
@@ -227,18 +243,23 @@ bool cpu_has(int isa) {
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     case kAvx512Bf16:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
+    case kAmx:
+      return cpu_has(kAvx512Bf16) && amx_tiles::usable("bf16");
   }
 #endif
   return false;
 }
 
-native_builds::Choice g_builds(kAvx512Bf16, cpu_has);
+native_builds::Choice g_builds(kAmx, cpu_has);
 
 int chosen_isa() { return g_builds.chosen(); }
 
 template <bool kGated>
 void run(const Problem& p) {
 #if PACKED_DENSE_NATIVE
+  if (chosen_isa() == kAmx) {
+    return kGated ? amx::run_amx<amx::AmxGated>(p, p.held) : amx::run_amx<amx::AmxF32>(p, p.held);
+  }
   if (chosen_isa() == kAvx512Bf16) {
     return kGated ? avx512bf16::run<avx512bf16::StoreGated>(p)
                   : avx512bf16::run<avx512bf16::StoreF32>(p);
@@ -291,7 +312,9 @@ ffi::Error Dense(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::Buffer<ffi::S32> layer
             out->untyped_data(),
             !kGated && dense_tiles::streams(out->untyped_data(), m * row_bytes),
             nullptr,
-            0};
+            0,
+            amx_tiles::begin_call(),
+            ad[0]};
   if (m > 0) run<kGated>(p);
   native_builds::zero_rows(out->untyped_data(), m, ad[0], row_bytes);
   return ffi::Error::Success();

@@ -7,7 +7,7 @@ void* packed_dense_handler();
 // The handler of the gated (SwiGLU) form.
 void* packed_gated_handler();
 
-// Instruction-set builds, by index: 0 AVX2, 1 AVX512-BF16.
+// Instruction-set builds, by index: 0 AVX2, 1 AVX512-BF16, 2 AMX.
 int packed_dense_cpu_has(int isa);
 // Use build `isa` from now on; -1: the widest this CPU runs.
 void packed_dense_set_isa(int isa);

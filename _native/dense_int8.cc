@@ -13,9 +13,9 @@
 // Only the first `rows` rows of a are multiplied (a batch's real tokens); the output's other rows
 // are zeros.
 //
-// Builds: AVX512-VNNI (512-bit), AVX-VNNI (256-bit) and AVX2 (256-bit, the dot product emulated
-// exactly); the widest the CPU runs is used unless `set_isa` says otherwise. All give the same
-// results to f32 rounding.
+// Builds: AMX (tile dot products, dense_int8_amx.h), AVX512-VNNI (512-bit), AVX-VNNI (256-bit)
+// and AVX2 (256-bit, the dot product emulated exactly); the widest the CPU runs is used unless
+// `set_isa` says otherwise. All give the same results to f32 rounding.
 
 #include "dense_int8.h"
 
@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "amx.h"
 #include "builds.h"
 #include "cpu_pool.h"
 #include "dense_tiles.h"
@@ -51,15 +52,24 @@ struct Problem {
   int32_t* offsets;      // [m, blocks]: 128 * the sum of the block's q
   void* out;             // f32[m, n], or bf16[m, n / 2] when gated
   bool stream;           // f32 out written with streaming stores (dense_tiles::streams)
+  uint64_t call;         // the AMX build's call number (amx_tiles::configure)
 };
 
-enum Isa { kAvx2 = 0, kAvxVnni = 1, kAvx512Vnni = 2 };
+enum Isa { kAvx2 = 0, kAvxVnni = 1, kAvx512Vnni = 2, kAmx = 3 };
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define DENSE_INT8_NATIVE 1
 
 #define DENSE_INT8_WIDE 1
 #define DENSE_INT8_VNNI 1
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,avx512vnni,fma,amx-tile,amx-int8")
+namespace amx {
+#include "dense_int8_kernel.h"
+#include "dense_int8_amx.h"
+}  // namespace amx
+#pragma GCC pop_options
+
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,avx512vnni,fma")
 namespace avx512vnni {
@@ -104,12 +114,14 @@ bool cpu_has(int isa) {
     case kAvx512Vnni:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+    case kAmx:
+      return cpu_has(kAvx512Vnni) && amx_tiles::usable("int8");
   }
 #endif
   return false;
 }
 
-native_builds::Choice g_builds(kAvx512Vnni, cpu_has);
+native_builds::Choice g_builds(kAmx, cpu_has);
 
 int chosen_isa() { return g_builds.chosen(); }
 
@@ -117,6 +129,10 @@ template <bool kGated>
 void run(const Problem& p) {
 #if DENSE_INT8_NATIVE
   switch (chosen_isa()) {
+    case kAmx:
+      if (p.block % amx::kAmxStep == 0)
+        return kGated ? amx::run_amx<amx::AmxGated>(p) : amx::run_amx<amx::AmxF32>(p);
+      [[fallthrough]];  // blocks that split a tile step: the VNNI tiles
     case kAvx512Vnni:
       return kGated ? avx512vnni::run<avx512vnni::StoreGated>(p)
                     : avx512vnni::run<avx512vnni::StoreF32>(p);
@@ -178,7 +194,8 @@ ffi::Error Dense(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::AnyBuffer scale,
   const int64_t row_bytes = kGated ? n / 2 * sizeof(uint16_t) : n * sizeof(float);
   const int32_t index = layer.typed_data()[0];
   thread_local Scratch scratch;
-  scratch.q.resize(m * k);
+  // room for the AMX tiles' reads past the rows (dense_int8_amx.h)
+  scratch.q.resize((m + 31) / 32 * 32 * k + 64);
   scratch.scales.resize(m * blocks);
   scratch.offsets.resize(m * blocks);
   Problem p{m,
@@ -193,7 +210,8 @@ ffi::Error Dense(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::AnyBuffer scale,
             scratch.scales.data(),
             scratch.offsets.data(),
             out->untyped_data(),
-            !kGated && dense_tiles::streams(out->untyped_data(), m * n * 4)};
+            !kGated && dense_tiles::streams(out->untyped_data(), m * n * 4),
+            amx_tiles::begin_call()};
   if (m > 0) run<kGated>(p);
   native_builds::zero_rows(out->untyped_data(), m, ad[0], row_bytes);
   return ffi::Error::Success();

@@ -5,7 +5,7 @@
 void* dense_int8_handler();
 void* gated_int8_handler();
 
-// Instruction-set builds, by index: 0 AVX2, 1 AVX-VNNI, 2 AVX512-VNNI.
+// Instruction-set builds, by index: 0 AVX2, 1 AVX-VNNI, 2 AVX512-VNNI, 3 AMX.
 int dense_int8_cpu_has(int isa);
 // Use build `isa` from now on; -1: the widest this CPU runs.
 void dense_int8_set_isa(int isa);

@@ -134,7 +134,8 @@ def dense_supports(k: int, n: int, dtype=jax.numpy.bfloat16) -> bool:
 
 def dense_isas() -> tuple[str, ...]:
     """Builds of the bf16 dense kernel this CPU can run, narrowest first: "avx2" (f32 FMAs on
-    the widened bf16 values), "avx512bf16" (the hardware bf16 dot product)."""
+    the widened bf16 values), "avx512bf16" (the hardware bf16 dot product), "amx" (AMX-BF16 tiles;
+    the widest where the CPU and the kernel let this process use them)."""
     return _native_module().dense_isas()
 
 
@@ -259,7 +260,8 @@ def int8_supports(k: int, n: int) -> bool:
 
 def int8_isas() -> tuple[str, ...]:
     """Builds of the int8 kernel this CPU can run, narrowest first: "avx2" (the VNNI dot
-    product emulated exactly), "avxvnni", "avx512vnni"."""
+    product emulated exactly), "avxvnni", "avx512vnni", "amx" (AMX-INT8 tiles; the widest where
+    the CPU and the kernel let this process use them)."""
     return _native_module().int8_isas()
 
 

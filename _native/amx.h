@@ -1,0 +1,76 @@
+// What the dense kernels' AMX builds share: whether this CPU and kernel may use the tiles, and
+// the tile configuration every thread loads before its first tile instruction of a call.
+//
+// AMX (Sapphire Rapids and later) multiplies 16 x 64-byte tiles: a C tile of 16 x 16 f32 or
+// int32 sums takes A (16 rows of 64 bytes: 32 bf16 or 64 int8 values of K) times B (16 rows of
+// K pairs or quads, each row 16 columns' 64 bytes), which is the layout the native kernels pack
+// their weights in for the AVX-512 dot products already. Linux hands a process the tile state
+// only on request (`arch_prctl(ARCH_REQ_XCOMP_PERM)`), once; each thread then loads a tile
+// configuration, which another library on the same thread (oneDNN, in XLA's dots) may replace
+// between two calls, so the kernels load theirs at the start of every call's work on a thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define NATIVE_AMX 1
+#else
+#define NATIVE_AMX 0
+#endif
+
+namespace amx_tiles {
+
+// The CPU has the AMX tiles and `kind` ("int8" or "bf16") of tile dot products, and the kernel
+// (Linux) lets this process use them. Asked once: the permission is the whole process's.
+inline bool usable(const char* kind) {
+#if NATIVE_AMX
+  static const bool permitted = [] {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24))) return false;
+    constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
+  }();
+  if (!permitted) return false;
+  unsigned a, b, c, d;
+  __get_cpuid_count(7, 0, &a, &b, &c, &d);
+  const unsigned bit = std::strcmp(kind, "int8") == 0 ? 25 : 22;  // AMX-INT8 : AMX-BF16
+  return (d >> bit) & 1u;
+#else
+  (void)kind;
+  return false;
+#endif
+}
+
+// Calls of the AMX builds, counted: a thread whose last configuration was for an earlier call
+// loads it again (`configure`), since other code may have run tiles on it in between.
+inline std::atomic<uint64_t> g_calls{0};
+inline thread_local uint64_t t_configured = 0;
+
+// A new call's number, for `configure`.
+inline uint64_t begin_call() { return ++g_calls; }
+
+#if NATIVE_AMX
+// Eight tiles of 16 rows of 64 bytes: C tiles 0-3, A tiles 4-5, B tiles 6-7.
+__attribute__((target("amx-tile"))) inline void configure(uint64_t call) {
+  if (t_configured == call) return;
+  struct alignas(64) Config {
+    uint8_t palette = 1, start_row = 0, reserved[14] = {};
+    uint16_t bytes[16] = {};
+    uint8_t rows[16] = {};
+  } config;
+  for (int t = 0; t < 8; ++t) {
+    config.bytes[t] = 64;
+    config.rows[t] = 16;
+  }
+  _tile_loadconfig(&config);
+  t_configured = call;
+}
+#endif
+
+}  // namespace amx_tiles

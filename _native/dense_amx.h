@@ -1,0 +1,103 @@
+// The bf16 dense kernel on AMX tiles: f32 sums of exact bf16 products, as the AVX512-BF16 build
+// computes them, from tile dot products.
+//
+// Included by dense.cc inside the AMX build's namespace, after simd.h (the epilogues). A tile
+// call computes 32 rows by two 16-column groups: C tiles 0-3 (rows 0-15 and 16-31 by group 0
+// and 1) take A tiles 4-5 (16 rows of 32 activations each) times B tiles 6-7 (16 pairs of rows
+// of K by the group's 16 columns: the packed weights as they are), 32 values of K a step. A tile
+// reads 16 whole rows, so rows at and past `Problem::from` (the last partial 32 rows, or every
+// row when k is not a multiple of 32) come from a zero-padded copy (`stage`); what a tile reads
+// past m meets rows of C that are never stored.
+
+constexpr int kAmxRows = 32;  // rows of a tile call: two A tiles
+constexpr int kAmxStep = 32;  // values of K a tile dot product takes
+constexpr int kPrefetch = 2 * kAmxStep;
+
+using AmxF32 = F32Out<kAmxRows, 2>;
+using AmxGated = GatedOut<kAmxRows, 2>;
+
+// The weights' B tile for K step [k0, k0 + 32) of a group: in place, or for a step past the end
+// of K, its rows copied into `tail` with zeros after them.
+inline const uint16_t* b_rows(const Problem& p, const uint16_t* group_w, int64_t k0,
+                              uint16_t (&tail)[16][32]) {
+  const uint16_t* rows = group_w + k0 * 16;
+  if (k0 + kAmxStep <= p.k) return rows;
+  const int64_t held = (p.k - k0) / 2;
+  std::memcpy(tail, rows, held * 64);
+  std::memset(tail[held], 0, (16 - held) * 64);
+  return tail[0];
+}
+
+// Rows [row, row + 32) (those below m) by the G groups from `group`, stored by `Store`.
+template <class Store, int G>
+void amx_tile(const Problem& p, int64_t row, int64_t group) {
+  amx_tiles::configure(p.call);
+  const bool copied = row >= p.from;
+  const uint16_t* a = copied ? p.staged + (row - p.from) * p.ld : p.a + row * p.k;
+  const int64_t lda = copied ? p.ld : p.k;
+  const uint16_t* w = p.w + group * p.k * 16;
+  uint16_t tail[G][16][32];
+  _tile_zero(0);
+  _tile_zero(2);
+  if (G > 1) {
+    _tile_zero(1);
+    _tile_zero(3);
+  }
+  for (int64_t k0 = 0; k0 < p.k; k0 += kAmxStep) {
+    _tile_loadd(4, a + k0, lda * 2);
+    _tile_loadd(5, a + 16 * lda + k0, lda * 2);
+    _tile_loadd(6, b_rows(p, w, k0, tail[0]), 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(2, 5, 6);
+    if (G > 1) {
+      _tile_loadd(7, b_rows(p, w + p.k * 16, k0, tail[G - 1]), 64);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  alignas(64) float c[2][G][16][16];
+  _tile_stored(0, c[0][0], 64);
+  _tile_stored(2, c[1][0], 64);
+  if (G > 1) {
+    _tile_stored(1, c[0][G - 1], 64);
+    _tile_stored(3, c[1][G - 1], 64);
+  }
+  const int rows = int(std::min<int64_t>(kAmxRows, p.m - row));
+  for (int r = 0; r < rows; ++r) {
+    VF sums[G];
+    for (int g = 0; g < G; ++g) sums[g] = load_f(c[r / 16][g][r % 16]);
+    Store::template row<G>(sums, p.out, p.n, row + r, group, p.stream);
+  }
+}
+
+// Every row count takes the same function: it stores only the rows below m.
+template <class Store>
+struct MakeAmx {
+  template <int R, int G>
+  static constexpr dense_tiles::Tile<Problem> of() {
+    return &amx_tile<Store, G>;
+  }
+};
+
+// The problem with its rows from `p.from` copied into `copy`, padded with zero rows to a
+// multiple of 32 and with zeros to a multiple of 32 values a row: the rows whose tiles would
+// read past the `held` rows of a, or all of them when k is not a multiple of 32.
+inline Problem stage(Problem p, int64_t held, std::vector<uint16_t>& copy) {
+  p.from = p.k % kAmxStep == 0 ? held / kAmxRows * kAmxRows : 0;
+  p.ld = (p.k + kAmxStep - 1) / kAmxStep * kAmxStep;
+  const int64_t staged = std::max<int64_t>(0, p.m - p.from);
+  copy.assign((staged + kAmxRows - 1) / kAmxRows * kAmxRows * p.ld, 0);
+  for (int64_t r = p.from; r < p.m; ++r)
+    std::memcpy(copy.data() + (r - p.from) * p.ld, p.a + r * p.k, p.k * 2);
+  p.staged = copy.data();
+  return p;
+}
+
+template <class Store>
+void run_amx(const Problem& p, int64_t held) {
+  thread_local std::vector<uint16_t> copy;
+  const Problem staged = stage(p, held, copy);
+  // about 256 KiB of bf16 activations per row block
+  dense_tiles::run<Problem, Store, MakeAmx<Store>>(staged, p.m, p.n / 16, 2 * p.k, 256 * 1024,
+                                                    64);
+}
