@@ -26,10 +26,11 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # (cpu on CPU, pallas on TPU/GPU)
     attention: str | None = None
     # layer matmuls: "xla" | "cpu" (weights packed once for the native kernel of their dtype:
-    # bf16 on AVX512-BF16 or AVX2, f32 on AVX-512 or AVX2) | "onednn" (oneDNN's bf16 matmul, AMX
-    # where the CPU has it);
-    # under dtype "int8": "int8" (the native VNNI kernel) | "int8-xla"; None: each weight shape
-    # by the fastest of those that run, measured on this CPU once (kept in compile_cache_dir)
+    # bf16 on AMX, AVX512-BF16 or AVX2, f32 on AVX-512 or AVX2) | "onednn" (oneDNN's bf16
+    # matmul, AMX where the CPU has it);
+    # under dtype "int8": "int8" (the native kernel: AMX-INT8, VNNI or AVX2) | "int8-xla"; None:
+    # each weight shape by the fastest of those that run, measured on this CPU once (kept in
+    # compile_cache_dir)
     dense: str | None = None
     # most real tokens in one packed batch; lower it to bound a batch's latency under load
     token_budget: int = DEFAULT_TOKEN_BUDGET

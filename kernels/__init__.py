@@ -74,9 +74,10 @@ def select_dense(
     (`kernels.dense_choice.measured`): each weight shape multiplied by the fastest eligible
     strategy on this machine, the choices kept under `cache_dir` (None: measured once per
     process). Elsewhere it is "xla", or "int8-xla" in the int8 mode (`int8`). The fixed
-    strategies are "xla", "cpu" (the native kernel of the weight dtype: bf16 on AVX512-BF16 or
-    AVX2, f32 on AVX-512 or AVX2), "onednn" (oneDNN's matmul on bf16 weights it packed, AMX
-    where the CPU has it), and in the int8 mode "int8" (the native VNNI kernel) and "int8-xla"
+    strategies are "xla", "cpu" (the native kernel of the weight dtype: bf16 on AMX, AVX512-BF16
+    or AVX2, f32 on AVX-512 or AVX2), "onednn" (oneDNN's matmul on bf16 weights it packed, AMX
+    where the CPU has it), and in the int8 mode "int8" (the native kernel: AMX-INT8, VNNI or
+    AVX2) and "int8-xla"
     (the same arithmetic in XLA). Raises ValueError for an unknown name, a
     strategy of the other mode, or a native one where it cannot run.
     """
@@ -125,8 +126,8 @@ def _select_int8(name: str | None, backend: str, cache_dir: str | None) -> Dense
         raise ValueError(f"dtype 'int8' computes with dense {list(INT8_DENSE)}, not {name!r}")
     if name == "int8" and not runs:
         raise ValueError(
-            "dense 'int8' needs the CPU backend, the native extension and an AVX512-VNNI or "
-            f"AVX2 CPU (backend {backend}, kernel available: {cpu.INT8_AVAILABLE})"
+            "dense 'int8' needs the CPU backend, the native extension and an AVX2 CPU"
+            f" (backend {backend}, kernel available: {cpu.INT8_AVAILABLE})"
         )
     return STRATEGIES[name]
 

@@ -322,7 +322,7 @@ def dense_int8(
     rows: jax.Array | None = None,  # i32[]: the real rows of x (as `dense_cpu`)
 ) -> jax.Array:  # f32[M, N]
     """`x @ (q * scale)[layer]` on the CPU with x quantised per row block of `block`: the
-    arithmetic of `kernels.quant.int8_matmul`, int32 sums of VNNI dot products."""
+    arithmetic of `kernels.quant.int8_matmul`, int32 sums of AMX or VNNI dot products."""
     m, k = x.shape
     if w.ndim != 4 or w.shape[2] * 4 != k or w.shape[3] != 64:
         raise ValueError(f"dense_int8: weights of shape {w.shape} do not take x of shape {x.shape}")

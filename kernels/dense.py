@@ -6,13 +6,14 @@ the prepared form; the forward never looks inside. Two exist:
 
 - `XLA`: the matrices in the weight dtype, `jnp.matmul` with f32 accumulation; any backend.
 - `CPU`: matrices packed once for the native kernel of their dtype (`kernels.cpu`): bf16 for
-  AVX512-BF16 dot products (f32 FMAs on AVX2), f32 for f32 FMAs on AVX2 or AVX-512 (its gated
-  pair as one product, the activation in XLA); a matrix the kernel cannot take (K odd in bf16,
-  N not a multiple of 16) stays in the XLA form.
+  AMX tiles or AVX512-BF16 dot products, which take the same layout (f32 FMAs on AVX2), f32 for
+  f32 FMAs on AVX2 or AVX-512 (its gated pair as one product, the activation in XLA); a matrix
+  the kernel cannot take (K odd in bf16, N not a multiple of 16) stays in the XLA form.
 - `INT8_XLA`: layer matrices quantised once to int8 per column, activations per row block on
   the fly (`kernels.quant`), int32 sums in XLA; the LM head stays in the weight dtype.
-- `INT8`: the same arithmetic in the native AVX512-VNNI kernel (`kernels.cpu.dense_int8`), the
-  head packed as `CPU` packs it; a matrix the kernel cannot take stays in the `INT8_XLA` form.
+- `INT8`: the same arithmetic in the native kernel (`kernels.cpu.dense_int8`: AMX-INT8 tiles,
+  AVX512-VNNI, AVX-VNNI or AVX2), the head packed as `CPU` packs it; a matrix the kernel cannot
+  take stays in the `INT8_XLA` form.
 - `ONEDNN`: bf16 matrices packed once in the layout oneDNN picks for this CPU (AMX tiles where
   it has them: `kernels.onednn`); the gated pair as XLA's, its activation in XLA.
 

@@ -2,8 +2,9 @@
 that computes it within the accuracy bound, timed on this machine once and remembered.
 
 No fixed choice is right on every CPU. On AMD Zen 4/5 the native AVX512-BF16 kernel leads; on
-Intel CPUs with AMX its `vdpbf16ps` is slow, and oneDNN on the AMX tiles (`kernels.onednn`) and
-XLA's dot run several times faster. So the default strategy (`dense=None`)
+Intel CPUs with AMX `vdpbf16ps` is slow, and the native kernel's AMX build, oneDNN on the AMX
+tiles (`kernels.onednn`) and XLA's dot run several times faster; which of those leads depends
+on the shape and the batch. So the default strategy (`dense=None`)
 times every strategy that can run each of the model's matrix shapes (a layer matrix as the
 forward multiplies it, out of a stack indexed by a scanned layer), and takes the fastest, or
 the preferred of those within a margin of it (`MARGIN`, `PREFERENCE`).

@@ -76,6 +76,18 @@ def test_equals_a_float64_model_and_xla(isa, m, k, n):
     np.testing.assert_allclose(out, twin, rtol=0, atol=atol)
 
 
+@pytest.mark.parametrize("block", [32, 64, 96, 256])
+def test_other_block_widths_equal_the_float64_model(isa, block):
+    """Blocks of any multiple of 4: the AMX build multiplies multiples of its 64-value tile step
+    on the tiles, the others through the VNNI tiles."""
+    rng = np.random.default_rng(block)
+    x, q, scale = operands(rng, 37, 576, 64)
+    run = jax.jit(lambda x, w, s: cpu.dense_int8(x, w, s, 0, block=block))
+    out = run(x, jnp.asarray(cpu.pack_int8(q)), jnp.asarray(scale))
+    truth = f64_int8_matmul(np.asarray(x, np.float32), q[0], scale[0], block)
+    np.testing.assert_allclose(out, truth, rtol=0, atol=1e-6 * np.abs(truth).max())
+
+
 @pytest.mark.parametrize(("m", "k", "i"), [(1, 4, 16), (4, 64, 48), (7, 100, 16), (300, 576, 1536)])
 def test_gated_equals_silu_gate_times_up(isa, m, k, i):
     rng = np.random.default_rng(m + k + i)
