@@ -55,6 +55,16 @@ inline thread_local uint64_t t_configured = 0;
 // A new call's number, for `configure`.
 inline uint64_t begin_call() { return ++g_calls; }
 
+// A B tile's 16 rows of 64 bytes at `rows`, of which `held` lie inside K: in place when all do,
+// else those copied into `tail` with zero rows after them (the A values they would meet are past
+// K too, and the rows past K would be read beyond the weights).
+inline const void* b_rows(const void* rows, int64_t held, uint8_t (&tail)[16][64]) {
+  if (held >= 16) return rows;
+  std::memcpy(tail, rows, held * 64);
+  std::memset(tail[held], 0, (16 - held) * 64);
+  return tail;
+}
+
 #if NATIVE_AMX
 // Eight tiles of 16 rows of 64 bytes: C tiles 0-3, A tiles 4-5, B tiles 6-7.
 __attribute__((target("amx-tile"))) inline void configure(uint64_t call) {

@@ -16,16 +16,10 @@ constexpr int kPrefetch = 2 * kAmxStep;
 using AmxF32 = F32Out<kAmxRows, 2>;
 using AmxGated = GatedOut<kAmxRows, 2>;
 
-// The weights' B tile for K step [k0, k0 + 32) of a group: in place, or for a step past the end
-// of K, its rows copied into `tail` with zeros after them.
-inline const uint16_t* b_rows(const Problem& p, const uint16_t* group_w, int64_t k0,
-                              uint16_t (&tail)[16][32]) {
-  const uint16_t* rows = group_w + k0 * 16;
-  if (k0 + kAmxStep <= p.k) return rows;
-  const int64_t held = (p.k - k0) / 2;
-  std::memcpy(tail, rows, held * 64);
-  std::memset(tail[held], 0, (16 - held) * 64);
-  return tail[0];
+// The weights' B tile for K step [k0, k0 + 32) of a group (pairs of K rows).
+inline const void* b_rows(const Problem& p, const uint16_t* group_w, int64_t k0,
+                          uint8_t (&tail)[16][64]) {
+  return amx_tiles::b_rows(group_w + k0 * 16, (p.k - k0) / 2, tail);
 }
 
 // Rows [row, row + 32) (those below m) by the G groups from `group`, stored by `Store`.
@@ -36,7 +30,7 @@ void amx_tile(const Problem& p, int64_t row, int64_t group) {
   const uint16_t* a = copied ? p.staged + (row - p.from) * p.ld : p.a + row * p.k;
   const int64_t lda = copied ? p.ld : p.k;
   const uint16_t* w = p.w + group * p.k * 16;
-  uint16_t tail[G][16][32];
+  uint8_t tail[G][16][64];
   _tile_zero(0);
   _tile_zero(2);
   if (G > 1) {

@@ -17,17 +17,10 @@ constexpr int kAmxStep = 64;   // values of K a tile dot product takes
 using AmxF32 = F32Out<kAmxRows, 2>;
 using AmxGated = GatedOut<kAmxRows, 2>;
 
-// The weights' B tile for K step [k0, k0 + 64) of a group: in place, or for a step past the end
-// of K, its rows copied into `tail` with zeros after them (the q beside them are zeros too, but
-// the rows past K would be read beyond the weights).
-inline const uint8_t* b_rows(const Problem& p, const uint8_t* group_w, int64_t k0,
-                             uint8_t (&tail)[16][64]) {
-  const uint8_t* rows = group_w + k0 / 4 * 64;
-  if (k0 + kAmxStep <= p.k) return rows;
-  const int64_t held = (p.k - k0) / 4;
-  std::memcpy(tail, rows, held * 64);
-  std::memset(tail[held], 0, (16 - held) * 64);
-  return tail[0];
+// The weights' B tile for K step [k0, k0 + 64) of a group (quads of K rows).
+inline const void* b_rows(const Problem& p, const uint8_t* group_w, int64_t k0,
+                          uint8_t (&tail)[16][64]) {
+  return amx_tiles::b_rows(group_w + k0 / 4 * 64, (p.k - k0) / 4, tail);
 }
 
 // One activation block's int32 sums of rows [row, row + 32) by G groups into c (tiles stored).
