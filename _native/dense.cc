@@ -258,7 +258,7 @@ template <bool kGated>
 void run(const Problem& p) {
 #if PACKED_DENSE_NATIVE
   if (chosen_isa() == kAmx) {
-    return kGated ? amx::run_amx<amx::AmxGated>(p, p.held) : amx::run_amx<amx::AmxF32>(p, p.held);
+    return kGated ? amx::run_amx<amx::AmxGated>(p) : amx::run_amx<amx::AmxF32>(p);
   }
   if (chosen_isa() == kAvx512Bf16) {
     return kGated ? avx512bf16::run<avx512bf16::StoreGated>(p)

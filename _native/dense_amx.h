@@ -76,8 +76,8 @@ struct MakeAmx {
 // The problem with its rows from `p.from` copied into `copy`, padded with zero rows to a
 // multiple of 32 and with zeros to a multiple of 32 values a row: the rows whose tiles would
 // read past the `held` rows of a, or all of them when k is not a multiple of 32.
-inline Problem stage(Problem p, int64_t held, std::vector<uint16_t>& copy) {
-  p.from = p.k % kAmxStep == 0 ? held / kAmxRows * kAmxRows : 0;
+inline Problem stage(Problem p, std::vector<uint16_t>& copy) {
+  p.from = p.k % kAmxStep == 0 ? p.held / kAmxRows * kAmxRows : 0;
   p.ld = (p.k + kAmxStep - 1) / kAmxStep * kAmxStep;
   const int64_t staged = std::max<int64_t>(0, p.m - p.from);
   copy.assign((staged + kAmxRows - 1) / kAmxRows * kAmxRows * p.ld, 0);
@@ -88,9 +88,9 @@ inline Problem stage(Problem p, int64_t held, std::vector<uint16_t>& copy) {
 }
 
 template <class Store>
-void run_amx(const Problem& p, int64_t held) {
+void run_amx(const Problem& p) {
   thread_local std::vector<uint16_t> copy;
-  const Problem staged = stage(p, held, copy);
+  const Problem staged = stage(p, copy);
   // about 256 KiB of bf16 activations per row block
   dense_tiles::run<Problem, Store, MakeAmx<Store>>(staged, p.m, p.n / 16, 2 * p.k, 256 * 1024,
                                                     64);
