@@ -27,20 +27,19 @@
 namespace amx_tiles {
 
 // The CPU has the AMX tiles and `kind` ("int8" or "bf16") of tile dot products, and the kernel
-// (Linux) lets this process use them. Asked once: the permission is the whole process's.
+// (Linux) lets this process use them. Asked of the CPU and Linux once, the permission being the
+// whole process's: the kernels ask this on every call (a CPUID in a virtual machine is a trap).
 inline bool usable(const char* kind) {
 #if NATIVE_AMX
-  static const bool permitted = [] {
+  // CPUID leaf 7's EDX flags, or none without the tiles or Linux's grant
+  static const unsigned features = [] {
     unsigned a, b, c, d;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24))) return false;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24))) return 0u;
     constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;
-    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0 ? d : 0u;
   }();
-  if (!permitted) return false;
-  unsigned a, b, c, d;
-  __get_cpuid_count(7, 0, &a, &b, &c, &d);
   const unsigned bit = std::strcmp(kind, "int8") == 0 ? 25 : 22;  // AMX-INT8 : AMX-BF16
-  return (d >> bit) & 1u;
+  return (features >> bit) & 1u;
 #else
   (void)kind;
   return false;
@@ -80,6 +79,28 @@ __attribute__((target("amx-tile"))) inline void configure(uint64_t call) {
   }
   _tile_loadconfig(&config);
   t_configured = call;
+}
+
+// The C tiles of 32 rows by G (1 or 2) groups: tile 2 r + g holds rows 16 r.. by group g.
+template <int G>
+inline void zero_c() {
+  _tile_zero(0);
+  _tile_zero(2);
+  if (G > 1) {
+    _tile_zero(1);
+    _tile_zero(3);
+  }
+}
+
+// The C tiles into c[row tile][group] (f32 or int32 sums, 16 x 16 each).
+template <int G, class T>
+inline void store_c(T (&c)[2][G][16][16]) {
+  _tile_stored(0, c[0][0], 64);
+  _tile_stored(2, c[1][0], 64);
+  if (G > 1) {
+    _tile_stored(1, c[0][G - 1], 64);
+    _tile_stored(3, c[1][G - 1], 64);
+  }
 }
 #endif
 

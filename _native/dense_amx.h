@@ -11,7 +11,6 @@
 
 constexpr int kAmxRows = 32;  // rows of a tile call: two A tiles
 constexpr int kAmxStep = 32;  // values of K a tile dot product takes
-constexpr int kPrefetch = 2 * kAmxStep;
 
 using AmxF32 = F32Out<kAmxRows, 2>;
 using AmxGated = GatedOut<kAmxRows, 2>;
@@ -31,12 +30,7 @@ void amx_tile(const Problem& p, int64_t row, int64_t group) {
   const int64_t lda = copied ? p.ld : p.k;
   const uint16_t* w = p.w + group * p.k * 16;
   uint8_t tail[G][16][64];
-  _tile_zero(0);
-  _tile_zero(2);
-  if (G > 1) {
-    _tile_zero(1);
-    _tile_zero(3);
-  }
+  amx_tiles::zero_c<G>();
   for (int64_t k0 = 0; k0 < p.k; k0 += kAmxStep) {
     _tile_loadd(4, a + k0, lda * 2);
     _tile_loadd(5, a + 16 * lda + k0, lda * 2);
@@ -50,12 +44,7 @@ void amx_tile(const Problem& p, int64_t row, int64_t group) {
     }
   }
   alignas(64) float c[2][G][16][16];
-  _tile_stored(0, c[0][0], 64);
-  _tile_stored(2, c[1][0], 64);
-  if (G > 1) {
-    _tile_stored(1, c[0][G - 1], 64);
-    _tile_stored(3, c[1][G - 1], 64);
-  }
+  amx_tiles::store_c<G>(c);
   const int rows = int(std::min<int64_t>(kAmxRows, p.m - row));
   for (int r = 0; r < rows; ++r) {
     VF sums[G];

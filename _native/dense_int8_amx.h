@@ -30,12 +30,7 @@ inline void block_sums(const Problem& p, int64_t row, const uint8_t* w, int64_t 
   const int64_t stride = p.k / 4 * 64;  // bytes of one group's weights
   const int8_t* a = p.q + row * p.k;
   uint8_t tail[G][16][64];
-  _tile_zero(0);
-  _tile_zero(2);
-  if (G > 1) {
-    _tile_zero(1);
-    _tile_zero(3);
-  }
+  amx_tiles::zero_c<G>();
   const int64_t k1 = std::min(p.k, (b + 1) * p.block);
   for (int64_t k0 = b * p.block; k0 < k1; k0 += kAmxStep) {
     _tile_loadd(4, a + k0, p.k);
@@ -49,12 +44,7 @@ inline void block_sums(const Problem& p, int64_t row, const uint8_t* w, int64_t 
       _tile_dpbsud(3, 5, 7);
     }
   }
-  _tile_stored(0, c[0][0], 64);
-  _tile_stored(2, c[1][0], 64);
-  if (G > 1) {
-    _tile_stored(1, c[0][G - 1], 64);
-    _tile_stored(3, c[1][G - 1], 64);
-  }
+  amx_tiles::store_c<G>(c);
 }
 
 // Rows [row, row + 32) (those below m) by the G groups from `group`, stored by `Store`.
