@@ -50,6 +50,7 @@ extensions.append(
             "_native/amx.h",
             "_native/attention.h",
             "_native/attention_kernel.h",
+            "_native/attention_amx.h",
             "_native/builds.h",
             "_native/cpu_pool.h",
             "_native/dense.h",

@@ -39,7 +39,7 @@ cdef extern from "dense_int8.h":
 
 
 # Instruction-set builds of the attention kernel, by the index the C side uses.
-ISAS = ("portable", "avx2", "avx512", "avx512bf16")
+ISAS = ("portable", "avx2", "avx512", "avx512bf16", "amx")
 
 
 def attention_handler():

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -20,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "amx.h"
 #include "attention.h"
 #include "builds.h"
 #include "cpu_pool.h"
@@ -99,12 +101,22 @@ class Reusable {
 using native_cpu::parallel_for;
 
 // `#pragma GCC target` does not define the __AVX512F__-style macros, so each build says what it
-// may use: PACKED_ATTENTION_AVX512 (512-bit intrinsics), PACKED_ATTENTION_BF16 (BF16 dots) and
-// PACKED_ATTENTION_LANES (the f32 lanes of its vector registers).
+// may use: PACKED_ATTENTION_AVX512 (512-bit intrinsics), PACKED_ATTENTION_BF16 (BF16 dots),
+// PACKED_ATTENTION_AMX (BF16 tile products) and PACKED_ATTENTION_LANES (the f32 lanes of its
+// vector registers).
 #if defined(__x86_64__) && defined(__GNUC__)
 #define PACKED_ATTENTION_AVX512 1
 #define PACKED_ATTENTION_BF16 1
+#define PACKED_ATTENTION_AMX 1
 #define PACKED_ATTENTION_LANES 16
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,avx512bf16,fma,amx-tile,amx-bf16")
+namespace amx {
+#include "attention_kernel.h"
+}  // namespace amx
+#pragma GCC pop_options
+#undef PACKED_ATTENTION_AMX
+#define PACKED_ATTENTION_AMX 0
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,avx512bf16,fma")
 namespace avx512bf16 {
@@ -133,13 +145,14 @@ namespace avx2 {
 #else
 #define PACKED_ATTENTION_AVX512 0
 #define PACKED_ATTENTION_BF16 0
+#define PACKED_ATTENTION_AMX 0
 #endif
 #define PACKED_ATTENTION_LANES 4  // SSE2's and NEON's 128-bit registers
 namespace portable {
 #include "attention_kernel.h"
 }  // namespace portable
 
-enum Isa { kPortable = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Bf16 = 3 };
+enum Isa { kPortable = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Bf16 = 3, kAmx = 4 };
 
 bool cpu_has(int isa) {
   switch (isa) {
@@ -153,13 +166,15 @@ bool cpu_has(int isa) {
              __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
     case kAvx512Bf16:
       return cpu_has(kAvx512) && __builtin_cpu_supports("avx512bf16");
+    case kAmx:
+      return cpu_has(kAvx512Bf16) && amx_tiles::usable("bf16");
 #endif
     default:
       return false;
   }
 }
 
-native_builds::Choice g_builds(kAvx512Bf16, cpu_has);  // the portable build runs anywhere
+native_builds::Choice g_builds(kAmx, cpu_has);  // the portable build runs anywhere
 
 int chosen_isa() { return g_builds.chosen(); }
 
@@ -167,6 +182,8 @@ template <typename In>
 bool dispatch(const Problem& p, const In* q, const In* k, const In* v, In* out) {
   switch (chosen_isa()) {
 #if defined(__x86_64__) && defined(__GNUC__)
+    case kAmx:
+      return amx::run(p, q, k, v, out);
     case kAvx512Bf16:
       return avx512bf16::run(p, q, k, v, out);
     case kAvx512:

@@ -1,13 +1,14 @@
 // Fused packed two-span attention on the CPU: the body, compiled once per instruction set.
 //
-// attention.cc includes this file inside a namespace per target (AVX-512, AVX2+FMA, baseline)
-// and dispatches at run time, so one build runs everywhere and uses the widest vectors there.
-// It expects the standard headers (<type_traits> included) and <immintrin.h> to be included
-// already, `Problem`, `Vectors`, `Reusable` and `parallel_for` declared in the enclosing scope,
-// and PACKED_ATTENTION_AVX512, PACKED_ATTENTION_BF16 and PACKED_ATTENTION_LANES defined: 1
-// compiles the 512-bit intrinsics (horizontal reductions, exp2) and the AVX512-BF16 dot-product
-// path for bf16 inputs; LANES is the f32 lanes of the target's vector register (16, 8 or 4), the
-// width of every vector here.
+// attention.cc includes this file inside a namespace per target (AMX, AVX-512, AVX2+FMA,
+// baseline) and dispatches at run time, so one build runs everywhere and uses the widest vectors
+// there. It expects the standard headers (<type_traits> and <limits> included), <immintrin.h>
+// and amx.h to be included already, `Problem`, `Vectors`, `Reusable` and `parallel_for`
+// declared in the enclosing scope, and PACKED_ATTENTION_AVX512, PACKED_ATTENTION_BF16,
+// PACKED_ATTENTION_AMX and PACKED_ATTENTION_LANES defined: 1 compiles the 512-bit intrinsics
+// (horizontal reductions, exp2), the AVX512-BF16 dot-product path for bf16 inputs, and that
+// path's two products on AMX tiles (attention_amx.h); LANES is the f32 lanes of the target's
+// vector register (16, 8 or 4), the width of every vector here.
 //
 // Layout: q [T, H, D], k and v [T, Hkv, D] row-major (bf16 or f32), out like q; the context
 // region's keys (C of them, before the batch's) are rows of this layer's pool pages
@@ -343,6 +344,7 @@ template <typename In, int D>
 struct F32Tiles {
   using QueryWord = float;
   static constexpr int kQueryWords = D;
+  static constexpr int kRowStep = 4;  // rows are padded to a multiple of this
   static constexpr int kVecs = D / kLanes;
   static constexpr int kKeyTile = key_tile(D, sizeof(float));
   static constexpr int kKeyVecs = kKeyTile / kLanes;
@@ -408,6 +410,7 @@ struct Bf16Tiles {
   static constexpr int kPairs = D / 2;
   using QueryWord = uint32_t;
   static constexpr int kQueryWords = kPairs;
+  static constexpr int kRowStep = 4;
   static constexpr int kKeyTile = key_tile(D, sizeof(uint16_t));
   static constexpr int kKeyVecs = kKeyTile / kLanes;
   int k_tiles = 0;
@@ -519,6 +522,10 @@ struct Bf16Tiles {
 };
 #endif
 
+#if PACKED_ATTENTION_AMX
+#include "attention_amx.h"
+#endif
+
 // Online-softmax step over one key tile, each row over its block's vectors: scores become
 // probabilities (masked keys 0), alpha the rescale of each row's accumulator; rows [rows,
 // padded) and rows that see no key here get zeros and alpha 1.
@@ -574,12 +581,13 @@ void attend(const Problem& p, const In* q, const Tiles& tiles, In* out) {
   const int group = p.heads / p.kv_heads;
   const int tile_tokens = std::max(1, 64 / group);
   const int q_tiles = (p.tokens + tile_tokens - 1) / tile_tokens;
-  const int max_rows = (tile_tokens * group + 3) / 4 * 4;
+  constexpr int kRowStep = Tiles::kRowStep;
+  const int max_rows = (tile_tokens * group + kRowStep - 1) / kRowStep * kRowStep;
   parallel_for(q_tiles * p.kv_heads, [&](int item) {
     int g = item % p.kv_heads;
     int tok0 = (item / p.kv_heads) * tile_tokens;
     int tok1 = std::min(p.tokens, tok0 + tile_tokens);
-    int padded = ((tok1 - tok0) * group + 3) / 4 * 4;
+    int padded = ((tok1 - tok0) * group + kRowStep - 1) / kRowStep * kRowStep;
     thread_local std::vector<QueryWord> q_rows;
     thread_local std::vector<float> row_max, alpha;
     thread_local Vectors scores, acc, sums;
@@ -632,7 +640,9 @@ void run_tiles(const Problem& p, const In* q, const In* k, const In* v, In* out)
 
 template <typename In, int D>
 void run_head_dim(const Problem& p, const In* q, const In* k, const In* v, In* out) {
-#if PACKED_ATTENTION_BF16
+#if PACKED_ATTENTION_AMX
+  if constexpr (sizeof(In) == 2) return run_tiles<AmxTiles<D>, In, D>(p, q, k, v, out);
+#elif PACKED_ATTENTION_BF16
   if constexpr (sizeof(In) == 2) return run_tiles<Bf16Tiles<D>, In, D>(p, q, k, v, out);
 #endif
   run_tiles<F32Tiles<In, D>, In, D>(p, q, k, v, out);

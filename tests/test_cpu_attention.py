@@ -72,14 +72,15 @@ def test_matches_reference(isa: str, scenario: str, dtype) -> None:
 
 @pytest.mark.parametrize(
     "heads,kv_heads,head_dim",
-    [(14, 2, 64), (16, 8, 128), (4, 4, 64), (32, 1, 128), (12, 12, 32), (6, 2, 32)],
-    ids=["gqa7", "qwen3", "mha", "mqa32", "minilm", "gqa3-d32"],
+    [(14, 2, 64), (16, 8, 128), (4, 4, 64), (32, 1, 128), (12, 12, 32), (6, 2, 32), (10, 2, 64)],
+    ids=["gqa7", "qwen3", "mha", "mqa32", "minilm", "gqa3-d32", "gqa5"],
 )
 def test_head_layouts_and_ragged_token_count(
     isa: str, heads: int, kv_heads: int, head_dim: int
 ) -> None:
     # Every build: their vector widths split head dims 32, 64 and 128 into different passes,
-    # and their key tiles are 64 or 128 keys. 220 tokens: a multiple of neither key tile nor of
+    # their key tiles are 64 or 128 keys, and AMX takes rows 16 at a time (gqa5's query tile
+    # is 12 tokens of 5 heads: 60 rows, a multiple of 4 but not of 16). 220 tokens: a multiple of neither key tile nor of
     # the query tile (64 // group tokens); a 140-token prefix crosses both tiles' edges, and
     # items cross every tile grid.
     meta = layout_meta([(140, [9, 30, 1, 17]), (0, [23])], 1)
