@@ -80,9 +80,9 @@ def test_head_layouts_and_ragged_token_count(
 ) -> None:
     # Every build: their vector widths split head dims 32, 64 and 128 into different passes,
     # their key tiles are 64 or 128 keys, and AMX takes rows 16 at a time (gqa5's query tile
-    # is 12 tokens of 5 heads: 60 rows, a multiple of 4 but not of 16). 220 tokens: a multiple of neither key tile nor of
-    # the query tile (64 // group tokens); a 140-token prefix crosses both tiles' edges, and
-    # items cross every tile grid.
+    # is 12 tokens of 5 heads: 60 rows, a multiple of 4 but not of 16). 220 tokens: a multiple
+    # of neither key tile nor of the query tile (64 // group tokens); a 140-token prefix
+    # crosses both tiles' edges, and items cross every tile grid.
     meta = layout_meta([(140, [9, 30, 1, 17]), (0, [23])], 1)
     assert meta.prefix_start.shape[0] == 220
     for dtype in (jnp.float32, jnp.bfloat16):
