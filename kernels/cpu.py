@@ -44,7 +44,8 @@ def set_threads(threads: int) -> None:
 
 def available_isas() -> tuple[str, ...]:
     """Instruction-set builds of the kernel this CPU can run, narrowest first: "portable",
-    "avx2", "avx512", "avx512bf16" (bf16 inputs use BF16 dot products there)."""
+    "avx2", "avx512", "avx512bf16" (bf16 inputs use BF16 dot products there), "amx" (bf16's
+    QK^T and PV on AMX-BF16 tiles, the softmax as in "avx512bf16")."""
     return _native_module().available_isas()
 
 
