@@ -13,7 +13,9 @@ Each kernel is jitted, warmed up, then timed; the median of `--repeats` calls is
 the host schedule build time. `--kernels` picks the columns: "pallas" (compiled on GPU/TPU, the
 Pallas interpreter on CPU: slow, for debugging only), "mosaic" (the Mosaic GPU form: Hopper and
 newer, bfloat16; GPU interpret mode elsewhere), "xla" (block-sparse), "reference" (dense mask,
-skipped above `--max-reference-tokens`) and, where built, "cpu" (the native kernel).
+skipped above `--max-reference-tokens`) and, where built, "cpu" (the native kernel, its widest
+build on this CPU) and "cpu-<build>" (one build of it: `kernels.cpu.available_isas()`, e.g.
+`--kernels cpu-avx512bf16 cpu-amx`).
 """
 
 import argparse
@@ -34,6 +36,7 @@ from kernels import (
     AttentionMeta,
     attention_mosaic_gpu,
     attention_pallas,
+    cpu,
     devices,
     make_meta,
     pallas,
@@ -105,14 +108,36 @@ def kernel_table(backend: str, block_sizes: BlockSizes | None) -> dict[str, Call
     kernels["mosaic"] = functools.partial(
         attention_mosaic_gpu, interpret=backend != "gpu", block_sizes=block_sizes
     )
+    if backend == "cpu" and cpu.AVAILABLE:
+        kernels.update({f"cpu-{isa}": NativeBuild(isa) for isa in cpu.available_isas()})
     return kernels
+
+
+class NativeBuild:
+    """The native CPU kernel run in one instruction-set build (chosen at each call's run)."""
+
+    def __init__(self, isa: str):
+        self.isa = isa
+
+    def __call__(self, q, k, v, meta, *, scale):
+        return cpu.attention_cpu(q, k, v, meta, scale=scale)
 
 
 def time_kernel(kernel: Callable, qkv, meta: AttentionMeta, head_dim: int, repeats: int) -> float:
     jitted = jax.jit(lambda q, k, v, m: kernel(q, k, v, m, scale=head_dim**-0.5))
-    run = lambda: jitted(*qkv, meta)
-    jax.block_until_ready(run())  # warm-up: compiles
-    return median_ms(run, repeats)
+    isa = getattr(kernel, "isa", None)
+
+    def run():
+        if isa is not None:  # the build is read when the call runs, not when it is traced
+            cpu.set_isa(isa)
+        return jitted(*qkv, meta)
+
+    try:
+        jax.block_until_ready(run())  # warm-up: compiles
+        return median_ms(run, repeats)
+    finally:
+        if isa is not None:
+            cpu.set_isa(None)
 
 
 def bench(tokens: int, dtype: str, args, kernels: dict[str, Callable]) -> dict:

@@ -577,3 +577,28 @@ def test_attention_text_packing_is_texts_back_to_back() -> None:
     assert lengths[:-1].min() >= 8 and lengths.max() <= 256 and len(lengths) > 20
     t = np.arange(4096)
     assert ((own_start <= t) & (t < own_end)).all()  # every token inside its own text
+
+
+@pytest.mark.skipif(not bench_attention.cpu.AVAILABLE, reason="native CPU attention not built")
+def test_attention_times_each_native_build_in_its_own_build(tmp_path) -> None:
+    builds = bench_attention.cpu.available_isas()
+    seen = []
+
+    class Probe(bench_attention.NativeBuild):
+        def __call__(self, q, k, v, meta, *, scale):
+            seen.append(bench_attention.cpu.isa())  # traced inside `run`, after its set_isa
+            return super().__call__(q, k, v, meta, scale=scale)
+
+    qkv = tuple(np.ones((64, h, 64), np.float32) for h in (9, 3, 3))
+    spans = bench_attention.w2_spans(64, prompt_len=32, item_len=8)
+    meta = bench_attention.make_meta(*spans, block_size=16, width_buckets=(1, 2, 4))
+    ms = bench_attention.time_kernel(Probe(builds[0]), qkv, meta, 64, repeats=2)
+    assert ms > 0 and seen == [builds[0]]
+    assert bench_attention.cpu.isa() == builds[-1]  # the widest again afterwards
+
+    out = tmp_path / "attention.json"
+    names = [f"cpu-{builds[0]}", f"cpu-{builds[-1]}"]
+    args = ["--tokens", "256", "--repeats", "2", "--kernels", *names, "--json", str(out)]
+    bench_attention.main(args)
+    (row,) = json.loads(out.read_text())["rows"]
+    assert set(row["ms"]) == set(names) and all(ms > 0 for ms in row["ms"].values())
