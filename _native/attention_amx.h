@@ -97,8 +97,8 @@ struct AmxTiles : Bf16Tiles<D> {
   void scores(const std::vector<uint32_t>& q_rows, int g, int tile, const VectorRange* blocks,
               int n_blocks, vf* score) const {
     amx_tiles::configure(call);
-    const char* keys = reinterpret_cast<const char*>(
-        this->kp.template as<__m512bh>() + (int64_t(g) * this->k_tiles + tile) * kPairs * kKeyVecs);
+    const int64_t at = (int64_t(g) * this->k_tiles + tile) * kPairs * kKeyVecs;  // vectors
+    const char* keys = reinterpret_cast<const char*>(this->kp.template as<__m512bh>() + at);
     const vf scale = splat(this->score_scale);
     for (int r0 = 0; r0 < 4 * n_blocks; r0 += kRowStep) {
       const auto [c0, c1] = group_vectors(blocks + r0 / 4);
@@ -117,8 +117,8 @@ struct AmxTiles : Bf16Tiles<D> {
   void values(const vf* probs, const float* alpha, int g, int tile, const VectorRange* blocks,
               int n_blocks, vf* out) const {
     amx_tiles::configure(call);
-    const char* vals = reinterpret_cast<const char*>(
-        this->vp.template as<__m512bh>() + (int64_t(g) * this->k_tiles + tile) * kKeyTile * kVecs / 2);
+    const int64_t at = (int64_t(g) * this->k_tiles + tile) * kKeyTile * kVecs / 2;  // vectors
+    const char* vals = reinterpret_cast<const char*>(this->vp.template as<__m512bh>() + at);
     thread_local std::vector<uint16_t> p16;  // [rows][kKeyTile] bf16 probabilities
     p16.resize(size_t(n_blocks) * 4 * kKeyTile);
     for (int r0 = 0; r0 < 4 * n_blocks; r0 += kRowStep) {
@@ -129,8 +129,9 @@ struct AmxTiles : Bf16Tiles<D> {
         rescale(alpha[r], out + r * kVecs);
         const auto [c0, c1] = blocks[r / 4];
         for (int v = 2 * s0; v < 2 * s1; ++v) {
-          const __m256bh half = v >= c0 && v < c1 ? _mm512_cvtneps_pbh((__m512)probs[r * kKeyVecs + v])
-                                                  : (__m256bh)_mm256_setzero_si256();
+          const __m256bh half = v >= c0 && v < c1
+                                    ? _mm512_cvtneps_pbh((__m512)probs[r * kKeyVecs + v])
+                                    : (__m256bh)_mm256_setzero_si256();
           std::memcpy(p16.data() + r * kKeyTile + v * kLanes, &half, sizeof half);
         }
       }
