@@ -17,6 +17,7 @@ cdef extern from "attention.h":
 cdef extern from "dense.h":
     void* packed_dense_handler()
     void* packed_gated_handler()
+    void* packed_activated_handler()
     int packed_dense_cpu_has(int isa)
     void packed_dense_set_isa(int isa)
     int packed_dense_isa()
@@ -55,6 +56,11 @@ def dense_handler():
 def gated_handler():
     """The XLA FFI handler of the `packed_gated` custom call (a SwiGLU MLP's gate and up)."""
     return PyCapsule_New(packed_gated_handler(), NULL, NULL)
+
+
+def activated_handler():
+    """The XLA FFI handler of the `packed_activated` custom call (bias and activation)."""
+    return PyCapsule_New(packed_activated_handler(), NULL, NULL)
 
 
 # Instruction-set builds of the bf16 dense kernel, by the index the C side uses.

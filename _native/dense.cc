@@ -12,7 +12,8 @@
 // are zeros.
 // The gated form computes a SwiGLU MLP's bf16(silu(a @ W_gate) * (a @ W_up)) in one pass, from
 // gate and up packed with their 16-column groups interleaved, so neither f32 product reaches
-// memory.
+// memory. The activated form computes bf16(act(a @ W + bias)) (an encoder MLP's up projection,
+// act one of simd.h's activations), so that no f32 product reaches memory either.
 //
 // Builds: AMX (tile dot products, dense_amx.h), AVX512-BF16 (the hardware bf16 dot product) and
 // AVX2 (the same products by f32 FMAs on the bf16 values widened, which is exact: the activations
@@ -53,7 +54,12 @@ struct Problem {
   int64_t held;       // rows of a in memory (m or more)
   const uint16_t* staged = nullptr;  // the AMX build's copy of rows [from, m), ld apart
   int64_t from = 0, ld = 0;          // (set by dense_amx.h's stage)
+  const float* bias = nullptr;       // f32[n], added before the activation (kActivated)
 };
+
+// What a call writes: the f32 sums, the SwiGLU product of gate and up in bf16, or bf16 of an
+// activation of the sums plus a bias.
+enum Form { kSums, kSwiGlu, kActivated };
 
 enum Isa { kAvx2 = 0, kAvx512Bf16 = 1, kAmx = 2 };
 
@@ -75,49 +81,14 @@ namespace amx {
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,avx512bf16,fma")
 namespace avx512bf16 {
+#define SIMD_WIDE 1
+#include "simd.h"
+#undef SIMD_WIDE
 
-// Writes the f32 accumulators as they are: groups g of a row go to columns 16 g.
-struct StoreF32 {
-  static constexpr int kRows = 8, kGroups = 3;  // 24 accumulators
-  template <int G>
-  static void row(const __m512* acc, void* out, int64_t ld, int64_t row, int64_t group,
-                  bool stream) {
-    float* o = static_cast<float*>(out) + row * ld + group * 16;
-    for (int g = 0; g < G; ++g)
-      stream ? _mm512_stream_ps(o + g * 16, acc[g]) : _mm512_storeu_ps(o + g * 16, acc[g]);
-  }
-};
-
-// e^x for x <= 88 (larger gives +inf), to ~2e-7 relative: 2^n by scalef times a degree-7
-// Taylor polynomial of 2^f on [-0.5, 0.5].
-inline __m512 exp_ps(__m512 x) {
-  const __m512 y = _mm512_max_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                 _mm512_set1_ps(-150.0f));
-  const __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_mul_ps(_mm512_sub_ps(y, n), _mm512_set1_ps(0.69314718055994531f));
-  __m512 p = _mm512_set1_ps(1.0f / 5040);
-  for (float c : {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f})
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
-  return _mm512_scalef_ps(p, n);
-}
-
-// Gated (SwiGLU) output: the weights interleave gate and up 16-column groups, so accumulator
-// pairs (2j, 2j+1) are gate and up of output group j; writes bf16(silu(gate) * up).
-struct StoreGated {
-  static constexpr int kRows = 6, kGroups = 4;  // 24 accumulators, two output groups
-  template <int G>
-  static void row(const __m512* acc, void* out, int64_t ld, int64_t row, int64_t group, bool) {
-    uint16_t* o = static_cast<uint16_t*>(out) + row * (ld / 2) + group / 2 * 16;
-    for (int g = 0; g + 1 < G; g += 2) {
-      const __m512 gate = acc[g], up = acc[g + 1];
-      const __m512 one = _mm512_set1_ps(1.0f);
-      const __m512 silu = _mm512_div_ps(gate, _mm512_add_ps(one, exp_ps(_mm512_sub_ps(
-                                                                  _mm512_setzero_ps(), gate))));
-      const __m256bh h = _mm512_cvtneps_pbh(_mm512_mul_ps(silu, up));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + g / 2 * 16), (__m256i)h);
-    }
-  }
-};
+using StoreF32 = F32Out<8, 3>;  // 24 accumulators
+using StoreGated = GatedOut<6, 4>;  // 24 accumulators, two output groups
+template <int Act>
+using StoreAct = ActOut<8, 3, Act>;
 
 // Rows [row, row + R) of a by the G column groups starting at `group`, stored by `Store`.
 template <class Store, int R, int G>
@@ -138,7 +109,7 @@ void tile(const Problem& p, int64_t row, int64_t group) {
     }
   }
   for (int r = 0; r < R; ++r)
-    Store::template row<G>(acc[r], p.out, p.n, row + r, group, p.stream);
+    Store::template row<G>(acc[r], p, row + r, group);
 }
 
 template <class Store>
@@ -172,6 +143,8 @@ namespace avx2 {
 // the activations widened once into dense_staged.h's copy.
 using StoreF32 = F32Out<5, 1>;
 using StoreGated = GatedOut<5, 2>;
+template <int Act>
+using StoreAct = ActOut<5, 1, Act>;
 
 // Rows [row, row + R) (the first R of a tile) by the G column groups starting at `group`, stored
 // by `Store`: one pass over K per group, whose pair records' two 8-column halves are each
@@ -214,7 +187,7 @@ void tile(const Problem& p, int64_t row, int64_t group) {
   for (int r = 0; r < R; ++r) {
     VF sums[2 * G];
     for (int j = 0; j < 2 * G; ++j) sums[j] = load_f(done[r][j]);
-    Store::template row<G>(sums, p.out, p.n, row + r, group, p.stream);
+    Store::template row<G>(sums, p, row + r, group);
   }
 }
 
@@ -254,17 +227,30 @@ native_builds::Choice g_builds(kAmx, cpu_has);
 
 int chosen_isa() { return g_builds.chosen(); }
 
-template <bool kGated>
-void run(const Problem& p) {
 #if PACKED_DENSE_NATIVE
-  if (chosen_isa() == kAmx) {
-    return kGated ? amx::run_amx<amx::AmxGated>(p) : amx::run_amx<amx::AmxF32>(p);
-  }
-  if (chosen_isa() == kAvx512Bf16) {
-    return kGated ? avx512bf16::run<avx512bf16::StoreGated>(p)
-                  : avx512bf16::run<avx512bf16::StoreF32>(p);
-  }
-  kGated ? avx2::run<avx2::StoreGated>(p) : avx2::run<avx2::StoreF32>(p);
+template <class Amx, class Bf16, class Avx2>
+void run_build(const Problem& p) {
+  if (chosen_isa() == kAmx) return amx::run_amx<Amx>(p);
+  if (chosen_isa() == kAvx512Bf16) return avx512bf16::run<Bf16>(p);
+  avx2::run<Avx2>(p);
+}
+
+template <int Act>
+void run_activated(const Problem& p) {
+  run_build<amx::AmxAct<Act>, avx512bf16::StoreAct<Act>, avx2::StoreAct<Act>>(p);
+}
+
+// by activation code (simd.h's Activation)
+constexpr void (*kActivatedRuns[])(const Problem&) = {&run_activated<0>, &run_activated<1>,
+                                                      &run_activated<2>, &run_activated<3>};
+static_assert(std::size(kActivatedRuns) == amx::kActivations);
+#endif
+
+void run(const Problem& p, Form form, int activation) {
+#if PACKED_DENSE_NATIVE
+  if (form == kSums) return run_build<amx::AmxF32, avx512bf16::StoreF32, avx2::StoreF32>(p);
+  if (form == kSwiGlu) return run_build<amx::AmxGated, avx512bf16::StoreGated, avx2::StoreGated>(p);
+  kActivatedRuns[activation](p);
 #endif
 }
 
@@ -273,13 +259,14 @@ using native_builds::dims;
 // Checks the operands and returns the problem, or an error message.
 std::string check(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w,
                   const ffi::Buffer<ffi::S32>& layer, const ffi::Buffer<ffi::S32>& rows,
-                  const ffi::AnyBuffer& out, bool gated) {
+                  const ffi::AnyBuffer& out, Form form) {
   if (chosen_isa() < 0) return "this CPU has neither AVX2 nor AVX512-BF16";
   auto ad = a.dimensions(), wd = w.dimensions(), od = out.dimensions();
-  const auto out_type = gated ? ffi::DataType::BF16 : ffi::DataType::F32;
+  const bool gated = form == kSwiGlu;
+  const auto out_type = form == kSums ? ffi::DataType::F32 : ffi::DataType::BF16;
   if (a.element_type() != ffi::DataType::BF16 || w.element_type() != ffi::DataType::BF16 ||
       out.element_type() != out_type)
-    return gated ? "a, w and out must be bfloat16" : "a and w must be bfloat16, out float32";
+    return form == kSums ? "a and w must be bfloat16, out float32" : "a, w and out must be bfloat16";
   if (ad.size() != 2 || ad[1] % 2 != 0) return "a has shape " + dims(a);
   if (wd.size() != 4 || wd[2] * 2 != ad[1] || wd[3] != 32 || (gated && wd[1] % 2 != 0))
     return "w has shape " + dims(w) + " for a of " + dims(a);
@@ -293,31 +280,55 @@ std::string check(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w,
   return "";
 }
 
-template <bool kGated>
-ffi::Error Dense(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::Buffer<ffi::S32> layer,
-                 ffi::Buffer<ffi::S32> rows, ffi::Result<ffi::AnyBuffer> out,
-                 ffi::ThreadPool pool) {
-  std::string error = check(a, w, layer, rows, *out, kGated);
+// The call of any form; `bias` and `activation` are read by kActivated alone.
+ffi::Error Call(Form form, ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::Buffer<ffi::S32> layer,
+                ffi::Buffer<ffi::S32> rows, const float* bias, int activation,
+                ffi::Result<ffi::AnyBuffer> out, ffi::ThreadPool pool) {
+  std::string error = check(a, w, layer, rows, *out, form);
   if (!error.empty()) return ffi::Error::InvalidArgument("packed_dense: " + error);
   native_cpu::PoolScope scope(pool);
   auto ad = a.dimensions(), wd = w.dimensions();
   const int64_t m = native_builds::computed_rows(rows, ad[0]), n = wd[1] * 16;
   const int64_t per_layer = wd[1] * wd[2] * wd[3];
-  const int64_t row_bytes = kGated ? n / 2 * sizeof(uint16_t) : n * sizeof(float);
+  const int64_t row_bytes = form == kSums ? n * sizeof(float)
+                            : form == kSwiGlu ? n / 2 * sizeof(uint16_t)
+                                              : n * sizeof(uint16_t);
   Problem p{m,
             n,
             ad[1],
             static_cast<const uint16_t*>(a.untyped_data()),
             static_cast<const uint16_t*>(w.untyped_data()) + layer.typed_data()[0] * per_layer,
             out->untyped_data(),
-            !kGated && dense_tiles::streams(out->untyped_data(), m * row_bytes),
+            form == kSums && dense_tiles::streams(out->untyped_data(), m * row_bytes),
             nullptr,
             0,
             amx_tiles::begin_call(),
             ad[0]};
-  if (m > 0) run<kGated>(p);
+  p.bias = bias;
+  if (m > 0) run(p, form, activation);
   native_builds::zero_rows(out->untyped_data(), m, ad[0], row_bytes);
   return ffi::Error::Success();
+}
+
+template <Form F>
+ffi::Error Dense(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::Buffer<ffi::S32> layer,
+                 ffi::Buffer<ffi::S32> rows, ffi::Result<ffi::AnyBuffer> out,
+                 ffi::ThreadPool pool) {
+  return Call(F, a, w, layer, rows, nullptr, 0, out, pool);
+}
+
+// bf16(act(a @ W + bias)): `bias` f32[n], `activation` a code of simd.h's Activation.
+ffi::Error Activated(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::Buffer<ffi::S32> layer,
+                     ffi::Buffer<ffi::S32> rows, ffi::Buffer<ffi::F32> bias,
+                     ffi::Result<ffi::AnyBuffer> out, int32_t activation, ffi::ThreadPool pool) {
+  if (bias.element_count() != w.dimensions()[1] * 16)
+    return ffi::Error::InvalidArgument("packed_dense: bias has " +
+                                       std::to_string(bias.element_count()) +
+                                       " values for w of " + dims(w));
+  if (activation < 0 || activation >= int32_t(std::size(kActivatedRuns)))
+    return ffi::Error::InvalidArgument("packed_dense: no activation " +
+                                       std::to_string(activation));
+  return Call(kActivated, a, w, layer, rows, bias.typed_data(), activation, out, pool);
 }
 
 }  // namespace packed_dense
@@ -331,14 +342,26 @@ ffi::Error Dense(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::Buffer<ffi::S32> layer
       .Ret<ffi::AnyBuffer>()                   \
       .Ctx<ffi::ThreadPool>()
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(PackedDenseHandler, packed_dense::Dense<false>,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PackedDenseHandler, packed_dense::Dense<packed_dense::kSums>,
                               PACKED_DENSE_BINDING);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(PackedGatedHandler, packed_dense::Dense<true>,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PackedGatedHandler, packed_dense::Dense<packed_dense::kSwiGlu>,
                               PACKED_DENSE_BINDING);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PackedActivatedHandler, packed_dense::Activated,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int32_t>("activation")
+                                  .Ctx<ffi::ThreadPool>());
 
 void* packed_dense_handler() { return reinterpret_cast<void*>(&PackedDenseHandler); }
 
 void* packed_gated_handler() { return reinterpret_cast<void*>(&PackedGatedHandler); }
+
+void* packed_activated_handler() { return reinterpret_cast<void*>(&PackedActivatedHandler); }
 
 int packed_dense_cpu_has(int isa) { return packed_dense::cpu_has(isa); }
 

@@ -14,6 +14,8 @@ constexpr int kAmxStep = 32;  // values of K a tile dot product takes
 
 using AmxF32 = F32Out<kAmxRows, 2>;
 using AmxGated = GatedOut<kAmxRows, 2>;
+template <int Act>
+using AmxAct = ActOut<kAmxRows, 2, Act>;
 
 // The weights' B tile for K step [k0, k0 + 32) of a group (pairs of K rows).
 inline const void* b_rows(const Problem& p, const uint16_t* group_w, int64_t k0,
@@ -49,7 +51,7 @@ void amx_tile(const Problem& p, int64_t row, int64_t group) {
   for (int r = 0; r < rows; ++r) {
     VF sums[G];
     for (int g = 0; g < G; ++g) sums[g] = load_f(c[r / 16][g][r % 16]);
-    Store::template row<G>(sums, p.out, p.n, row + r, group, p.stream);
+    Store::template row<G>(sums, p, row + r, group);
   }
 }
 

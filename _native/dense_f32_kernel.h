@@ -26,7 +26,7 @@ void tile(const Problem& p, int64_t row, int64_t group) {
       }
     }
   }
-  for (int r = 0; r < R; ++r) Store::template row<G>(acc[r], p.out, p.n, row + r, group, p.stream);
+  for (int r = 0; r < R; ++r) Store::template row<G>(acc[r], p, row + r, group);
 }
 
 struct Make {

@@ -70,7 +70,7 @@ void amx_tile(const Problem& p, int64_t row, int64_t group) {
     VF sums[G];
     for (int g = 0; g < G; ++g)
       sums[g] = mul_f(load_f(totals[r][g]), load_f(p.wscale + (group + g) * 16));
-    Store::template row<G>(sums, p.out, p.n, row + r, group, p.stream);
+    Store::template row<G>(sums, p, row + r, group);
   }
 }
 

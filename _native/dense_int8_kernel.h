@@ -172,7 +172,7 @@ void tile(const Problem& p, int64_t row, int64_t group) {
     VF sums[J];
     for (int j = 0; j < J; ++j)
       sums[j] = mul_f(load_f(totals[r][j]), load_f(p.wscale + group * 16 + j * kLanes));
-    Store::template row<G>(sums, p.out, p.n, row + r, group, p.stream);
+    Store::template row<G>(sums, p, row + r, group);
   }
 }
 

@@ -1,5 +1,5 @@
-// Vector helpers and the f32 and SwiGLU epilogues the dense kernels share, compiled once per
-// instruction set.
+// Vector helpers and the epilogues the dense kernels share (f32 sums, SwiGLU, bias and
+// activation), compiled once per instruction set.
 //
 // A kernel includes this file inside its namespace per target, after defining SIMD_WIDE (1:
 // 512-bit AVX-512 vectors; 0: 256-bit AVX2) and after including <immintrin.h> and <cstring> at
@@ -52,6 +52,10 @@ inline void store_u16(uint16_t* p, VI v) {
 }
 // lanes in [-127, 127], stored as bytes
 inline void store_i8(int8_t* p, VI v) { _mm_storeu_si128((__m128i*)p, _mm512_cvtepi32_epi8(v)); }
+// `neg` in the lanes where x's sign bit is set, `pos` elsewhere
+inline VF where_negative(VF x, VF neg, VF pos) {
+  return _mm512_mask_blend_ps(_mm512_movepi32_mask(bits(x)), pos, neg);
+}
 #else
 using VI = __m256i;
 using VF = __m256;
@@ -109,6 +113,7 @@ inline void store_i8(int8_t* p, VI v) {
   std::memcpy(p, &lo, 4);
   std::memcpy(p + 4, &hi, 4);
 }
+inline VF where_negative(VF x, VF neg, VF pos) { return _mm256_blendv_ps(pos, neg, x); }
 #endif
 
 constexpr int kVecs = 16 / kLanes;  // vectors per 16-column group
@@ -134,6 +139,49 @@ inline VF exp_f(VF x) {
   return mul_f(poly, from_bits(shl_i(add_i(to_i(n), set1_i(127)), 23)));
 }
 
+inline VF silu_f(VF x) { return div_f(x, add_f(set1_f(1.0f), exp_f(sub_f(zero_f(), x)))); }
+
+// erfc(z) for z >= 0, to ~4e-7 relative (and e^-z^2's rounding, ~6e-6 near z = 9) while it is
+// a normal f32: e^-z^2 times a degree-9 polynomial in t = 1 / (1 + z / 2), fitted to
+// erfc(z) e^z^2 on [0, 14] for relative error.
+inline VF erfc_f(VF z) {
+  const VF t = div_f(set1_f(1.0f), fmadd(z, set1_f(0.5f), set1_f(1.0f)));
+  VF poly = set1_f(-0.05882646515965462f);
+  for (float c : {0.28330299258232117f, -0.48432227969169617f, 0.27439069747924805f,
+                  -0.023709304630756378f, 0.2012006938457489f, 0.24358931183815002f,
+                  0.2822774052619934f, 0.2820974588394165f, -5.302797490003286e-07f})
+    poly = fmadd(poly, t, set1_f(c));
+  return mul_f(poly, exp_f(mul_f(sub_f(zero_f(), z), z)));
+}
+
+// GELU, x Phi(x), with erf: x - x erfc(|x| / sqrt 2) / 2 for x >= 0, and x erfc(|x| / sqrt 2) / 2
+// below, so that the small values of the negative side keep their relative precision.
+inline VF gelu_f(VF x) {
+  const VF z = mul_f(from_bits(and_i(bits(x), set1_i(0x7FFFFFFF))), set1_f(0.70710678118654752f));
+  const VF tail = mul_f(x, mul_f(set1_f(0.5f), erfc_f(z)));
+  return where_negative(x, tail, sub_f(x, tail));
+}
+
+// GELU's tanh form, x (1 + tanh(u)) / 2 with u = sqrt(2 / pi) (x + 0.044715 x^3), computed as
+// x sigmoid(2 u) (the same function).
+inline VF gelu_tanh_f(VF x) {
+  const VF u2 = mul_f(mul_f(x, set1_f(1.5957691216057308f)),
+                      fmadd(mul_f(x, x), set1_f(0.044715f), set1_f(1.0f)));
+  return div_f(x, add_f(set1_f(1.0f), exp_f(sub_f(zero_f(), u2))));
+}
+
+// The activations of ActOut, by the codes kernels/activations.py gives them.
+enum Activation { kGelu = 0, kGeluTanh = 1, kRelu = 2, kSilu = 3, kActivations = 4 };
+
+template <int Act>
+inline VF activate(VF x) {
+  static_assert(Act >= 0 && Act < kActivations);
+  if constexpr (Act == kGelu) return gelu_f(x);
+  else if constexpr (Act == kGeluTanh) return gelu_tanh_f(x);
+  else if constexpr (Act == kRelu) return max_f(x, zero_f());
+  else return silu_f(x);
+}
+
 // f32 lanes rounded to bf16, to nearest even (as XLA converts), stored as 16-bit words.
 inline void store_bf16(uint16_t* p, VF v) {
   const VI b = bits(v);
@@ -146,11 +194,11 @@ inline void store_bf16(uint16_t* p, VF v) {
 template <int Rows, int Groups>
 struct F32Out {
   static constexpr int kRows = Rows, kGroups = Groups;
-  template <int G>
-  static void row(const VF* acc, void* out, int64_t ld, int64_t row, int64_t group, bool stream) {
-    float* o = static_cast<float*>(out) + row * ld + group * 16;
+  template <int G, class P>
+  static void row(const VF* acc, const P& p, int64_t row, int64_t group) {
+    float* o = static_cast<float*>(p.out) + row * p.n + group * 16;
     for (int j = 0; j < G * kVecs; ++j)
-      stream ? stream_f(o + j * kLanes, acc[j]) : store_f(o + j * kLanes, acc[j]);
+      p.stream ? stream_f(o + j * kLanes, acc[j]) : store_f(o + j * kLanes, acc[j]);
   }
 };
 
@@ -159,15 +207,28 @@ struct F32Out {
 template <int Rows, int Groups>
 struct GatedOut {
   static constexpr int kRows = Rows, kGroups = Groups;
-  template <int G>
-  static void row(const VF* acc, void* out, int64_t ld, int64_t row, int64_t group, bool) {
-    uint16_t* o = static_cast<uint16_t*>(out) + row * (ld / 2) + group / 2 * 16;
+  template <int G, class P>
+  static void row(const VF* acc, const P& p, int64_t row, int64_t group) {
+    uint16_t* o = static_cast<uint16_t*>(p.out) + row * (p.n / 2) + group / 2 * 16;
     for (int g = 0; g + 1 < G; g += 2) {
       for (int v = 0; v < kVecs; ++v) {
         const VF gate = acc[g * kVecs + v], up = acc[(g + 1) * kVecs + v];
-        const VF silu = div_f(gate, add_f(set1_f(1.0f), exp_f(sub_f(zero_f(), gate))));
-        store_bf16(o + g / 2 * 16 + v * kLanes, mul_f(silu, up));
+        store_bf16(o + g / 2 * 16 + v * kLanes, mul_f(silu_f(gate), up));
       }
     }
+  }
+};
+
+// Bias and activation: writes bf16(act(sums + bias)) to out bf16[m, n], the bias f32[n] at
+// p.bias, so that the product never reaches memory in f32 (an encoder MLP's up projection).
+template <int Rows, int Groups, int Act>
+struct ActOut {
+  static constexpr int kRows = Rows, kGroups = Groups;
+  template <int G, class P>
+  static void row(const VF* acc, const P& p, int64_t row, int64_t group) {
+    uint16_t* o = static_cast<uint16_t*>(p.out) + row * p.n + group * 16;
+    const float* bias = p.bias + group * 16;
+    for (int j = 0; j < G * kVecs; ++j)
+      store_bf16(o + j * kLanes, activate<Act>(add_f(acc[j], load_f(bias + j * kLanes))));
   }
 };

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels import cpu, onednn, quant
+from kernels import activations, cpu, onednn, quant
 from kernels.host import interleave_to_device, to_device
 
 
@@ -41,6 +41,9 @@ class Dense(NamedTuple):
     prepare(w [L, K, N], dtype) -> W;  matmul(x [M, K], W, layer i32[], rows) -> f32[M, N]
     prepare_gated(gate [L, K, I], up [L, K, I], dtype) -> G;
         gated(x [M, K], G, layer, rows) -> silu(x @ gate) * (x @ up) [M, I]
+    activated(x [M, K], W, layer, bias f32[N], activation, rows) -> act(x @ W + bias) [M, N]:
+        f32, or bf16 where the strategy fuses it (the native kernel on bf16 weights), which is
+        the dtype the next product casts it to (`activation` names `kernels.activations`)
     (rows: i32[] or None, the real rows of x; see the module docstring)
     prepare_head(w [V, E], dtype) -> H;  head(h [S, E], H) -> f32[S, V] = h @ w.T
     """
@@ -50,6 +53,7 @@ class Dense(NamedTuple):
     matmul: Callable
     prepare_gated: Callable
     gated: Callable
+    activated: Callable
     prepare_head: Callable
     head: Callable
     choice: Any = None  # what picked each shape's strategy (`chosen`); None for a fixed one
@@ -86,6 +90,16 @@ def _xla_gated(x: jax.Array, w: jax.Array, layer: jax.Array, rows=None) -> jax.A
     return _silu_gate(_xla_matmul(x, w, layer))
 
 
+def _then_activate(matmul: Callable) -> Callable:
+    """`activated` of a strategy with no fused form: its product, then the bias and the
+    activation in XLA, in f32."""
+
+    def activated(x, w, layer, bias, activation: str, rows=None) -> jax.Array:
+        return activations.apply(activation, matmul(x, w, layer, rows) + bias)
+
+    return activated
+
+
 def _xla_head(h: jax.Array, w: jax.Array) -> jax.Array:
     # w stays [V, E]: the product with its transpose keeps XLA's own operand layout (a
     # transposed copy rounds differently for a few score rows)
@@ -93,7 +107,14 @@ def _xla_head(h: jax.Array, w: jax.Array) -> jax.Array:
 
 
 XLA = Dense(
-    "xla", _xla_prepare, _xla_matmul, _xla_prepare_gated, _xla_gated, _xla_prepare, _xla_head
+    "xla",
+    _xla_prepare,
+    _xla_matmul,
+    _xla_prepare_gated,
+    _xla_gated,
+    _then_activate(_xla_matmul),
+    _xla_prepare,
+    _xla_head,
 )
 
 
@@ -132,6 +153,12 @@ def _cpu_gated(x: jax.Array, w: Packed | jax.Array, layer: jax.Array, rows=None)
     return cpu.gated_cpu(x, w.data, layer, rows)
 
 
+def _cpu_activated(x, w: Packed | jax.Array, layer, bias, activation: str, rows=None):
+    if isinstance(w, Packed) and w.data.dtype == jnp.bfloat16:
+        return cpu.activated_cpu(x, w.data, layer, bias, activation, rows)
+    return _then_activate(_cpu_matmul)(x, w, layer, bias, activation, rows)
+
+
 def _cpu_prepare_head(w, dtype) -> Packed | jax.Array:
     if not cpu.dense_supports(*w.shape[::-1], dtype):
         return _xla_prepare(w, dtype)
@@ -145,7 +172,14 @@ def _cpu_head(h: jax.Array, w: Packed | jax.Array) -> jax.Array:
 
 
 CPU = Dense(
-    "cpu", _cpu_prepare, _cpu_matmul, _cpu_prepare_gated, _cpu_gated, _cpu_prepare_head, _cpu_head
+    "cpu",
+    _cpu_prepare,
+    _cpu_matmul,
+    _cpu_prepare_gated,
+    _cpu_gated,
+    _cpu_activated,
+    _cpu_prepare_head,
+    _cpu_head,
 )
 
 
@@ -208,6 +242,7 @@ ONEDNN = Dense(
     _onednn_matmul,
     _onednn_prepare_gated,
     _onednn_gated,
+    _then_activate(_onednn_matmul),
     _onednn_prepare_head,
     _onednn_head,
 )
@@ -250,6 +285,7 @@ INT8_XLA = Dense(
     _int8_matmul,
     _int8_prepare_gated,
     _int8_gated,
+    _then_activate(_int8_matmul),
     _xla_prepare,
     _xla_head,
 )
@@ -288,6 +324,7 @@ INT8 = Dense(
     _vnni_matmul,
     _vnni_prepare_gated,
     _vnni_gated,
+    _then_activate(_vnni_matmul),
     _cpu_prepare_head,
     _cpu_head,
 )
@@ -319,10 +356,15 @@ def chosen(pick: Callable[[str, int, int], str]) -> Dense:
     def gated(x, w, layer, rows=None):
         return _owner(w).gated(x, w, layer, rows)
 
+    def activated(x, w, layer, bias, activation, rows=None):
+        return _owner(w).activated(x, w, layer, bias, activation, rows)
+
     def head(h, w):
         return _owner(w).head(h, w)
 
-    return Dense("measured", prepare, matmul, prepare_gated, gated, prepare_head, head, pick)
+    return Dense(
+        "measured", prepare, matmul, prepare_gated, gated, activated, prepare_head, head, pick
+    )
 
 
 def _owner(w) -> Dense:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from engine import load_model
-from kernels import cpu, select_dense
+from kernels import activations, cpu, select_dense
 from kernels.dense import Packed
 
 pytestmark = [
@@ -98,6 +98,64 @@ def test_gated_equals_silu_gate_times_up(isa, m, k, i):
     np.testing.assert_allclose(np.asarray(out, np.float64), truth, rtol=2**-8, atol=atol)
 
 
+def activation_truth(name: str, y: np.ndarray) -> np.ndarray:
+    """The activation in float64 (erfc for GELU's negative side, as precise as its values)."""
+    from scipy.special import erfc
+
+    if name == "gelu":
+        return 0.5 * y * erfc(-y / np.sqrt(2))
+    if name == "gelu_tanh":
+        return 0.5 * y * (1 + np.tanh(np.sqrt(2 / np.pi) * (y + 0.044715 * y**3)))
+    return np.maximum(y, 0) if name == "relu" else y / (1 + np.exp(-y))
+
+
+@pytest.mark.parametrize("activation", list(activations.CODES))
+@pytest.mark.parametrize(("m", "k", "n"), [(1, 2, 16), (7, 64, 48), (13, 70, 80), (300, 384, 1536)])
+def test_activated_equals_the_activation_of_product_plus_bias(isa, activation, m, k, n):
+    """bf16(act(x @ W + bias)): within one bf16 rounding of float64, and equal to XLA's own
+    f32 chain rounded to bf16 but for values at a rounding boundary (an ulp apart there). XLA's
+    CPU tanh is a fast form (3e-4 relative), so with it a quarter of the values round apart:
+    there the float64 bound alone holds."""
+    rng = np.random.default_rng(m + k + n)
+    x, w = bf16(rng, m, k), bf16(rng, 2, k, n) * 0.3
+    bias = jnp.asarray(rng.standard_normal(n) * 2, jnp.float32)
+    run = jax.jit(cpu.activated_cpu, static_argnames="activation")
+    out = run(x, jnp.asarray(cpu.pack_dense(w)), 1, bias, activation=activation)
+    assert out.shape == (m, n) and out.dtype == jnp.bfloat16
+    truth = activation_truth(activation, exact(x, w[1]) + np.asarray(bias, np.float64))
+    atol = 1e-5 * np.abs(truth).max()
+    np.testing.assert_allclose(np.asarray(out, np.float64), truth, rtol=2**-8, atol=atol)
+    chain = activations.apply(activation, xla(x, w[1]) + bias).astype(jnp.bfloat16)
+    apart = np.asarray(out, np.float64) != np.asarray(chain, np.float64)
+    assert activation == "gelu_tanh" or apart.mean() < 0.01
+    np.testing.assert_allclose(
+        np.asarray(out, np.float64), np.asarray(chain, np.float64), rtol=2**-7, atol=atol
+    )
+
+
+def test_gelu_keeps_relative_precision_on_its_negative_side(isa):
+    """GELU's small negative values (x down to -9) to ~1e-5 relative before the bf16 rounding:
+    x times one, x = 0.01 .. 9 either sign, checked against float64 at the bf16 bound."""
+    values = np.concatenate([-np.geomspace(0.01, 9, 160), np.geomspace(0.01, 9, 160)])
+    x = jnp.asarray(
+        np.concatenate([values, np.zeros((320 - values.size) % 16)])[:, None], jnp.bfloat16
+    )  # [M, 2]: K = 2, the second column zero
+    x = jnp.concatenate([x, jnp.zeros_like(x)], axis=1)
+    w = np.zeros((1, 2, 16), np.float32)
+    w[0, 0] = 1.0
+    out = cpu.activated_cpu(
+        x,
+        jnp.asarray(cpu.pack_dense(w.astype(jnp.bfloat16))),
+        0,
+        jnp.zeros(16, jnp.float32),
+        "gelu",
+    )
+    xs = np.asarray(x[:, 0], np.float64)
+    truth = activation_truth("gelu", xs)
+    got = np.asarray(out[:, 0], np.float64)
+    np.testing.assert_allclose(got, truth, rtol=2**-8, atol=1e-35)
+
+
 # counts of real rows: none, inside the first register tile, a tile's edge, inside a later
 # tile, all of them, and past them (clamped)
 COUNTS = [0, 1, 5, 23, 40, 45]
@@ -110,10 +168,16 @@ def test_rows_past_the_count_are_zeros_and_the_rest_unchanged(isa, count):
     rng = np.random.default_rng(count)
     m, k, n = 40, 96, 64
     x, w, gate, up = bf16(rng, m, k), bf16(rng, 1, k, n), bf16(rng, 1, k, n), bf16(rng, 1, k, n)
+    bias = jnp.full(n, 1e3, jnp.float32)  # above any product here: no relu is zero
     plain = jax.jit(lambda x, w, rows: cpu.dense_cpu(x, w, 0, rows))
     gated = jax.jit(lambda x, w, rows: cpu.gated_cpu(x, w, 0, rows))
+    activated = jax.jit(lambda x, w, rows: cpu.activated_cpu(x, w, 0, bias, "relu", rows))
     real = min(count, m)
-    for run, weights in ((plain, cpu.pack_dense(w)), (gated, cpu.pack_gated(gate, up))):
+    for run, weights in (
+        (plain, cpu.pack_dense(w)),
+        (gated, cpu.pack_gated(gate, up)),
+        (activated, cpu.pack_dense(w)),
+    ):
         weights = jnp.asarray(weights)
         whole, out = (np.asarray(run(x, weights, rows), np.float32) for rows in (m, count))
         np.testing.assert_array_equal(out[:real], whole[:real])
@@ -185,6 +249,10 @@ def test_bad_shapes_and_layers_are_refused():
         native(x, w, 2).block_until_ready()
     with pytest.raises(ValueError, match="do not take x"):
         cpu.gated_cpu(x, w[:, :1], 0)
+    with pytest.raises(ValueError, match="bias of shape"):
+        cpu.activated_cpu(x, w, 0, jnp.zeros(16), "gelu")
+    with pytest.raises(KeyError):
+        cpu.activated_cpu(x, w, 0, jnp.zeros(32), "tanh")
     assert cpu.dense_supports(576, 1536)
     assert not cpu.dense_supports(575, 1536) and not cpu.dense_supports(576, 1530)
     with pytest.raises(ValueError, match="isa must be one of"):

@@ -17,6 +17,7 @@ from engine import EngineConfig, InvalidInput, load_model, open_engine
 from engine.loaders import load_checkpoint
 from engine.models.rows import HEAD_ROWS
 from engine.pairs import PairEncoder, PairOptions
+from kernels import cpu
 from tests.conftest import CORPUS, TINY_ENCODER
 from tests.test_api_support import serving, tiny_env
 
@@ -44,6 +45,7 @@ ENCODERS = {
     ),
 }
 QUERY = "Is this document relevant to the query?"
+BF16 = {"dtype": "bfloat16"}
 LONG = "The quick brown fox jumps over the lazy dog near the river bank. " * 12
 
 
@@ -202,6 +204,17 @@ def test_bfloat16_stays_near_float32(encoder):
     f32, _ = rerank(encoder, QUERY, docs, raw_scores=True)
     bf16, _ = rerank(encoder, QUERY, docs, raw_scores=True, engine={"dtype": "bfloat16"})
     assert np.abs(bf16 - f32).max() < 0.05 * max(1.0, np.abs(f32).max())
+
+
+@pytest.mark.skipif(not cpu.DENSE_AVAILABLE, reason="needs the native bf16 kernel")
+def test_the_fused_mlp_up_projection_equals_the_plain_one(encoder):
+    """In bf16 the native kernel adds the up projection's bias and applies the activation
+    itself (ModernBERT's gated MLP excepted): the scores equal XLA's plain product, activation
+    and rounding but for bf16 roundings of last f32 bits."""
+    docs = documents()
+    fused, _ = rerank(encoder, QUERY, docs, raw_scores=True, engine=BF16 | {"dense": "cpu"})
+    plain, _ = rerank(encoder, QUERY, docs, raw_scores=True, engine=BF16 | {"dense": "xla"})
+    assert np.abs(fused - plain).max() < 0.02 * max(1.0, np.abs(plain).max())
 
 
 def test_prompt_limit_and_document_limit(encoder):

@@ -66,6 +66,10 @@ class Dense(Protocol):
 
     def gated(self, x: jax.Array, w, layer: jax.Array, rows=None) -> jax.Array: ...  # silu*up
 
+    def activated(  # act(x @ w + bias) [M, N], f32 or bf16
+        self, x: jax.Array, w, layer: jax.Array, bias: jax.Array, activation: str, rows=None
+    ) -> jax.Array: ...
+
     def head(self, h: jax.Array, w) -> jax.Array: ...  # f32[S, V]
 
 

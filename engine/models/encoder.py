@@ -20,7 +20,6 @@ Host parameters, beyond the decoder's layout (`engine.models.config`), `[in, out
     classifier [num_labels, E], classifier_b [num_labels]
 """
 
-import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -40,13 +39,8 @@ from engine.models.decoder import (
     split_last,
 )
 from engine.models.rows import over_score_rows
+from kernels import activations
 
-ACTIVATIONS = {
-    "gelu": functools.partial(jax.nn.gelu, approximate=False),
-    "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
-    "silu": jax.nn.silu,
-    "relu": jax.nn.relu,
-}
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
 HF_ACTIVATIONS |= {"relu": "relu", "silu": "silu"}
 
@@ -130,13 +124,15 @@ def _layer(x: jax.Array, xs: tuple, s: Step):
     return _finish(x, _attend(x, xs, s), xs, s), None
 
 
-def _mlp_hidden(h: jax.Array, index: jax.Array, p: dict, s: Step) -> jax.Array:  # f32[T, I]
-    act = ACTIVATIONS[s.cfg.mlp_activation]
+def _mlp_hidden(h: jax.Array, index: jax.Array, p: dict, s: Step) -> jax.Array:  # [T, I]
+    """The down projection's input: act(h @ up + b_up) (bf16 where the dense strategy fuses
+    it), or the gated act(h @ gate + b_gate) * (h @ up + b_up) in f32."""
+    act, up = s.cfg.mlp_activation, s.matrices["up"]
     if not s.cfg.gated_mlp:
-        return act(s.dense.matmul(h, s.matrices["up"], index, s.real_rows) + p["b_up"])
-    y = s.dense.matmul(h, s.matrices["up"], index, s.real_rows)
+        return s.dense.activated(h, up, index, p["b_up"], act, s.real_rows)
+    y = s.dense.matmul(h, up, index, s.real_rows)
     y = y.reshape(h.shape[0], -1, 2)  # [T, I, gate/up]
-    return act(y[..., 0] + p["b_gate"]) * (y[..., 1] + p["b_up"])
+    return activations.apply(act, y[..., 0] + p["b_gate"]) * (y[..., 1] + p["b_up"])
 
 
 def embed(params: dict, inputs: PackedInputs, cfg: ModelConfig) -> jax.Array:  # f32[T, E]
@@ -303,6 +299,6 @@ def _classify(pooled: jax.Array, params: dict, cfg: ModelConfig, dense: Dense) -
     if cfg.pooler == "tanh":
         h = jnp.tanh(h)
     else:
-        h = ACTIVATIONS["gelu"](h)
+        h = activations.apply("gelu", h)
         h = layer_norm(h, params["pool_norm"], params["pool_norm_b"], cfg.norm_eps)
     return dense.head(h, params["head"]) + params["classifier_b"]
