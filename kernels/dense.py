@@ -41,6 +41,8 @@ class Dense(NamedTuple):
     prepare(w [L, K, N], dtype) -> W;  matmul(x [M, K], W, layer i32[], rows) -> f32[M, N]
     prepare_gated(gate [L, K, I], up [L, K, I], dtype) -> G;
         gated(x [M, K], G, layer, rows) -> silu(x @ gate) * (x @ up) [M, I]
+    prepare_activated(w [L, K, N], dtype) -> W: a matrix multiplied by `activated` (as
+        `prepare`, but for what `chosen` picks for it);
     activated(x [M, K], W, layer, bias f32[N], activation, rows) -> act(x @ W + bias) [M, N]:
         f32, or bf16 where the strategy fuses it (the native kernel on bf16 weights), which is
         the dtype the next product casts it to (`activation` names `kernels.activations`)
@@ -53,6 +55,7 @@ class Dense(NamedTuple):
     matmul: Callable
     prepare_gated: Callable
     gated: Callable
+    prepare_activated: Callable
     activated: Callable
     prepare_head: Callable
     head: Callable
@@ -112,6 +115,7 @@ XLA = Dense(
     _xla_matmul,
     _xla_prepare_gated,
     _xla_gated,
+    _xla_prepare,
     _then_activate(_xla_matmul),
     _xla_prepare,
     _xla_head,
@@ -177,6 +181,7 @@ CPU = Dense(
     _cpu_matmul,
     _cpu_prepare_gated,
     _cpu_gated,
+    _cpu_prepare,
     _cpu_activated,
     _cpu_prepare_head,
     _cpu_head,
@@ -242,6 +247,7 @@ ONEDNN = Dense(
     _onednn_matmul,
     _onednn_prepare_gated,
     _onednn_gated,
+    _onednn_prepare,
     _then_activate(_onednn_matmul),
     _onednn_prepare_head,
     _onednn_head,
@@ -285,6 +291,7 @@ INT8_XLA = Dense(
     _int8_matmul,
     _int8_prepare_gated,
     _int8_gated,
+    _int8_prepare,
     _then_activate(_int8_matmul),
     _xla_prepare,
     _xla_head,
@@ -324,6 +331,7 @@ INT8 = Dense(
     _vnni_matmul,
     _vnni_prepare_gated,
     _vnni_gated,
+    _vnni_prepare,
     _then_activate(_vnni_matmul),
     _cpu_prepare_head,
     _cpu_head,
@@ -336,7 +344,8 @@ FORMS = {Packed: CPU, OneDnnPacked: ONEDNN, Int8Packed: INT8, Int8: INT8_XLA}
 
 def chosen(pick: Callable[[str, int, int], str]) -> Dense:
     """A strategy that prepares each matrix as the strategy `pick(kind, K, N)` names ("matmul"
-    for a [.., K, N] stack, "gated" for gate and up [.., K, N], "head" for [N, K]) and multiplies
+    for a [.., K, N] stack, "gated" for gate and up [.., K, N], "activated" for a [.., K, N]
+    stack multiplied by `activated`, "head" for [N, K]) and multiplies
     each prepared form as its own strategy does (`FORMS`). The int8 mode picks "int8" or
     "int8-xla" for the layer matrices and a bf16 strategy for the head.
     """
@@ -346,6 +355,9 @@ def chosen(pick: Callable[[str, int, int], str]) -> Dense:
 
     def prepare_gated(gate, up, dtype):
         return STRATEGIES[pick("gated", *gate.shape[-2:])].prepare_gated(gate, up, dtype)
+
+    def prepare_activated(w, dtype):
+        return STRATEGIES[pick("activated", *w.shape[-2:])].prepare_activated(w, dtype)
 
     def prepare_head(w, dtype):
         return STRATEGIES[pick("head", *w.shape[::-1])].prepare_head(w, dtype)
@@ -363,7 +375,16 @@ def chosen(pick: Callable[[str, int, int], str]) -> Dense:
         return _owner(w).head(h, w)
 
     return Dense(
-        "measured", prepare, matmul, prepare_gated, gated, activated, prepare_head, head, pick
+        "measured",
+        prepare,
+        matmul,
+        prepare_gated,
+        gated,
+        prepare_activated,
+        activated,
+        prepare_head,
+        head,
+        pick,
     )
 
 

@@ -57,10 +57,13 @@ U = 2.0**-24  # f32 unit roundoff
 # all-oneDNN 7.2 items/s and XLA for the attention projections 8.0, against 8.4 all-native.
 MARGIN = 0.15
 PREFERENCE = ("cpu", "int8", "xla", "int8-xla", "onednn")
-METHOD = "2"  # how candidates are timed and compared: a change retires the cached choices
+METHOD = "3"  # how candidates are timed and compared: a change retires the cached choices
 MATRIX_FLAGS = ("amx_bf16", "amx_int8", "avx512_bf16", "avx512_vnni", "avx_vnni", "avx2")
 MODES = ("bfloat16", "float32", "int8")
-KINDS = ("matmul", "gated", "head")
+KINDS = ("matmul", "gated", "activated", "head")
+# the activation an "activated" shape is timed and checked with (the costliest: one choice per
+# shape serves every activation)
+ACTIVATION = "gelu"
 
 
 class Timing(msgspec.Struct, frozen=True, kw_only=True):
@@ -78,7 +81,9 @@ class ShapeChoice(msgspec.Struct, frozen=True, kw_only=True):
     """The strategy chosen for one weight shape, and what each candidate measured (empty when
     only one could run)."""
 
-    kind: str  # "matmul" [K, N] | "gated" (gate and up, each [K, N]) | "head" ([N, K])
+    # "matmul" [K, N] | "gated" (gate and up, each [K, N]) | "activated" ([K, N], with the bias
+    # and activation after it: `Dense.activated`) | "head" ([N, K])
+    kind: str
     k: int
     n: int
     chosen: str
@@ -397,6 +402,10 @@ def _program(dense: Dense, kind: str, ws, dtype) -> _Program:
     stack = [np.stack([w] * LAYERS) for w in ws]  # [L, K, N] each
     if kind == "matmul":
         w, product = dense.prepare(stack[0], dtype), dense.matmul
+    elif kind == "activated":
+        bias = jnp.zeros(ws[0].shape[1], jnp.float32)
+        w = dense.prepare_activated(stack[0], dtype)
+        product = lambda x, w, i: dense.activated(x, w, i, bias, ACTIVATION)
     else:
         w, product = dense.prepare_gated(*stack, dtype), dense.gated
 
@@ -441,11 +450,15 @@ def _reference(mode: str, kind: str, x: jax.Array, ws, apply: dict) -> Callable:
         exact = np.asarray(apply["int8-xla"](x)[:, :CHECK_COLUMNS], np.float64)
     elif kind == "gated":
         exact = g / (1 + np.exp(-g)) * u
+    elif kind == "activated":
+        exact = 0.5 * g * np.vectorize(math.erfc)(-g / math.sqrt(2))  # GELU (`ACTIVATION`)
     else:
         exact = g
     if kind == "gated":  # the bound of each product through silu(g) * u, and one bf16 rounding
         silu = g / (1 + np.exp(-g))
         bound = 1.1 * np.abs(u) * gb + np.abs(silu) * ub + 2.0**-8 * np.abs(exact)
+    elif kind == "activated":  # through GELU (|GELU'| < 1.13), and one bf16 rounding
+        bound = 1.13 * gb + 2.0**-8 * np.abs(exact)
     else:
         bound = gb
     bound = bound + 1e-30

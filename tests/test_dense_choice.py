@@ -142,6 +142,7 @@ def test_chosen_prepares_each_shape_as_picked(two_candidates, monkeypatch):
     monkeypatch.setattr(cpu, "pack_dense", lambda w, dtype: ("packed", np.shape(w)))
     monkeypatch.setattr(dense.jax, "device_put", lambda x: x)
     picks = {("matmul", 64, 96): "cpu", ("matmul", 96, 64): "xla", ("head", 64, 384): "cpu"}
+    picks |= {("activated", 64, 96): "xla", ("activated", 96, 64): "cpu"}
     strategy = dense.chosen(lambda kind, k, n: picks[kind, k, n])
     assert strategy.name == "measured"
     ones = np.ones
@@ -149,6 +150,9 @@ def test_chosen_prepares_each_shape_as_picked(two_candidates, monkeypatch):
     plain = strategy.prepare(ones((2, 96, 64)), jnp.bfloat16)
     assert not isinstance(plain, dense.Packed) and plain.shape == (2, 96, 64)
     assert isinstance(strategy.prepare_head(ones((384, 64)), jnp.bfloat16), dense.Packed)
+    # a matrix multiplied by `activated` is picked as its own kind
+    assert isinstance(strategy.prepare_activated(ones((2, 96, 64)), jnp.bfloat16), dense.Packed)
+    assert not isinstance(strategy.prepare_activated(ones((2, 64, 96)), jnp.bfloat16), dense.Packed)
     # the int8 mode's forms, each multiplied by its own strategy
     int8 = dense.chosen(lambda kind, k, n: "int8-xla")
     prepared = int8.prepare(ones((2, 64, 96)), jnp.bfloat16)
@@ -232,7 +236,7 @@ def test_forcing_the_native_kernel_without_it_names_what_it_needs(monkeypatch):
 
 @pytest.mark.skipif(not cpu.INT8_AVAILABLE, reason="needs the native int8 kernel")
 def test_measuring_int8_holds_the_native_kernel_to_its_xla_twin():
-    for kind in ("matmul", "gated"):
+    for kind in ("matmul", "gated", "activated"):
         timings = dense_choice.measure_shape("int8", kind, 128, 96, ("int8-xla", "int8"))
         assert timings["int8-xla"].error == 0  # the reference itself
         assert timings["int8"].eligible, timings

@@ -57,7 +57,7 @@ def place_encoder(params: dict, cfg: ModelConfig, dtype, dense) -> dict:
     up = (
         _gate_up(layers, dtype, dense, fused_silu=False)
         if "w_gate" in layers
-        else dense.prepare(layers["w_up"], dtype)
+        else dense.prepare_activated(layers["w_up"], dtype)
     )
     return {
         **{n: to_device(params[n], dtype) for n in tables},
