@@ -404,6 +404,9 @@ struct F32Tiles {
 // bf16 K/V kept in bf16 and multiplied with AVX512-BF16 dot products (two products per f32 lane
 // per instruction), accumulating in f32. Probabilities are rounded to bf16 for PV, as the XLA
 // kernel does; scores, softmax and sums stay f32.
+// The row a key past the last reads (as zeros): the widest head.
+alignas(64) inline constexpr uint16_t kZeroRow[128] = {};
+
 template <int D>
 struct Bf16Tiles {
   static constexpr int kVecs = D / kLanes;
@@ -429,19 +432,59 @@ struct Bf16Tiles {
       int tile = item / p.kv_heads, g = item % p.kv_heads;  // heads of a tile: adjacent rows
       uint32_t* kp_tile = kp.as<uint32_t>() + (int64_t(g) * k_tiles + tile) * kPairs * kKeyTile;
       uint16_t* vp_tile = vp.as<uint16_t>() + (int64_t(g) * k_tiles + tile) * kKeyTile * D;
-      for (int j = 0; j < kKeyTile; ++j) {
-        int key = tile * kKeyTile + j;
-        const uint16_t* k_row = key < p.keys ? key_row(p, k, p.pool_k, key, g) : nullptr;
-        const uint16_t* v_row = key < p.keys ? key_row(p, v, p.pool_v, key, g) : nullptr;
-        for (int dp = 0; dp < kPairs; ++dp) {
-          uint32_t pair = 0;
-          if (k_row) std::memcpy(&pair, k_row + 2 * dp, sizeof pair);
-          kp_tile[dp * kKeyTile + j] = pair;
+      for (int j0 = 0; j0 < kKeyTile; j0 += 16) {
+        const uint16_t *k_rows[16], *v_rows[16];
+        for (int j = 0; j < 16; ++j) {
+          int key = tile * kKeyTile + j0 + j;  // keys past the last read as zeros
+          k_rows[j] = key < p.keys ? key_row(p, k, p.pool_k, key, g) : kZeroRow;
+          v_rows[j] = key < p.keys ? key_row(p, v, p.pool_v, key, g) : kZeroRow;
         }
-        for (int d = 0; d < D; ++d)
-          vp_tile[((j / 2) * D + d) * 2 + (j % 2)] = v_row ? v_row[d] : 0;
+        for (int c = 0; c < kPairs; c += 16) transpose_pairs(k_rows, c, kp_tile + c * kKeyTile + j0);
+        for (int j = 0; j < 16; j += 2)
+          interleave_keys(v_rows[j], v_rows[j + 1], vp_tile + (j0 + j) * D);
       }
     });
+  }
+
+  // Pairs [c, c + 16) of 16 keys' rows, transposed: pair c + i of the 16 keys to out + i
+  // kKeyTile (16 32-bit words each). Unpacks build each 128-bit lane's 4 x 4 blocks, then
+  // lane shuffles move the blocks.
+  static void transpose_pairs(const uint16_t* const* rows, int c, uint32_t* out) {
+    __m512i r[16], t[16];
+    for (int j = 0; j < 16; ++j) r[j] = _mm512_loadu_si512(rows[j] + 2 * c);
+    for (int j = 0; j < 16; j += 2) {
+      t[j] = _mm512_unpacklo_epi32(r[j], r[j + 1]);
+      t[j + 1] = _mm512_unpackhi_epi32(r[j], r[j + 1]);
+    }
+    for (int q = 0; q < 16; q += 4) {  // u[q + e]: element 4 L + e of rows q .. q + 3, lane L
+      r[q] = _mm512_unpacklo_epi64(t[q], t[q + 2]);
+      r[q + 1] = _mm512_unpackhi_epi64(t[q], t[q + 2]);
+      r[q + 2] = _mm512_unpacklo_epi64(t[q + 1], t[q + 3]);
+      r[q + 3] = _mm512_unpackhi_epi64(t[q + 1], t[q + 3]);
+    }
+    for (int e = 0; e < 4; ++e) {
+      const __m512i a = _mm512_shuffle_i32x4(r[e], r[4 + e], 0x44);
+      const __m512i b = _mm512_shuffle_i32x4(r[e], r[4 + e], 0xEE);
+      const __m512i c2 = _mm512_shuffle_i32x4(r[8 + e], r[12 + e], 0x44);
+      const __m512i d = _mm512_shuffle_i32x4(r[8 + e], r[12 + e], 0xEE);
+      _mm512_storeu_si512(out + (0 + e) * kKeyTile, _mm512_shuffle_i32x4(a, c2, 0x88));
+      _mm512_storeu_si512(out + (4 + e) * kKeyTile, _mm512_shuffle_i32x4(a, c2, 0xDD));
+      _mm512_storeu_si512(out + (8 + e) * kKeyTile, _mm512_shuffle_i32x4(b, d, 0x88));
+      _mm512_storeu_si512(out + (12 + e) * kKeyTile, _mm512_shuffle_i32x4(b, d, 0xDD));
+    }
+  }
+
+  // Two keys' value rows as the pairs (a[d], b[d]) of each dimension d, into out [D][2].
+  static void interleave_keys(const uint16_t* a, const uint16_t* b, uint16_t* out) {
+    const __m512i low = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9,
+                                         40, 8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1,
+                                         32, 0);
+    const __m512i high = _mm512_add_epi16(low, _mm512_set1_epi16(16));
+    for (int d = 0; d < D; d += 32) {
+      const __m512i x = _mm512_loadu_si512(a + d), y = _mm512_loadu_si512(b + d);
+      _mm512_storeu_si512(out + 2 * d, _mm512_permutex2var_epi16(x, low, y));
+      _mm512_storeu_si512(out + 2 * d + 32, _mm512_permutex2var_epi16(x, high, y));
+    }
   }
 
   // Query rows as raw bf16 (D/2 pairs each); the scale is applied to the f32 scores.
