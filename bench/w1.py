@@ -72,9 +72,12 @@ def main(argv=None) -> dict:
 def parse(argv):
     p = common.parser(__doc__.split("\n\n")[0])
     common.rerank_batch_options(p, [1, 8, 16, 32])
+    w1_encoder.add_paired_option(p)
     peer.add_options(p)
     args = common.parse_args(p, argv, QUICK)
     peer.check_options(p, args)
+    if args.paired and not w1_encoder.is_encoder(args):
+        p.error("--paired: cross-encoders only (a decoder's W1 times its sides in sequence)")
     return args
 
 

@@ -3,14 +3,17 @@
 beside sentence-transformers' `CrossEncoder.predict` on the same pairs.
 
     python -m bench w1 --shape minilm-l6 | --shape bge-reranker-v2-m3 | --model CROSS_ENCODER_DIR
-        [--dtype bfloat16] [--json bench/figures/w1-minilm-l6-bf16.json]
+        [--dtype bfloat16] [--paired ROUNDS] [--json bench/figures/w1-minilm-l6-bf16.json]
 
 `bench.w1` hands a run here when `--shape` names an encoder shape (`bench.encoders`) or `--model`
 is a cross-encoder checkpoint. The baseline is `CrossEncoder` (torch on the CPU with
 `torch.set_num_threads` = cores, or on `--baseline-device cuda`; same weights and dtype,
 activation Identity so that both sides give raw logits), which tokenises the pairs itself, sorts
 them by length and pads each batch; batch sizes 8/16/32/64 are timed and the best is the
-baseline. Both sides tokenise inside the timed call. Prints one summary line; writes the JSON
+baseline. Both sides tokenise inside the timed call. `--paired ROUNDS` then times the two sides
+in turns, the engine and CrossEncoder at its best batch size, each round's order swapped: on a
+machine whose speed swings from minute to minute, the ratio within each round holds where
+either side's best does not (the report's "paired"). Prints one summary line; writes the JSON
 report and a bar chart beside it.
 """
 
@@ -59,9 +62,11 @@ def main(argv=None) -> dict:
     progress = not args.no_progress
     ce = load_cross_encoder(path, args.dtype, args.baseline_device)
     base = run_cross_encoder(ce, query, docs, args.batch_sizes, args.repeats, progress)
-    del ce
     engine = common.engine_numbers(eng, n, peaks, args.dtype)
     baseline = baseline_side(base, n, eng, peaks, args.dtype)
+    config = sides.engine_config(args, path)
+    paired = run_paired(config, ce, (query, docs), baseline["batch_size"], args.paired)
+    del ce
     diff = np.abs(eng["scores"] - base[baseline["batch_size"]]["scores"])
     description = (
         f"1 query (~{args.query_tokens} tokens) + {n} documents "
@@ -82,6 +87,7 @@ def main(argv=None) -> dict:
         **common.versus(engine, baseline),
         "engine": engine,
         "baseline": baseline,
+        "paired": paired,
         "max_abs_score_diff_vs_baseline": float(diff.max()),
         "truncated_tokens": eng["truncated_tokens"],  # by the pair truncation, all pairs
         "engine_score_range": [float(eng["scores"].min()), float(eng["scores"].max())],
@@ -93,7 +99,20 @@ def main(argv=None) -> dict:
 def parse(argv):
     p = common.parser(__doc__.split("\n\n")[0])
     common.rerank_batch_options(p, [8, 16, 32, 64])
+    add_paired_option(p)
     return common.parse_args(p, argv, QUICK)
+
+
+def add_paired_option(p) -> None:
+    """`--paired ROUNDS` (see the module docstring)."""
+    p.add_argument(
+        "--paired",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="cross-encoders: then time the engine and CrossEncoder (its best batch size) in "
+        "turns for ROUNDS rounds, and report the ratio within each round",
+    )
 
 
 def run_engine(config, args) -> dict:
@@ -145,6 +164,42 @@ async def _run_engine(config, args) -> dict:
             "config": engine.model_config,
             "request": (query, docs),
         }
+
+
+def run_paired(config, ce, request, batch_size: int, rounds: int) -> dict | None:
+    """The engine's rerank and `CrossEncoder.predict` at `batch_size` in turns for `rounds`
+    rounds (the first side of each round alternating), and the ratio of each round's times,
+    CrossEncoder's over the engine's: their median, least and greatest. None for 0 rounds."""
+    if rounds <= 0:
+        return None
+    times = trio.run(_run_paired, config, ce, request, batch_size, rounds)
+    ratios = np.array(times["baseline"]) / np.array(times["engine"])
+    return {
+        "rounds": rounds,
+        "batch_size": batch_size,
+        "engine_times_s": times["engine"],
+        "baseline_times_s": times["baseline"],
+        "ratio_median": float(np.median(ratios)),
+        "ratio_min": float(ratios.min()),
+        "ratio_max": float(ratios.max()),
+    }
+
+
+async def _run_paired(config, ce, request, batch_size: int, rounds: int) -> dict:
+    query, docs = request
+    pairs = [(query, d) for d in docs]
+    times = {"engine": [], "baseline": []}
+    async with open_engine(config) as engine:
+        await engine.rerank(query, docs, raw_scores=True)  # warm-up, as `_run_engine`'s
+        for r in range(rounds):
+            for side in ("engine", "baseline") if r % 2 == 0 else ("baseline", "engine"):
+                t0 = time.perf_counter()
+                if side == "engine":
+                    await engine.rerank(query, docs, raw_scores=True)
+                else:
+                    ce.predict(pairs, batch_size=batch_size, show_progress_bar=False)
+                times[side].append(time.perf_counter() - t0)
+    return times
 
 
 def pair_sequences(engine, query: str, docs: list[str]) -> list[list[int]]:
@@ -202,9 +257,19 @@ def summary(report: dict) -> str:
     return (
         f"engine {common.fmt_side(engine, dtype)}, CrossEncoder ({report['baseline_device']}) "
         f"bs={baseline['batch_size']} {common.fmt_side(baseline, dtype)}, "
-        f"ratio {report['ratio']:.2f}x; {common.fmt_startup(engine)}; "
+        f"ratio {report['ratio']:.2f}x{_fmt_paired(report['paired'])}; "
+        f"{common.fmt_startup(engine)}; "
         f"{common.fmt_peaks(report['peak_gflops'])}; "
         f"max |dscore| {report['max_abs_score_diff_vs_baseline']:.3g}"
+    )
+
+
+def _fmt_paired(paired: dict | None) -> str:
+    if paired is None:
+        return ""
+    return (
+        f", paired {paired['ratio_median']:.2f}x (median of {paired['rounds']} rounds, "
+        f"{paired['ratio_min']:.2f}-{paired['ratio_max']:.2f}, bs={paired['batch_size']})"
     )
 
 

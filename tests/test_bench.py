@@ -416,11 +416,24 @@ def tiny_cross_encoder(tmp_path_factory):
     )
 
 
+def test_paired_turns_are_refused_for_a_decoder(capsys):
+    with pytest.raises(SystemExit):
+        w1.main([*QUICK, "--paired", "2"])
+    assert "--paired: cross-encoders only" in capsys.readouterr().err
+
+
 def test_w1_cross_encoder(tiny_cross_encoder, tmp_path, capsys):
     out = tmp_path / "w1.json"
-    w1.main(["--model", str(tiny_cross_encoder), *QUICK, "--json", str(out)])  # dispatched
+    argv = ["--model", str(tiny_cross_encoder), *QUICK, "--paired", "3", "--json", str(out)]
+    w1.main(argv)  # dispatched
     report = json.loads(out.read_text())
     assert (report["workload"], report["kind"], report["family"]) == ("w1", "cross-encoder", "bert")
+    paired = report["paired"]
+    assert paired["rounds"] == 3 and paired["batch_size"] == report["baseline"]["batch_size"]
+    assert len(paired["engine_times_s"]) == len(paired["baseline_times_s"]) == 3
+    ratios = np.array(paired["baseline_times_s"]) / np.array(paired["engine_times_s"])
+    assert paired["ratio_median"] == pytest.approx(float(np.median(ratios)))
+    assert paired["ratio_min"] == pytest.approx(ratios.min()) and ratios.min() > 0
     assert report["items"] == 8 and report["model"] == "bert-tiny"
     positive(report, "engine_items_per_s", "baseline_items_per_s", "ratio")
     positive(report["engine"], "tokens_per_s", "mfu", "flops")
