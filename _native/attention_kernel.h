@@ -439,7 +439,8 @@ struct Bf16Tiles {
           k_rows[j] = key < p.keys ? key_row(p, k, p.pool_k, key, g) : kZeroRow;
           v_rows[j] = key < p.keys ? key_row(p, v, p.pool_v, key, g) : kZeroRow;
         }
-        for (int c = 0; c < kPairs; c += 16) transpose_pairs(k_rows, c, kp_tile + c * kKeyTile + j0);
+        for (int c = 0; c < kPairs; c += 16)
+          transpose_pairs(k_rows, c, kp_tile + c * kKeyTile + j0);
         for (int j = 0; j < 16; j += 2)
           interleave_keys(v_rows[j], v_rows[j + 1], vp_tile + (j0 + j) * D);
       }

@@ -60,6 +60,7 @@ struct Problem {
 // What a call writes: the f32 sums, the SwiGLU product of gate and up in bf16, or bf16 of an
 // activation of the sums plus a bias.
 enum Form { kSums, kSwiGlu, kActivated };
+constexpr int kActivations = 4;  // the activated form's activations (simd.h's Activation)
 
 enum Isa { kAvx2 = 0, kAvx512Bf16 = 1, kAmx = 2 };
 
@@ -243,7 +244,7 @@ void run_activated(const Problem& p) {
 // by activation code (simd.h's Activation)
 constexpr void (*kActivatedRuns[])(const Problem&) = {&run_activated<0>, &run_activated<1>,
                                                       &run_activated<2>, &run_activated<3>};
-static_assert(std::size(kActivatedRuns) == amx::kActivations);
+static_assert(std::size(kActivatedRuns) == kActivations && amx::kActivations == kActivations);
 #endif
 
 void run(const Problem& p, Form form, int activation) {
@@ -266,7 +267,8 @@ std::string check(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w,
   const auto out_type = form == kSums ? ffi::DataType::F32 : ffi::DataType::BF16;
   if (a.element_type() != ffi::DataType::BF16 || w.element_type() != ffi::DataType::BF16 ||
       out.element_type() != out_type)
-    return form == kSums ? "a and w must be bfloat16, out float32" : "a, w and out must be bfloat16";
+    return form == kSums ? "a and w must be bfloat16, out float32"
+                         : "a, w and out must be bfloat16";
   if (ad.size() != 2 || ad[1] % 2 != 0) return "a has shape " + dims(a);
   if (wd.size() != 4 || wd[2] * 2 != ad[1] || wd[3] != 32 || (gated && wd[1] % 2 != 0))
     return "w has shape " + dims(w) + " for a of " + dims(a);
@@ -325,7 +327,7 @@ ffi::Error Activated(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::Buffer<ffi::S32> l
     return ffi::Error::InvalidArgument("packed_dense: bias has " +
                                        std::to_string(bias.element_count()) +
                                        " values for w of " + dims(w));
-  if (activation < 0 || activation >= int32_t(std::size(kActivatedRuns)))
+  if (activation < 0 || activation >= kActivations)
     return ffi::Error::InvalidArgument("packed_dense: no activation " +
                                        std::to_string(activation));
   return Call(kActivated, a, w, layer, rows, bias.typed_data(), activation, out, pool);
