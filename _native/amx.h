@@ -77,7 +77,9 @@ __attribute__((target("amx-tile"))) inline void configure(uint64_t call) {
     config.bytes[t] = 64;
     config.rows[t] = 16;
   }
-  _tile_loadconfig(&config);
+  // the whole configuration as the operand: GCC 12's _tile_loadconfig names only its first 8
+  // bytes, and the stores of the rest were then dropped as dead (a #GP on stack garbage)
+  asm volatile("ldtilecfg %0" ::"m"(config));
   t_configured = call;
 }
 
