@@ -10,10 +10,10 @@
 // Products are exact in f32 and accumulate in f32, as `preferred_element_type=float32` does.
 // Only the first `rows` rows of a are multiplied (a batch's real tokens); the output's other rows
 // are zeros.
-// The gated form computes a SwiGLU MLP's bf16(silu(a @ W_gate) * (a @ W_up)) in one pass, from
-// gate and up packed with their 16-column groups interleaved, so neither f32 product reaches
-// memory. The activated form computes bf16(act(a @ W + bias)) (an encoder MLP's up projection,
-// act one of simd.h's activations), so that no f32 product reaches memory either.
+// The gated form computes a gated MLP's bf16(act(a @ W_gate) * (a @ W_up)) in one pass (SwiGLU,
+// GeGLU), from gate and up packed with their 16-column groups interleaved, so neither f32
+// product reaches memory. The activated form computes bf16(act(a @ W + bias)) (an encoder MLP's
+// up projection), so no f32 product reaches memory either; act is one of simd.h's activations.
 //
 // Builds: AMX (tile dot products, dense_amx.h), AVX512-BF16 (the hardware bf16 dot product) and
 // AVX2 (the same products by f32 FMAs on the bf16 values widened, which is exact: the activations
@@ -57,10 +57,10 @@ struct Problem {
   const float* bias = nullptr;       // f32[n], added before the activation (kActivated)
 };
 
-// What a call writes: the f32 sums, the SwiGLU product of gate and up in bf16, or bf16 of an
-// activation of the sums plus a bias.
-enum Form { kSums, kSwiGlu, kActivated };
-constexpr int kActivations = 4;  // the activated form's activations (simd.h's Activation)
+// What a call writes: the f32 sums, bf16 of act(gate) * up, or bf16 of an activation of the
+// sums plus a bias.
+enum Form { kSums, kGated, kActivated };
+constexpr int kActivations = 4;  // the gated and activated forms' (simd.h's Activation)
 
 enum Isa { kAvx2 = 0, kAvx512Bf16 = 1, kAmx = 2 };
 
@@ -87,7 +87,8 @@ namespace avx512bf16 {
 #undef SIMD_WIDE
 
 using StoreF32 = F32Out<8, 3>;  // 24 accumulators
-using StoreGated = GatedOut<6, 4>;  // 24 accumulators, two output groups
+template <int Act>
+using StoreGated = GatedOut<6, 4, Act>;  // 24 accumulators, two output groups
 template <int Act>
 using StoreAct = ActOut<8, 3, Act>;
 
@@ -143,7 +144,8 @@ namespace avx2 {
 // in the 16 registers (six rows take all 16, and GCC then kept two accumulators on the stack),
 // the activations widened once into dense_staged.h's copy.
 using StoreF32 = F32Out<5, 1>;
-using StoreGated = GatedOut<5, 2>;
+template <int Act>
+using StoreGated = GatedOut<5, 2, Act>;
 template <int Act>
 using StoreAct = ActOut<5, 1, Act>;
 
@@ -237,21 +239,27 @@ void run_build(const Problem& p) {
 }
 
 template <int Act>
+void run_gated(const Problem& p) {
+  run_build<amx::AmxGated<Act>, avx512bf16::StoreGated<Act>, avx2::StoreGated<Act>>(p);
+}
+
+template <int Act>
 void run_activated(const Problem& p) {
   run_build<amx::AmxAct<Act>, avx512bf16::StoreAct<Act>, avx2::StoreAct<Act>>(p);
 }
 
 // by activation code (simd.h's Activation)
-constexpr void (*kActivatedRuns[])(const Problem&) = {&run_activated<0>, &run_activated<1>,
-                                                      &run_activated<2>, &run_activated<3>};
+using Run = void (*)(const Problem&);
+constexpr Run kGatedRuns[] = {&run_gated<0>, &run_gated<1>, &run_gated<2>, &run_gated<3>};
+constexpr Run kActivatedRuns[] = {&run_activated<0>, &run_activated<1>, &run_activated<2>,
+                                  &run_activated<3>};
 static_assert(std::size(kActivatedRuns) == kActivations && amx::kActivations == kActivations);
 #endif
 
 void run(const Problem& p, Form form, int activation) {
 #if PACKED_DENSE_NATIVE
   if (form == kSums) return run_build<amx::AmxF32, avx512bf16::StoreF32, avx2::StoreF32>(p);
-  if (form == kSwiGlu) return run_build<amx::AmxGated, avx512bf16::StoreGated, avx2::StoreGated>(p);
-  kActivatedRuns[activation](p);
+  (form == kGated ? kGatedRuns : kActivatedRuns)[activation](p);
 #endif
 }
 
@@ -263,7 +271,7 @@ std::string check(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w,
                   const ffi::AnyBuffer& out, Form form) {
   if (chosen_isa() < 0) return "this CPU has neither AVX2 nor AVX512-BF16";
   auto ad = a.dimensions(), wd = w.dimensions(), od = out.dimensions();
-  const bool gated = form == kSwiGlu;
+  const bool gated = form == kGated;
   const auto out_type = form == kSums ? ffi::DataType::F32 : ffi::DataType::BF16;
   if (a.element_type() != ffi::DataType::BF16 || w.element_type() != ffi::DataType::BF16 ||
       out.element_type() != out_type)
@@ -282,7 +290,7 @@ std::string check(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w,
   return "";
 }
 
-// The call of any form; `bias` and `activation` are read by kActivated alone.
+// The call of any form; `bias` is read by kActivated alone, `activation` by it and kGated.
 ffi::Error Call(Form form, ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::Buffer<ffi::S32> layer,
                 ffi::Buffer<ffi::S32> rows, const float* bias, int activation,
                 ffi::Result<ffi::AnyBuffer> out, ffi::ThreadPool pool) {
@@ -293,7 +301,7 @@ ffi::Error Call(Form form, ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::Buffer<ffi::
   const int64_t m = native_builds::computed_rows(rows, ad[0]), n = wd[1] * 16;
   const int64_t per_layer = wd[1] * wd[2] * wd[3];
   const int64_t row_bytes = form == kSums ? n * sizeof(float)
-                            : form == kSwiGlu ? n / 2 * sizeof(uint16_t)
+                            : form == kGated ? n / 2 * sizeof(uint16_t)
                                               : n * sizeof(uint16_t);
   Problem p{m,
             n,
@@ -312,11 +320,22 @@ ffi::Error Call(Form form, ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::Buffer<ffi::
   return ffi::Error::Success();
 }
 
-template <Form F>
 ffi::Error Dense(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::Buffer<ffi::S32> layer,
                  ffi::Buffer<ffi::S32> rows, ffi::Result<ffi::AnyBuffer> out,
                  ffi::ThreadPool pool) {
-  return Call(F, a, w, layer, rows, nullptr, 0, out, pool);
+  return Call(kSums, a, w, layer, rows, nullptr, 0, out, pool);
+}
+
+ffi::Error no_activation(int32_t activation) {
+  return ffi::Error::InvalidArgument("packed_dense: no activation " + std::to_string(activation));
+}
+
+// bf16(act(a @ W_gate) * (a @ W_up)): `activation` a code of simd.h's Activation.
+ffi::Error Gated(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::Buffer<ffi::S32> layer,
+                 ffi::Buffer<ffi::S32> rows, ffi::Result<ffi::AnyBuffer> out, int32_t activation,
+                 ffi::ThreadPool pool) {
+  if (activation < 0 || activation >= kActivations) return no_activation(activation);
+  return Call(kGated, a, w, layer, rows, nullptr, activation, out, pool);
 }
 
 // bf16(act(a @ W + bias)): `bias` f32[n], `activation` a code of simd.h's Activation.
@@ -327,27 +346,25 @@ ffi::Error Activated(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::Buffer<ffi::S32> l
     return ffi::Error::InvalidArgument("packed_dense: bias has " +
                                        std::to_string(bias.element_count()) +
                                        " values for w of " + dims(w));
-  if (activation < 0 || activation >= kActivations)
-    return ffi::Error::InvalidArgument("packed_dense: no activation " +
-                                       std::to_string(activation));
+  if (activation < 0 || activation >= kActivations) return no_activation(activation);
   return Call(kActivated, a, w, layer, rows, bias.typed_data(), activation, out, pool);
 }
 
 }  // namespace packed_dense
 
-#define PACKED_DENSE_BINDING                   \
-  ffi::Ffi::Bind()                             \
-      .Arg<ffi::AnyBuffer>()                   \
-      .Arg<ffi::AnyBuffer>()                   \
-      .Arg<ffi::Buffer<ffi::S32>>()            \
-      .Arg<ffi::Buffer<ffi::S32>>()            \
-      .Ret<ffi::AnyBuffer>()                   \
-      .Ctx<ffi::ThreadPool>()
+#define PACKED_DENSE_BINDING        \
+  ffi::Ffi::Bind()                  \
+      .Arg<ffi::AnyBuffer>()        \
+      .Arg<ffi::AnyBuffer>()        \
+      .Arg<ffi::Buffer<ffi::S32>>() \
+      .Arg<ffi::Buffer<ffi::S32>>() \
+      .Ret<ffi::AnyBuffer>()
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(PackedDenseHandler, packed_dense::Dense<packed_dense::kSums>,
-                              PACKED_DENSE_BINDING);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(PackedGatedHandler, packed_dense::Dense<packed_dense::kSwiGlu>,
-                              PACKED_DENSE_BINDING);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PackedDenseHandler, packed_dense::Dense,
+                              PACKED_DENSE_BINDING.Ctx<ffi::ThreadPool>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PackedGatedHandler, packed_dense::Gated,
+                              PACKED_DENSE_BINDING.Attr<int32_t>("activation")
+                                  .Ctx<ffi::ThreadPool>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PackedActivatedHandler, packed_dense::Activated,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()

@@ -56,6 +56,7 @@ struct Problem {
 };
 
 enum Isa { kAvx2 = 0, kAvxVnni = 1, kAvx512Vnni = 2, kAmx = 3 };
+constexpr int kActivations = 4;  // the gated form's activations (simd.h's Activation)
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define DENSE_INT8_NATIVE 1
@@ -125,21 +126,43 @@ native_builds::Choice g_builds(kAmx, cpu_has);
 
 int chosen_isa() { return g_builds.chosen(); }
 
-template <bool kGated>
-void run(const Problem& p) {
 #if DENSE_INT8_NATIVE
+// The gated form with activation Act on the chosen build.
+template <int Act>
+void run_gated(const Problem& p) {
   switch (chosen_isa()) {
     case kAmx:
-      if (p.block % amx::kAmxStep == 0)
-        return kGated ? amx::run_amx<amx::AmxGated>(p) : amx::run_amx<amx::AmxF32>(p);
+      if (p.block % amx::kAmxStep == 0) return amx::run_amx<amx::AmxGated<Act>>(p);
       [[fallthrough]];  // blocks that split a tile step: the VNNI tiles
     case kAvx512Vnni:
-      return kGated ? avx512vnni::run<avx512vnni::StoreGated>(p)
-                    : avx512vnni::run<avx512vnni::StoreF32>(p);
+      return avx512vnni::run<avx512vnni::StoreGated<Act>>(p);
     case kAvxVnni:
-      return kGated ? avxvnni::run<avxvnni::StoreGated>(p) : avxvnni::run<avxvnni::StoreF32>(p);
+      return avxvnni::run<avxvnni::StoreGated<Act>>(p);
     default:
-      return kGated ? avx2::run<avx2::StoreGated>(p) : avx2::run<avx2::StoreF32>(p);
+      return avx2::run<avx2::StoreGated<Act>>(p);
+  }
+}
+
+// by activation code (simd.h's Activation)
+constexpr void (*kGatedRuns[])(const Problem&) = {&run_gated<0>, &run_gated<1>, &run_gated<2>,
+                                                  &run_gated<3>};
+static_assert(std::size(kGatedRuns) == kActivations && amx::kActivations == kActivations);
+#endif
+
+// The plain product, or (gated) bf16(act(gate) * up) with `activation` a code of simd.h's.
+void run(const Problem& p, bool gated, int activation) {
+#if DENSE_INT8_NATIVE
+  if (gated) return kGatedRuns[activation](p);
+  switch (chosen_isa()) {
+    case kAmx:
+      if (p.block % amx::kAmxStep == 0) return amx::run_amx<amx::AmxF32>(p);
+      [[fallthrough]];
+    case kAvx512Vnni:
+      return avx512vnni::run<avx512vnni::StoreF32>(p);
+    case kAvxVnni:
+      return avxvnni::run<avxvnni::StoreF32>(p);
+    default:
+      return avx2::run<avx2::StoreF32>(p);
   }
 #endif
 }
@@ -181,17 +204,17 @@ struct Scratch {
   std::vector<int32_t> offsets;
 };
 
-template <bool kGated>
-ffi::Error Dense(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::AnyBuffer scale,
-                 ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> rows,
-                 ffi::Result<ffi::AnyBuffer> out, int64_t block, ffi::ThreadPool pool) {
-  std::string error = check(a, w, scale, layer, rows, block, *out, kGated);
+// The call of either form (`activation`: the gated form's).
+ffi::Error Call(bool gated, int activation, ffi::AnyBuffer a, ffi::AnyBuffer w,
+                ffi::AnyBuffer scale, ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> rows,
+                ffi::Result<ffi::AnyBuffer> out, int64_t block, ffi::ThreadPool pool) {
+  std::string error = check(a, w, scale, layer, rows, block, *out, gated);
   if (!error.empty()) return ffi::Error::InvalidArgument("dense_int8: " + error);
   native_cpu::PoolScope scope(pool);
   auto ad = a.dimensions(), wd = w.dimensions();
   const int64_t m = native_builds::computed_rows(rows, ad[0]), k = ad[1], n = wd[1] * 16;
   const int64_t blocks = (k + block - 1) / block;
-  const int64_t row_bytes = kGated ? n / 2 * sizeof(uint16_t) : n * sizeof(float);
+  const int64_t row_bytes = gated ? n / 2 * sizeof(uint16_t) : n * sizeof(float);
   const int32_t index = layer.typed_data()[0];
   thread_local Scratch scratch;
   // room for the AMX tiles' reads past the rows (dense_int8_amx.h)
@@ -210,11 +233,26 @@ ffi::Error Dense(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::AnyBuffer scale,
             scratch.scales.data(),
             scratch.offsets.data(),
             out->untyped_data(),
-            !kGated && dense_tiles::streams(out->untyped_data(), m * n * 4),
+            !gated && dense_tiles::streams(out->untyped_data(), m * n * 4),
             amx_tiles::begin_call()};
-  if (m > 0) run<kGated>(p);
+  if (m > 0) run(p, gated, activation);
   native_builds::zero_rows(out->untyped_data(), m, ad[0], row_bytes);
   return ffi::Error::Success();
+}
+
+ffi::Error Dense(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::AnyBuffer scale,
+                 ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> rows,
+                 ffi::Result<ffi::AnyBuffer> out, int64_t block, ffi::ThreadPool pool) {
+  return Call(false, 0, a, w, scale, layer, rows, out, block, pool);
+}
+
+ffi::Error Gated(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::AnyBuffer scale,
+                 ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> rows,
+                 ffi::Result<ffi::AnyBuffer> out, int64_t block, int32_t activation,
+                 ffi::ThreadPool pool) {
+  if (activation < 0 || activation >= kActivations)
+    return ffi::Error::InvalidArgument("dense_int8: no activation " + std::to_string(activation));
+  return Call(true, activation, a, w, scale, layer, rows, out, block, pool);
 }
 
 }  // namespace dense_int8
@@ -227,11 +265,13 @@ ffi::Error Dense(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::AnyBuffer scale,
       .Arg<ffi::Buffer<ffi::S32>>() \
       .Arg<ffi::Buffer<ffi::S32>>() \
       .Ret<ffi::AnyBuffer>()        \
-      .Attr<int64_t>("block")       \
-      .Ctx<ffi::ThreadPool>()
+      .Attr<int64_t>("block")
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(DenseInt8Handler, dense_int8::Dense<false>, DENSE_INT8_BINDING);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(GatedInt8Handler, dense_int8::Dense<true>, DENSE_INT8_BINDING);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(DenseInt8Handler, dense_int8::Dense,
+                              DENSE_INT8_BINDING.Ctx<ffi::ThreadPool>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GatedInt8Handler, dense_int8::Gated,
+                              DENSE_INT8_BINDING.Attr<int32_t>("activation")
+                                  .Ctx<ffi::ThreadPool>());
 
 void* dense_int8_handler() { return reinterpret_cast<void*>(&DenseInt8Handler); }
 

@@ -15,7 +15,8 @@ constexpr int kAmxRows = 32;   // rows of a tile call: two A tiles
 constexpr int kAmxStep = 64;   // values of K a tile dot product takes
 
 using AmxF32 = F32Out<kAmxRows, 2>;
-using AmxGated = GatedOut<kAmxRows, 2>;
+template <int Act>
+using AmxGated = GatedOut<kAmxRows, 2, Act>;
 
 // The weights' B tile for K step [k0, k0 + 64) of a group (quads of K rows).
 inline const void* b_rows(const Problem& p, const uint8_t* group_w, int64_t k0,

@@ -130,7 +130,8 @@ inline void quantize_row(const Problem& p, int64_t row) {
 }
 
 using StoreF32 = F32Out<DENSE_INT8_WIDE ? 4 : 2, DENSE_INT8_WIDE ? 3 : 1>;
-using StoreGated = GatedOut<DENSE_INT8_WIDE ? 3 : 1, DENSE_INT8_WIDE ? 4 : 2>;
+template <int Act>
+using StoreGated = GatedOut<DENSE_INT8_WIDE ? 3 : 1, DENSE_INT8_WIDE ? 4 : 2, Act>;
 
 typedef int32_t __attribute__((may_alias)) Quad;  // four int8 values read as one lane
 

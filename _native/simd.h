@@ -170,7 +170,7 @@ inline VF gelu_tanh_f(VF x) {
   return div_f(x, add_f(set1_f(1.0f), exp_f(sub_f(zero_f(), u2))));
 }
 
-// The activations of ActOut, by the codes kernels/activations.py gives them.
+// The activations of GatedOut and ActOut, by the codes kernels/activations.py gives them.
 enum Activation { kGelu = 0, kGeluTanh = 1, kRelu = 2, kSilu = 3, kActivations = 4 };
 
 template <int Act>
@@ -202,9 +202,9 @@ struct F32Out {
   }
 };
 
-// Gated (SwiGLU) output: group pairs (2j, 2j+1) are gate and up of output group j; writes
-// bf16(silu(gate) * up).
-template <int Rows, int Groups>
+// Gated output (SwiGLU, GeGLU): group pairs (2j, 2j+1) are gate and up of output group j;
+// writes bf16(act(gate) * up).
+template <int Rows, int Groups, int Act = kSilu>
 struct GatedOut {
   static constexpr int kRows = Rows, kGroups = Groups;
   template <int G, class P>
@@ -213,7 +213,7 @@ struct GatedOut {
     for (int g = 0; g + 1 < G; g += 2) {
       for (int v = 0; v < kVecs; ++v) {
         const VF gate = acc[g * kVecs + v], up = acc[(g + 1) * kVecs + v];
-        store_bf16(o + g / 2 * 16 + v * kLanes, mul_f(silu_f(gate), up));
+        store_bf16(o + g / 2 * 16 + v * kLanes, mul_f(activate<Act>(gate), up));
       }
     }
   }

@@ -233,15 +233,18 @@ def gated_cpu(
     w: jax.Array,  # bf16[L, 2I/16, K/2, 32] from `pack_gated`
     layer: jax.Array,  # i32[]
     rows: jax.Array | None = None,  # i32[]: the real rows of x (as `dense_cpu`)
+    activation: str = "silu",  # a name of `kernels.activations.FUNCTIONS`
 ) -> jax.Array:  # bf16[M, I]
-    """`silu(x @ W_gate) * (x @ W_up)` of layer `layer`, rounded to bf16 once: the SwiGLU
-    input of the down projection, with f32 products, accumulation and activation."""
+    """`act(x @ W_gate) * (x @ W_up)` of layer `layer`, rounded to bf16 once: a gated MLP's
+    input of the down projection (SwiGLU, GeGLU), with f32 products, accumulation and
+    activation (as `activated_cpu` computes it)."""
     m, k = x.shape
     if w.ndim != 4 or w.shape[1] % 2 or w.shape[2] * 2 != k or w.shape[3] != 32:
         raise ValueError(f"gated_cpu: weights of shape {w.shape} do not take x of shape {x.shape}")
     out = jax.ShapeDtypeStruct((m, w.shape[1] * 8), jax.numpy.bfloat16)
     call = jax.ffi.ffi_call(GATED_TARGET, out)
-    return call(x.astype(jax.numpy.bfloat16), w, jax.numpy.asarray(layer, np.int32), _rows(rows, m))
+    x = x.astype(jax.numpy.bfloat16)
+    return call(x, w, jax.numpy.asarray(layer, np.int32), _rows(rows, m), **_act(activation))
 
 
 def activated_cpu(
@@ -269,8 +272,13 @@ def activated_cpu(
         jax.numpy.asarray(layer, np.int32),
         _rows(rows, m),
         bias.astype(np.float32),
-        activation=np.int32(activations.CODES[activation]),
+        **_act(activation),
     )
+
+
+def _act(activation: str) -> dict:
+    """The `activation` attribute of the gated and activated calls."""
+    return {"activation": np.int32(activations.CODES[activation])}
 
 
 def _rows(rows: jax.Array | None, m: int) -> jax.Array:
@@ -369,18 +377,19 @@ def gated_int8(
     layer: jax.Array,  # i32[]
     block: int = ACT_BLOCK,
     rows: jax.Array | None = None,  # i32[]: the real rows of x (as `dense_cpu`)
+    activation: str = "silu",  # a name of `kernels.activations.FUNCTIONS`
 ) -> jax.Array:  # bf16[M, I]
-    """`silu(x @ W_gate) * (x @ W_up)` of layer `layer` in int8 (as `dense_int8`), rounded to
-    bf16 once: the SwiGLU input of the down projection."""
+    """`act(x @ W_gate) * (x @ W_up)` of layer `layer` in int8 (as `dense_int8`), rounded to
+    bf16 once: a gated MLP's input of the down projection."""
     m, k = x.shape
     if w.ndim != 4 or w.shape[1] % 2 or w.shape[2] * 4 != k or w.shape[3] != 64:
         raise ValueError(f"gated_int8: weights of shape {w.shape} do not take x of shape {x.shape}")
     out = jax.ShapeDtypeStruct((m, w.shape[1] * 8), jax.numpy.bfloat16)
-    return _int8_call(INT8_GATED_TARGET, out, x, w, scale, layer, block, rows)
+    return _int8_call(INT8_GATED_TARGET, out, x, w, scale, layer, block, rows, **_act(activation))
 
 
-def _int8_call(target, out, x, w, scale, layer, block: int, rows) -> jax.Array:
+def _int8_call(target, out, x, w, scale, layer, block: int, rows, **attrs) -> jax.Array:
     call = jax.ffi.ffi_call(target, out)
     layer = jax.numpy.asarray(layer, np.int32)
     x = x.astype(jax.numpy.bfloat16)
-    return call(x, w, scale, layer, _rows(rows, x.shape[0]), block=np.int64(block))
+    return call(x, w, scale, layer, _rows(rows, x.shape[0]), block=np.int64(block), **attrs)

@@ -40,7 +40,8 @@ class Dense(NamedTuple):
 
     prepare(w [L, K, N], dtype) -> W;  matmul(x [M, K], W, layer i32[], rows) -> f32[M, N]
     prepare_gated(gate [L, K, I], up [L, K, I], dtype) -> G;
-        gated(x [M, K], G, layer, rows) -> silu(x @ gate) * (x @ up) [M, I]
+        gated(x [M, K], G, layer, rows, activation="silu") -> act(x @ gate) * (x @ up) [M, I]:
+        bf16 where the strategy fuses it (as `activated`), else f32
     prepare_activated(w [L, K, N], dtype) -> W: a matrix multiplied by `activated` (as
         `prepare`, but for what `chosen` picks for it);
     activated(x [M, K], W, layer, bias f32[N], activation, rows) -> act(x @ W + bias) [M, N]:
@@ -83,14 +84,14 @@ def _pairs(gate, up) -> np.ndarray:
     return pair.reshape(*pair.shape[:-2], -1)
 
 
-def _silu_gate(y: jax.Array) -> jax.Array:
-    """silu(gate) * up from a product f32[M, 2I] over `_pairs` columns."""
+def _gate(y: jax.Array, activation: str) -> jax.Array:
+    """act(gate) * up from a product f32[M, 2I] over `_pairs` columns."""
     y = y.reshape(y.shape[0], -1, 2)  # f32[M, I, gate/up]
-    return jax.nn.silu(y[..., 0]) * y[..., 1]
+    return activations.apply(activation, y[..., 0]) * y[..., 1]
 
 
-def _xla_gated(x: jax.Array, w: jax.Array, layer: jax.Array, rows=None) -> jax.Array:
-    return _silu_gate(_xla_matmul(x, w, layer))
+def _xla_gated(x, w: jax.Array, layer, rows=None, activation: str = "silu") -> jax.Array:
+    return _gate(_xla_matmul(x, w, layer), activation)
 
 
 def _then_activate(matmul: Callable) -> Callable:
@@ -149,12 +150,12 @@ def _cpu_prepare_gated(gate, up, dtype) -> Packed | jax.Array:
     return Packed(jax.device_put(cpu.pack_gated(gate, up)))
 
 
-def _cpu_gated(x: jax.Array, w: Packed | jax.Array, layer: jax.Array, rows=None) -> jax.Array:
+def _cpu_gated(x, w: Packed | jax.Array, layer, rows=None, activation: str = "silu") -> jax.Array:
     if not isinstance(w, Packed):
-        return _xla_gated(x, w, layer)
+        return _xla_gated(x, w, layer, rows, activation)
     if w.data.dtype == np.float32:
-        return _silu_gate(cpu.dense_cpu(x, w.data, layer, rows))
-    return cpu.gated_cpu(x, w.data, layer, rows)
+        return _gate(cpu.dense_cpu(x, w.data, layer, rows), activation)
+    return cpu.gated_cpu(x, w.data, layer, rows, activation)
 
 
 def _cpu_activated(x, w: Packed | jax.Array, layer, bias, activation: str, rows=None):
@@ -224,10 +225,8 @@ def _onednn_prepare_gated(gate, up, dtype) -> OneDnnPacked | jax.Array:
     return _onednn_prepare(_pairs(gate, up), dtype)  # the layout of _xla_prepare_gated
 
 
-def _onednn_gated(
-    x: jax.Array, w: OneDnnPacked | jax.Array, layer: jax.Array, rows=None
-) -> jax.Array:
-    return _silu_gate(_onednn_matmul(x, w, layer))
+def _onednn_gated(x, w: OneDnnPacked | jax.Array, layer, rows=None, activation="silu"):
+    return _gate(_onednn_matmul(x, w, layer), activation)
 
 
 def _onednn_prepare_head(w, dtype) -> OneDnnPacked | jax.Array:
@@ -281,8 +280,8 @@ def _int8_prepare_gated(gate, up, dtype) -> Int8:
     return _int8_prepare(_pairs(gate, up), dtype)
 
 
-def _int8_gated(x: jax.Array, w: Int8, layer: jax.Array, rows=None) -> jax.Array:
-    return _silu_gate(_int8_matmul(x, w, layer))
+def _int8_gated(x, w: Int8, layer, rows=None, activation: str = "silu") -> jax.Array:
+    return _gate(_int8_matmul(x, w, layer), activation)
 
 
 INT8_XLA = Dense(
@@ -319,10 +318,10 @@ def _vnni_prepare_gated(gate, up, dtype) -> Int8Packed | Int8:
     return Int8Packed(jax.device_put(packed), to_device(cpu.interleave_int8_scales(sg, su)))
 
 
-def _vnni_gated(x: jax.Array, w: Int8Packed | Int8, layer: jax.Array, rows=None) -> jax.Array:
+def _vnni_gated(x, w: Int8Packed | Int8, layer, rows=None, activation: str = "silu"):
     if isinstance(w, Int8Packed):
-        return cpu.gated_int8(x, w.data, w.scale, layer, rows=rows)
-    return _int8_gated(x, w, layer)
+        return cpu.gated_int8(x, w.data, w.scale, layer, rows=rows, activation=activation)
+    return _int8_gated(x, w, layer, rows, activation)
 
 
 INT8 = Dense(
@@ -365,8 +364,8 @@ def chosen(pick: Callable[[str, int, int], str]) -> Dense:
     def matmul(x, w, layer, rows=None):
         return _owner(w).matmul(x, w, layer, rows)
 
-    def gated(x, w, layer, rows=None):
-        return _owner(w).gated(x, w, layer, rows)
+    def gated(x, w, layer, rows=None, activation="silu"):
+        return _owner(w).gated(x, w, layer, rows, activation)
 
     def activated(x, w, layer, bias, activation, rows=None):
         return _owner(w).activated(x, w, layer, bias, activation, rows)

@@ -85,17 +85,21 @@ def test_equals_xla_and_float64(isa, m, k, n):
         (300, 576, 1536),
     ],
 )
-def test_gated_equals_silu_gate_times_up(isa, m, k, i):
+def test_gated_equals_the_activation_of_gate_times_up(isa, m, k, i):
+    """bf16(act(x @ gate) * (x @ up)) for every activation (SwiGLU, GeGLU, ...)."""
     rng = np.random.default_rng(m + k + i)
     x, gate, up = bf16(rng, m, k), bf16(rng, 2, k, i) * 0.3, bf16(rng, 2, k, i)
-    out = jax.jit(cpu.gated_cpu)(x, jnp.asarray(cpu.pack_gated(gate, up)), 1)
-    assert out.shape == (m, i) and out.dtype == jnp.bfloat16
+    packed = jnp.asarray(cpu.pack_gated(gate, up))
     g, u = exact(x, gate[1]), exact(x, up[1])
-    truth = g / (1 + np.exp(-g)) * u
-    # one bf16 rounding (half an ulp) of an f32 result (whose sums of K products carry an
-    # absolute error of a few f32 ulps of the largest values)
-    atol = 1e-5 * np.abs(truth).max()
-    np.testing.assert_allclose(np.asarray(out, np.float64), truth, rtol=2**-8, atol=atol)
+    run = jax.jit(cpu.gated_cpu, static_argnames="activation")
+    for activation in activations.CODES:
+        out = run(x, packed, 1, activation=activation)
+        assert out.shape == (m, i) and out.dtype == jnp.bfloat16
+        truth = activation_truth(activation, g) * u
+        # one bf16 rounding (half an ulp) of an f32 result (whose sums of K products carry an
+        # absolute error of a few f32 ulps of the largest values)
+        atol = 1e-5 * np.abs(truth).max()
+        np.testing.assert_allclose(np.asarray(out, np.float64), truth, rtol=2**-8, atol=atol)
 
 
 def activation_truth(name: str, y: np.ndarray) -> np.ndarray:

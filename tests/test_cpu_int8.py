@@ -11,9 +11,10 @@ from api.app import create_app
 from api.settings import settings_from_env
 from engine import EngineConfig, load_model, open_engine
 from engine.errors import InvalidInput
-from kernels import cpu, quant, select_dense
+from kernels import activations, cpu, quant, select_dense
 from kernels.dense import Int8, Int8Packed
 from tests.test_api_support import serving, tiny_env
+from tests.test_cpu_dense import activation_truth
 from tests.test_quant import f32_quantize_rows, f64_int8_matmul
 
 pytestmark = [
@@ -89,20 +90,24 @@ def test_other_block_widths_equal_the_float64_model(isa, block):
 
 
 @pytest.mark.parametrize(("m", "k", "i"), [(1, 4, 16), (4, 64, 48), (7, 100, 16), (300, 576, 1536)])
-def test_gated_equals_silu_gate_times_up(isa, m, k, i):
+def test_gated_equals_the_activation_of_gate_times_up(isa, m, k, i):
+    """bf16(act(x @ gate) * (x @ up)) in int8 for every activation (SwiGLU, GeGLU, ...)."""
     rng = np.random.default_rng(m + k + i)
     x = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
     (qg, sg), (qu, su) = (quant.quantize_columns(rng.standard_normal((2, k, i))) for _ in "gu")
     scale = cpu.interleave_int8_scales(sg, su)
-    out = jax.jit(cpu.gated_int8)(x, jnp.asarray(cpu.pack_int8_gated(qg, qu)), scale, 1)
-    assert out.shape == (m, i) and out.dtype == jnp.bfloat16
+    packed = jnp.asarray(cpu.pack_int8_gated(qg, qu))
     xf = np.asarray(x, np.float32)
     g = f64_int8_matmul(xf, qg[1], sg[1], quant.ACT_BLOCK)
     u = f64_int8_matmul(xf, qu[1], su[1], quant.ACT_BLOCK)
-    truth = g / (1 + np.exp(-g)) * u
-    # one bf16 rounding of an f32 result
-    atol = 1e-5 * np.abs(truth).max()
-    np.testing.assert_allclose(np.asarray(out, np.float64), truth, rtol=2**-8, atol=atol)
+    run = jax.jit(cpu.gated_int8, static_argnames=("block", "activation"))
+    for activation in activations.CODES:
+        out = run(x, packed, scale, 1, activation=activation)
+        assert out.shape == (m, i) and out.dtype == jnp.bfloat16
+        truth = activation_truth(activation, g) * u
+        # one bf16 rounding of an f32 result
+        atol = 1e-5 * np.abs(truth).max()
+        np.testing.assert_allclose(np.asarray(out, np.float64), truth, rtol=2**-8, atol=atol)
 
 
 @pytest.mark.parametrize("count", [0, 1, 3, 23, 40, 45])

@@ -33,7 +33,8 @@ def padding_zeroed(out, rows):
     return out if rows is None else jnp.where(jnp.arange(out.shape[0])[:, None] < rows, out, 0)
 
 
-def emulated_gated(x, data, layer, rows=None):
+def emulated_gated(x, data, layer, rows=None, activation="silu"):
+    assert activation == "silu"  # the models these tests load
     w = unpack(data)[layer]  # [K, 2I]: 16-column groups of gate and up interleaved
     k, both = w.shape
     w = w.reshape(k, both // 32, 2, 16)

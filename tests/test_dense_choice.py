@@ -242,7 +242,7 @@ def test_measuring_int8_holds_the_native_kernel_to_its_xla_twin():
         assert timings["int8"].eligible, timings
 
 
-@pytest.mark.parametrize("family", ["llama-untied", "qwen2", "qwen3"])
+@pytest.mark.parametrize("family", ["llama-untied", "qwen2", "qwen3", "gemma2"])
 @pytest.mark.parametrize("strategy", [None, "xla", "cpu", "onednn"])
 def test_every_strategy_scores_within_the_bf16_bound_of_f32(tiny_checkpoints, family, strategy):
     if strategy == "cpu" and not cpu.DENSE_AVAILABLE:

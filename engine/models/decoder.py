@@ -64,7 +64,9 @@ class Dense(Protocol):
 
     def matmul(self, x: jax.Array, w, layer: jax.Array, rows=None) -> jax.Array: ...  # f32[M, N]
 
-    def gated(self, x: jax.Array, w, layer: jax.Array, rows=None) -> jax.Array: ...  # silu*up
+    def gated(  # act(x @ gate) * (x @ up)
+        self, x: jax.Array, w, layer: jax.Array, rows=None, activation: str = "silu"
+    ) -> jax.Array: ...
 
     def activated(  # act(x @ w + bias) [M, N], f32 or bf16
         self, x: jax.Array, w, layer: jax.Array, bias: jax.Array, activation: str, rows=None
@@ -213,13 +215,9 @@ def _sandwich(y: jax.Array, p: Params, norm: str, cfg: ModelConfig) -> jax.Array
 
 
 def _mlp_gate(h: jax.Array, w, index: jax.Array, s: "Step") -> jax.Array:
-    """act(h @ gate) * (h @ up) f32[T, I]: SiLU fused in the dense strategy's gated product, any
-    other activation after a plain product with gate and up columns side by side
-    (`engine.models.layout.place_decoder`)."""
-    if s.cfg.mlp_activation == "silu":
-        return s.dense.gated(h, w, index, s.real_rows)
-    y = s.dense.matmul(h, w, index, s.real_rows).reshape(h.shape[0], -1, 2)  # f32[T, I, gate/up]
-    return jax.nn.gelu(y[..., 0], approximate=True) * y[..., 1]
+    """act(h @ gate) * (h @ up) [T, I] (SwiGLU, GeGLU): the activation fused in the dense
+    strategy's gated product where it has one (bf16 out), else after it in XLA (f32)."""
+    return s.dense.gated(h, w, index, s.real_rows, s.cfg.mlp_activation)
 
 
 def forward(

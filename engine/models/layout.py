@@ -17,12 +17,11 @@ VECTORS = (  # kept in f32
 def place_decoder(params: dict, cfg: ModelConfig, dtype, dense) -> dict:
     """A decoder's device weights from host params (the layout of `engine.models.config`): the
     embedding in `dtype`; norms and biases in f32; q/k/v fused into one matrix and gate/up into
-    one gated pair (a SiLU MLP's fused), these and the other matrices and the head prepared by
-    the `dense` strategy. A tied head is prepared from the embedding already on the device,
-    converted once."""
+    one gated pair (its activation fused where the strategy can), these and the other matrices
+    and the head prepared by the `dense` strategy. A tied head is prepared from the embedding
+    already on the device, converted once."""
     layers = params["layers"]
     qkv = fuse_qkv(layers["wq"], layers["wk"], layers["wv"], cfg.num_kv_heads)
-    fused_silu = cfg.mlp_activation == "silu"
     embed = to_device(params["embed"], dtype)
     return {
         "embed": embed,
@@ -32,7 +31,7 @@ def place_decoder(params: dict, cfg: ModelConfig, dtype, dense) -> dict:
         "matrices": {
             "qkv": dense.prepare(qkv, dtype),
             "o": dense.prepare(layers["wo"], dtype),
-            "gate_up": _gate_up(layers, dtype, dense, fused_silu),
+            "gate_up": dense.prepare_gated(layers["w_gate"], layers["w_up"], dtype),
             "down": dense.prepare(layers["w_down"], dtype),
         },
     }
@@ -55,7 +54,7 @@ def place_encoder(params: dict, cfg: ModelConfig, dtype, dense) -> dict:
     layers, heads = params["layers"], cfg.num_kv_heads
     tables = [n for n in ("embed", "positions", "token_types") if n in params]
     up = (
-        _gate_up(layers, dtype, dense, fused_silu=False)
+        _gate_up_pairs(layers, dtype, dense)
         if "w_gate" in layers
         else dense.prepare_activated(layers["w_up"], dtype)
     )
@@ -93,11 +92,8 @@ def fuse_qkv(wq: np.ndarray, wk: np.ndarray, wv: np.ndarray, kv_heads: int) -> n
     return np.concatenate(by_head, axis=-1).reshape(*lead, -1)
 
 
-def _gate_up(layers: dict, dtype, dense, fused_silu: bool):
-    """The MLP's gate and up matrices: the dense strategy's fused SiLU pair, or (another
-    activation) one plain matrix [L, E, 2I] of gate and up columns side by side, whose product
-    the forward splits."""
-    if fused_silu:
-        return dense.prepare_gated(layers["w_gate"], layers["w_up"], dtype)
+def _gate_up_pairs(layers: dict, dtype, dense):
+    """A gated encoder MLP's gate and up as one plain matrix [L, E, 2I] of their columns side by
+    side, whose product the forward splits (its biases come before the activation)."""
     pair = np.stack([layers["w_gate"], layers["w_up"]], axis=-1)  # [L, E, I, 2]
     return dense.prepare(pair.reshape(*pair.shape[:-2], -1), dtype)
