@@ -231,6 +231,8 @@ class Chooser:
 
     def pick(self, kind: str, k: int, n: int) -> str:
         """The strategy for weights of this kind and shape (measured if not known yet)."""
+        if kind == "activated" and self.mode != "bfloat16":
+            kind = "matmul"  # no strategy fuses it in this mode: the product alone decides
         key = (kind, k, n)
         if key not in self.table:
             self.table[key] = self._choose(kind, k, n)

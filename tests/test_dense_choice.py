@@ -118,6 +118,20 @@ def test_another_machine_or_a_broken_file_measures_again(tmp_path, two_candidate
     assert len(fake.calls) == 1 and len(list((tmp_path / "dense-choice").iterdir())) == 2
 
 
+def test_an_activated_matrix_is_its_own_kind_only_where_a_strategy_fuses_it(two_candidates):
+    table = {
+        ("matmul", 64, 96): {"xla": timing(1, 8), "cpu": timing(2, 16)},
+        ("activated", 64, 96): {"xla": timing(3, 24), "cpu": timing(1, 8)},
+    }
+    fake = FakeMeasure(table)
+    assert Chooser("bfloat16", measure=fake).pick("activated", 64, 96) == "cpu"
+    assert [call[1] for call in fake.calls] == ["activated"]
+    fake = FakeMeasure(table)
+    f32 = Chooser("float32", measure=fake)  # no fused form in f32: the product's choice
+    assert f32.pick("activated", 64, 96) == f32.pick("matmul", 64, 96) == "xla"
+    assert [call[1] for call in fake.calls] == ["matmul"]
+
+
 def test_the_report_names_the_shapes_of_one_model(two_candidates):
     table = {
         ("matmul", 64, 96): {"xla": timing(1, 8), "cpu": timing(2, 16)},
