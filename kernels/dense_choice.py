@@ -229,13 +229,16 @@ class Chooser:
             self.table.setdefault(key, choice)
         self._save()
 
+    def kind(self, kind: str) -> str:
+        """The kind a shape is measured as: "activated" only where a strategy fuses it (bf16),
+        elsewhere the product alone decides ("matmul")."""
+        return "matmul" if kind == "activated" and self.mode != "bfloat16" else kind
+
     def pick(self, kind: str, k: int, n: int) -> str:
         """The strategy for weights of this kind and shape (measured if not known yet)."""
-        if kind == "activated" and self.mode != "bfloat16":
-            kind = "matmul"  # no strategy fuses it in this mode: the product alone decides
-        key = (kind, k, n)
+        key = (self.kind(kind), k, n)
         if key not in self.table:
-            self.table[key] = self._choose(kind, k, n)
+            self.table[key] = self._choose(*key)
             self._save()
         return self.table[key].chosen
 
@@ -302,6 +305,7 @@ class Picks:
         self.measured = 0  # shapes these picks measured
 
     def __call__(self, kind: str, k: int, n: int) -> str:
+        kind = self.chooser.kind(kind)
         if (kind, k, n) not in self.keys:
             self.keys.append((kind, k, n))
         seconds, measured = self.chooser.seconds, self.chooser.measured
