@@ -127,20 +127,26 @@ native_builds::Choice g_builds(kAmx, cpu_has);
 int chosen_isa() { return g_builds.chosen(); }
 
 #if DENSE_INT8_NATIVE
-// The gated form with activation Act on the chosen build.
-template <int Act>
-void run_gated(const Problem& p) {
+// `Store` of each build (AMX, AVX512-VNNI, AVX-VNNI, AVX2) on the chosen one.
+template <class Amx, class Vnni512, class AvxVnni, class Avx2>
+void run_build(const Problem& p) {
   switch (chosen_isa()) {
     case kAmx:
-      if (p.block % amx::kAmxStep == 0) return amx::run_amx<amx::AmxGated<Act>>(p);
+      if (p.block % amx::kAmxStep == 0) return amx::run_amx<Amx>(p);
       [[fallthrough]];  // blocks that split a tile step: the VNNI tiles
     case kAvx512Vnni:
-      return avx512vnni::run<avx512vnni::StoreGated<Act>>(p);
+      return avx512vnni::run<Vnni512>(p);
     case kAvxVnni:
-      return avxvnni::run<avxvnni::StoreGated<Act>>(p);
+      return avxvnni::run<AvxVnni>(p);
     default:
-      return avx2::run<avx2::StoreGated<Act>>(p);
+      return avx2::run<Avx2>(p);
   }
+}
+
+template <int Act>
+void run_gated(const Problem& p) {
+  run_build<amx::AmxGated<Act>, avx512vnni::StoreGated<Act>, avxvnni::StoreGated<Act>,
+            avx2::StoreGated<Act>>(p);
 }
 
 // by activation code (simd.h's Activation)
@@ -153,17 +159,7 @@ static_assert(std::size(kGatedRuns) == kActivations && amx::kActivations == kAct
 void run(const Problem& p, bool gated, int activation) {
 #if DENSE_INT8_NATIVE
   if (gated) return kGatedRuns[activation](p);
-  switch (chosen_isa()) {
-    case kAmx:
-      if (p.block % amx::kAmxStep == 0) return amx::run_amx<amx::AmxF32>(p);
-      [[fallthrough]];
-    case kAvx512Vnni:
-      return avx512vnni::run<avx512vnni::StoreF32>(p);
-    case kAvxVnni:
-      return avxvnni::run<avxvnni::StoreF32>(p);
-    default:
-      return avx2::run<avx2::StoreF32>(p);
-  }
+  run_build<amx::AmxF32, avx512vnni::StoreF32, avxvnni::StoreF32, avx2::StoreF32>(p);
 #endif
 }
 
