@@ -18,6 +18,7 @@ cdef extern from "dense.h":
     void* packed_dense_handler()
     void* packed_gated_handler()
     void* packed_activated_handler()
+    void* packed_qkv_handler()
     int packed_dense_cpu_has(int isa)
     void packed_dense_set_isa(int isa)
     int packed_dense_isa()
@@ -61,6 +62,11 @@ def gated_handler():
 def activated_handler():
     """The XLA FFI handler of the `packed_activated` custom call (bias and activation)."""
     return PyCapsule_New(packed_activated_handler(), NULL, NULL)
+
+
+def qkv_handler():
+    """The XLA FFI handler of the `packed_qkv` custom call (an encoder's fused q/k/v)."""
+    return PyCapsule_New(packed_qkv_handler(), NULL, NULL)
 
 
 # Instruction-set builds of the bf16 dense kernel, by the index the C side uses.

@@ -14,6 +14,8 @@
 // GeGLU), from gate and up packed with their 16-column groups interleaved, so neither f32
 // product reaches memory. The activated form computes bf16(act(a @ W + bias)) (an encoder MLP's
 // up projection), so no f32 product reaches memory either; act is one of simd.h's activations.
+// The q/k/v form computes bf16(a @ W + bias) and writes each head's columns into q, k or v
+// (an encoder's fused projection), so neither the f32 product nor a split copy reaches memory.
 //
 // Builds: AMX (tile dot products, dense_amx.h), AVX512-BF16 (the hardware bf16 dot product) and
 // AVX2 (the same products by f32 FMAs on the bf16 values widened, which is exact: the activations
@@ -54,13 +56,21 @@ struct Problem {
   int64_t held;       // rows of a in memory (m or more)
   const uint16_t* staged = nullptr;  // the AMX build's copy of rows [from, m), ld apart
   int64_t from = 0, ld = 0;          // (set by dense_amx.h's stage)
-  const float* bias = nullptr;       // f32[n], added before the activation (kActivated)
+  const float* bias = nullptr;       // f32[n], added before the activation (kActivated, kQkv)
+  // kQkv: where each 16-column group goes (simd.h's QkvOut)
+  struct Place {
+    int32_t out;     // 0 q, 1 k, 2 v
+    int32_t column;  // of its row there
+  };
+  const Place* places = nullptr;  // [n / 16]
+  uint16_t* heads_out[3] = {};    // q bf16[m, H, D], k and v bf16[m, Hkv, D]
+  int64_t head_cols[3] = {};      // H D, Hkv D, Hkv D
 };
 
-// What a call writes: the f32 sums, bf16 of act(gate) * up, or bf16 of an activation of the
-// sums plus a bias.
-enum Form { kSums, kGated, kActivated };
-constexpr int kActivations = 4;  // the gated and activated forms' (simd.h's Activation)
+// What a call writes: the f32 sums, bf16 of act(gate) * up, bf16 of an activation of the
+// sums plus a bias, or bf16 of the sums plus a bias split into q, k and v.
+enum Form { kSums, kGated, kActivated, kQkv };
+constexpr int kActivations = 5;  // the gated and activated forms' (simd.h's Activation)
 
 enum Isa { kAvx2 = 0, kAvx512Bf16 = 1, kAmx = 2 };
 
@@ -91,6 +101,7 @@ template <int Act>
 using StoreGated = GatedOut<6, 4, Act>;  // 24 accumulators, two output groups
 template <int Act>
 using StoreAct = ActOut<8, 3, Act>;
+using StoreQkv = QkvOut<8, 3>;
 
 // Rows [row, row + R) of a by the G column groups starting at `group`, stored by `Store`.
 template <class Store, int R, int G>
@@ -148,6 +159,7 @@ template <int Act>
 using StoreGated = GatedOut<5, 2, Act>;
 template <int Act>
 using StoreAct = ActOut<5, 1, Act>;
+using StoreQkv = QkvOut<5, 1>;
 
 // Rows [row, row + R) (the first R of a tile) by the G column groups starting at `group`, stored
 // by `Store`: one pass over K per group, whose pair records' two 8-column halves are each
@@ -250,38 +262,35 @@ void run_activated(const Problem& p) {
 
 // by activation code (simd.h's Activation)
 using Run = void (*)(const Problem&);
-constexpr Run kGatedRuns[] = {&run_gated<0>, &run_gated<1>, &run_gated<2>, &run_gated<3>};
+constexpr Run kGatedRuns[] = {&run_gated<0>, &run_gated<1>, &run_gated<2>, &run_gated<3>,
+                              &run_gated<4>};
 constexpr Run kActivatedRuns[] = {&run_activated<0>, &run_activated<1>, &run_activated<2>,
-                                  &run_activated<3>};
-static_assert(std::size(kActivatedRuns) == kActivations && amx::kActivations == kActivations);
+                                  &run_activated<3>, &run_activated<4>};
+static_assert(std::size(kGatedRuns) == kActivations && std::size(kActivatedRuns) == kActivations);
+static_assert(amx::kActivations == kActivations);
 #endif
 
 void run(const Problem& p, Form form, int activation) {
 #if PACKED_DENSE_NATIVE
   if (form == kSums) return run_build<amx::AmxF32, avx512bf16::StoreF32, avx2::StoreF32>(p);
+  if (form == kQkv) return run_build<amx::AmxQkv, avx512bf16::StoreQkv, avx2::StoreQkv>(p);
   (form == kGated ? kGatedRuns : kActivatedRuns)[activation](p);
 #endif
 }
 
 using native_builds::dims;
 
-// Checks the operands and returns the problem, or an error message.
-std::string check(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w,
-                  const ffi::Buffer<ffi::S32>& layer, const ffi::Buffer<ffi::S32>& rows,
-                  const ffi::AnyBuffer& out, Form form) {
+// Checks a, w, layer and rows; returns an error message or "".
+std::string check_inputs(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w,
+                         const ffi::Buffer<ffi::S32>& layer, const ffi::Buffer<ffi::S32>& rows,
+                         Form form) {
   if (chosen_isa() < 0) return "this CPU has neither AVX2 nor AVX512-BF16";
-  auto ad = a.dimensions(), wd = w.dimensions(), od = out.dimensions();
-  const bool gated = form == kGated;
-  const auto out_type = form == kSums ? ffi::DataType::F32 : ffi::DataType::BF16;
-  if (a.element_type() != ffi::DataType::BF16 || w.element_type() != ffi::DataType::BF16 ||
-      out.element_type() != out_type)
-    return form == kSums ? "a and w must be bfloat16, out float32"
-                         : "a, w and out must be bfloat16";
+  auto ad = a.dimensions(), wd = w.dimensions();
+  if (a.element_type() != ffi::DataType::BF16 || w.element_type() != ffi::DataType::BF16)
+    return "a and w must be bfloat16";
   if (ad.size() != 2 || ad[1] % 2 != 0) return "a has shape " + dims(a);
-  if (wd.size() != 4 || wd[2] * 2 != ad[1] || wd[3] != 32 || (gated && wd[1] % 2 != 0))
+  if (wd.size() != 4 || wd[2] * 2 != ad[1] || wd[3] != 32 || (form == kGated && wd[1] % 2 != 0))
     return "w has shape " + dims(w) + " for a of " + dims(a);
-  const int64_t columns = gated ? wd[1] * 8 : wd[1] * 16;
-  if (od.size() != 2 || od[0] != ad[0] || od[1] != columns) return "out has shape " + dims(out);
   if (layer.element_count() != 1) return "layer must be a scalar";
   if (rows.element_count() != 1) return "rows must be a scalar";
   const int32_t index = layer.typed_data()[0];
@@ -290,33 +299,56 @@ std::string check(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w,
   return "";
 }
 
-// The call of any form; `bias` is read by kActivated alone, `activation` by it and kGated.
+// Checks the operands and the one output of the plain, gated and activated forms.
+std::string check(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w,
+                  const ffi::Buffer<ffi::S32>& layer, const ffi::Buffer<ffi::S32>& rows,
+                  const ffi::AnyBuffer& out, Form form) {
+  std::string error = check_inputs(a, w, layer, rows, form);
+  if (!error.empty()) return error;
+  auto ad = a.dimensions(), wd = w.dimensions(), od = out.dimensions();
+  if (out.element_type() != (form == kSums ? ffi::DataType::F32 : ffi::DataType::BF16))
+    return form == kSums ? "out must be float32" : "out must be bfloat16";
+  const int64_t columns = form == kGated ? wd[1] * 8 : wd[1] * 16;
+  if (od.size() != 2 || od[0] != ad[0] || od[1] != columns) return "out has shape " + dims(out);
+  return "";
+}
+
+// The problem of a call on `m` computed rows (the form's outputs and bias set by the caller).
+Problem problem(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w,
+                const ffi::Buffer<ffi::S32>& layer, int64_t m) {
+  auto ad = a.dimensions(), wd = w.dimensions();
+  const int64_t per_layer = wd[1] * wd[2] * wd[3];
+  return Problem{m,
+                 wd[1] * 16,
+                 ad[1],
+                 static_cast<const uint16_t*>(a.untyped_data()),
+                 static_cast<const uint16_t*>(w.untyped_data()) + layer.typed_data()[0] * per_layer,
+                 nullptr,
+                 false,
+                 nullptr,
+                 0,
+                 amx_tiles::begin_call(),
+                 ad[0]};
+}
+
+// The call of any form but kQkv; `bias` is read by kActivated alone, `activation` by it and
+// kGated.
 ffi::Error Call(Form form, ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::Buffer<ffi::S32> layer,
                 ffi::Buffer<ffi::S32> rows, const float* bias, int activation,
                 ffi::Result<ffi::AnyBuffer> out, ffi::ThreadPool pool) {
   std::string error = check(a, w, layer, rows, *out, form);
   if (!error.empty()) return ffi::Error::InvalidArgument("packed_dense: " + error);
   native_cpu::PoolScope scope(pool);
-  auto ad = a.dimensions(), wd = w.dimensions();
-  const int64_t m = native_builds::computed_rows(rows, ad[0]), n = wd[1] * 16;
-  const int64_t per_layer = wd[1] * wd[2] * wd[3];
-  const int64_t row_bytes = form == kSums ? n * sizeof(float)
-                            : form == kGated ? n / 2 * sizeof(uint16_t)
-                                              : n * sizeof(uint16_t);
-  Problem p{m,
-            n,
-            ad[1],
-            static_cast<const uint16_t*>(a.untyped_data()),
-            static_cast<const uint16_t*>(w.untyped_data()) + layer.typed_data()[0] * per_layer,
-            out->untyped_data(),
-            form == kSums && dense_tiles::streams(out->untyped_data(), m * row_bytes),
-            nullptr,
-            0,
-            amx_tiles::begin_call(),
-            ad[0]};
+  const int64_t total = a.dimensions()[0], m = native_builds::computed_rows(rows, total);
+  Problem p = problem(a, w, layer, m);
+  const int64_t row_bytes = form == kSums    ? p.n * sizeof(float)
+                            : form == kGated ? p.n / 2 * sizeof(uint16_t)
+                                             : p.n * sizeof(uint16_t);
+  p.out = out->untyped_data();
+  p.stream = form == kSums && dense_tiles::streams(p.out, m * row_bytes);
   p.bias = bias;
   if (m > 0) run(p, form, activation);
-  native_builds::zero_rows(out->untyped_data(), m, ad[0], row_bytes);
+  native_builds::zero_rows(p.out, m, total, row_bytes);
   return ffi::Error::Success();
 }
 
@@ -350,6 +382,50 @@ ffi::Error Activated(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::Buffer<ffi::S32> l
   return Call(kActivated, a, w, layer, rows, bias.typed_data(), activation, out, pool);
 }
 
+// bf16(a @ W + bias) split into q bf16[M, H, D], k and v bf16[M, Hkv, D], W's columns laid out
+// by kv head: for each kv head its G = H / Hkv query heads, then its k and its v, D each.
+ffi::Error Qkv(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::Buffer<ffi::S32> layer,
+               ffi::Buffer<ffi::S32> rows, ffi::Buffer<ffi::F32> bias,
+               ffi::Result<ffi::AnyBuffer> q, ffi::Result<ffi::AnyBuffer> k,
+               ffi::Result<ffi::AnyBuffer> v, ffi::ThreadPool pool) {
+  std::string error = check_inputs(a, w, layer, rows, kQkv);
+  const int64_t total = a.dimensions()[0], n = w.dimensions()[1] * 16;
+  ffi::AnyBuffer* outs[3] = {&*q, &*k, &*v};
+  auto qd = q->dimensions(), kd = k->dimensions();
+  const bool shaped = qd.size() == 3 && kd.size() == 3 && qd[0] == total && kd[1] > 0 &&
+                      qd[1] % kd[1] == 0 && qd[2] == kd[2] && qd[2] % 16 == 0 &&
+                      (qd[1] + 2 * kd[1]) * qd[2] == n;
+  if (error.empty() && !shaped)
+    error = "q of " + dims(*q) + " and k of " + dims(*k) + " do not split w of " + dims(w);
+  auto vd = v->dimensions();
+  const bool same = vd.size() == 3 && std::equal(vd.begin(), vd.end(), kd.begin());
+  for (auto* out : outs)
+    if (error.empty() && (out->element_type() != ffi::DataType::BF16 || !same))
+      error = "q, k and v must be bfloat16, k and v of one shape";
+  if (error.empty() && int64_t(bias.element_count()) != n) error = "bias does not match w of " + dims(w);
+  if (!error.empty()) return ffi::Error::InvalidArgument("packed_qkv: " + error);
+  native_cpu::PoolScope scope(pool);
+  const int64_t m = native_builds::computed_rows(rows, total), d = qd[2], group = qd[1] / kd[1];
+  Problem p = problem(a, w, layer, m);
+  std::vector<Problem::Place> places(n / 16);
+  for (int64_t c = 0; c < n; c += 16) {  // slot: a head's D columns in the kv head's G + 2
+    const int64_t slot = c / d, kv = slot / (group + 2), i = slot % (group + 2);
+    const int32_t out = i < group ? 0 : int32_t(i - group + 1);
+    const int64_t head = out == 0 ? kv * group + i : kv;
+    places[c / 16] = {out, int32_t(head * d + c % d)};
+  }
+  p.places = places.data();
+  p.bias = bias.typed_data();
+  for (int i = 0; i < 3; ++i) {
+    p.heads_out[i] = static_cast<uint16_t*>(outs[i]->untyped_data());
+    p.head_cols[i] = (i == 0 ? qd[1] : kd[1]) * d;
+  }
+  if (m > 0) run(p, kQkv, 0);
+  for (int i = 0; i < 3; ++i)
+    native_builds::zero_rows(p.heads_out[i], m, total, p.head_cols[i] * sizeof(uint16_t));
+  return ffi::Error::Success();
+}
+
 }  // namespace packed_dense
 
 #define PACKED_DENSE_BINDING        \
@@ -376,11 +452,25 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PackedActivatedHandler, packed_dense::Activated,
                                   .Attr<int32_t>("activation")
                                   .Ctx<ffi::ThreadPool>());
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PackedQkvHandler, packed_dense::Qkv,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ctx<ffi::ThreadPool>());
+
 void* packed_dense_handler() { return reinterpret_cast<void*>(&PackedDenseHandler); }
 
 void* packed_gated_handler() { return reinterpret_cast<void*>(&PackedGatedHandler); }
 
 void* packed_activated_handler() { return reinterpret_cast<void*>(&PackedActivatedHandler); }
+
+void* packed_qkv_handler() { return reinterpret_cast<void*>(&PackedQkvHandler); }
 
 int packed_dense_cpu_has(int isa) { return packed_dense::cpu_has(isa); }
 

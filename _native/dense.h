@@ -10,6 +10,9 @@ void* packed_gated_handler();
 // The handler of the bias-and-activation form (bf16 out).
 void* packed_activated_handler();
 
+// The handler of the q/k/v form (bf16 q, k and v out).
+void* packed_qkv_handler();
+
 // Instruction-set builds, by index: 0 AVX2, 1 AVX512-BF16, 2 AMX.
 int packed_dense_cpu_has(int isa);
 // Use build `isa` from now on; -1: the widest this CPU runs.

@@ -17,6 +17,7 @@ template <int Act>
 using AmxGated = GatedOut<kAmxRows, 2, Act>;
 template <int Act>
 using AmxAct = ActOut<kAmxRows, 2, Act>;
+using AmxQkv = QkvOut<kAmxRows, 2>;
 
 // The weights' B tile for K step [k0, k0 + 32) of a group (pairs of K rows).
 inline const void* b_rows(const Problem& p, const uint16_t* group_w, int64_t k0,

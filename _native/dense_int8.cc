@@ -56,7 +56,7 @@ struct Problem {
 };
 
 enum Isa { kAvx2 = 0, kAvxVnni = 1, kAvx512Vnni = 2, kAmx = 3 };
-constexpr int kActivations = 4;  // the gated form's activations (simd.h's Activation)
+constexpr int kActivations = 5;  // the gated form's activations (simd.h's Activation)
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define DENSE_INT8_NATIVE 1
@@ -151,7 +151,7 @@ void run_gated(const Problem& p) {
 
 // by activation code (simd.h's Activation)
 constexpr void (*kGatedRuns[])(const Problem&) = {&run_gated<0>, &run_gated<1>, &run_gated<2>,
-                                                  &run_gated<3>};
+                                                  &run_gated<3>, &run_gated<4>};
 static_assert(std::size(kGatedRuns) == kActivations && amx::kActivations == kActivations);
 #endif
 

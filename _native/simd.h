@@ -171,7 +171,7 @@ inline VF gelu_tanh_f(VF x) {
 }
 
 // The activations of GatedOut and ActOut, by the codes kernels/activations.py gives them.
-enum Activation { kGelu = 0, kGeluTanh = 1, kRelu = 2, kSilu = 3, kActivations = 4 };
+enum Activation { kGelu = 0, kGeluTanh = 1, kRelu = 2, kSilu = 3, kIdentity = 4, kActivations = 5 };
 
 template <int Act>
 inline VF activate(VF x) {
@@ -179,7 +179,8 @@ inline VF activate(VF x) {
   if constexpr (Act == kGelu) return gelu_f(x);
   else if constexpr (Act == kGeluTanh) return gelu_tanh_f(x);
   else if constexpr (Act == kRelu) return max_f(x, zero_f());
-  else return silu_f(x);
+  else if constexpr (Act == kSilu) return silu_f(x);
+  else return x;
 }
 
 // f32 lanes rounded to bf16, to nearest even (as XLA converts), stored as 16-bit words.
@@ -230,5 +231,23 @@ struct ActOut {
     const float* bias = p.bias + group * 16;
     for (int j = 0; j < G * kVecs; ++j)
       store_bf16(o + j * kLanes, activate<Act>(add_f(acc[j], load_f(bias + j * kLanes))));
+  }
+};
+
+// The fused q/k/v projection: bf16(sums + bias) of each 16-column group written to its place
+// in q, k or v (`p.places[group]`: which of `p.heads_out` and the column there), rows
+// `p.head_cols[out]` long, so no f32 product and no split copy reaches memory.
+template <int Rows, int Groups>
+struct QkvOut {
+  static constexpr int kRows = Rows, kGroups = Groups;
+  template <int G, class P>
+  static void row(const VF* acc, const P& p, int64_t row, int64_t group) {
+    for (int g = 0; g < G; ++g) {
+      const auto place = p.places[group + g];
+      uint16_t* o = p.heads_out[place.out] + row * p.head_cols[place.out] + place.column;
+      const float* bias = p.bias + (group + g) * 16;
+      for (int v = 0; v < kVecs; ++v)
+        store_bf16(o + v * kLanes, add_f(acc[g * kVecs + v], load_f(bias + v * kLanes)));
+    }
   }
 };

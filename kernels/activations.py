@@ -3,7 +3,8 @@ fused form takes (`kernels.cpu.activated_cpu`, `_native/simd.h`'s `Activation`).
 
 - "gelu": x Phi(x) with the exact erf (BERT's, XLM-RoBERTa's `gelu`);
 - "gelu_tanh": its tanh approximation (`gelu_new`, `gelu_pytorch_tanh`);
-- "relu", "silu".
+- "relu", "silu";
+- "identity": x itself (a product with its bias alone, rounded once: an encoder's q/k/v).
 """
 
 import functools
@@ -15,6 +16,7 @@ FUNCTIONS = {
     "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
     "relu": jax.nn.relu,
     "silu": jax.nn.silu,
+    "identity": lambda x: x,
 }
 CODES = {name: code for code, name in enumerate(FUNCTIONS)}  # as _native/simd.h numbers them
 

@@ -113,6 +113,7 @@ def attention_cpu(
 
 
 DENSE_TARGET, GATED_TARGET, ACTIVATED_TARGET = "packed_dense", "packed_gated", "packed_activated"
+QKV_TARGET = "packed_qkv"
 # f32 outputs of at least this many bytes are written with streaming stores by the dense and
 # int8 kernels (past the caches, which could not keep them for their reader anyway)
 STREAM_BYTES = _cpu.stream_bytes() if AVAILABLE else 0
@@ -121,6 +122,7 @@ if DENSE_AVAILABLE:
     jax.ffi.register_ffi_target(DENSE_TARGET, _cpu.dense_handler(), platform="cpu")
     jax.ffi.register_ffi_target(GATED_TARGET, _cpu.gated_handler(), platform="cpu")
     jax.ffi.register_ffi_target(ACTIVATED_TARGET, _cpu.activated_handler(), platform="cpu")
+    jax.ffi.register_ffi_target(QKV_TARGET, _cpu.qkv_handler(), platform="cpu")
 F32_TARGET = "dense_f32"
 F32_AVAILABLE = AVAILABLE and _cpu.f32_isa() is not None
 if F32_AVAILABLE:
@@ -274,6 +276,37 @@ def activated_cpu(
         bias.astype(np.float32),
         **_act(activation),
     )
+
+
+def qkv_cpu(
+    x: jax.Array,  # [M, K], cast to bf16
+    w: jax.Array,  # bf16[L, N/16, K/2, 32] from `pack_dense`, N = (H + 2 Hkv) D
+    layer: jax.Array,  # i32[]
+    bias: jax.Array,  # f32[N]
+    heads: int,  # H
+    kv_heads: int,  # Hkv
+    rows: jax.Array | None = None,  # i32[]: the real rows of x (as `dense_cpu`)
+) -> tuple[jax.Array, jax.Array, jax.Array]:  # bf16 q [M, H, D], k and v [M, Hkv, D]
+    """`x @ W[layer] + bias` rounded to bf16 once (f32 products, accumulation and bias), its
+    columns written straight into q, k and v: W's columns are laid out by kv head
+    (`kernels.dense.split_qkv`), D a multiple of 16. Neither the f32 product nor a split copy
+    reaches memory."""
+    m, k = x.shape
+    n = w.shape[1] * 16
+    d = n // (heads + 2 * kv_heads) if heads % kv_heads == 0 else 0
+    if w.dtype != jax.numpy.bfloat16 or w.ndim != 4 or w.shape[2] * 2 != k or w.shape[3] != 32:
+        raise ValueError(f"qkv_cpu: weights {w.dtype}{w.shape} do not take x of {x.shape}")
+    if not d or d % 16 or d * (heads + 2 * kv_heads) != n or bias.shape != (n,):
+        raise ValueError(
+            f"qkv_cpu: {heads} heads and {kv_heads} kv heads do not split weights {w.shape} "
+            f"(bias {bias.shape}) into heads of a multiple of 16 columns"
+        )
+    out = jax.ShapeDtypeStruct((m, heads, d), jax.numpy.bfloat16)
+    kv = jax.ShapeDtypeStruct((m, kv_heads, d), jax.numpy.bfloat16)
+    call = jax.ffi.ffi_call(QKV_TARGET, (out, kv, kv))
+    x = x.astype(jax.numpy.bfloat16)
+    layer = jax.numpy.asarray(layer, np.int32)
+    return call(x, w, layer, _rows(rows, m), bias.astype(np.float32))
 
 
 def _act(activation: str) -> dict:

@@ -47,6 +47,9 @@ class Dense(NamedTuple):
     activated(x [M, K], W, layer, bias f32[N], activation, rows) -> act(x @ W + bias) [M, N]:
         f32, or bf16 where the strategy fuses it (the native kernel on bf16 weights), which is
         the dtype the next product casts it to (`activation` names `kernels.activations`)
+    qkv(x [M, K], W, layer, bias f32[N], heads, kv_heads, rows) -> q [M, H, D], k and v
+        [M, Hkv, D]: x @ W + bias split as `split_qkv` (W from `prepare_activated`, its columns
+        by kv head): bf16 where the strategy fuses it, written straight into the three, else f32
     (rows: i32[] or None, the real rows of x; see the module docstring)
     prepare_head(w [V, E], dtype) -> H;  head(h [S, E], H) -> f32[S, V] = h @ w.T
     """
@@ -58,6 +61,7 @@ class Dense(NamedTuple):
     gated: Callable
     prepare_activated: Callable
     activated: Callable
+    qkv: Callable
     prepare_head: Callable
     head: Callable
     choice: Any = None  # what picked each shape's strategy (`chosen`); None for a fixed one
@@ -104,6 +108,26 @@ def _then_activate(matmul: Callable) -> Callable:
     return activated
 
 
+def split_qkv(y: jax.Array, heads: int, kv_heads: int) -> tuple[jax.Array, ...]:
+    """q [M, H, D], k and v [M, Hkv, D] of a fused q/k/v product y [M, (H + 2 Hkv) D] whose
+    columns are laid out by kv head: for each kv head its G = H / Hkv query heads, then its k
+    and its v (so any split of the columns into parts that divide Hkv keeps whole heads)."""
+    m, group = y.shape[0], heads // kv_heads
+    by_head = y.reshape(m, kv_heads, group + 2, -1)  # [M, Hkv, G + 2, D]
+    q = by_head[:, :, :group].reshape(m, heads, -1)
+    return q, by_head[:, :, group], by_head[:, :, group + 1]
+
+
+def _then_split(activated: Callable) -> Callable:
+    """`qkv` of a strategy with no fused form: its `activated` product with the identity, then
+    `split_qkv` in XLA."""
+
+    def qkv(x, w, layer, bias, heads: int, kv_heads: int, rows=None):
+        return split_qkv(activated(x, w, layer, bias, "identity", rows), heads, kv_heads)
+
+    return qkv
+
+
 def _xla_head(h: jax.Array, w: jax.Array) -> jax.Array:
     # w stays [V, E]: the product with its transpose keeps XLA's own operand layout (a
     # transposed copy rounds differently for a few score rows)
@@ -118,6 +142,7 @@ XLA = Dense(
     _xla_gated,
     _xla_prepare,
     _then_activate(_xla_matmul),
+    _then_split(_then_activate(_xla_matmul)),
     _xla_prepare,
     _xla_head,
 )
@@ -164,6 +189,13 @@ def _cpu_activated(x, w: Packed | jax.Array, layer, bias, activation: str, rows=
     return _then_activate(_cpu_matmul)(x, w, layer, bias, activation, rows)
 
 
+def _cpu_qkv(x, w: Packed | jax.Array, layer, bias, heads: int, kv_heads: int, rows=None):
+    d = w.data.shape[1] * 16 // (heads + 2 * kv_heads) if isinstance(w, Packed) else 0
+    if d % 16 == 0 and d and w.data.dtype == jnp.bfloat16:
+        return cpu.qkv_cpu(x, w.data, layer, bias, heads, kv_heads, rows)
+    return _then_split(_cpu_activated)(x, w, layer, bias, heads, kv_heads, rows)
+
+
 def _cpu_prepare_head(w, dtype) -> Packed | jax.Array:
     if not cpu.dense_supports(*w.shape[::-1], dtype):
         return _xla_prepare(w, dtype)
@@ -184,6 +216,7 @@ CPU = Dense(
     _cpu_gated,
     _cpu_prepare,
     _cpu_activated,
+    _cpu_qkv,
     _cpu_prepare_head,
     _cpu_head,
 )
@@ -248,6 +281,7 @@ ONEDNN = Dense(
     _onednn_gated,
     _onednn_prepare,
     _then_activate(_onednn_matmul),
+    _then_split(_then_activate(_onednn_matmul)),
     _onednn_prepare_head,
     _onednn_head,
 )
@@ -292,6 +326,7 @@ INT8_XLA = Dense(
     _int8_gated,
     _int8_prepare,
     _then_activate(_int8_matmul),
+    _then_split(_then_activate(_int8_matmul)),
     _xla_prepare,
     _xla_head,
 )
@@ -332,6 +367,7 @@ INT8 = Dense(
     _vnni_gated,
     _vnni_prepare,
     _then_activate(_vnni_matmul),
+    _then_split(_then_activate(_vnni_matmul)),
     _cpu_prepare_head,
     _cpu_head,
 )
@@ -370,6 +406,9 @@ def chosen(pick: Callable[[str, int, int], str]) -> Dense:
     def activated(x, w, layer, bias, activation, rows=None):
         return _owner(w).activated(x, w, layer, bias, activation, rows)
 
+    def qkv(x, w, layer, bias, heads, kv_heads, rows=None):
+        return _owner(w).qkv(x, w, layer, bias, heads, kv_heads, rows)
+
     def head(h, w):
         return _owner(w).head(h, w)
 
@@ -381,6 +420,7 @@ def chosen(pick: Callable[[str, int, int], str]) -> Dense:
         gated,
         prepare_activated,
         activated,
+        qkv,
         prepare_head,
         head,
         pick,

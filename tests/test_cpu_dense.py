@@ -7,7 +7,7 @@ import pytest
 
 from engine import load_model
 from kernels import activations, cpu, select_dense
-from kernels.dense import Packed
+from kernels.dense import Packed, split_qkv
 
 pytestmark = [
     pytest.mark.skipif(not cpu.DENSE_AVAILABLE, reason="needs the native bf16 kernel"),
@@ -106,6 +106,8 @@ def activation_truth(name: str, y: np.ndarray) -> np.ndarray:
     """The activation in float64 (erfc for GELU's negative side, as precise as its values)."""
     from scipy.special import erfc
 
+    if name == "identity":
+        return y
     if name == "gelu":
         return 0.5 * y * erfc(-y / np.sqrt(2))
     if name == "gelu_tanh":
@@ -135,6 +137,48 @@ def test_activated_equals_the_activation_of_product_plus_bias(isa, activation, m
     np.testing.assert_allclose(
         np.asarray(out, np.float64), np.asarray(chain, np.float64), rtol=2**-7, atol=atol
     )
+
+
+# (rows, K, heads, kv heads, head dim): MiniLM's heads, grouped queries, one kv head, D 64
+# and 128 (several groups a head), and rows over several register tiles and work items
+QKV_SHAPES = [(1, 32, 2, 2, 16), (7, 64, 4, 2, 32), (45, 96, 6, 1, 64), (300, 384, 12, 12, 32)]
+QKV_SHAPES += [(70, 128, 4, 2, 128)]
+
+
+@pytest.mark.parametrize(("m", "k", "heads", "kv_heads", "d"), QKV_SHAPES)
+def test_qkv_writes_the_biased_product_into_its_heads(isa, m, k, heads, kv_heads, d):
+    """bf16(x @ W + bias) written into q, k and v: bitwise the fused product's identity form
+    split in XLA (`split_qkv`), and within one bf16 rounding of float64."""
+    rng = np.random.default_rng(m + heads + d)
+    n = (heads + 2 * kv_heads) * d
+    x, w = bf16(rng, m, k), bf16(rng, 2, k, n) * 0.3
+    bias = jnp.asarray(rng.standard_normal(n) * 2, jnp.float32)
+    packed = jnp.asarray(cpu.pack_dense(w))
+    run = jax.jit(cpu.qkv_cpu, static_argnames=("heads", "kv_heads"))
+    q, kk, v = run(x, packed, 1, bias, heads=heads, kv_heads=kv_heads)
+    assert q.shape == (m, heads, d) and kk.shape == v.shape == (m, kv_heads, d)
+    assert q.dtype == kk.dtype == v.dtype == jnp.bfloat16
+    whole = cpu.activated_cpu(x, packed, 1, bias, "identity")
+    for got, want in zip((q, kk, v), split_qkv(whole, heads, kv_heads), strict=True):
+        np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+    truth = split_qkv(exact(x, w[1]) + np.asarray(bias, np.float64), heads, kv_heads)
+    for got, want in zip((q, kk, v), truth, strict=True):
+        atol = 1e-5 * np.abs(want).max()
+        np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=2**-8, atol=atol)
+
+
+def test_qkv_places_each_head_by_kv_head(isa):
+    """Each column reaches its own head: W the identity, so q, k and v hold x's columns in the
+    layout `split_qkv` defines (for kv head j, its G query heads, then k, then v)."""
+    heads, kv_heads, d, m = 4, 2, 16, 5
+    n = (heads + 2 * kv_heads) * d
+    x = jnp.asarray(np.arange(m * n).reshape(m, n) % 251, jnp.bfloat16)
+    eye = jnp.eye(n, dtype=jnp.bfloat16)[None]
+    q, k, v = cpu.qkv_cpu(x, jnp.asarray(cpu.pack_dense(eye)), 0, jnp.zeros(n), heads, kv_heads)
+    by_head = np.asarray(x, np.float32).reshape(m, kv_heads, heads // kv_heads + 2, d)
+    np.testing.assert_array_equal(np.asarray(q, np.float32), by_head[:, :, :2].reshape(m, 4, d))
+    np.testing.assert_array_equal(np.asarray(k, np.float32), by_head[:, :, 2])
+    np.testing.assert_array_equal(np.asarray(v, np.float32), by_head[:, :, 3])
 
 
 def test_gelu_keeps_relative_precision_on_its_negative_side(isa):
@@ -176,11 +220,13 @@ def test_rows_past_the_count_are_zeros_and_the_rest_unchanged(isa, count):
     plain = jax.jit(lambda x, w, rows: cpu.dense_cpu(x, w, 0, rows))
     gated = jax.jit(lambda x, w, rows: cpu.gated_cpu(x, w, 0, rows))
     activated = jax.jit(lambda x, w, rows: cpu.activated_cpu(x, w, 0, bias, "relu", rows))
+    qkv = jax.jit(lambda x, w, rows: jnp.concatenate(cpu.qkv_cpu(x, w, 0, bias, 2, 1, rows), 1))
     real = min(count, m)
     for run, weights in (
         (plain, cpu.pack_dense(w)),
         (gated, cpu.pack_gated(gate, up)),
         (activated, cpu.pack_dense(w)),
+        (qkv, cpu.pack_dense(w)),
     ):
         weights = jnp.asarray(weights)
         whole, out = (np.asarray(run(x, weights, rows), np.float32) for rows in (m, count))
@@ -257,6 +303,10 @@ def test_bad_shapes_and_layers_are_refused():
         cpu.activated_cpu(x, w, 0, jnp.zeros(16), "gelu")
     with pytest.raises(KeyError):
         cpu.activated_cpu(x, w, 0, jnp.zeros(32), "tanh")
+    with pytest.raises(ValueError, match="do not split weights"):
+        cpu.qkv_cpu(x, w, 0, jnp.zeros(32), 2, 2)  # heads of 8 columns
+    with pytest.raises(ValueError, match="do not split weights"):
+        cpu.qkv_cpu(x, w, 0, jnp.zeros(32), 3, 2)  # 3 query heads over 2 kv heads
     assert cpu.dense_supports(576, 1536)
     assert not cpu.dense_supports(575, 1536) and not cpu.dense_supports(576, 1530)
     with pytest.raises(ValueError, match="isa must be one of"):

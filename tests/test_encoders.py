@@ -207,10 +207,11 @@ def test_bfloat16_stays_near_float32(encoder):
 
 
 @pytest.mark.skipif(not cpu.DENSE_AVAILABLE, reason="needs the native bf16 kernel")
-def test_the_fused_mlp_up_projection_equals_the_plain_one(encoder):
+def test_the_fused_projections_equal_the_plain_ones(encoder):
     """In bf16 the native kernel adds the up projection's bias and applies the activation
-    itself (ModernBERT's gated MLP excepted): the scores equal XLA's plain product, activation
-    and rounding but for bf16 roundings of last f32 bits."""
+    itself (ModernBERT's gated MLP excepted), and writes q, k and v with their biases straight
+    into their heads (RoPE models excepted): the scores equal XLA's plain products, split,
+    activation and rounding but for bf16 roundings of last f32 bits."""
     docs = documents()
     fused, _ = rerank(encoder, QUERY, docs, raw_scores=True, engine=BF16 | {"dense": "cpu"})
     plain, _ = rerank(encoder, QUERY, docs, raw_scores=True, engine=BF16 | {"dense": "xla"})

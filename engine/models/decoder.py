@@ -17,6 +17,7 @@ import jax.numpy as jnp
 
 from engine.models.config import ModelConfig, RopeScaling
 from engine.models.rows import over_score_rows
+from kernels.dense import split_qkv
 from kernels.softcap import soft_cap
 
 Params = dict
@@ -72,16 +73,26 @@ class Dense(Protocol):
         self, x: jax.Array, w, layer: jax.Array, bias: jax.Array, activation: str, rows=None
     ) -> jax.Array: ...
 
+    def qkv(  # q [M, H, D], k and v [M, Hkv, D] of x @ w + bias, f32 or bf16
+        self,
+        x: jax.Array,
+        w,
+        layer: jax.Array,
+        bias: jax.Array,
+        heads: int,
+        kv_heads: int,
+        rows=None,
+    ) -> tuple[jax.Array, jax.Array, jax.Array]: ...
+
     def head(self, h: jax.Array, w) -> jax.Array: ...  # f32[S, V]
 
 
 def project(qkv: jax.Array, cfg: ModelConfig) -> tuple[jax.Array, ...]:
     """Split the fused projection f32[T, (H + 2 Hkv) D], laid out by kv head
-    (`engine.models.layout.fuse_qkv`), into q f32[T, H*D], k and v f32[T, Hkv*D]."""
-    t, group = qkv.shape[0], cfg.num_heads // cfg.num_kv_heads
-    by_head = qkv.reshape(t, cfg.num_kv_heads, group + 2, cfg.head_dim)
-    flat = lambda x: x.reshape(t, -1)
-    return flat(by_head[:, :, :group]), flat(by_head[:, :, group]), flat(by_head[:, :, group + 1])
+    (`engine.models.layout.fuse_qkv`, `kernels.dense.split_qkv`), into q f32[T, H*D], k and v
+    f32[T, Hkv*D]."""
+    t = qkv.shape[0]
+    return tuple(x.reshape(t, -1) for x in split_qkv(qkv, cfg.num_heads, cfg.num_kv_heads))
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:

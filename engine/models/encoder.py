@@ -38,6 +38,7 @@ from engine.models.decoder import (
     run_layers,
     split_last,
 )
+from engine.models.layout import qkv_bias_in_product
 from engine.models.rows import over_score_rows
 from kernels import activations
 
@@ -94,17 +95,26 @@ class Step(NamedTuple):
 def _attend(x: jax.Array, xs: tuple, s: Step) -> jax.Array:  # [T, H, D]
     """A layer's attention over every token of the residual x f32[T, E]."""
     index, sliding, normed, p = xs  # normed: this layer norms its attention input (pre-norm)
-    cfg, m = s.cfg, s.matrices
+    cfg = s.cfg
     h = x
     if not cfg.post_norm:
         h = jnp.where(normed, _norm(x, p, "attn_norm", cfg), x)  # ModernBERT's first: identity
-    q, k, v = qwen2.project_qkv(s.dense.matmul(h, m["qkv"], index, s.real_rows), p, cfg)
+    q, k, v = _project_qkv(h, index, p, s)
     if s.rope is not None:
         cos, sin = s.rope if s.local_rope is None else pick_sliding(sliding, s.local_rope, s.rope)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     meta = s.meta if s.window_meta is None else pick_sliding(sliding, s.window_meta, s.meta)
     dt = s.dtype
     return s.attention(q.astype(dt), k.astype(dt), v.astype(dt), meta, scale=cfg.attention_scale)
+
+
+def _project_qkv(h: jax.Array, index: jax.Array, p: dict, s: Step) -> tuple[jax.Array, ...]:
+    """q [T, H, D], k and v [T, Hkv, D] of the normed residual h f32[T, E]: bf16 where the
+    product takes the bias (`layout.qkv_bias_in_product`) and the strategy fuses it, else f32."""
+    cfg, qkv = s.cfg, s.matrices["qkv"]
+    if not qkv_bias_in_product(cfg):
+        return qwen2.project_qkv(s.dense.matmul(h, qkv, index, s.real_rows), p, cfg)
+    return s.dense.qkv(h, qkv, index, p["b_qkv"], cfg.num_heads, cfg.num_kv_heads, s.real_rows)
 
 
 def _finish(x: jax.Array, o: jax.Array, xs: tuple, s: Step) -> jax.Array:

@@ -49,10 +49,17 @@ ENCODER_TOP_VECTORS = (
 
 def place_encoder(params: dict, cfg: ModelConfig, dtype, dense) -> dict:
     """Device weights of an encoder (`engine.models.encoder`): embedding tables in `dtype`,
-    norms and biases in f32, the fused q/k/v, the MLP (a gated one's pairs side by side), and a
+    norms and biases in f32 (the q/k/v biases fused as their matrix where the product takes
+    them), the fused q/k/v, the MLP (a gated one's pairs side by side), and a
     cross-encoder's pooler dense and classifier, prepared by the `dense` strategy."""
     layers, heads = params["layers"], cfg.num_kv_heads
     tables = [n for n in ("embed", "positions", "token_types") if n in params]
+    qkv = fuse_qkv(layers["wq"], layers["wk"], layers["wv"], heads)
+    biased = qkv_bias_in_product(cfg)
+    vectors = {n: to_device(layers[n], jnp.float32) for n in ENCODER_VECTORS if n in layers}
+    if biased:
+        b_qkv = fuse_qkv(layers["bq"], layers["bk"], layers["bv"], heads)
+        vectors["b_qkv"] = to_device(b_qkv, jnp.float32)
     up = (
         _gate_up_pairs(layers, dtype, dense)
         if "w_gate" in layers
@@ -62,14 +69,22 @@ def place_encoder(params: dict, cfg: ModelConfig, dtype, dense) -> dict:
         **{n: to_device(params[n], dtype) for n in tables},
         **{n: to_device(params[n], jnp.float32) for n in ENCODER_TOP_VECTORS if n in params},
         **_classifier(params, dtype, dense),
-        "layers": {n: to_device(layers[n], jnp.float32) for n in ENCODER_VECTORS if n in layers},
+        "layers": vectors,
         "matrices": {
-            "qkv": dense.prepare(fuse_qkv(layers["wq"], layers["wk"], layers["wv"], heads), dtype),
+            "qkv": (dense.prepare_activated if biased else dense.prepare)(qkv, dtype),
             "o": dense.prepare(layers["wo"], dtype),
             "up": up,
             "down": dense.prepare(layers["w_down"], dtype),
         },
     }
+
+
+def qkv_bias_in_product(cfg: ModelConfig) -> bool:
+    """Whether an encoder's q/k/v projection takes its bias in the product (`Dense.activated`
+    with the identity, fused bias `b_qkv`): so q, k and v come out in the compute dtype, rounded
+    once, where the strategy fuses it. Not where RoPE comes between the projection and attention
+    (ModernBERT), which rotates the f32 product."""
+    return cfg.position_table
 
 
 def _classifier(params: dict, dtype, dense) -> dict:
