@@ -14,8 +14,9 @@
 // GeGLU), from gate and up packed with their 16-column groups interleaved, so neither f32
 // product reaches memory. The activated form computes bf16(act(a @ W + bias)) (an encoder MLP's
 // up projection), so no f32 product reaches memory either; act is one of simd.h's activations.
-// The q/k/v form computes bf16(a @ W + bias) and writes each head's columns into q, k or v
-// (an encoder's fused projection), so neither the f32 product nor a split copy reaches memory.
+// The q/k/v form computes bf16(a @ W + bias), q and k rotated by RoPE where it is given, and
+// writes each head's columns into q, k or v (the fused projection of a decoder or encoder), so
+// neither the f32 product nor a split copy reaches memory.
 //
 // Builds: AMX (tile dot products, dense_amx.h), AVX512-BF16 (the hardware bf16 dot product) and
 // AVX2 (the same products by f32 FMAs on the bf16 values widened, which is exact: the activations
@@ -60,11 +61,15 @@ struct Problem {
   // kQkv: where each 16-column group goes (simd.h's QkvOut)
   struct Place {
     int32_t out;     // 0 q, 1 k, 2 v
-    int32_t column;  // of its row there
+    int32_t column;  // of its row there (of its first half's, for q and k)
+    int32_t freq;    // q and k: the RoPE frequency of its first column (halves D/2 apart); v: -1
   };
   const Place* places = nullptr;  // [n / 16]
   uint16_t* heads_out[3] = {};    // q bf16[m, H, D], k and v bf16[m, Hkv, D]
   int64_t head_cols[3] = {};      // H D, Hkv D, Hkv D
+  int64_t half = 0;               // D / 2
+  const float* cos = nullptr;     // f32[m, D / 2], with sin: RoPE of q and k (null: none)
+  const float* sin = nullptr;
 };
 
 // What a call writes: the f32 sums, bf16 of act(gate) * up, bf16 of an activation of the
@@ -382,43 +387,68 @@ ffi::Error Activated(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::Buffer<ffi::S32> l
   return Call(kActivated, a, w, layer, rows, bias.typed_data(), activation, out, pool);
 }
 
-// bf16(a @ W + bias) split into q bf16[M, H, D], k and v bf16[M, Hkv, D], W's columns laid out
-// by kv head: for each kv head its G = H / Hkv query heads, then its k and its v, D each.
-ffi::Error Qkv(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::Buffer<ffi::S32> layer,
-               ffi::Buffer<ffi::S32> rows, ffi::Buffer<ffi::F32> bias,
-               ffi::Result<ffi::AnyBuffer> q, ffi::Result<ffi::AnyBuffer> k,
-               ffi::Result<ffi::AnyBuffer> v, ffi::ThreadPool pool) {
-  std::string error = check_inputs(a, w, layer, rows, kQkv);
+// Where each 16-column group of a q/k/v product of `n` columns goes: W's columns are laid out by
+// kv head (for each, its G query heads, then its k and its v, D each), and within each q and k
+// head in groups of 8 columns of the head's first half and the 8 D/2 further
+// (`kernels.cpu.pack_qkv`).
+std::vector<Problem::Place> qkv_places(int64_t n, int64_t d, int64_t group) {
+  std::vector<Problem::Place> places(n / 16);
+  for (int64_t c = 0; c < n; c += 16) {  // slot: a head's D columns in the kv head's G + 2
+    const int64_t slot = c / d, kv = slot / (group + 2), i = slot % (group + 2), j = c % d / 16;
+    const int32_t out = i < group ? 0 : int32_t(i - group + 1);
+    const int64_t head = out == 0 ? kv * group + i : kv;
+    places[c / 16] = out == 2 ? Problem::Place{out, int32_t(head * d + 16 * j), -1}
+                              : Problem::Place{out, int32_t(head * d + 8 * j), int32_t(8 * j)};
+  }
+  return places;
+}
+
+// Checks the q/k/v call's outputs and RoPE tables against a and w; returns an error or "".
+std::string check_qkv(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w,
+                      const ffi::Buffer<ffi::F32>& bias, const ffi::Buffer<ffi::F32>& cos,
+                      const ffi::Buffer<ffi::F32>& sin, ffi::AnyBuffer* const (&outs)[3]) {
   const int64_t total = a.dimensions()[0], n = w.dimensions()[1] * 16;
-  ffi::AnyBuffer* outs[3] = {&*q, &*k, &*v};
-  auto qd = q->dimensions(), kd = k->dimensions();
+  auto qd = outs[0]->dimensions(), kd = outs[1]->dimensions(), vd = outs[2]->dimensions();
   const bool shaped = qd.size() == 3 && kd.size() == 3 && qd[0] == total && kd[1] > 0 &&
                       qd[1] % kd[1] == 0 && qd[2] == kd[2] && qd[2] % 16 == 0 &&
                       (qd[1] + 2 * kd[1]) * qd[2] == n;
-  if (error.empty() && !shaped)
-    error = "q of " + dims(*q) + " and k of " + dims(*k) + " do not split w of " + dims(w);
-  auto vd = v->dimensions();
+  if (!shaped) return "q of " + dims(*outs[0]) + " and k of " + dims(*outs[1]) +
+                      " do not split w of " + dims(w);
   const bool same = vd.size() == 3 && std::equal(vd.begin(), vd.end(), kd.begin());
   for (auto* out : outs)
-    if (error.empty() && (out->element_type() != ffi::DataType::BF16 || !same))
-      error = "q, k and v must be bfloat16, k and v of one shape";
-  if (error.empty() && int64_t(bias.element_count()) != n) error = "bias does not match w of " + dims(w);
+    if (out->element_type() != ffi::DataType::BF16 || !same)
+      return "q, k and v must be bfloat16, k and v of one shape";
+  if (int64_t(bias.element_count()) != n) return "bias does not match w of " + dims(w);
+  const int64_t table = int64_t(cos.element_count());
+  if (table != int64_t(sin.element_count()) || (table && table != total * qd[2] / 2))
+    return "cos and sin must both be empty or hold [" + std::to_string(total) + ", " +
+           std::to_string(qd[2] / 2) + "] values";
+  return "";
+}
+
+// bf16(a @ W + bias) split into q bf16[M, H, D], k and v bf16[M, Hkv, D] (`qkv_places`), q and
+// k rotated by RoPE where cos and sin f32[M, D/2] are given (empty: none).
+ffi::Error Qkv(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::Buffer<ffi::S32> layer,
+               ffi::Buffer<ffi::S32> rows, ffi::Buffer<ffi::F32> bias, ffi::Buffer<ffi::F32> cos,
+               ffi::Buffer<ffi::F32> sin, ffi::Result<ffi::AnyBuffer> q,
+               ffi::Result<ffi::AnyBuffer> k, ffi::Result<ffi::AnyBuffer> v,
+               ffi::ThreadPool pool) {
+  ffi::AnyBuffer* const outs[3] = {&*q, &*k, &*v};
+  std::string error = check_inputs(a, w, layer, rows, kQkv);
+  if (error.empty()) error = check_qkv(a, w, bias, cos, sin, outs);
   if (!error.empty()) return ffi::Error::InvalidArgument("packed_qkv: " + error);
   native_cpu::PoolScope scope(pool);
-  const int64_t m = native_builds::computed_rows(rows, total), d = qd[2], group = qd[1] / kd[1];
+  auto qd = q->dimensions(), kd = k->dimensions();
+  const int64_t total = a.dimensions()[0], m = native_builds::computed_rows(rows, total);
   Problem p = problem(a, w, layer, m);
-  std::vector<Problem::Place> places(n / 16);
-  for (int64_t c = 0; c < n; c += 16) {  // slot: a head's D columns in the kv head's G + 2
-    const int64_t slot = c / d, kv = slot / (group + 2), i = slot % (group + 2);
-    const int32_t out = i < group ? 0 : int32_t(i - group + 1);
-    const int64_t head = out == 0 ? kv * group + i : kv;
-    places[c / 16] = {out, int32_t(head * d + c % d)};
-  }
+  const std::vector<Problem::Place> places = qkv_places(p.n, qd[2], qd[1] / kd[1]);
   p.places = places.data();
   p.bias = bias.typed_data();
+  p.half = qd[2] / 2;
+  if (cos.element_count()) p.cos = cos.typed_data(), p.sin = sin.typed_data();
   for (int i = 0; i < 3; ++i) {
     p.heads_out[i] = static_cast<uint16_t*>(outs[i]->untyped_data());
-    p.head_cols[i] = (i == 0 ? qd[1] : kd[1]) * d;
+    p.head_cols[i] = (i == 0 ? qd[1] : kd[1]) * qd[2];
   }
   if (m > 0) run(p, kQkv, 0);
   for (int i = 0; i < 3; ++i)
@@ -458,6 +488,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PackedQkvHandler, packed_dense::Qkv,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()

@@ -234,9 +234,43 @@ struct ActOut {
   }
 };
 
+// A 16-column group's two halves, each 8 values: for q and k heads, the group holds 8 columns
+// of the head's first half and the 8 columns D/2 further (`kernels.cpu.pack_qkv`), the pairs
+// rotate-half RoPE turns together. Rotated by cos/sin (8 values each, f32) when `cos` is set:
+// (x1 cos - x2 sin, x2 cos + x1 sin).
+inline void rotate_halves(VF* v, const float* cos, const float* sin) {
+#if SIMD_WIDE
+  const VF c = _mm512_broadcast_f32x8(_mm256_loadu_ps(cos));
+  const VF s = _mm512_broadcast_f32x8(_mm256_loadu_ps(sin));
+  const VF swapped = _mm512_shuffle_f32x4(v[0], v[0], 0x4E);  // (x2, x1)
+  const VF signed_s = _mm512_mask_sub_ps(s, 0x00FF, zero_f(), s);  // (-sin, sin)
+  v[0] = add_f(mul_f(v[0], c), mul_f(swapped, signed_s));
+#else
+  const VF c = load_f(cos), s = load_f(sin), x1 = v[0], x2 = v[1];
+  v[0] = sub_f(mul_f(x1, c), mul_f(x2, s));
+  v[1] = add_f(mul_f(x2, c), mul_f(x1, s));
+#endif
+}
+
+// A 16-column group rounded to bf16, its first 8 values at `first`, the other 8 at `second`.
+inline void store_bf16_halves(uint16_t* first, uint16_t* second, const VF* v) {
+#if SIMD_WIDE
+  const VI b = bits(v[0]);
+  const VI odd = and_i(shr_i(b, 16), set1_i(1));
+  const __m256i words = _mm512_cvtepi32_epi16(shr_i(add_i(b, add_i(set1_i(0x7FFF), odd)), 16));
+  _mm_storeu_si128((__m128i*)first, _mm256_castsi256_si128(words));
+  _mm_storeu_si128((__m128i*)second, _mm256_extracti128_si256(words, 1));
+#else
+  store_bf16(first, v[0]);
+  store_bf16(second, v[1]);
+#endif
+}
+
 // The fused q/k/v projection: bf16(sums + bias) of each 16-column group written to its place
-// in q, k or v (`p.places[group]`: which of `p.heads_out` and the column there), rows
-// `p.head_cols[out]` long, so no f32 product and no split copy reaches memory.
+// in q, k or v (`p.places[group]`: which of `p.heads_out`, the column there, and for a q or k
+// group its RoPE frequency: its halves go to `column` and `column + p.half`, rotated by
+// `p.cos`/`p.sin` [m, D/2] when they are set), rows `p.head_cols[out]` long, so no f32 product
+// and no split copy reaches memory.
 template <int Rows, int Groups>
 struct QkvOut {
   static constexpr int kRows = Rows, kGroups = Groups;
@@ -246,8 +280,17 @@ struct QkvOut {
       const auto place = p.places[group + g];
       uint16_t* o = p.heads_out[place.out] + row * p.head_cols[place.out] + place.column;
       const float* bias = p.bias + (group + g) * 16;
-      for (int v = 0; v < kVecs; ++v)
-        store_bf16(o + v * kLanes, add_f(acc[g * kVecs + v], load_f(bias + v * kLanes)));
+      VF v[kVecs];
+      for (int i = 0; i < kVecs; ++i) v[i] = add_f(acc[g * kVecs + i], load_f(bias + i * kLanes));
+      if (place.freq < 0) {  // a v head: its columns in order
+        for (int i = 0; i < kVecs; ++i) store_bf16(o + i * kLanes, v[i]);
+        continue;
+      }
+      if (p.cos) {
+        const int64_t at = row * p.half + place.freq;
+        rotate_halves(v, p.cos + at, p.sin + at);
+      }
+      store_bf16_halves(o, o + p.half, v);
     }
   }
 };

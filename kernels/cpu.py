@@ -278,19 +278,40 @@ def activated_cpu(
     )
 
 
+def qkv_order(heads: int, kv_heads: int, d: int) -> np.ndarray:
+    """The column order `pack_qkv` packs a fused q/k/v matrix in (i64[N], N = (H + 2 Hkv) D, its
+    columns by kv head: `kernels.dense.split_qkv`): within each q and k head, groups of 16
+    columns holding 8 of the head's first half and the 8 that are D/2 further, the pairs
+    rotate-half RoPE turns together; v heads in order."""
+    group = heads // kv_heads
+    inner = np.arange(d).reshape(2, d // 16, 8).transpose(1, 0, 2).reshape(d)  # paired halves
+    slots = [inner] * (group + 1) + [np.arange(d)]  # the G query heads and k; v in order
+    slots *= kv_heads
+    return np.concatenate([slot + n * d for n, slot in enumerate(slots)])
+
+
+def pack_qkv(w, heads: int, kv_heads: int) -> np.ndarray:
+    """A fused q/k/v stack [L, K, N] (columns by kv head) packed for `qkv_cpu`: `pack_dense`
+    of its columns in `qkv_order`."""
+    w = np.asarray(w)
+    d = w.shape[-1] // (heads + 2 * kv_heads)
+    return pack_dense(w[..., qkv_order(heads, kv_heads, d)])
+
+
 def qkv_cpu(
     x: jax.Array,  # [M, K], cast to bf16
-    w: jax.Array,  # bf16[L, N/16, K/2, 32] from `pack_dense`, N = (H + 2 Hkv) D
+    w: jax.Array,  # bf16[L, N/16, K/2, 32] from `pack_qkv`, N = (H + 2 Hkv) D
     layer: jax.Array,  # i32[]
-    bias: jax.Array,  # f32[N]
+    bias: jax.Array,  # f32[N], columns by kv head (as the matrix before `pack_qkv`)
     heads: int,  # H
     kv_heads: int,  # Hkv
     rows: jax.Array | None = None,  # i32[]: the real rows of x (as `dense_cpu`)
+    rope: tuple[jax.Array, jax.Array] | None = None,  # cos, sin f32[M, D/2]
 ) -> tuple[jax.Array, jax.Array, jax.Array]:  # bf16 q [M, H, D], k and v [M, Hkv, D]
-    """`x @ W[layer] + bias` rounded to bf16 once (f32 products, accumulation and bias), its
-    columns written straight into q, k and v: W's columns are laid out by kv head
-    (`kernels.dense.split_qkv`), D a multiple of 16. Neither the f32 product nor a split copy
-    reaches memory."""
+    """`x @ W[layer] + bias`, q and k rotated by rotate-half RoPE where `rope` is given (as
+    `kernels.rope.rotate`), rounded to bf16 once (f32 products, accumulation, bias and
+    rotation), its columns written straight into q, k and v (`kernels.dense.split_qkv`'s
+    layout), D a multiple of 16. Neither the f32 product nor a split copy reaches memory."""
     m, k = x.shape
     n = w.shape[1] * 16
     d = n // (heads + 2 * kv_heads) if heads % kv_heads == 0 else 0
@@ -301,12 +322,17 @@ def qkv_cpu(
             f"qkv_cpu: {heads} heads and {kv_heads} kv heads do not split weights {w.shape} "
             f"(bias {bias.shape}) into heads of a multiple of 16 columns"
         )
+    cos, sin = rope if rope is not None else (np.zeros(0, np.float32),) * 2
+    if rope is not None and (cos.shape != (m, d // 2) or sin.shape != cos.shape):
+        raise ValueError(f"qkv_cpu: RoPE tables {cos.shape}, {sin.shape} for {m} rows of D {d}")
     out = jax.ShapeDtypeStruct((m, heads, d), jax.numpy.bfloat16)
     kv = jax.ShapeDtypeStruct((m, kv_heads, d), jax.numpy.bfloat16)
     call = jax.ffi.ffi_call(QKV_TARGET, (out, kv, kv))
     x = x.astype(jax.numpy.bfloat16)
+    bias = bias.astype(np.float32)[qkv_order(heads, kv_heads, d)]
     layer = jax.numpy.asarray(layer, np.int32)
-    return call(x, w, layer, _rows(rows, m), bias.astype(np.float32))
+    f32 = lambda t: jax.numpy.asarray(t, np.float32)
+    return call(x, w, layer, _rows(rows, m), bias, f32(cos), f32(sin))
 
 
 def _act(activation: str) -> dict:

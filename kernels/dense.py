@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kernels import activations, cpu, onednn, quant
+from kernels import rope as kernels_rope
 from kernels.host import interleave_to_device, to_device
 
 
@@ -47,9 +48,12 @@ class Dense(NamedTuple):
     activated(x [M, K], W, layer, bias f32[N], activation, rows) -> act(x @ W + bias) [M, N]:
         f32, or bf16 where the strategy fuses it (the native kernel on bf16 weights), which is
         the dtype the next product casts it to (`activation` names `kernels.activations`)
-    qkv(x [M, K], W, layer, bias f32[N], heads, kv_heads, rows) -> q [M, H, D], k and v
-        [M, Hkv, D]: x @ W + bias split as `split_qkv` (W from `prepare_activated`, its columns
-        by kv head): bf16 where the strategy fuses it, written straight into the three, else f32
+    prepare_qkv(w [L, K, N], dtype, heads, kv_heads) -> W: a fused q/k/v stack, its columns
+        by kv head (`split_qkv`), chosen as an activated matrix;
+    qkv(x [M, K], W, layer, bias f32[N], heads, kv_heads, rows, rope) -> q [M, H, D], k and v
+        [M, Hkv, D]: x @ W + bias split as `split_qkv`, q and k rotated by `rope` (cos, sin
+        f32[M, D/2]; None: not, `kernels.rope`): bf16 where the strategy fuses it, written
+        straight into the three, else f32
     (rows: i32[] or None, the real rows of x; see the module docstring)
     prepare_head(w [V, E], dtype) -> H;  head(h [S, E], H) -> f32[S, V] = h @ w.T
     """
@@ -61,6 +65,7 @@ class Dense(NamedTuple):
     gated: Callable
     prepare_activated: Callable
     activated: Callable
+    prepare_qkv: Callable
     qkv: Callable
     prepare_head: Callable
     head: Callable
@@ -120,12 +125,21 @@ def split_qkv(y: jax.Array, heads: int, kv_heads: int) -> tuple[jax.Array, ...]:
 
 def _then_split(activated: Callable) -> Callable:
     """`qkv` of a strategy with no fused form: its `activated` product with the identity, then
-    `split_qkv` in XLA."""
+    `split_qkv` and RoPE in XLA, in f32."""
 
-    def qkv(x, w, layer, bias, heads: int, kv_heads: int, rows=None):
-        return split_qkv(activated(x, w, layer, bias, "identity", rows), heads, kv_heads)
+    def qkv(x, w, layer, bias, heads: int, kv_heads: int, rows=None, rope=None):
+        y = activated(x, w, layer, bias, "identity", rows)
+        q, k, v = split_qkv(y, heads, kv_heads)
+        if rope is None:
+            return q, k, v
+        return kernels_rope.rotate(q, *rope), kernels_rope.rotate(k, *rope), v
 
     return qkv
+
+
+def _plain_qkv(prepare: Callable) -> Callable:
+    """`prepare_qkv` of a strategy that stores a q/k/v stack as any other matrix."""
+    return lambda w, dtype, heads, kv_heads: prepare(w, dtype)
 
 
 def _xla_head(h: jax.Array, w: jax.Array) -> jax.Array:
@@ -142,6 +156,7 @@ XLA = Dense(
     _xla_gated,
     _xla_prepare,
     _then_activate(_xla_matmul),
+    _plain_qkv(_xla_prepare),
     _then_split(_then_activate(_xla_matmul)),
     _xla_prepare,
     _xla_head,
@@ -189,11 +204,24 @@ def _cpu_activated(x, w: Packed | jax.Array, layer, bias, activation: str, rows=
     return _then_activate(_cpu_matmul)(x, w, layer, bias, activation, rows)
 
 
-def _cpu_qkv(x, w: Packed | jax.Array, layer, bias, heads: int, kv_heads: int, rows=None):
-    d = w.data.shape[1] * 16 // (heads + 2 * kv_heads) if isinstance(w, Packed) else 0
-    if d % 16 == 0 and d and w.data.dtype == jnp.bfloat16:
-        return cpu.qkv_cpu(x, w.data, layer, bias, heads, kv_heads, rows)
-    return _then_split(_cpu_activated)(x, w, layer, bias, heads, kv_heads, rows)
+class PackedQkv(NamedTuple):
+    """A fused q/k/v stack packed for `kernels.cpu.qkv_cpu` (`pack_qkv`: q and k columns in
+    RoPE's pairs)."""
+
+    data: jax.Array  # bf16[L, N/16, K/2, 32]
+
+
+def _cpu_prepare_qkv(w, dtype, heads: int, kv_heads: int) -> PackedQkv | Packed | jax.Array:
+    d = w.shape[-1] // (heads + 2 * kv_heads)
+    if np.dtype(dtype) != jnp.bfloat16 or d % 16 or not cpu.dense_supports(*w.shape[-2:]):
+        return _cpu_prepare(w, dtype)
+    return PackedQkv(jax.device_put(cpu.pack_qkv(w, heads, kv_heads)))
+
+
+def _cpu_qkv(x, w, layer, bias, heads: int, kv_heads: int, rows=None, rope=None):
+    if isinstance(w, PackedQkv):
+        return cpu.qkv_cpu(x, w.data, layer, bias, heads, kv_heads, rows, rope)
+    return _then_split(_then_activate(_cpu_matmul))(x, w, layer, bias, heads, kv_heads, rows, rope)
 
 
 def _cpu_prepare_head(w, dtype) -> Packed | jax.Array:
@@ -216,6 +244,7 @@ CPU = Dense(
     _cpu_gated,
     _cpu_prepare,
     _cpu_activated,
+    _cpu_prepare_qkv,
     _cpu_qkv,
     _cpu_prepare_head,
     _cpu_head,
@@ -281,6 +310,7 @@ ONEDNN = Dense(
     _onednn_gated,
     _onednn_prepare,
     _then_activate(_onednn_matmul),
+    _plain_qkv(_onednn_prepare),
     _then_split(_then_activate(_onednn_matmul)),
     _onednn_prepare_head,
     _onednn_head,
@@ -326,6 +356,7 @@ INT8_XLA = Dense(
     _int8_gated,
     _int8_prepare,
     _then_activate(_int8_matmul),
+    _plain_qkv(_int8_prepare),
     _then_split(_then_activate(_int8_matmul)),
     _xla_prepare,
     _xla_head,
@@ -367,6 +398,7 @@ INT8 = Dense(
     _vnni_gated,
     _vnni_prepare,
     _then_activate(_vnni_matmul),
+    _plain_qkv(_vnni_prepare),
     _then_split(_then_activate(_vnni_matmul)),
     _cpu_prepare_head,
     _cpu_head,
@@ -374,13 +406,13 @@ INT8 = Dense(
 
 STRATEGIES = {d.name: d for d in (XLA, CPU, ONEDNN, INT8, INT8_XLA)}
 # the strategy that multiplies each prepared form (the rest are XLA's)
-FORMS = {Packed: CPU, OneDnnPacked: ONEDNN, Int8Packed: INT8, Int8: INT8_XLA}
+FORMS = {Packed: CPU, PackedQkv: CPU, OneDnnPacked: ONEDNN, Int8Packed: INT8, Int8: INT8_XLA}
 
 
 def chosen(pick: Callable[[str, int, int], str]) -> Dense:
     """A strategy that prepares each matrix as the strategy `pick(kind, K, N)` names ("matmul"
     for a [.., K, N] stack, "gated" for gate and up [.., K, N], "activated" for a [.., K, N]
-    stack multiplied by `activated`, "head" for [N, K]) and multiplies
+    stack multiplied by `activated`, and a q/k/v stack, "head" for [N, K]) and multiplies
     each prepared form as its own strategy does (`FORMS`). The int8 mode picks "int8" or
     "int8-xla" for the layer matrices and a bf16 strategy for the head.
     """
@@ -394,6 +426,10 @@ def chosen(pick: Callable[[str, int, int], str]) -> Dense:
     def prepare_activated(w, dtype):
         return STRATEGIES[pick("activated", *w.shape[-2:])].prepare_activated(w, dtype)
 
+    def prepare_qkv(w, dtype, heads, kv_heads):
+        strategy = STRATEGIES[pick("activated", *w.shape[-2:])]
+        return strategy.prepare_qkv(w, dtype, heads, kv_heads)
+
     def prepare_head(w, dtype):
         return STRATEGIES[pick("head", *w.shape[::-1])].prepare_head(w, dtype)
 
@@ -406,8 +442,8 @@ def chosen(pick: Callable[[str, int, int], str]) -> Dense:
     def activated(x, w, layer, bias, activation, rows=None):
         return _owner(w).activated(x, w, layer, bias, activation, rows)
 
-    def qkv(x, w, layer, bias, heads, kv_heads, rows=None):
-        return _owner(w).qkv(x, w, layer, bias, heads, kv_heads, rows)
+    def qkv(x, w, layer, bias, heads, kv_heads, rows=None, rope=None):
+        return _owner(w).qkv(x, w, layer, bias, heads, kv_heads, rows, rope)
 
     def head(h, w):
         return _owner(w).head(h, w)
@@ -420,6 +456,7 @@ def chosen(pick: Callable[[str, int, int], str]) -> Dense:
         gated,
         prepare_activated,
         activated,
+        prepare_qkv,
         qkv,
         prepare_head,
         head,

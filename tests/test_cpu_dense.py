@@ -8,6 +8,7 @@ import pytest
 from engine import load_model
 from kernels import activations, cpu, select_dense
 from kernels.dense import Packed, split_qkv
+from kernels.rope import rotate
 
 pytestmark = [
     pytest.mark.skipif(not cpu.DENSE_AVAILABLE, reason="needs the native bf16 kernel"),
@@ -145,40 +146,76 @@ QKV_SHAPES = [(1, 32, 2, 2, 16), (7, 64, 4, 2, 32), (45, 96, 6, 1, 64), (300, 38
 QKV_SHAPES += [(70, 128, 4, 2, 128)]
 
 
+def rope_tables(rng, m: int, d: int) -> tuple[jax.Array, jax.Array]:
+    angles = rng.uniform(0, 2 * np.pi, (m, d // 2))
+    return jnp.asarray(np.cos(angles), jnp.float32), jnp.asarray(np.sin(angles), jnp.float32)
+
+
+@pytest.mark.parametrize("rotated", [False, True])
 @pytest.mark.parametrize(("m", "k", "heads", "kv_heads", "d"), QKV_SHAPES)
-def test_qkv_writes_the_biased_product_into_its_heads(isa, m, k, heads, kv_heads, d):
-    """bf16(x @ W + bias) written into q, k and v: bitwise the fused product's identity form
-    split in XLA (`split_qkv`), and within one bf16 rounding of float64."""
+def test_qkv_writes_the_biased_product_into_its_heads(isa, m, k, heads, kv_heads, d, rotated):
+    """bf16(x @ W + bias), q and k rotated by RoPE where it is given, written into q, k and v:
+    without RoPE bitwise the activated form's identity split in XLA (`split_qkv`); with it,
+    within one bf16 rounding of float64 and equal to XLA's f32 rotation rounded to bf16 but
+    for values at a rounding boundary."""
     rng = np.random.default_rng(m + heads + d)
     n = (heads + 2 * kv_heads) * d
     x, w = bf16(rng, m, k), bf16(rng, 2, k, n) * 0.3
     bias = jnp.asarray(rng.standard_normal(n) * 2, jnp.float32)
-    packed = jnp.asarray(cpu.pack_dense(w))
+    rope = rope_tables(rng, m, d) if rotated else None
     run = jax.jit(cpu.qkv_cpu, static_argnames=("heads", "kv_heads"))
-    q, kk, v = run(x, packed, 1, bias, heads=heads, kv_heads=kv_heads)
+    packed = jnp.asarray(cpu.pack_qkv(w, heads, kv_heads))
+    q, kk, v = got = run(x, packed, 1, bias, heads=heads, kv_heads=kv_heads, rope=rope)
     assert q.shape == (m, heads, d) and kk.shape == v.shape == (m, kv_heads, d)
     assert q.dtype == kk.dtype == v.dtype == jnp.bfloat16
-    whole = cpu.activated_cpu(x, packed, 1, bias, "identity")
-    for got, want in zip((q, kk, v), split_qkv(whole, heads, kv_heads), strict=True):
-        np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+    plain = cpu.activated_cpu(x, jnp.asarray(cpu.pack_dense(w)), 1, bias, "identity")
+    want = split_qkv(xla(x, w[1]) + bias, heads, kv_heads)  # f32, as XLA rotates it
     truth = split_qkv(exact(x, w[1]) + np.asarray(bias, np.float64), heads, kv_heads)
-    for got, want in zip((q, kk, v), truth, strict=True):
-        atol = 1e-5 * np.abs(want).max()
-        np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=2**-8, atol=atol)
+    if rotated:
+        cos, sin = (np.asarray(t, np.float64) for t in rope)
+        truth = (*(rotate_f64(t, cos, sin) for t in truth[:2]), truth[2])
+        want = (*(rotate(t, *rope) for t in want[:2]), want[2])
+    else:
+        for out, split in zip(got, split_qkv(plain, heads, kv_heads), strict=True):
+            np.testing.assert_array_equal(
+                np.asarray(out, np.float32), np.asarray(split, np.float32)
+            )
+    for out, chain, exact_out in zip(got, want, truth, strict=True):
+        out, chain = np.asarray(out, np.float64), np.asarray(chain.astype(jnp.bfloat16), np.float64)
+        atol = 1e-5 * np.abs(exact_out).max()
+        np.testing.assert_allclose(out, exact_out, rtol=2**-8, atol=atol)
+        assert (out != chain).mean() < 0.01
+        np.testing.assert_allclose(out, chain, rtol=2**-7, atol=atol)
+
+
+def rotate_f64(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate-half RoPE in float64 (`kernels.rope.rotate`)."""
+    x1, x2 = np.split(x, 2, axis=-1)
+    cos, sin = cos[:, None], sin[:, None]
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
 def test_qkv_places_each_head_by_kv_head(isa):
     """Each column reaches its own head: W the identity, so q, k and v hold x's columns in the
-    layout `split_qkv` defines (for kv head j, its G query heads, then k, then v)."""
-    heads, kv_heads, d, m = 4, 2, 16, 5
+    layout `split_qkv` defines (for kv head j, its G query heads, then k, then v), though
+    `pack_qkv` pairs the q and k columns for RoPE."""
+    heads, kv_heads, d, m = 4, 2, 32, 5
     n = (heads + 2 * kv_heads) * d
     x = jnp.asarray(np.arange(m * n).reshape(m, n) % 251, jnp.bfloat16)
-    eye = jnp.eye(n, dtype=jnp.bfloat16)[None]
-    q, k, v = cpu.qkv_cpu(x, jnp.asarray(cpu.pack_dense(eye)), 0, jnp.zeros(n), heads, kv_heads)
+    eye = jnp.asarray(cpu.pack_qkv(np.eye(n, dtype=np.float32)[None], heads, kv_heads))
+    q, k, v = cpu.qkv_cpu(x, eye, 0, jnp.zeros(n), heads, kv_heads)
     by_head = np.asarray(x, np.float32).reshape(m, kv_heads, heads // kv_heads + 2, d)
     np.testing.assert_array_equal(np.asarray(q, np.float32), by_head[:, :, :2].reshape(m, 4, d))
     np.testing.assert_array_equal(np.asarray(k, np.float32), by_head[:, :, 2])
     np.testing.assert_array_equal(np.asarray(v, np.float32), by_head[:, :, 3])
+
+
+def test_qkv_order_pairs_the_rope_halves():
+    order = cpu.qkv_order(1, 1, 32)  # q, k, v of one kv head, D 32
+    np.testing.assert_array_equal(order[:16], [*range(8), *range(16, 24)])
+    np.testing.assert_array_equal(order[16:32], [*range(8, 16), *range(24, 32)])
+    np.testing.assert_array_equal(order[64:], range(64, 96))  # v in order
+    assert sorted(order) == list(range(96))
 
 
 def test_gelu_keeps_relative_precision_on_its_negative_side(isa):
@@ -221,12 +258,17 @@ def test_rows_past_the_count_are_zeros_and_the_rest_unchanged(isa, count):
     gated = jax.jit(lambda x, w, rows: cpu.gated_cpu(x, w, 0, rows))
     activated = jax.jit(lambda x, w, rows: cpu.activated_cpu(x, w, 0, bias, "relu", rows))
     qkv = jax.jit(lambda x, w, rows: jnp.concatenate(cpu.qkv_cpu(x, w, 0, bias, 2, 1, rows), 1))
+    rotated = jax.jit(
+        lambda x, w, rows: jnp.concatenate(cpu.qkv_cpu(x, w, 0, bias, 2, 1, rows, tables), 1)
+    )
+    tables = rope_tables(rng, m, 16)
     real = min(count, m)
     for run, weights in (
         (plain, cpu.pack_dense(w)),
         (gated, cpu.pack_gated(gate, up)),
         (activated, cpu.pack_dense(w)),
-        (qkv, cpu.pack_dense(w)),
+        (qkv, cpu.pack_qkv(w, 2, 1)),
+        (rotated, cpu.pack_qkv(w, 2, 1)),
     ):
         weights = jnp.asarray(weights)
         whole, out = (np.asarray(run(x, weights, rows), np.float32) for rows in (m, count))
@@ -307,6 +349,9 @@ def test_bad_shapes_and_layers_are_refused():
         cpu.qkv_cpu(x, w, 0, jnp.zeros(32), 2, 2)  # heads of 8 columns
     with pytest.raises(ValueError, match="do not split weights"):
         cpu.qkv_cpu(x, w, 0, jnp.zeros(32), 3, 2)  # 3 query heads over 2 kv heads
+    with pytest.raises(ValueError, match="RoPE tables"):
+        w48 = jnp.asarray(cpu.pack_dense(bf16(rng, 1, 64, 48)))  # q, k, v of D 16
+        cpu.qkv_cpu(x, w48, 0, jnp.zeros(48), 1, 1, rope=(jnp.zeros((8, 4)),) * 2)
     assert cpu.dense_supports(576, 1536)
     assert not cpu.dense_supports(575, 1536) and not cpu.dense_supports(576, 1530)
     with pytest.raises(ValueError, match="isa must be one of"):

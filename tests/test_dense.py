@@ -1,8 +1,9 @@
 """Dense strategies (kernels/dense.py): what each prepares and how it multiplies.
 
-The CPU strategy's wiring (packing layouts, the layer index, the gated pair, the transposed head,
-per-matrix fallback) is checked on any machine by standing an exact emulation of the native
-kernels in for them: the packed weights are unpacked and multiplied as XLA would.
+The CPU strategy's wiring (packing layouts, the layer index, the gated pair, the q/k/v split and
+RoPE, the transposed head, per-matrix fallback) is checked on any machine by standing an exact
+emulation of the native kernels in for them: the packed weights are unpacked and multiplied as
+XLA would.
 """
 
 import jax.numpy as jnp
@@ -12,6 +13,7 @@ import pytest
 import engine.program
 from engine import load_model
 from kernels import cpu, dense
+from kernels.rope import rotate
 
 
 def unpack(data: jnp.ndarray) -> jnp.ndarray:
@@ -45,6 +47,17 @@ def emulated_gated(x, data, layer, rows=None, activation="silu"):
     return padding_zeroed((jax_silu(g) * u).astype(jnp.bfloat16), rows)
 
 
+def emulated_qkv(x, data, layer, bias, heads, kv_heads, rows=None, rope=None):
+    w = unpack(data)[layer]  # [K, N]: q and k columns in `qkv_order`
+    order = cpu.qkv_order(heads, kv_heads, w.shape[1] // (heads + 2 * kv_heads))
+    w = w[:, np.argsort(order)]  # columns by kv head again
+    y = jnp.matmul(x.astype(jnp.bfloat16), w, preferred_element_type=jnp.float32) + bias
+    q, k, v = dense.split_qkv(padding_zeroed(y, rows), heads, kv_heads)
+    if rope is not None:
+        q, k = rotate(q, *rope), rotate(k, *rope)
+    return tuple(t.astype(jnp.bfloat16) for t in (q, k, v))
+
+
 def jax_silu(x):
     return x * (1 / (1 + jnp.exp(-x)))
 
@@ -55,6 +68,7 @@ def emulated_kernel(monkeypatch):
     monkeypatch.setattr(cpu, "dense_supports", supports)
     monkeypatch.setattr(cpu, "dense_cpu", emulated_dense)
     monkeypatch.setattr(cpu, "gated_cpu", emulated_gated)
+    monkeypatch.setattr(cpu, "qkv_cpu", emulated_qkv)
 
 
 def test_unpack_inverts_the_packing():
@@ -101,7 +115,9 @@ def test_a_model_on_the_cpu_strategy_scores_like_xla(
     monkeypatch.setattr(engine.program, "select_dense", lambda *a, **k: dense.CPU)
     packed = load_model(tiny_checkpoints[family], dtype="bfloat16", progress=False)
     matrices = packed.program.params["matrices"]
-    assert all(isinstance(matrices[n], dense.Packed) for n in ("qkv", "o", "gate_up", "down"))
+    assert all(isinstance(matrices[n], dense.Packed) for n in ("o", "gate_up", "down"))
+    fused = family != "qwen3"  # Qwen3's q/k norms come between the product and RoPE
+    assert isinstance(matrices["qkv"], dense.PackedQkv if fused else dense.Packed)
     assert isinstance(packed.program.params["head"], dense.Packed)  # vocab 384 = 24 * 16
     rng = np.random.default_rng(7)
     query = [int(t) for t in rng.integers(0, 384, 30)]

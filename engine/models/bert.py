@@ -20,4 +20,4 @@ def config(hf: dict, **flags):
     return config_from_hf(hf, **flags)
 
 
-FAMILY = Family(name="bert", config_from_hf=config, project_qkv=None)
+FAMILY = Family(name="bert", config_from_hf=config)

@@ -16,20 +16,21 @@ import jax
 import jax.numpy as jnp
 
 from engine.models.config import ModelConfig, RopeScaling
+from engine.models.layout import fused_qkv
 from engine.models.rows import over_score_rows
 from kernels.dense import split_qkv
+from kernels.rope import rotate
 from kernels.softcap import soft_cap
 
 Params = dict
 
 
 class Family(NamedTuple):
-    """What differs between model families: config parsing and the q/k/v projection (from the
-    fused projection f32[T, (H + 2 Hkv) D] and the layer's vectors to q, k, v per head)."""
+    """What differs between model families: config parsing, and the traits of their configs (the
+    q/k/v projection's differences are `ModelConfig` flags: `qkv_bias`, `qk_norm`)."""
 
     name: str
     config_from_hf: Callable[[dict], ModelConfig]
-    project_qkv: Callable[..., tuple[jax.Array, jax.Array, jax.Array]] | None  # None: encoders'
     # what a config of this family has that its files need not say: `default_theta` (the RoPE
     # base when none is given) and `ModelConfig` flags; the GGUF loader reads them too
     traits: Mapping[str, Any] = MappingProxyType({})
@@ -73,7 +74,7 @@ class Dense(Protocol):
         self, x: jax.Array, w, layer: jax.Array, bias: jax.Array, activation: str, rows=None
     ) -> jax.Array: ...
 
-    def qkv(  # q [M, H, D], k and v [M, Hkv, D] of x @ w + bias, f32 or bf16
+    def qkv(  # q [M, H, D], k and v [M, Hkv, D] of x @ w + bias, q and k rotated: f32 or bf16
         self,
         x: jax.Array,
         w,
@@ -82,17 +83,26 @@ class Dense(Protocol):
         heads: int,
         kv_heads: int,
         rows=None,
+        rope=None,
     ) -> tuple[jax.Array, jax.Array, jax.Array]: ...
 
     def head(self, h: jax.Array, w) -> jax.Array: ...  # f32[S, V]
 
 
-def project(qkv: jax.Array, cfg: ModelConfig) -> tuple[jax.Array, ...]:
-    """Split the fused projection f32[T, (H + 2 Hkv) D], laid out by kv head
-    (`engine.models.layout.fuse_qkv`, `kernels.dense.split_qkv`), into q f32[T, H*D], k and v
-    f32[T, Hkv*D]."""
-    t = qkv.shape[0]
-    return tuple(x.reshape(t, -1) for x in split_qkv(qkv, cfg.num_heads, cfg.num_kv_heads))
+def project_qkv(
+    h: jax.Array, w, index: jax.Array, p: Params, cfg: ModelConfig, dense: Dense, rows, rope
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """q [T, H, D], k and v [T, Hkv, D] of the normed residual h f32[T, E] through the fused
+    q/k/v stack `w` (`engine.models.layout`): the product with its bias, q and k rotated by
+    `rope` (a `Rope`; None: learned positions), in one `Dense.qkv` call (bf16 where the strategy
+    fuses it, else f32); with per-head norms before RoPE (`cfg.qk_norm`: Qwen3, Gemma 3), in
+    f32 with the norms between."""
+    heads, kv_heads = cfg.num_heads, cfg.num_kv_heads
+    if fused_qkv(cfg):
+        return dense.qkv(h, w, index, p["b_qkv"], heads, kv_heads, rows, rope)
+    q, k, v = split_qkv(dense.matmul(h, w, index, rows), heads, kv_heads)
+    q, k = rms_norm(q, p["q_norm"], cfg.norm_eps), rms_norm(k, p["k_norm"], cfg.norm_eps)
+    return rotate(q, *rope), rotate(k, *rope), v
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
@@ -124,20 +134,16 @@ def rope_frequencies(head_dim: int, theta: float, s: RopeScaling | None) -> jax.
     return jnp.where(is_mid, mid, scaled)
 
 
-def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """Rotate-half RoPE on x f32[T, heads, D] with cos/sin f32[T, 1, D/2]."""
-    x1, x2 = jnp.split(x, 2, axis=-1)
-    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-
-
 class Rope(NamedTuple):
-    cos: jax.Array  # f32[T, 1, D/2]
-    sin: jax.Array  # f32[T, 1, D/2]
+    """Each token's RoPE angles' cosines and sines (`kernels.rope.rotate`)."""
+
+    cos: jax.Array  # f32[T, D/2]
+    sin: jax.Array  # f32[T, D/2]
 
     @classmethod
     def at(cls, positions: jax.Array, inv_freq: jax.Array) -> "Rope":
         angles = positions.astype(jnp.float32)[:, None] * inv_freq  # [T, D/2]
-        return cls(jnp.cos(angles)[:, None, :], jnp.sin(angles)[:, None, :])
+        return cls(jnp.cos(angles), jnp.sin(angles))
 
 
 class Step(NamedTuple):
@@ -167,9 +173,8 @@ def _attend(carry: tuple[jax.Array, KVPool | None], xs: tuple[jax.Array, ...], s
     index, sliding, p = xs  # the layer index i32[], whether it slides bool[], norms and biases
     cfg, m = s.cfg, s.matrices
     h = rms_norm(x, p["attn_norm"], cfg.norm_eps)
-    q, k, v = s.family.project_qkv(s.dense.matmul(h, m["qkv"], index, s.real_rows), p, cfg)
-    cos, sin = s.rope if s.local_rope is None else pick_sliding(sliding, s.local_rope, s.rope)
-    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    rope = s.rope if s.local_rope is None else pick_sliding(sliding, s.local_rope, s.rope)
+    q, k, v = project_qkv(h, m["qkv"], index, p, cfg, s.dense, s.real_rows, rope)
     dt = s.dtype
     k, v = k.astype(dt), v.astype(dt)
     if pool is not None:  # written first: later tokens of this batch may read them from pages

@@ -26,19 +26,18 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from engine.models import config, qwen2
+from engine.models import config
 from engine.models.config import ModelConfig
 from engine.models.decoder import (
     Dense,
     PackedInputs,
     Rope,
-    apply_rope,
     pick_sliding,
+    project_qkv,
     rope_frequencies,
     run_layers,
     split_last,
 )
-from engine.models.layout import qkv_bias_in_product
 from engine.models.rows import over_score_rows
 from kernels import activations
 
@@ -99,22 +98,13 @@ def _attend(x: jax.Array, xs: tuple, s: Step) -> jax.Array:  # [T, H, D]
     h = x
     if not cfg.post_norm:
         h = jnp.where(normed, _norm(x, p, "attn_norm", cfg), x)  # ModernBERT's first: identity
-    q, k, v = _project_qkv(h, index, p, s)
-    if s.rope is not None:
-        cos, sin = s.rope if s.local_rope is None else pick_sliding(sliding, s.local_rope, s.rope)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    rope = s.rope
+    if rope is not None and s.local_rope is not None:
+        rope = pick_sliding(sliding, s.local_rope, s.rope)
+    q, k, v = project_qkv(h, s.matrices["qkv"], index, p, cfg, s.dense, s.real_rows, rope)
     meta = s.meta if s.window_meta is None else pick_sliding(sliding, s.window_meta, s.meta)
     dt = s.dtype
     return s.attention(q.astype(dt), k.astype(dt), v.astype(dt), meta, scale=cfg.attention_scale)
-
-
-def _project_qkv(h: jax.Array, index: jax.Array, p: dict, s: Step) -> tuple[jax.Array, ...]:
-    """q [T, H, D], k and v [T, Hkv, D] of the normed residual h f32[T, E]: bf16 where the
-    product takes the bias (`layout.qkv_bias_in_product`) and the strategy fuses it, else f32."""
-    cfg, qkv = s.cfg, s.matrices["qkv"]
-    if not qkv_bias_in_product(cfg):
-        return qwen2.project_qkv(s.dense.matmul(h, qkv, index, s.real_rows), p, cfg)
-    return s.dense.qkv(h, qkv, index, p["b_qkv"], cfg.num_heads, cfg.num_kv_heads, s.real_rows)
 
 
 def _finish(x: jax.Array, o: jax.Array, xs: tuple, s: Step) -> jax.Array:

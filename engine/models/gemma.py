@@ -11,7 +11,6 @@ base. Tied embeddings unless the config says not.
 
 import msgspec
 
-from engine.models import llama, qwen3
 from engine.models.config import ModelConfig, config_from_hf, rope_scaling_from_hf
 from engine.models.decoder import Family
 
@@ -103,8 +102,8 @@ def _rope3(hf: dict) -> tuple[float, object, float]:
     return theta, rope_scaling_from_hf(hf), float(hf.get("rope_local_base_freq", 1e4))
 
 
-FAMILY = Family(name="gemma", config_from_hf=config, project_qkv=llama.project_qkv)
-FAMILY2 = Family(name="gemma2", config_from_hf=config2, project_qkv=llama.project_qkv)
-FAMILY3 = Family(name="gemma3", config_from_hf=config3, project_qkv=qwen3.project_qkv)
+FAMILY = Family(name="gemma", config_from_hf=config)
+FAMILY2 = Family(name="gemma2", config_from_hf=config2)
+FAMILY3 = Family(name="gemma3", config_from_hf=config3)
 FAMILIES = (FAMILY, FAMILY2, FAMILY3)
 NAMES = tuple(f.name for f in FAMILIES)

@@ -2,6 +2,8 @@
 `engine.models.decoder`, the encoder's of `engine.models.encoder`), matrices prepared by the
 dense strategy, vectors in f32."""
 
+from typing import Any
+
 import jax.numpy as jnp
 import numpy as np
 
@@ -10,7 +12,7 @@ from kernels.host import to_device
 
 VECTORS = (  # kept in f32
     *("attn_norm", "mlp_norm", "post_attn_norm", "post_mlp_norm"),
-    *("q_norm", "k_norm", "bq", "bk", "bv"),
+    *("q_norm", "k_norm"),
 )
 
 
@@ -21,15 +23,15 @@ def place_decoder(params: dict, cfg: ModelConfig, dtype, dense) -> dict:
     and the head prepared by the `dense` strategy. A tied head is prepared from the embedding
     already on the device, converted once."""
     layers = params["layers"]
-    qkv = fuse_qkv(layers["wq"], layers["wk"], layers["wv"], cfg.num_kv_heads)
+    qkv, b_qkv = _qkv(layers, cfg, dtype, dense)
     embed = to_device(params["embed"], dtype)
     return {
         "embed": embed,
         "final_norm": to_device(params["final_norm"], jnp.float32),
         "head": dense.prepare_head(params.get("lm_head", embed), dtype),
-        "layers": {n: to_device(layers[n], jnp.float32) for n in VECTORS if n in layers},
+        "layers": {n: to_device(layers[n], jnp.float32) for n in VECTORS if n in layers} | b_qkv,
         "matrices": {
-            "qkv": dense.prepare(qkv, dtype),
+            "qkv": qkv,
             "o": dense.prepare(layers["wo"], dtype),
             "gate_up": dense.prepare_gated(layers["w_gate"], layers["w_up"], dtype),
             "down": dense.prepare(layers["w_down"], dtype),
@@ -39,7 +41,7 @@ def place_decoder(params: dict, cfg: ModelConfig, dtype, dense) -> dict:
 
 ENCODER_VECTORS = (  # kept in f32
     *("attn_norm", "attn_norm_b", "mlp_norm", "mlp_norm_b"),
-    *("bq", "bk", "bv", "bo", "b_up", "b_gate", "b_down"),
+    *("bo", "b_up", "b_gate", "b_down"),
 )
 ENCODER_TOP_VECTORS = (
     *("embed_norm", "embed_norm_b", "final_norm", "final_norm_b"),
@@ -49,17 +51,13 @@ ENCODER_TOP_VECTORS = (
 
 def place_encoder(params: dict, cfg: ModelConfig, dtype, dense) -> dict:
     """Device weights of an encoder (`engine.models.encoder`): embedding tables in `dtype`,
-    norms and biases in f32 (the q/k/v biases fused as their matrix where the product takes
-    them), the fused q/k/v, the MLP (a gated one's pairs side by side), and a
+    norms and biases in f32 (the q/k/v biases fused as their matrix), the fused q/k/v, the MLP
+    (a gated one's pairs side by side), and a
     cross-encoder's pooler dense and classifier, prepared by the `dense` strategy."""
-    layers, heads = params["layers"], cfg.num_kv_heads
+    layers = params["layers"]
     tables = [n for n in ("embed", "positions", "token_types") if n in params]
-    qkv = fuse_qkv(layers["wq"], layers["wk"], layers["wv"], heads)
-    biased = qkv_bias_in_product(cfg)
+    qkv, b_qkv = _qkv(layers, cfg, dtype, dense)
     vectors = {n: to_device(layers[n], jnp.float32) for n in ENCODER_VECTORS if n in layers}
-    if biased:
-        b_qkv = fuse_qkv(layers["bq"], layers["bk"], layers["bv"], heads)
-        vectors["b_qkv"] = to_device(b_qkv, jnp.float32)
     up = (
         _gate_up_pairs(layers, dtype, dense)
         if "w_gate" in layers
@@ -69,9 +67,9 @@ def place_encoder(params: dict, cfg: ModelConfig, dtype, dense) -> dict:
         **{n: to_device(params[n], dtype) for n in tables},
         **{n: to_device(params[n], jnp.float32) for n in ENCODER_TOP_VECTORS if n in params},
         **_classifier(params, dtype, dense),
-        "layers": vectors,
+        "layers": vectors | b_qkv,
         "matrices": {
-            "qkv": (dense.prepare_activated if biased else dense.prepare)(qkv, dtype),
+            "qkv": qkv,
             "o": dense.prepare(layers["wo"], dtype),
             "up": up,
             "down": dense.prepare(layers["w_down"], dtype),
@@ -79,12 +77,28 @@ def place_encoder(params: dict, cfg: ModelConfig, dtype, dense) -> dict:
     }
 
 
-def qkv_bias_in_product(cfg: ModelConfig) -> bool:
-    """Whether an encoder's q/k/v projection takes its bias in the product (`Dense.activated`
-    with the identity, fused bias `b_qkv`): so q, k and v come out in the compute dtype, rounded
-    once, where the strategy fuses it. Not where RoPE comes between the projection and attention
-    (ModernBERT), which rotates the f32 product."""
-    return cfg.position_table
+def fused_qkv(cfg: ModelConfig) -> bool:
+    """Whether a model's q/k/v projection is one `Dense.qkv` call (the product, its fused bias
+    `b_qkv` and RoPE; bf16 q, k and v where the strategy fuses it): all but those with per-head
+    norms between the product and RoPE (`qk_norm`: Qwen3, Gemma 3), which are plain products."""
+    return not cfg.qk_norm
+
+
+def _qkv(layers: dict, cfg: ModelConfig, dtype, dense) -> tuple[Any, dict]:
+    """The fused q/k/v stack prepared (`fuse_qkv`), and where `fused_qkv`, its bias {"b_qkv":
+    f32[L, N]} (zeros for a model without biases)."""
+    heads = cfg.num_kv_heads
+    w = fuse_qkv(layers["wq"], layers["wk"], layers["wv"], heads)
+    if not fused_qkv(cfg):
+        if "bq" in layers:
+            raise ValueError("q/k/v biases with per-head q/k norms are not supported")
+        return dense.prepare(w, dtype), {}
+    if "bq" in layers:
+        bias = fuse_qkv(layers["bq"], layers["bk"], layers["bv"], heads)
+    else:
+        bias = np.zeros((w.shape[0], w.shape[-1]), np.float32)
+    prepared = dense.prepare_qkv(w, dtype, cfg.num_heads, cfg.num_kv_heads)
+    return prepared, {"b_qkv": to_device(bias, jnp.float32)}
 
 
 def _classifier(params: dict, dtype, dense) -> dict:

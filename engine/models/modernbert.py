@@ -54,4 +54,4 @@ def _rope_bases(hf: dict) -> tuple[float, float]:
     )
 
 
-FAMILY = Family(name="modernbert", config_from_hf=config, project_qkv=None)
+FAMILY = Family(name="modernbert", config_from_hf=config)

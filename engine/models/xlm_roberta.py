@@ -22,4 +22,4 @@ def config(hf: dict):
     )
 
 
-FAMILY = Family(name="xlm-roberta", config_from_hf=config, project_qkv=None)
+FAMILY = Family(name="xlm-roberta", config_from_hf=config)
