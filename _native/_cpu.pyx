@@ -19,6 +19,7 @@ cdef extern from "dense.h":
     void* packed_gated_handler()
     void* packed_activated_handler()
     void* packed_qkv_handler()
+    void* packed_add_handler()
     int packed_dense_cpu_has(int isa)
     void packed_dense_set_isa(int isa)
     int packed_dense_isa()
@@ -65,8 +66,13 @@ def activated_handler():
 
 
 def qkv_handler():
-    """The XLA FFI handler of the `packed_qkv` custom call (an encoder's fused q/k/v)."""
+    """The XLA FFI handler of the `packed_qkv` custom call (a fused q/k/v projection)."""
     return PyCapsule_New(packed_qkv_handler(), NULL, NULL)
+
+
+def add_handler():
+    """The XLA FFI handler of the `packed_dense_add` custom call (the residual form)."""
+    return PyCapsule_New(packed_add_handler(), NULL, NULL)
 
 
 # Instruction-set builds of the bf16 dense kernel, by the index the C side uses.

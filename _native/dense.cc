@@ -16,7 +16,8 @@
 // up projection), so no f32 product reaches memory either; act is one of simd.h's activations.
 // The q/k/v form computes bf16(a @ W + bias), q and k rotated by RoPE where it is given, and
 // writes each head's columns into q, k or v (the fused projection of a decoder or encoder), so
-// neither the f32 product nor a split copy reaches memory.
+// neither the f32 product nor a split copy reaches memory. The residual form adds the f32
+// sums to the residual stream (and a bias) as it writes them.
 //
 // Builds: AMX (tile dot products, dense_amx.h), AVX512-BF16 (the hardware bf16 dot product) and
 // AVX2 (the same products by f32 FMAs on the bf16 values widened, which is exact: the activations
@@ -57,7 +58,8 @@ struct Problem {
   int64_t held;       // rows of a in memory (m or more)
   const uint16_t* staged = nullptr;  // the AMX build's copy of rows [from, m), ld apart
   int64_t from = 0, ld = 0;          // (set by dense_amx.h's stage)
-  const float* bias = nullptr;       // f32[n], added before the activation (kActivated, kQkv)
+  const float* bias = nullptr;       // f32[n]: kActivated and kQkv, and kAdd where set
+  const float* addend = nullptr;     // kAdd: f32[m, n], the residual the sums are added to
   // kQkv: where each 16-column group goes (simd.h's QkvOut)
   struct Place {
     int32_t out;     // 0 q, 1 k, 2 v
@@ -73,8 +75,9 @@ struct Problem {
 };
 
 // What a call writes: the f32 sums, bf16 of act(gate) * up, bf16 of an activation of the
-// sums plus a bias, or bf16 of the sums plus a bias split into q, k and v.
-enum Form { kSums, kGated, kActivated, kQkv };
+// sums plus a bias, bf16 of the sums plus a bias split into q, k and v, or the f32 sums plus
+// a residual (and a bias).
+enum Form { kSums, kGated, kActivated, kQkv, kAdd };
 constexpr int kActivations = 5;  // the gated and activated forms' (simd.h's Activation)
 
 enum Isa { kAvx2 = 0, kAvx512Bf16 = 1, kAmx = 2 };
@@ -102,6 +105,7 @@ namespace avx512bf16 {
 #undef SIMD_WIDE
 
 using StoreF32 = F32Out<8, 3>;  // 24 accumulators
+using StoreAdd = AddOut<8, 3>;
 template <int Act>
 using StoreGated = GatedOut<6, 4, Act>;  // 24 accumulators, two output groups
 template <int Act>
@@ -160,6 +164,7 @@ namespace avx2 {
 // in the 16 registers (six rows take all 16, and GCC then kept two accumulators on the stack),
 // the activations widened once into dense_staged.h's copy.
 using StoreF32 = F32Out<5, 1>;
+using StoreAdd = AddOut<5, 1>;
 template <int Act>
 using StoreGated = GatedOut<5, 2, Act>;
 template <int Act>
@@ -279,6 +284,7 @@ void run(const Problem& p, Form form, int activation) {
 #if PACKED_DENSE_NATIVE
   if (form == kSums) return run_build<amx::AmxF32, avx512bf16::StoreF32, avx2::StoreF32>(p);
   if (form == kQkv) return run_build<amx::AmxQkv, avx512bf16::StoreQkv, avx2::StoreQkv>(p);
+  if (form == kAdd) return run_build<amx::AmxAdd, avx512bf16::StoreAdd, avx2::StoreAdd>(p);
   (form == kGated ? kGatedRuns : kActivatedRuns)[activation](p);
 #endif
 }
@@ -311,8 +317,9 @@ std::string check(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w,
   std::string error = check_inputs(a, w, layer, rows, form);
   if (!error.empty()) return error;
   auto ad = a.dimensions(), wd = w.dimensions(), od = out.dimensions();
-  if (out.element_type() != (form == kSums ? ffi::DataType::F32 : ffi::DataType::BF16))
-    return form == kSums ? "out must be float32" : "out must be bfloat16";
+  const bool f32 = form == kSums || form == kAdd;
+  if (out.element_type() != (f32 ? ffi::DataType::F32 : ffi::DataType::BF16))
+    return f32 ? "out must be float32" : "out must be bfloat16";
   const int64_t columns = form == kGated ? wd[1] * 8 : wd[1] * 16;
   if (od.size() != 2 || od[0] != ad[0] || od[1] != columns) return "out has shape " + dims(out);
   return "";
@@ -336,22 +343,24 @@ Problem problem(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w,
                  ad[0]};
 }
 
-// The call of any form but kQkv; `bias` is read by kActivated alone, `activation` by it and
-// kGated.
+// The call of any form but kQkv; `bias` is read by kActivated and kAdd, `activation` by
+// kActivated and kGated, `addend` by kAdd.
 ffi::Error Call(Form form, ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::Buffer<ffi::S32> layer,
                 ffi::Buffer<ffi::S32> rows, const float* bias, int activation,
-                ffi::Result<ffi::AnyBuffer> out, ffi::ThreadPool pool) {
+                ffi::Result<ffi::AnyBuffer> out, ffi::ThreadPool pool,
+                const float* addend = nullptr) {
   std::string error = check(a, w, layer, rows, *out, form);
   if (!error.empty()) return ffi::Error::InvalidArgument("packed_dense: " + error);
   native_cpu::PoolScope scope(pool);
   const int64_t total = a.dimensions()[0], m = native_builds::computed_rows(rows, total);
   Problem p = problem(a, w, layer, m);
-  const int64_t row_bytes = form == kSums    ? p.n * sizeof(float)
-                            : form == kGated ? p.n / 2 * sizeof(uint16_t)
-                                             : p.n * sizeof(uint16_t);
+  const int64_t row_bytes = form == kSums || form == kAdd ? p.n * sizeof(float)
+                            : form == kGated               ? p.n / 2 * sizeof(uint16_t)
+                                                           : p.n * sizeof(uint16_t);
   p.out = out->untyped_data();
   p.stream = form == kSums && dense_tiles::streams(p.out, m * row_bytes);
   p.bias = bias;
+  p.addend = addend;
   if (m > 0) run(p, form, activation);
   native_builds::zero_rows(p.out, m, total, row_bytes);
   return ffi::Error::Success();
@@ -385,6 +394,23 @@ ffi::Error Activated(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::Buffer<ffi::S32> l
                                        " values for w of " + dims(w));
   if (activation < 0 || activation >= kActivations) return no_activation(activation);
   return Call(kActivated, a, w, layer, rows, bias.typed_data(), activation, out, pool);
+}
+
+// residual + a @ W (+ bias): `residual` f32[M, N] (the residual stream), `bias` f32[N] or empty.
+ffi::Error Add(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::Buffer<ffi::S32> layer,
+               ffi::Buffer<ffi::S32> rows, ffi::AnyBuffer residual, ffi::Buffer<ffi::F32> bias,
+               ffi::Result<ffi::AnyBuffer> out, ffi::ThreadPool pool) {
+  auto rd = residual.dimensions(), od = out->dimensions();
+  const int64_t n = w.dimensions()[1] * 16, values = int64_t(bias.element_count());
+  if (residual.element_type() != ffi::DataType::F32 || rd.size() != 2 || od.size() != 2 ||
+      rd[0] != od[0] || rd[1] != od[1])
+    return ffi::Error::InvalidArgument("packed_dense_add: residual of " + dims(residual) +
+                                       " for out of " + dims(*out) + " (both float32)");
+  if (values != 0 && values != n)
+    return ffi::Error::InvalidArgument("packed_dense_add: bias has " + std::to_string(values) +
+                                       " values for w of " + dims(w));
+  return Call(kAdd, a, w, layer, rows, values ? bias.typed_data() : nullptr, 0, out, pool,
+              static_cast<const float*>(residual.untyped_data()));
 }
 
 // Where each 16-column group of a q/k/v product of `n` columns goes: W's columns are laid out by
@@ -482,6 +508,17 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PackedActivatedHandler, packed_dense::Activated,
                                   .Attr<int32_t>("activation")
                                   .Ctx<ffi::ThreadPool>());
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PackedAddHandler, packed_dense::Add,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ctx<ffi::ThreadPool>());
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PackedQkvHandler, packed_dense::Qkv,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()
@@ -503,6 +540,8 @@ void* packed_gated_handler() { return reinterpret_cast<void*>(&PackedGatedHandle
 void* packed_activated_handler() { return reinterpret_cast<void*>(&PackedActivatedHandler); }
 
 void* packed_qkv_handler() { return reinterpret_cast<void*>(&PackedQkvHandler); }
+
+void* packed_add_handler() { return reinterpret_cast<void*>(&PackedAddHandler); }
 
 int packed_dense_cpu_has(int isa) { return packed_dense::cpu_has(isa); }
 

@@ -13,6 +13,9 @@ void* packed_activated_handler();
 // The handler of the q/k/v form (bf16 q, k and v out).
 void* packed_qkv_handler();
 
+// The handler of the residual form (f32 out: a residual plus the product).
+void* packed_add_handler();
+
 // Instruction-set builds, by index: 0 AVX2, 1 AVX512-BF16, 2 AMX.
 int packed_dense_cpu_has(int isa);
 // Use build `isa` from now on; -1: the widest this CPU runs.

@@ -13,6 +13,7 @@ constexpr int kAmxRows = 32;  // rows of a tile call: two A tiles
 constexpr int kAmxStep = 32;  // values of K a tile dot product takes
 
 using AmxF32 = F32Out<kAmxRows, 2>;
+using AmxAdd = AddOut<kAmxRows, 2>;
 template <int Act>
 using AmxGated = GatedOut<kAmxRows, 2, Act>;
 template <int Act>

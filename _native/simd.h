@@ -203,6 +203,24 @@ struct F32Out {
   }
 };
 
+// The residual stream's update: writes the f32 sums plus `p.addend` (f32[m, n], the residual)
+// plus `p.bias` (f32[n], where set), added in that order, so the product never reaches memory
+// on its own.
+template <int Rows, int Groups>
+struct AddOut {
+  static constexpr int kRows = Rows, kGroups = Groups;
+  template <int G, class P>
+  static void row(const VF* acc, const P& p, int64_t row, int64_t group) {
+    float* o = static_cast<float*>(p.out) + row * p.n + group * 16;
+    const float* residual = p.addend + row * p.n + group * 16;
+    for (int j = 0; j < G * kVecs; ++j) {
+      VF v = add_f(acc[j], load_f(residual + j * kLanes));
+      if (p.bias) v = add_f(v, load_f(p.bias + group * 16 + j * kLanes));
+      store_f(o + j * kLanes, v);
+    }
+  }
+};
+
 // Gated output (SwiGLU, GeGLU): group pairs (2j, 2j+1) are gate and up of output group j;
 // writes bf16(act(gate) * up).
 template <int Rows, int Groups, int Act = kSilu>

@@ -113,7 +113,7 @@ def attention_cpu(
 
 
 DENSE_TARGET, GATED_TARGET, ACTIVATED_TARGET = "packed_dense", "packed_gated", "packed_activated"
-QKV_TARGET = "packed_qkv"
+QKV_TARGET, ADD_TARGET = "packed_qkv", "packed_dense_add"
 # f32 outputs of at least this many bytes are written with streaming stores by the dense and
 # int8 kernels (past the caches, which could not keep them for their reader anyway)
 STREAM_BYTES = _cpu.stream_bytes() if AVAILABLE else 0
@@ -123,6 +123,7 @@ if DENSE_AVAILABLE:
     jax.ffi.register_ffi_target(GATED_TARGET, _cpu.gated_handler(), platform="cpu")
     jax.ffi.register_ffi_target(ACTIVATED_TARGET, _cpu.activated_handler(), platform="cpu")
     jax.ffi.register_ffi_target(QKV_TARGET, _cpu.qkv_handler(), platform="cpu")
+    jax.ffi.register_ffi_target(ADD_TARGET, _cpu.add_handler(), platform="cpu")
 F32_TARGET = "dense_f32"
 F32_AVAILABLE = AVAILABLE and _cpu.f32_isa() is not None
 if F32_AVAILABLE:
@@ -228,6 +229,31 @@ def dense_cpu(
     out = jax.ShapeDtypeStruct((m, w.shape[1] * 16), np.float32)
     call = jax.ffi.ffi_call(F32_TARGET if f32 else DENSE_TARGET, out)
     return call(x.astype(w.dtype), w, jax.numpy.asarray(layer, np.int32), _rows(rows, m))
+
+
+def dense_add_cpu(
+    x: jax.Array,  # [M, K], cast to bf16
+    w: jax.Array,  # bf16[L, N/16, K/2, 32] from `pack_dense`
+    layer: jax.Array,  # i32[]
+    residual: jax.Array,  # f32[M, N]
+    bias: jax.Array | None = None,  # f32[N]
+    rows: jax.Array | None = None,  # i32[]: the real rows of x (as `dense_cpu`)
+) -> jax.Array:  # f32[M, N]
+    """`(residual + x @ W[layer]) + bias` in f32, added as the product is written (a layer's
+    output projection onto its residual stream): the sums as `dense_cpu` computes them, and
+    the additions as XLA's f32 adds in that order. Rows past `rows` are zeros."""
+    m, k = x.shape
+    n = w.shape[1] * 16
+    if w.dtype != jax.numpy.bfloat16 or w.ndim != 4 or w.shape[2] * 2 != k or w.shape[3] != 32:
+        raise ValueError(f"dense_add_cpu: weights {w.dtype}{w.shape} do not take x of {x.shape}")
+    if residual.shape != (m, n) or (bias is not None and bias.shape != (n,)):
+        bias_shape = None if bias is None else bias.shape
+        raise ValueError(f"dense_add_cpu: residual {residual.shape}, bias {bias_shape} for {m}x{n}")
+    bias = np.zeros(0, np.float32) if bias is None else bias
+    call = jax.ffi.ffi_call(ADD_TARGET, jax.ShapeDtypeStruct((m, n), np.float32))
+    layer = jax.numpy.asarray(layer, np.int32)
+    f32 = lambda t: jax.numpy.asarray(t, np.float32)
+    return call(x.astype(jax.numpy.bfloat16), w, layer, _rows(rows, m), f32(residual), f32(bias))
 
 
 def gated_cpu(

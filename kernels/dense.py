@@ -54,6 +54,9 @@ class Dense(NamedTuple):
         [M, Hkv, D]: x @ W + bias split as `split_qkv`, q and k rotated by `rope` (cos, sin
         f32[M, D/2]; None: not, `kernels.rope`): bf16 where the strategy fuses it, written
         straight into the three, else f32
+    residual(x [M, K], W, layer, residual f32[M, N], bias f32[N] or None, rows) -> f32[M, N]:
+        (residual + x @ W) + bias, the sum written as the product is where the strategy fuses
+        it (a layer's output projections; W from `prepare`)
     (rows: i32[] or None, the real rows of x; see the module docstring)
     prepare_head(w [V, E], dtype) -> H;  head(h [S, E], H) -> f32[S, V] = h @ w.T
     """
@@ -67,6 +70,7 @@ class Dense(NamedTuple):
     activated: Callable
     prepare_qkv: Callable
     qkv: Callable
+    residual: Callable
     prepare_head: Callable
     head: Callable
     choice: Any = None  # what picked each shape's strategy (`chosen`); None for a fixed one
@@ -137,6 +141,16 @@ def _then_split(activated: Callable) -> Callable:
     return qkv
 
 
+def _then_add(matmul: Callable) -> Callable:
+    """`residual` of a strategy with no fused form: its product, then the sums in XLA."""
+
+    def residual(x, w, layer, residual, bias=None, rows=None) -> jax.Array:
+        out = residual + matmul(x, w, layer, rows)
+        return out if bias is None else out + bias
+
+    return residual
+
+
 def _plain_qkv(prepare: Callable) -> Callable:
     """`prepare_qkv` of a strategy that stores a q/k/v stack as any other matrix."""
     return lambda w, dtype, heads, kv_heads: prepare(w, dtype)
@@ -158,6 +172,7 @@ XLA = Dense(
     _then_activate(_xla_matmul),
     _plain_qkv(_xla_prepare),
     _then_split(_then_activate(_xla_matmul)),
+    _then_add(_xla_matmul),
     _xla_prepare,
     _xla_head,
 )
@@ -224,6 +239,12 @@ def _cpu_qkv(x, w, layer, bias, heads: int, kv_heads: int, rows=None, rope=None)
     return _then_split(_then_activate(_cpu_matmul))(x, w, layer, bias, heads, kv_heads, rows, rope)
 
 
+def _cpu_residual(x, w: Packed | jax.Array, layer, residual, bias=None, rows=None):
+    if isinstance(w, Packed) and w.data.dtype == jnp.bfloat16:
+        return cpu.dense_add_cpu(x, w.data, layer, residual, bias, rows)
+    return _then_add(_cpu_matmul)(x, w, layer, residual, bias, rows)
+
+
 def _cpu_prepare_head(w, dtype) -> Packed | jax.Array:
     if not cpu.dense_supports(*w.shape[::-1], dtype):
         return _xla_prepare(w, dtype)
@@ -246,6 +267,7 @@ CPU = Dense(
     _cpu_activated,
     _cpu_prepare_qkv,
     _cpu_qkv,
+    _cpu_residual,
     _cpu_prepare_head,
     _cpu_head,
 )
@@ -312,6 +334,7 @@ ONEDNN = Dense(
     _then_activate(_onednn_matmul),
     _plain_qkv(_onednn_prepare),
     _then_split(_then_activate(_onednn_matmul)),
+    _then_add(_onednn_matmul),
     _onednn_prepare_head,
     _onednn_head,
 )
@@ -358,6 +381,7 @@ INT8_XLA = Dense(
     _then_activate(_int8_matmul),
     _plain_qkv(_int8_prepare),
     _then_split(_then_activate(_int8_matmul)),
+    _then_add(_int8_matmul),
     _xla_prepare,
     _xla_head,
 )
@@ -400,6 +424,7 @@ INT8 = Dense(
     _then_activate(_vnni_matmul),
     _plain_qkv(_vnni_prepare),
     _then_split(_then_activate(_vnni_matmul)),
+    _then_add(_vnni_matmul),
     _cpu_prepare_head,
     _cpu_head,
 )
@@ -445,6 +470,9 @@ def chosen(pick: Callable[[str, int, int], str]) -> Dense:
     def qkv(x, w, layer, bias, heads, kv_heads, rows=None, rope=None):
         return _owner(w).qkv(x, w, layer, bias, heads, kv_heads, rows, rope)
 
+    def residual(x, w, layer, residual, bias=None, rows=None):
+        return _owner(w).residual(x, w, layer, residual, bias, rows)
+
     def head(h, w):
         return _owner(w).head(h, w)
 
@@ -458,6 +486,7 @@ def chosen(pick: Callable[[str, int, int], str]) -> Dense:
         activated,
         prepare_qkv,
         qkv,
+        residual,
         prepare_head,
         head,
         pick,

@@ -140,6 +140,21 @@ def test_activated_equals_the_activation_of_product_plus_bias(isa, activation, m
     )
 
 
+@pytest.mark.parametrize("biased", [False, True])
+@pytest.mark.parametrize(("m", "k", "n"), [(1, 2, 16), (7, 64, 48), (45, 96, 80), (300, 384, 576)])
+def test_residual_adds_the_product_as_xla_adds_it(isa, m, k, n, biased):
+    """(residual + x @ W) + bias: bitwise the plain product's sums added in XLA in that order."""
+    rng = np.random.default_rng(m + k + n)
+    x, w = bf16(rng, m, k), jnp.asarray(cpu.pack_dense(bf16(rng, 2, k, n)))
+    residual = jnp.asarray(rng.standard_normal((m, n)) * 4, jnp.float32)
+    bias = jnp.asarray(rng.standard_normal(n), jnp.float32) if biased else None
+    out = jax.jit(cpu.dense_add_cpu)(x, w, 1, residual, bias)
+    want = residual + native(x, w, 1)
+    want = want if bias is None else want + bias
+    assert out.shape == (m, n) and out.dtype == jnp.float32
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(want))
+
+
 # (rows, K, heads, kv heads, head dim): MiniLM's heads, grouped queries, one kv head, D 64
 # and 128 (several groups a head), and rows over several register tiles and work items
 QKV_SHAPES = [(1, 32, 2, 2, 16), (7, 64, 4, 2, 32), (45, 96, 6, 1, 64), (300, 384, 12, 12, 32)]
@@ -249,7 +264,8 @@ COUNTS = [0, 1, 5, 23, 40, 45]
 @pytest.mark.parametrize("count", COUNTS)
 def test_rows_past_the_count_are_zeros_and_the_rest_unchanged(isa, count):
     """A batch's padding (rows past `rows`, a traced operand) is not multiplied: plain and gated
-    products answer zeros there, and every real row bitwise as the whole product has it."""
+    products and every fused form answer zeros there, and every real row bitwise as the whole
+    product has it."""
     rng = np.random.default_rng(count)
     m, k, n = 40, 96, 64
     x, w, gate, up = bf16(rng, m, k), bf16(rng, 1, k, n), bf16(rng, 1, k, n), bf16(rng, 1, k, n)
@@ -257,6 +273,8 @@ def test_rows_past_the_count_are_zeros_and_the_rest_unchanged(isa, count):
     plain = jax.jit(lambda x, w, rows: cpu.dense_cpu(x, w, 0, rows))
     gated = jax.jit(lambda x, w, rows: cpu.gated_cpu(x, w, 0, rows))
     activated = jax.jit(lambda x, w, rows: cpu.activated_cpu(x, w, 0, bias, "relu", rows))
+    residual = jnp.asarray(rng.standard_normal((m, n)), jnp.float32)
+    added = jax.jit(lambda x, w, rows: cpu.dense_add_cpu(x, w, 0, residual, bias, rows))
     qkv = jax.jit(lambda x, w, rows: jnp.concatenate(cpu.qkv_cpu(x, w, 0, bias, 2, 1, rows), 1))
     rotated = jax.jit(
         lambda x, w, rows: jnp.concatenate(cpu.qkv_cpu(x, w, 0, bias, 2, 1, rows, tables), 1)
@@ -267,6 +285,7 @@ def test_rows_past_the_count_are_zeros_and_the_rest_unchanged(isa, count):
         (plain, cpu.pack_dense(w)),
         (gated, cpu.pack_gated(gate, up)),
         (activated, cpu.pack_dense(w)),
+        (added, cpu.pack_dense(w)),
         (qkv, cpu.pack_qkv(w, 2, 1)),
         (rotated, cpu.pack_qkv(w, 2, 1)),
     ):
@@ -345,6 +364,10 @@ def test_bad_shapes_and_layers_are_refused():
         cpu.activated_cpu(x, w, 0, jnp.zeros(16), "gelu")
     with pytest.raises(KeyError):
         cpu.activated_cpu(x, w, 0, jnp.zeros(32), "tanh")
+    with pytest.raises(ValueError, match="residual"):
+        cpu.dense_add_cpu(x, w, 0, jnp.zeros((8, 16)))
+    with pytest.raises(ValueError, match="bias"):
+        cpu.dense_add_cpu(x, w, 0, jnp.zeros((8, 32)), jnp.zeros(16))
     with pytest.raises(ValueError, match="do not split weights"):
         cpu.qkv_cpu(x, w, 0, jnp.zeros(32), 2, 2)  # heads of 8 columns
     with pytest.raises(ValueError, match="do not split weights"):

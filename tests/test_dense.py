@@ -47,6 +47,11 @@ def emulated_gated(x, data, layer, rows=None, activation="silu"):
     return padding_zeroed((jax_silu(g) * u).astype(jnp.bfloat16), rows)
 
 
+def emulated_add(x, data, layer, residual, bias=None, rows=None):
+    out = residual + emulated_dense(x, data, layer)
+    return padding_zeroed(out if bias is None else out + bias, rows)
+
+
 def emulated_qkv(x, data, layer, bias, heads, kv_heads, rows=None, rope=None):
     w = unpack(data)[layer]  # [K, N]: q and k columns in `qkv_order`
     order = cpu.qkv_order(heads, kv_heads, w.shape[1] // (heads + 2 * kv_heads))
@@ -69,6 +74,7 @@ def emulated_kernel(monkeypatch):
     monkeypatch.setattr(cpu, "dense_cpu", emulated_dense)
     monkeypatch.setattr(cpu, "gated_cpu", emulated_gated)
     monkeypatch.setattr(cpu, "qkv_cpu", emulated_qkv)
+    monkeypatch.setattr(cpu, "dense_add_cpu", emulated_add)
 
 
 def test_unpack_inverts_the_packing():

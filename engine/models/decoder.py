@@ -86,6 +86,10 @@ class Dense(Protocol):
         rope=None,
     ) -> tuple[jax.Array, jax.Array, jax.Array]: ...
 
+    def residual(  # f32[M, N]: residual + x @ w (+ bias)
+        self, x: jax.Array, w, layer: jax.Array, residual: jax.Array, bias=None, rows=None
+    ) -> jax.Array: ...
+
     def head(self, h: jax.Array, w) -> jax.Array: ...  # f32[S, V]
 
 
@@ -189,16 +193,12 @@ def _finish(x: jax.Array, o: jax.Array, xs: tuple[jax.Array, ...], s: Step) -> j
     """The rest of a layer at some rows: their residual f32[R, E] and attention [R, H, D] to
     the layer's output f32[R, E] (projection, MLP)."""
     index, _, p = xs
-    cfg, m = s.cfg, s.matrices
-    x = x + _sandwich(
-        s.dense.matmul(o.reshape(x.shape[0], -1), m["o"], index, s.real_rows),
-        p,
-        "post_attn_norm",
-        cfg,
+    m = s.matrices
+    x = _residual(x, o.reshape(x.shape[0], -1), m["o"], index, p, "post_attn_norm", s)
+    h = rms_norm(x, p["mlp_norm"], s.cfg.norm_eps)
+    return _residual(
+        x, _mlp_gate(h, m["gate_up"], index, s), m["down"], index, p, "post_mlp_norm", s
     )
-    h = rms_norm(x, p["mlp_norm"], cfg.norm_eps)
-    y = s.dense.matmul(_mlp_gate(h, m["gate_up"], index, s), m["down"], index, s.real_rows)
-    return x + _sandwich(y, p, "post_mlp_norm", cfg)
 
 
 def _layer(carry: tuple[jax.Array, KVPool | None], xs: tuple[jax.Array, ...], s: Step):
@@ -225,9 +225,13 @@ def pick_sliding(sliding: jax.Array, local, default):
     return jax.tree.map(lambda a, b: jnp.where(sliding, a, b), local, default)
 
 
-def _sandwich(y: jax.Array, p: Params, norm: str, cfg: ModelConfig) -> jax.Array:
-    """A sublayer's output as the residual adds it: normed first under `sandwich_norms`."""
-    return rms_norm(y, p[norm], cfg.norm_eps) if cfg.sandwich_norms else y
+def _residual(x: jax.Array, h: jax.Array, w, index: jax.Array, p: Params, norm: str, s: "Step"):
+    """The residual x f32[T, E] plus a sublayer's output projection h @ w: added as the product
+    is written (`Dense.residual`), or under `sandwich_norms` normed (`norm`) first."""
+    if not s.cfg.sandwich_norms:
+        return s.dense.residual(h, w, index, x, None, s.real_rows)
+    y = s.dense.matmul(h, w, index, s.real_rows)
+    return x + rms_norm(y, p[norm], s.cfg.norm_eps)
 
 
 def _mlp_gate(h: jax.Array, w, index: jax.Array, s: "Step") -> jax.Array:

@@ -111,12 +111,12 @@ def _finish(x: jax.Array, o: jax.Array, xs: tuple, s: Step) -> jax.Array:
     """The rest of a layer at some rows: their residual f32[R, E] and attention [R, H, D] to
     the layer's output f32[R, E] (projection, MLP, norms)."""
     index, _, _, p = xs
-    cfg, m = s.cfg, s.matrices
-    x = x + s.dense.matmul(o.reshape(x.shape[0], -1), m["o"], index, s.real_rows) + p["bo"]
+    cfg, m, rows = s.cfg, s.matrices, s.real_rows
+    x = s.dense.residual(o.reshape(x.shape[0], -1), m["o"], index, x, p["bo"], rows)
     if cfg.post_norm:
         x = _norm(x, p, "attn_norm", cfg)
     h = x if cfg.post_norm else _norm(x, p, "mlp_norm", cfg)
-    x = x + s.dense.matmul(_mlp_hidden(h, index, p, s), m["down"], index, s.real_rows) + p["b_down"]
+    x = s.dense.residual(_mlp_hidden(h, index, p, s), m["down"], index, x, p["b_down"], rows)
     return _norm(x, p, "mlp_norm", cfg) if cfg.post_norm else x
 
 
