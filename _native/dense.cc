@@ -310,7 +310,7 @@ std::string check_inputs(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w,
   return "";
 }
 
-// Checks the operands and the one output of the plain, gated and activated forms.
+// Checks the operands and the one output of the plain, gated, activated and residual forms.
 std::string check(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w,
                   const ffi::Buffer<ffi::S32>& layer, const ffi::Buffer<ffi::S32>& rows,
                   const ffi::AnyBuffer& out, Form form) {
@@ -484,13 +484,14 @@ ffi::Error Qkv(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::Buffer<ffi::S32> layer,
 
 }  // namespace packed_dense
 
-#define PACKED_DENSE_BINDING        \
+// a, w, layer and rows: the operands every form takes first
+#define PACKED_DENSE_INPUTS         \
   ffi::Ffi::Bind()                  \
       .Arg<ffi::AnyBuffer>()        \
       .Arg<ffi::AnyBuffer>()        \
       .Arg<ffi::Buffer<ffi::S32>>() \
-      .Arg<ffi::Buffer<ffi::S32>>() \
-      .Ret<ffi::AnyBuffer>()
+      .Arg<ffi::Buffer<ffi::S32>>()
+#define PACKED_DENSE_BINDING PACKED_DENSE_INPUTS.Ret<ffi::AnyBuffer>()
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PackedDenseHandler, packed_dense::Dense,
                               PACKED_DENSE_BINDING.Ctx<ffi::ThreadPool>());
@@ -498,36 +499,19 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PackedGatedHandler, packed_dense::Gated,
                               PACKED_DENSE_BINDING.Attr<int32_t>("activation")
                                   .Ctx<ffi::ThreadPool>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PackedActivatedHandler, packed_dense::Activated,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
+                              PACKED_DENSE_INPUTS.Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<int32_t>("activation")
                                   .Ctx<ffi::ThreadPool>());
-
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PackedAddHandler, packed_dense::Add,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::AnyBuffer>()
+                              PACKED_DENSE_INPUTS.Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ctx<ffi::ThreadPool>());
-
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PackedQkvHandler, packed_dense::Qkv,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
+                              PACKED_DENSE_INPUTS.Arg<ffi::Buffer<ffi::F32>>()  // bias
+                                  .Arg<ffi::Buffer<ffi::F32>>()                 // cos
+                                  .Arg<ffi::Buffer<ffi::F32>>()                 // sin
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()

@@ -8,7 +8,9 @@ the prepared form; the forward never looks inside. Two exist:
 - `CPU`: matrices packed once for the native kernel of their dtype (`kernels.cpu`): bf16 for
   AMX tiles or AVX512-BF16 dot products, which take the same layout (f32 FMAs on AVX2), f32 for
   f32 FMAs on AVX2 or AVX-512 (its gated pair as one product, the activation in XLA); a matrix
-  the kernel cannot take (K odd in bf16, N not a multiple of 16) stays in the XLA form.
+  the kernel cannot take (K odd in bf16, N not a multiple of 16) stays in the XLA form. On bf16
+  weights the kernel fuses what follows a product: the gated MLP's activation, a bias and an
+  activation, the q/k/v bias, split and RoPE (`PackedQkv`), the residual add.
 - `INT8_XLA`: layer matrices quantised once to int8 per column, activations per row block on
   the fly (`kernels.quant`), int32 sums in XLA; the LM head stays in the weight dtype.
 - `INT8`: the same arithmetic in the native kernel (`kernels.cpu.dense_int8`: AMX-INT8 tiles,
@@ -19,9 +21,10 @@ the prepared form; the forward never looks inside. Two exist:
 
 `chosen` mixes them per weight shape (the default, `kernels.dense_choice` measures which).
 
-`matmul` and `gated` take the count of x's real rows (i32[], the first ones; None: all): the
-native kernels (`CPU`, `INT8`) multiply those alone and answer zeros for the rest, a batch's
-padding, which the others compute as any row. The forward reads no padding row's result.
+The layer products (all but `head`) take the count of x's real rows (i32[], the first ones;
+None: all): the native kernels (`CPU`, `INT8`) multiply those alone and answer zeros for the
+rest, a batch's padding, which the others compute as any row. The forward reads no padding
+row's result.
 """
 
 from collections.abc import Callable

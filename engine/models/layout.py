@@ -18,10 +18,10 @@ VECTORS = (  # kept in f32
 
 def place_decoder(params: dict, cfg: ModelConfig, dtype, dense) -> dict:
     """A decoder's device weights from host params (the layout of `engine.models.config`): the
-    embedding in `dtype`; norms and biases in f32; q/k/v fused into one matrix and gate/up into
-    one gated pair (its activation fused where the strategy can), these and the other matrices
-    and the head prepared by the `dense` strategy. A tied head is prepared from the embedding
-    already on the device, converted once."""
+    embedding in `dtype`; norms and biases in f32; q/k/v fused into one matrix (their biases
+    into one vector, `_qkv`) and gate/up into one gated pair (its activation fused where the
+    strategy can), these and the other matrices and the head prepared by the `dense` strategy.
+    A tied head is prepared from the embedding already on the device, converted once."""
     layers = params["layers"]
     qkv, b_qkv = _qkv(layers, cfg, dtype, dense)
     embed = to_device(params["embed"], dtype)
@@ -52,8 +52,8 @@ ENCODER_TOP_VECTORS = (
 def place_encoder(params: dict, cfg: ModelConfig, dtype, dense) -> dict:
     """Device weights of an encoder (`engine.models.encoder`): embedding tables in `dtype`,
     norms and biases in f32 (the q/k/v biases fused as their matrix), the fused q/k/v, the MLP
-    (a gated one's pairs side by side), and a
-    cross-encoder's pooler dense and classifier, prepared by the `dense` strategy."""
+    (a gated one's pairs side by side), and a cross-encoder's pooler dense and classifier,
+    prepared by the `dense` strategy."""
     layers = params["layers"]
     tables = [n for n in ("embed", "positions", "token_types") if n in params]
     qkv, b_qkv = _qkv(layers, cfg, dtype, dense)
