@@ -114,10 +114,6 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * weight
 
 
-def split_heads(x: jax.Array, heads: int) -> jax.Array:
-    return x.reshape(x.shape[0], heads, -1)  # [T, heads, D]
-
-
 def rope_frequencies(head_dim: int, theta: float, s: RopeScaling | None) -> jax.Array:
     """Inverse frequencies f32[D/2], scaled as `s` says (Llama 3's band, or linear)."""
     d = head_dim
