@@ -440,10 +440,10 @@ std::string check_qkv(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w,
                       (qd[1] + 2 * kd[1]) * qd[2] == n;
   if (!shaped) return "q of " + dims(*outs[0]) + " and k of " + dims(*outs[1]) +
                       " do not split w of " + dims(w);
-  const bool same = vd.size() == 3 && std::equal(vd.begin(), vd.end(), kd.begin());
+  if (vd.size() != 3 || !std::equal(vd.begin(), vd.end(), kd.begin()))
+    return "k of " + dims(*outs[1]) + " and v of " + dims(*outs[2]) + " must be of one shape";
   for (auto* out : outs)
-    if (out->element_type() != ffi::DataType::BF16 || !same)
-      return "q, k and v must be bfloat16, k and v of one shape";
+    if (out->element_type() != ffi::DataType::BF16) return "q, k and v must be bfloat16";
   if (int64_t(bias.element_count()) != n) return "bias does not match w of " + dims(w);
   const int64_t table = int64_t(cos.element_count());
   if (table != int64_t(sin.element_count()) || (table && table != total * qd[2] / 2))

@@ -6,6 +6,7 @@ the embedding clients (the OpenAI, Voyage and Cohere SDKs, `huggingface_hub`'s T
 real all-MiniLM-L6-v2, equal to `Engine.embed`."""
 
 import cohere
+import msgspec
 import numpy as np
 import openai
 import pytest
@@ -15,7 +16,7 @@ from huggingface_hub import InferenceClient
 from rerankers.models import api_rankers
 
 from bench.encoders import write_encoder
-from engine import open_engine
+from engine import EngineConfig, open_engine
 from tests.conftest import CORPUS, TINY_ENCODER
 from tests.test_api_support import DOCS, hypercorn_server, tiny_config, tiny_env
 
@@ -124,11 +125,23 @@ def test_rerankers_api_ranker(server, expected, provider):
     # (the library's own `APIRanker.score` fails before it sends anything: it is not used)
 
 
+# The server's vectors are compared bit for bit with an in-process engine's: each process would
+# time the dense strategies for itself and may pick differently (equal within the f32 bound, not
+# bit for bit), so both are given the same one.
+EMBED_DENSE = "cpu"
+
+
+def embed_config(minilm) -> EngineConfig:
+    return msgspec.structs.replace(tiny_config(minilm), dense=EMBED_DENSE)
+
+
 @pytest.fixture(scope="module")
 def embedder_server(minilm, tmp_path_factory):
     """A server of the real all-MiniLM-L6-v2 embedder."""
     log = tmp_path_factory.mktemp("clients") / "embedder.log"
-    with hypercorn_server("asyncio", tiny_env(minilm, SCORING_API_KEY=KEY), log) as server:
+    with hypercorn_server(
+        "asyncio", tiny_env(minilm, SCORING_API_KEY=KEY, SCORING_DENSE=EMBED_DENSE), log
+    ) as server:
         yield server
 
 
@@ -138,7 +151,7 @@ EMBED_TEXTS = [*DOCS, "Zürich—São Paulo 🙂"]
 @pytest.fixture(scope="module")
 def embedded(minilm) -> np.ndarray:
     """`Engine.embed` of EMBED_TEXTS on the served model."""
-    config = tiny_config(minilm)
+    config = embed_config(minilm)
 
     async def main():
         async with open_engine(config) as engine:
@@ -199,7 +212,7 @@ def test_huggingface_hub_tei_client(embedder_server, embedded, minilm):
     got = tokens.feature_extraction(EMBED_TEXTS[-1])  # f32[1, n, E]: TEI's list per input
 
     async def token_vectors():
-        async with open_engine(tiny_config(minilm)) as engine:
+        async with open_engine(embed_config(minilm)) as engine:
             return (await engine.embed_tokens(EMBED_TEXTS[-1:])).embeddings
 
     np.testing.assert_array_equal(got, trio.run(token_vectors)[0][None])
