@@ -536,32 +536,56 @@ struct Bf16Tiles {
 
   void values(const vf* probs, const float* alpha, int g, int tile, const VectorRange* blocks,
               int n_blocks, vf* out) const {
-    constexpr int kRows = kVecs >= 8 ? 2 : 4;
     const __m512bh* vals = vp.as<__m512bh>() + (int64_t(g) * k_tiles + tile) * kKeyTile * kVecs / 2;
-    thread_local std::vector<uint32_t> p16;  // [rows][32] bf16 probability pairs
+    thread_local std::vector<uint32_t> p16;  // [rows][kKeyTile / 2] bf16 probability pairs
     p16.resize(size_t(n_blocks) * 4 * kKeyTile / 2);
-    for (int r = 0; r < n_blocks * 4; ++r)
-      for (int c = blocks[r / 4].c0; c < blocks[r / 4].c1; ++c) {
-        __m256bh half = _mm512_cvtneps_pbh((__m512)probs[r * kKeyVecs + c]);
-        std::memcpy(p16.data() + r * kKeyTile / 2 + c * kLanes / 2, &half, sizeof half);
-      }
+    for (int r = 0; r < n_blocks * 4; ++r) {
+      const auto [c0, c1] = blocks[r / 4];
+      const vf* from = probs + r * kKeyVecs;
+      __m256i* to = reinterpret_cast<__m256i*>(p16.data() + r * kKeyTile / 2);
+      for (int c = c0; c < c1; ++c)
+        _mm256_storeu_si256(to + c, (__m256i)_mm512_cvtneps_pbh((__m512)from[c]));
+    }
     for (int r = 0; r < n_blocks * 4; r += kRows) {
       const auto [c0, c1] = blocks[r / 4];
-      if (c0 >= c1) continue;
-      __m512 acc[kRows][kVecs];
-      for (int i = 0; i < kRows; ++i)
-        for (int c = 0; c < kVecs; ++c)
-          acc[i][c] = (__m512)(out[(r + i) * kVecs + c] * alpha[r + i]);
-      for (int kp2 = c0 * kLanes / 2; kp2 < c1 * kLanes / 2; ++kp2) {
-        const __m512bh* value = vals + kp2 * kVecs;
-        for (int i = 0; i < kRows; ++i) {
-          __m512bh pv = (__m512bh)_mm512_set1_epi32(int(p16[(r + i) * kKeyTile / 2 + kp2]));
-          for (int c = 0; c < kVecs; ++c) acc[i][c] = _mm512_dpbf16_ps(acc[i][c], value[c], pv);
-        }
-      }
-      for (int i = 0; i < kRows; ++i)
-        for (int c = 0; c < kVecs; ++c) out[(r + i) * kVecs + c] = (vf)acc[i][c];
+      if (c0 < c1)
+        value_rows(p16.data() + r * kKeyTile / 2, vals, alpha + r, c0, c1, out + r * kVecs);
     }
+  }
+
+ private:
+  static constexpr int kRows = kVecs >= 8 ? 2 : 4;
+  // Accumulators per row and vector: a short head (D 32: 8 of them) would leave the dot
+  // products waiting on each other's latency, so the key pairs alternate between kSplit sets,
+  // summed at the end.
+  static constexpr int kSplit = std::max(1, kAccVecs / (kRows * kVecs));
+  static_assert(kLanes / 2 % kSplit == 0, "a key vector's pairs come in whole runs of kSplit");
+
+  // out[i] = out[i] * alpha[i] + p[i][pairs] . vals[pairs] for the kRows rows of bf16
+  // probability pairs at p (kKeyTile / 2 a row), over the pairs of key vectors [c0, c1).
+  static void value_rows(const uint32_t* p, const __m512bh* vals, const float* alpha, int c0,
+                         int c1, vf* out) {
+    __m512 acc[kSplit][kRows][kVecs];
+    for (int i = 0; i < kRows; ++i)
+      for (int c = 0; c < kVecs; ++c) {
+        acc[0][i][c] = (__m512)(out[i * kVecs + c] * alpha[i]);
+        for (int h = 1; h < kSplit; ++h) acc[h][i][c] = _mm512_setzero_ps();
+      }
+    // Pointers stepped per pair: every broadcast and load at a constant offset.
+    const __m512bh* value = vals + c0 * kLanes / 2 * kVecs;
+    const uint32_t* const end = p + c1 * kLanes / 2;
+    for (p += c0 * kLanes / 2; p < end; p += kSplit, value += kSplit * kVecs)
+      for (int h = 0; h < kSplit; ++h)
+        for (int i = 0; i < kRows; ++i) {
+          const __m512bh pv = (__m512bh)_mm512_set1_epi32(int(p[i * kKeyTile / 2 + h]));
+          for (int c = 0; c < kVecs; ++c)
+            acc[h][i][c] = _mm512_dpbf16_ps(acc[h][i][c], value[h * kVecs + c], pv);
+        }
+    for (int h = 1; h < kSplit; ++h)
+      for (int i = 0; i < kRows; ++i)
+        for (int c = 0; c < kVecs; ++c) acc[0][i][c] = _mm512_add_ps(acc[0][i][c], acc[h][i][c]);
+    for (int i = 0; i < kRows; ++i)
+      for (int c = 0; c < kVecs; ++c) out[i * kVecs + c] = (vf)acc[0][i][c];
   }
 };
 #endif
