@@ -203,6 +203,20 @@ struct F32Out {
   }
 };
 
+// Starts loading the residual rows of a tile (R rows by G groups at `row`, `group`) where the
+// call adds them (`p.addend` set: the residual form), called before the tile's products. The
+// stream was written by an earlier call and has left the caches, and a tile's rows lie too far
+// apart for the hardware prefetchers: its epilogue waited on each line (SmolLM2's o projection
+// on Zen 5: 15% faster with this, its down projection 7%).
+template <int R, int G, class P>
+inline void prefetch_addend(const P& p, int64_t row, int64_t group) {
+  if (!p.addend) return;
+  for (int r = 0; r < R; ++r)
+    for (int g = 0; g < G; ++g)  // a group's 16 floats: one cache line
+      _mm_prefetch(reinterpret_cast<const char*>(p.addend + (row + r) * p.n + (group + g) * 16),
+                   _MM_HINT_T0);
+}
+
 // The residual stream's update: writes the f32 sums plus `p.addend` (f32[m, n], the residual)
 // plus `p.bias` (f32[n], where set), added in that order, so the product never reaches memory
 // on its own.
