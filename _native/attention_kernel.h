@@ -184,26 +184,36 @@ void tile_scores(const float* q_rows, const vf* kt, const VectorRange* blocks, i
 }
 
 // out[r][s .. s + W) = out[r][same] * alpha[r] + probs[r][keys] . v_tile[keys][same] for the
-// R rows at r, over the keys of vectors [c0, c1).
+// R rows at r, over the keys of vectors [c0, c1). Where R x W accumulators fill at most half the
+// registers (a short head: D 32 on AVX-512), the keys alternate between two sets of them, summed
+// at the end, so the FMAs do not wait on each other's latency.
 template <int KT, int D, int R, int W>
 inline void value_pass(const vf* probs, const vf* v_tile, const float* alpha, int r, int s,
                        int c0, int c1, vf* out) {
   constexpr int kVecs = D / kLanes;
-  vf acc[R][W];
+  constexpr int kSplit = 2 * R * W <= kAccVecs ? 2 : 1;
+  vf acc[kSplit][R][W];
   for (int i = 0; i < R; ++i)
-    for (int c = 0; c < W; ++c) acc[i][c] = out[(r + i) * kVecs + s + c] * alpha[r + i];
+    for (int c = 0; c < W; ++c) {
+      acc[0][i][c] = out[(r + i) * kVecs + s + c] * alpha[r + i];
+      for (int h = 1; h < kSplit; ++h) acc[h][i][c] = vf{};
+    }
   // Pointers stepped per key: every broadcast and load is at a constant offset (indices
   // recomputed per broadcast cost two scalar instructions each, a third of the loop).
   const float* p = reinterpret_cast<const float*>(probs) + r * KT + c0 * kLanes;
   const float* const p_end = p + (c1 - c0) * kLanes;
-  for (const vf* value = v_tile + c0 * kLanes * kVecs + s; p < p_end; ++p, value += kVecs) {
-    for (int i = 0; i < R; ++i) {
-      float pv = p[i * KT];
-      for (int c = 0; c < W; ++c) acc[i][c] += pv * value[c];
-    }
-  }
+  for (const vf* value = v_tile + c0 * kLanes * kVecs + s; p < p_end;
+       p += kSplit, value += kSplit * kVecs)
+    for (int h = 0; h < kSplit; ++h)
+      for (int i = 0; i < R; ++i) {
+        float pv = p[i * KT + h];
+        for (int c = 0; c < W; ++c) acc[h][i][c] += pv * value[h * kVecs + c];
+      }
+  for (int h = 1; h < kSplit; ++h)
+    for (int i = 0; i < R; ++i)
+      for (int c = 0; c < W; ++c) acc[0][i][c] += acc[h][i][c];
   for (int i = 0; i < R; ++i)
-    for (int c = 0; c < W; ++c) out[(r + i) * kVecs + s + c] = acc[i][c];
+    for (int c = 0; c < W; ++c) out[(r + i) * kVecs + s + c] = acc[0][i][c];
 }
 
 // out[r] = out[r] * alpha[r] + probs[r][keys] . v_tile[keys] over the key vectors of r's block,
