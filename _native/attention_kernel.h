@@ -112,6 +112,11 @@ inline float hsum(vf x) {
 // its FMA latency not hidden).
 constexpr int kAccVecs = PACKED_ATTENTION_AVX512 ? 16 : 12;
 
+// Accumulator sets a PV pass of `accumulators` registers alternates its keys between, summed at
+// the end: two where one set fills at most half the registers (a short head: D 32 on AVX-512),
+// so its multiply-adds do not wait on each other's latency; else one.
+constexpr int accumulator_sets(int accumulators) { return 2 * accumulators <= kAccVecs ? 2 : 1; }
+
 // scores[r][s .. s + W) = q_rows[r] . kt[.][same key vectors] for the 4 rows at q.
 template <int KT, int D, int W>
 inline void score_pass(const float* q, const vf* kt, int s, vf* scores) {
@@ -184,14 +189,12 @@ void tile_scores(const float* q_rows, const vf* kt, const VectorRange* blocks, i
 }
 
 // out[r][s .. s + W) = out[r][same] * alpha[r] + probs[r][keys] . v_tile[keys][same] for the
-// R rows at r, over the keys of vectors [c0, c1). Where R x W accumulators fill at most half the
-// registers (a short head: D 32 on AVX-512), the keys alternate between two sets of them, summed
-// at the end, so the FMAs do not wait on each other's latency.
+// R rows at r, over the keys of vectors [c0, c1), in `accumulator_sets` sets.
 template <int KT, int D, int R, int W>
 inline void value_pass(const vf* probs, const vf* v_tile, const float* alpha, int r, int s,
                        int c0, int c1, vf* out) {
   constexpr int kVecs = D / kLanes;
-  constexpr int kSplit = 2 * R * W <= kAccVecs ? 2 : 1;
+  constexpr int kSplit = accumulator_sets(R * W);
   vf acc[kSplit][R][W];
   for (int i = 0; i < R; ++i)
     for (int c = 0; c < W; ++c) {
@@ -565,14 +568,11 @@ struct Bf16Tiles {
 
  private:
   static constexpr int kRows = kVecs >= 8 ? 2 : 4;
-  // Accumulators per row and vector: a short head (D 32: 8 of them) would leave the dot
-  // products waiting on each other's latency, so the key pairs alternate between kSplit sets,
-  // summed at the end.
-  static constexpr int kSplit = std::max(1, kAccVecs / (kRows * kVecs));
-  static_assert(kLanes / 2 % kSplit == 0, "a key vector's pairs come in whole runs of kSplit");
+  static constexpr int kSplit = accumulator_sets(kRows * kVecs);
 
   // out[i] = out[i] * alpha[i] + p[i][pairs] . vals[pairs] for the kRows rows of bf16
-  // probability pairs at p (kKeyTile / 2 a row), over the pairs of key vectors [c0, c1).
+  // probability pairs at p (kKeyTile / 2 a row), over the pairs of key vectors [c0, c1), in
+  // `accumulator_sets` sets.
   static void value_rows(const uint32_t* p, const __m512bh* vals, const float* alpha, int c0,
                          int c1, vf* out) {
     __m512 acc[kSplit][kRows][kVecs];
