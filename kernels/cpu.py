@@ -250,7 +250,12 @@ def dense_add_cpu(
         bias_shape = None if bias is None else bias.shape
         raise ValueError(f"dense_add_cpu: residual {residual.shape}, bias {bias_shape} for {m}x{n}")
     bias = np.zeros(0, np.float32) if bias is None else bias
-    call = jax.ffi.ffi_call(ADD_TARGET, jax.ShapeDtypeStruct((m, n), np.float32))
+    # written over the residual's buffer where XLA may reuse it (the stream's old value is
+    # dead after the add): each line is read and written once, instead of read, its fresh
+    # output line fetched before writing and written, in freshly allocated pages
+    call = jax.ffi.ffi_call(
+        ADD_TARGET, jax.ShapeDtypeStruct((m, n), np.float32), input_output_aliases={4: 0}
+    )
     layer = jax.numpy.asarray(layer, np.int32)
     f32 = lambda t: jax.numpy.asarray(t, np.float32)
     return call(x.astype(jax.numpy.bfloat16), w, layer, _rows(rows, m), f32(residual), f32(bias))

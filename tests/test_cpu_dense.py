@@ -155,6 +155,25 @@ def test_residual_adds_the_product_as_xla_adds_it(isa, m, k, n, biased):
     np.testing.assert_array_equal(np.asarray(out), np.asarray(want))
 
 
+def test_residual_is_written_over_where_it_is_given_up(isa):
+    """A residual the program gives up (donated here; a dead residual stream in the forward)
+    takes the output: the compiled program writes the sums over it, no copy into a fresh
+    buffer. One still live is left as it was."""
+    rng = np.random.default_rng(3)
+    x, w = bf16(rng, 40, 64), jnp.asarray(cpu.pack_dense(bf16(rng, 1, 64, 32)))
+    values = rng.standard_normal((40, 32)).astype(np.float32)
+    want = np.asarray(jnp.asarray(values) + native(x, w, 0))
+    residual = jnp.asarray(values)
+    kept = jax.jit(cpu.dense_add_cpu)(x, w, 0, residual)
+    np.testing.assert_array_equal(np.asarray(residual), values)
+    np.testing.assert_array_equal(np.asarray(kept), want)
+    given_up = jax.jit(cpu.dense_add_cpu, donate_argnums=3)
+    program = given_up.lower(x, w, 0, residual).compile().as_text()
+    assert "output_to_operand_aliasing={{}: (4, {})}" in program
+    assert " copy(" not in program
+    np.testing.assert_array_equal(np.asarray(given_up(x, w, 0, residual)), want)
+
+
 # (rows, K, heads, kv heads, head dim): MiniLM's heads, grouped queries, one kv head, D 64
 # and 128 (several groups a head), and rows over several register tiles and work items
 QKV_SHAPES = [(1, 32, 2, 2, 16), (7, 64, 4, 2, 32), (45, 96, 6, 1, 64), (300, 384, 12, 12, 32)]
