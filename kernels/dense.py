@@ -57,9 +57,11 @@ class Dense(NamedTuple):
         [M, Hkv, D]: x @ W + bias split as `split_qkv`, q and k rotated by `rope` (cos, sin
         f32[M, D/2]; None: not, `kernels.rope`): bf16 where the strategy fuses it, written
         straight into the three, else f32
+    prepare_residual(w [L, K, N], dtype) -> W: a matrix multiplied by `residual` (as
+        `prepare`, but for what `chosen` picks for it);
     residual(x [M, K], W, layer, residual f32[M, N], bias f32[N] or None, rows) -> f32[M, N]:
         (residual + x @ W) + bias, the sum written as the product is where the strategy fuses
-        it (a layer's output projections; W from `prepare`)
+        it (a layer's output projections)
     (rows: i32[] or None, the real rows of x; see the module docstring)
     prepare_head(w [V, E], dtype) -> H;  head(h [S, E], H) -> f32[S, V] = h @ w.T
     """
@@ -73,6 +75,7 @@ class Dense(NamedTuple):
     activated: Callable
     prepare_qkv: Callable
     qkv: Callable
+    prepare_residual: Callable
     residual: Callable
     prepare_head: Callable
     head: Callable
@@ -175,6 +178,7 @@ XLA = Dense(
     _then_activate(_xla_matmul),
     _plain_qkv(_xla_prepare),
     _then_split(_then_activate(_xla_matmul)),
+    _xla_prepare,
     _then_add(_xla_matmul),
     _xla_prepare,
     _xla_head,
@@ -270,6 +274,7 @@ CPU = Dense(
     _cpu_activated,
     _cpu_prepare_qkv,
     _cpu_qkv,
+    _cpu_prepare,
     _cpu_residual,
     _cpu_prepare_head,
     _cpu_head,
@@ -337,6 +342,7 @@ ONEDNN = Dense(
     _then_activate(_onednn_matmul),
     _plain_qkv(_onednn_prepare),
     _then_split(_then_activate(_onednn_matmul)),
+    _onednn_prepare,
     _then_add(_onednn_matmul),
     _onednn_prepare_head,
     _onednn_head,
@@ -384,6 +390,7 @@ INT8_XLA = Dense(
     _then_activate(_int8_matmul),
     _plain_qkv(_int8_prepare),
     _then_split(_then_activate(_int8_matmul)),
+    _int8_prepare,
     _then_add(_int8_matmul),
     _xla_prepare,
     _xla_head,
@@ -427,6 +434,7 @@ INT8 = Dense(
     _then_activate(_vnni_matmul),
     _plain_qkv(_vnni_prepare),
     _then_split(_then_activate(_vnni_matmul)),
+    _vnni_prepare,
     _then_add(_vnni_matmul),
     _cpu_prepare_head,
     _cpu_head,
@@ -457,6 +465,9 @@ def chosen(pick: Callable[[str, int, int], str]) -> Dense:
     def prepare_qkv(w, dtype, heads, kv_heads):
         strategy = STRATEGIES[pick("activated", *w.shape[-2:])]
         return strategy.prepare_qkv(w, dtype, heads, kv_heads)
+
+    def prepare_residual(w, dtype):
+        return STRATEGIES[pick("residual", *w.shape[-2:])].prepare_residual(w, dtype)
 
     def prepare_head(w, dtype):
         return STRATEGIES[pick("head", *w.shape[::-1])].prepare_head(w, dtype)
@@ -489,6 +500,7 @@ def chosen(pick: Callable[[str, int, int], str]) -> Dense:
         activated,
         prepare_qkv,
         qkv,
+        prepare_residual,
         residual,
         prepare_head,
         head,

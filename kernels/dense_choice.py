@@ -60,7 +60,10 @@ PREFERENCE = ("cpu", "int8", "xla", "int8-xla", "onednn")
 METHOD = "3"  # how candidates are timed and compared: a change retires the cached choices
 MATRIX_FLAGS = ("amx_bf16", "amx_int8", "avx512_bf16", "avx512_vnni", "avx_vnni", "avx2")
 MODES = ("bfloat16", "float32", "int8")
-KINDS = ("matmul", "gated", "activated", "head")
+KINDS = ("matmul", "gated", "activated", "residual", "head")
+# the kinds a strategy fuses with what follows the product, bf16 only: elsewhere the product
+# alone decides ("matmul")
+FUSED_KINDS = ("activated", "residual")
 # the activation an "activated" shape is timed and checked with (the costliest: one choice per
 # shape serves every activation)
 ACTIVATION = "gelu"
@@ -82,7 +85,8 @@ class ShapeChoice(msgspec.Struct, frozen=True, kw_only=True):
     only one could run)."""
 
     # "matmul" [K, N] | "gated" (gate and up, each [K, N]) | "activated" ([K, N], with the bias
-    # and activation after it: `Dense.activated`) | "head" ([N, K])
+    # and activation after it: `Dense.activated`) | "residual" ([K, N], added onto a residual
+    # stream: `Dense.residual`) | "head" ([N, K])
     kind: str
     k: int
     n: int
@@ -230,9 +234,9 @@ class Chooser:
         self._save()
 
     def kind(self, kind: str) -> str:
-        """The kind a shape is measured as: "activated" only where a strategy fuses it (bf16),
-        elsewhere the product alone decides ("matmul")."""
-        return "matmul" if kind == "activated" and self.mode != "bfloat16" else kind
+        """The kind a shape is measured as: a fused kind only where a strategy fuses it
+        (bf16), elsewhere the product alone decides ("matmul")."""
+        return "matmul" if kind in FUSED_KINDS and self.mode != "bfloat16" else kind
 
     def pick(self, kind: str, k: int, n: int) -> str:
         """The strategy for weights of this kind and shape (measured if not known yet)."""
@@ -391,7 +395,8 @@ class _Program(NamedTuple):
 
 
 def _first(y: jax.Array) -> jax.Array:
-    """The first layer's product of a layer stack's [LAYERS, M, N]; a head's [M, N] as it is."""
+    """The first layer's product of a layer stack's [LAYERS, M, N]; a head's or a residual
+    stream's [M, N] as it is."""
     return y[0] if y.ndim == 3 else y
 
 
@@ -412,6 +417,9 @@ def _program(dense: Dense, kind: str, ws, dtype) -> _Program:
         bias = jnp.zeros(ws[0].shape[1], jnp.float32)
         w = dense.prepare_activated(stack[0], dtype)
         product = lambda x, w, i: dense.activated(x, w, i, bias, ACTIVATION)
+    elif kind == "residual":
+        stream = functools.partial(_stream, dense, ws[0].shape[1])
+        return _Program(jax.jit(stream), dense.prepare_residual(stack[0], dtype))
     else:
         w, product = dense.prepare_gated(*stack, dtype), dense.gated
 
@@ -419,6 +427,14 @@ def _program(dense: Dense, kind: str, ws, dtype) -> _Program:
         return jax.lax.scan(lambda _, i: (None, product(x, w, i)), None, jnp.arange(LAYERS))[1]
 
     return _Program(jax.jit(layers), w)
+
+
+def _stream(dense: Dense, n: int, x: jax.Array, w) -> jax.Array:
+    """f32[M, N]: a residual stream of zeros after the `LAYERS` products added onto it, carried
+    as the forward carries its stream (a strategy may write each sum over it)."""
+    zeros = jnp.zeros((x.shape[0], n), jnp.float32)
+    step = lambda stream, i: (dense.residual(x, w, i, stream), None)
+    return jax.lax.scan(step, zeros, jnp.arange(LAYERS))[0]
 
 
 def _time(apply: dict[str, _Program], x: jax.Array) -> dict[str, tuple[float, np.ndarray]]:
@@ -458,6 +474,8 @@ def _reference(mode: str, kind: str, x: jax.Array, ws, apply: dict) -> Callable:
         exact = g / (1 + np.exp(-g)) * u
     elif kind == "activated":
         exact = 0.5 * g * np.vectorize(math.erfc)(-g / math.sqrt(2))  # GELU (`ACTIVATION`)
+    elif kind == "residual":
+        exact = LAYERS * g
     else:
         exact = g
     if kind == "gated":  # the bound of each product through silu(g) * u, and one bf16 rounding
@@ -465,6 +483,8 @@ def _reference(mode: str, kind: str, x: jax.Array, ws, apply: dict) -> Callable:
         bound = 1.1 * np.abs(u) * gb + np.abs(silu) * ub + 2.0**-8 * np.abs(exact)
     elif kind == "activated":  # through GELU (|GELU'| < 1.13), and one bf16 rounding
         bound = 1.13 * gb + 2.0**-8 * np.abs(exact)
+    elif kind == "residual":  # each product's bound, and an f32 rounding of each addition
+        bound = LAYERS * (gb + U * np.abs(exact))
     else:
         bound = gb
     bound = bound + 1e-30

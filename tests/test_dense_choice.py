@@ -118,17 +118,18 @@ def test_another_machine_or_a_broken_file_measures_again(tmp_path, two_candidate
     assert len(fake.calls) == 1 and len(list((tmp_path / "dense-choice").iterdir())) == 2
 
 
-def test_an_activated_matrix_is_its_own_kind_only_where_a_strategy_fuses_it(two_candidates):
+@pytest.mark.parametrize("kind", dense_choice.FUSED_KINDS)
+def test_a_fused_kind_is_its_own_only_where_a_strategy_fuses_it(two_candidates, kind):
     table = {
         ("matmul", 64, 96): {"xla": timing(1, 8), "cpu": timing(2, 16)},
-        ("activated", 64, 96): {"xla": timing(3, 24), "cpu": timing(1, 8)},
+        (kind, 64, 96): {"xla": timing(3, 24), "cpu": timing(1, 8)},
     }
     fake = FakeMeasure(table)
-    assert Chooser("bfloat16", measure=fake).pick("activated", 64, 96) == "cpu"
-    assert [call[1] for call in fake.calls] == ["activated"]
+    assert Chooser("bfloat16", measure=fake).pick(kind, 64, 96) == "cpu"
+    assert [call[1] for call in fake.calls] == [kind]
     fake = FakeMeasure(table)
     f32 = Chooser("float32", measure=fake)  # no fused form in f32: the product's choice
-    assert f32.pick("activated", 64, 96) == f32.pick("matmul", 64, 96) == "xla"
+    assert f32.pick(kind, 64, 96) == f32.pick("matmul", 64, 96) == "xla"
     assert [call[1] for call in fake.calls] == ["matmul"]
 
 
@@ -157,6 +158,7 @@ def test_chosen_prepares_each_shape_as_picked(two_candidates, monkeypatch):
     monkeypatch.setattr(dense.jax, "device_put", lambda x: x)
     picks = {("matmul", 64, 96): "cpu", ("matmul", 96, 64): "xla", ("head", 64, 384): "cpu"}
     picks |= {("activated", 64, 96): "xla", ("activated", 96, 64): "cpu"}
+    picks |= {("residual", 64, 96): "cpu", ("residual", 96, 64): "xla"}
     strategy = dense.chosen(lambda kind, k, n: picks[kind, k, n])
     assert strategy.name == "measured"
     ones = np.ones
@@ -167,6 +169,9 @@ def test_chosen_prepares_each_shape_as_picked(two_candidates, monkeypatch):
     # a matrix multiplied by `activated` is picked as its own kind
     assert isinstance(strategy.prepare_activated(ones((2, 96, 64)), jnp.bfloat16), dense.Packed)
     assert not isinstance(strategy.prepare_activated(ones((2, 64, 96)), jnp.bfloat16), dense.Packed)
+    # and one added onto the residual stream by `residual`
+    assert isinstance(strategy.prepare_residual(ones((2, 64, 96)), jnp.bfloat16), dense.Packed)
+    assert not isinstance(strategy.prepare_residual(ones((2, 96, 64)), jnp.bfloat16), dense.Packed)
     # the int8 mode's forms, each multiplied by its own strategy
     int8 = dense.chosen(lambda kind, k, n: "int8-xla")
     prepared = int8.prepare(ones((2, 64, 96)), jnp.bfloat16)
@@ -200,6 +205,11 @@ def test_measuring_real_kernels_checks_their_products(monkeypatch):
     timings = dense_choice.measure_shape("bfloat16", "matmul", 256, 96, ("xla", "broken"))
     assert timings["xla"].eligible and not timings["broken"].eligible
     assert timings["broken"].error > 1
+    # a residual form that drops the stream it is given is out of bounds too
+    product = lambda x, w, layer, residual, bias=None, rows=None: dense.XLA.matmul(x, w, layer)
+    monkeypatch.setitem(dense.STRATEGIES, "dropped", dense.XLA._replace(residual=product))
+    timings = dense_choice.measure_shape("bfloat16", "residual", 256, 96, ("xla", "dropped"))
+    assert timings["xla"].eligible and not timings["dropped"].eligible
 
 
 def test_measuring_in_f32_holds_the_native_kernel_to_the_f32_bound(monkeypatch):
@@ -250,7 +260,7 @@ def test_forcing_the_native_kernel_without_it_names_what_it_needs(monkeypatch):
 
 @pytest.mark.skipif(not cpu.INT8_AVAILABLE, reason="needs the native int8 kernel")
 def test_measuring_int8_holds_the_native_kernel_to_its_xla_twin():
-    for kind in ("matmul", "gated", "activated"):
+    for kind in ("matmul", "gated", "activated", "residual"):
         timings = dense_choice.measure_shape("int8", kind, 128, 96, ("int8-xla", "int8"))
         assert timings["int8-xla"].error == 0  # the reference itself
         assert timings["int8"].eligible, timings

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from engine.models.config import ModelConfig, RopeScaling
-from engine.models.layout import fused_qkv
+from engine.models.layout import adds_residual, fused_qkv
 from engine.models.rows import over_score_rows
 from kernels.dense import split_qkv
 from kernels.rope import rotate
@@ -224,7 +224,7 @@ def pick_sliding(sliding: jax.Array, local, default):
 def _residual(x: jax.Array, h: jax.Array, w, index: jax.Array, p: Params, norm: str, s: "Step"):
     """The residual x f32[T, E] plus a sublayer's output projection h @ w: added as the product
     is written (`Dense.residual`), or under `sandwich_norms` normed (`norm`) first."""
-    if not s.cfg.sandwich_norms:
+    if adds_residual(s.cfg):
         return s.dense.residual(h, w, index, x, None, s.real_rows)
     y = s.dense.matmul(h, w, index, s.real_rows)
     return x + rms_norm(y, p[norm], s.cfg.norm_eps)

@@ -25,6 +25,7 @@ def place_decoder(params: dict, cfg: ModelConfig, dtype, dense) -> dict:
     layers = params["layers"]
     qkv, b_qkv = _qkv(layers, cfg, dtype, dense)
     embed = to_device(params["embed"], dtype)
+    out = dense.prepare_residual if adds_residual(cfg) else dense.prepare
     return {
         "embed": embed,
         "final_norm": to_device(params["final_norm"], jnp.float32),
@@ -32,9 +33,9 @@ def place_decoder(params: dict, cfg: ModelConfig, dtype, dense) -> dict:
         "layers": {n: to_device(layers[n], jnp.float32) for n in VECTORS if n in layers} | b_qkv,
         "matrices": {
             "qkv": qkv,
-            "o": dense.prepare(layers["wo"], dtype),
+            "o": out(layers["wo"], dtype),
             "gate_up": dense.prepare_gated(layers["w_gate"], layers["w_up"], dtype),
-            "down": dense.prepare(layers["w_down"], dtype),
+            "down": out(layers["w_down"], dtype),
         },
     }
 
@@ -70,11 +71,18 @@ def place_encoder(params: dict, cfg: ModelConfig, dtype, dense) -> dict:
         "layers": vectors | b_qkv,
         "matrices": {
             "qkv": qkv,
-            "o": dense.prepare(layers["wo"], dtype),
+            "o": dense.prepare_residual(layers["wo"], dtype),
             "up": up,
-            "down": dense.prepare(layers["w_down"], dtype),
+            "down": dense.prepare_residual(layers["w_down"], dtype),
         },
     }
+
+
+def adds_residual(cfg: ModelConfig) -> bool:
+    """Whether a decoder's o and down products are added onto the residual stream as they are
+    written (`Dense.residual`): all but those that norm the outputs before the add
+    (`sandwich_norms`: Gemma 2, 3), which are plain products. An encoder's always are."""
+    return not cfg.sandwich_norms
 
 
 def fused_qkv(cfg: ModelConfig) -> bool:
