@@ -448,7 +448,8 @@ FORMS = {Packed: CPU, PackedQkv: CPU, OneDnnPacked: ONEDNN, Int8Packed: INT8, In
 def chosen(pick: Callable[[str, int, int], str]) -> Dense:
     """A strategy that prepares each matrix as the strategy `pick(kind, K, N)` names ("matmul"
     for a [.., K, N] stack, "gated" for gate and up [.., K, N], "activated" for a [.., K, N]
-    stack multiplied by `activated`, and a q/k/v stack, "head" for [N, K]) and multiplies
+    stack multiplied by `activated`, and a q/k/v stack, "residual" for a [.., K, N] stack
+    multiplied by `residual`, "head" for [N, K]) and multiplies
     each prepared form as its own strategy does (`FORMS`). The int8 mode picks "int8" or
     "int8-xla" for the layer matrices and a bf16 strategy for the head.
     """
