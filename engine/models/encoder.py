@@ -268,30 +268,29 @@ def _pool(x: jax.Array, inputs: PackedInputs, mode: str) -> jax.Array:  # f32[S,
     context region)."""
     if mode == "cls":
         return x[inputs.score_rows]
+    span, at, count = _token_spans(x.shape[0], inputs)
     if mode == "max":
-        return _max_pool(x, inputs)
-    start = inputs.meta.own_start[inputs.score_rows][:, None]  # i32[S, 1]
-    end = inputs.meta.own_end[inputs.score_rows][:, None]
-    key = jnp.arange(x.shape[0])[None, :]
-    weights = ((key >= start) & (key < end)).astype(jnp.float32) / (end - start)  # [S, T]
-    return jnp.matmul(weights, x, precision=jax.lax.Precision.HIGHEST)
+        return jax.ops.segment_max(x, span, num_segments=count)[at]
+    sums = jax.ops.segment_sum(x, span, num_segments=count)[at]  # f32[S, E], in token order
+    lengths = inputs.meta.own_end[inputs.score_rows] - inputs.meta.own_start[inputs.score_rows]
+    return sums / lengths[:, None].astype(jnp.float32)
 
 
-def _max_pool(x: jax.Array, inputs: PackedInputs) -> jax.Array:  # f32[S, E]
-    """Each sequence's elementwise max over its tokens: every token is given the span that holds
-    it (padding none), one segment max takes them all, and each row reads its span's. Spans are
-    keyed by their start's first place among the sorted starts, as padding rows repeat a
-    sequence's."""
+def _token_spans(tokens: int, inputs: PackedInputs) -> tuple[jax.Array, jax.Array, int]:
+    """Each token's span among the score rows' sequences (i32[T]; padding and sequences of no
+    score row: the extra last span), each score row's span (i32[S]), and the span count. A
+    segment sum or max over the spans costs T x E, where a [S, T] weight matrix cost S times
+    that. Spans are keyed by their start's first place among the sorted starts, as padding rows
+    repeat a sequence's."""
     start = inputs.meta.own_start[inputs.score_rows]  # i32[S]
     order = jnp.argsort(start)
     starts, ends = start[order], inputs.meta.own_end[inputs.score_rows][order]  # sorted
-    token = jnp.arange(x.shape[0])  # i32[T]
+    token = jnp.arange(tokens)  # i32[T]
     at = jnp.clip(jnp.searchsorted(starts, token, side="right") - 1, 0)  # i32[T]
     span = jnp.searchsorted(starts, starts[at], side="left")
     s = start.shape[0]
     span = jnp.where((token >= starts[at]) & (token < ends[at]), span, s)  # s: no sequence's
-    maxes = jax.ops.segment_max(x, span, num_segments=s + 1)  # f32[S + 1, E]
-    return maxes[jnp.searchsorted(starts, start, side="left")]
+    return span, jnp.searchsorted(starts, start, side="left"), s + 1
 
 
 def _classify(pooled: jax.Array, params: dict, cfg: ModelConfig, dense: Dense) -> jax.Array:
