@@ -52,7 +52,7 @@ class Dense(NamedTuple):
         f32, or bf16 where the strategy fuses it (the native kernel on bf16 weights), which is
         the dtype the next product casts it to (`activation` names `kernels.activations`)
     prepare_qkv(w [L, K, N], dtype, heads, kv_heads) -> W: a fused q/k/v stack, its columns
-        by kv head (`split_qkv`), chosen as an activated matrix;
+        by kv head (`split_qkv`);
     qkv(x [M, K], W, layer, bias f32[N], heads, kv_heads, rows, rope) -> q [M, H, D], k and v
         [M, Hkv, D]: x @ W + bias split as `split_qkv`, q and k rotated by `rope` (cos, sin
         f32[M, D/2]; None: not, `kernels.rope`): bf16 where the strategy fuses it, written
@@ -448,7 +448,7 @@ FORMS = {Packed: CPU, PackedQkv: CPU, OneDnnPacked: ONEDNN, Int8Packed: INT8, In
 def chosen(pick: Callable[[str, int, int], str]) -> Dense:
     """A strategy that prepares each matrix as the strategy `pick(kind, K, N)` names ("matmul"
     for a [.., K, N] stack, "gated" for gate and up [.., K, N], "activated" for a [.., K, N]
-    stack multiplied by `activated`, and a q/k/v stack, "residual" for a [.., K, N] stack
+    stack multiplied by `activated`, "qkv" for a q/k/v stack, "residual" for a [.., K, N] stack
     multiplied by `residual`, "head" for [N, K]) and multiplies
     each prepared form as its own strategy does (`FORMS`). The int8 mode picks "int8" or
     "int8-xla" for the layer matrices and a bf16 strategy for the head.
@@ -464,7 +464,7 @@ def chosen(pick: Callable[[str, int, int], str]) -> Dense:
         return STRATEGIES[pick("activated", *w.shape[-2:])].prepare_activated(w, dtype)
 
     def prepare_qkv(w, dtype, heads, kv_heads):
-        strategy = STRATEGIES[pick("activated", *w.shape[-2:])]
+        strategy = STRATEGIES[pick("qkv", *w.shape[-2:])]
         return strategy.prepare_qkv(w, dtype, heads, kv_heads)
 
     def prepare_residual(w, dtype):

@@ -60,10 +60,10 @@ PREFERENCE = ("cpu", "int8", "xla", "int8-xla", "onednn")
 METHOD = "3"  # how candidates are timed and compared: a change retires the cached choices
 MATRIX_FLAGS = ("amx_bf16", "amx_int8", "avx512_bf16", "avx512_vnni", "avx_vnni", "avx2")
 MODES = ("bfloat16", "float32", "int8")
-KINDS = ("matmul", "gated", "activated", "residual", "head")
+KINDS = ("matmul", "gated", "activated", "qkv", "residual", "head")
 # the kinds a strategy fuses with what follows the product, bf16 only: elsewhere the product
 # alone decides ("matmul")
-FUSED_KINDS = ("activated", "residual")
+FUSED_KINDS = ("activated", "qkv", "residual")
 # the activation an "activated" shape is timed and checked with (the costliest: one choice per
 # shape serves every activation)
 ACTIVATION = "gelu"
@@ -85,8 +85,9 @@ class ShapeChoice(msgspec.Struct, frozen=True, kw_only=True):
     only one could run)."""
 
     # "matmul" [K, N] | "gated" (gate and up, each [K, N]) | "activated" ([K, N], with the bias
-    # and activation after it: `Dense.activated`) | "residual" ([K, N], added onto a residual
-    # stream: `Dense.residual`) | "head" ([N, K])
+    # and activation after it: `Dense.activated`) | "qkv" (a fused q/k/v stack [K, N], split
+    # into heads and turned by RoPE: `Dense.qkv`, timed with `qkv_layout`) | "residual" ([K, N],
+    # added onto a residual stream: `Dense.residual`) | "head" ([N, K])
     kind: str
     k: int
     n: int
@@ -343,13 +344,16 @@ def measure_shape(mode: str, kind: str, k: int, n: int, names) -> dict[str, Timi
     of its columns) at each row count, and check its products against the reference on a few
     rows of each."""
     rng = np.random.default_rng(k * 65_537 + n)
+    if kind == "qkv" and qkv_layout(n) is None:
+        kind = "activated"
     rows = HEAD_ROWS if kind == "head" else ROWS
     n = min(n, HEAD_COLUMNS) if kind == "head" else n
     dtype = input_dtype(mode)
     x = jnp.asarray(rng.standard_normal((max(rows), k), np.float32) / math.sqrt(k), dtype)
     ws = [_weights(rng, k, n, kind) for _ in range(2 if kind == "gated" else 1)]
     apply = {name: _program(STRATEGIES[name], kind, ws, dtype) for name in names}
-    reference = _reference(mode, kind, x[:CHECK_ROWS], [w[:, :CHECK_COLUMNS] for w in ws], apply)
+    check = [w[:, :CHECK_COLUMNS] for w in ws]
+    reference = _reference(mode, kind, x[:CHECK_ROWS], check, apply, n)
     seconds = {name: {} for name in names}
     error = dict.fromkeys(names, 0.0)
     for r in rows:
@@ -384,9 +388,11 @@ class _Program(NamedTuple):
 
     jitted: Callable  # (x, w) -> f32[M, N], or f32[LAYERS, M, N] through a layer stack
     w: Any
+    # what `jitted` answers -> the first layer's [M, N], outside the timed call
+    view: Callable = lambda y: _first(y)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return _first(self.jitted(x, self.w))
+        return self.view(self.jitted(x, self.w))
 
     def compiled(self, x: jax.Array) -> Callable[[], jax.Array]:
         """`jitted` on x, compiled for its shape now: calling it only runs it."""
@@ -420,6 +426,8 @@ def _program(dense: Dense, kind: str, ws, dtype) -> _Program:
     elif kind == "residual":
         stream = functools.partial(_stream, dense, ws[0].shape[1])
         return _Program(jax.jit(stream), dense.prepare_residual(stack[0], dtype))
+    elif kind == "qkv":
+        return _qkv_program(dense, stack[0], dtype)
     else:
         w, product = dense.prepare_gated(*stack, dtype), dense.gated
 
@@ -427,6 +435,68 @@ def _program(dense: Dense, kind: str, ws, dtype) -> _Program:
         return jax.lax.scan(lambda _, i: (None, product(x, w, i)), None, jnp.arange(LAYERS))[1]
 
     return _Program(jax.jit(layers), w)
+
+
+def qkv_layout(n: int) -> tuple[int, int, int] | None:
+    """(heads, kv_heads, D) that a q/k/v stack of N columns is timed with: heads of D = 64
+    columns (32 or 16 where N is not a multiple), one kv head and the rest query heads; None
+    where N splits into no three heads (then it is timed as "activated"). A choice is per shape:
+    how the columns split moves only which of them RoPE turns."""
+    for d in (64, 32, 16):
+        if n % d == 0 and n // d >= 3:
+            return n // d - 2, 1, d
+    return None
+
+
+def _qkv_program(dense: Dense, stack: np.ndarray, dtype) -> _Program:
+    """The q/k/v projection as the forward runs it: bias, split into heads, q and k turned by
+    RoPE at positions 0..M-1, and q, k and v cast to the attention's dtype (`view` joins them
+    into the stack's columns again, untimed)."""
+    n = stack.shape[-1]
+    heads, kv_heads, d = qkv_layout(n)
+    bias = jnp.zeros(n, jnp.float32)
+    w = dense.prepare_qkv(stack, dtype, heads, kv_heads)
+
+    def product(x, w, i):
+        q, k, v = dense.qkv(x, w, i, bias, heads, kv_heads, None, _rope_table(x.shape[0], d))
+        return tuple(t.astype(dtype) for t in (q, k, v))
+
+    def layers(x, w):  # q, k and v of each layer
+        return jax.lax.scan(lambda _, i: (None, product(x, w, i)), None, jnp.arange(LAYERS))[1]
+
+    def view(qkv) -> jax.Array:  # f32[M, N]: layer 0's heads in the stack's column order
+        q, k, v = (t[0].astype(jnp.float32) for t in qkv)
+        m = q.shape[0]
+        q = q.reshape(m, kv_heads, heads // kv_heads, d)
+        return jnp.concatenate([q, k[:, :, None], v[:, :, None]], axis=2).reshape(m, n)
+
+    return _Program(jax.jit(layers), w, view)
+
+
+def _rope_table(m: int, d: int) -> tuple[jax.Array, jax.Array]:
+    """cos and sin f32[M, D/2] of positions 0..M-1 (base 10,000), as `decoder.Rope` makes them."""
+    inv = 1.0 / 10_000.0 ** (np.arange(0, d, 2, dtype=np.float32) / d)  # [D/2]
+    angles = jnp.arange(m, dtype=jnp.float32)[:, None] * inv[None, :]
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def _rotated(y: np.ndarray, n: int, bound: bool = False) -> np.ndarray:
+    """y [R, C] (the first C of N q/k/v columns, rows at positions 0..R-1) with the q and k
+    heads of `qkv_layout(n)` turned by RoPE in float64; `bound`: each turned value's bound from
+    its pair's, |a| |cos| + |b| |sin|."""
+    heads, kv_heads, d = qkv_layout(n)
+    cos, sin = (np.asarray(t, np.float64) for t in _rope_table(y.shape[0], d))  # [R, D/2]
+    out = y.copy()
+    for c in range(0, y.shape[1], d):
+        if (c // d) % (heads // kv_heads + 2) > heads // kv_heads:
+            continue  # a v head
+        a, b = y[:, c : c + d // 2], y[:, c + d // 2 : c + d]
+        if bound:
+            turned = [a * abs(cos) + b * abs(sin), b * abs(cos) + a * abs(sin)]
+            out[:, c : c + d] = np.concatenate(turned, axis=1)
+        else:
+            out[:, c : c + d] = np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=1)
+    return out
 
 
 def _stream(dense: Dense, n: int, x: jax.Array, w) -> jax.Array:
@@ -457,13 +527,14 @@ def _time(apply: dict[str, _Program], x: jax.Array) -> dict[str, tuple[float, np
         limit = SLOWER * (1 if calls >= MIN_CALLS else FIRST_CALL)
         runs = {name: run for name, run in runs.items() if best[name] <= limit * min(best.values())}
     return {
-        name: (best[name], np.asarray(_first(y)[:CHECK_ROWS, :CHECK_COLUMNS], np.float64))
+        name: (best[name], np.asarray(apply[name].view(y)[:CHECK_ROWS, :CHECK_COLUMNS], np.float64))
         for name, y in out.items()
     }
 
 
-def _reference(mode: str, kind: str, x: jax.Array, ws, apply: dict) -> Callable:
-    """y [CHECK_ROWS, N] -> its worst error over the bound (see the module docstring)."""
+def _reference(mode: str, kind: str, x: jax.Array, ws, apply: dict, n: int) -> Callable:
+    """y [CHECK_ROWS, N] -> its worst error over the bound (see the module docstring); ws: the
+    first `CHECK_COLUMNS` of the N columns."""
     xf = np.asarray(x, np.float64)
     k = xf.shape[1]
     g, u = xf @ ws[0], xf @ ws[-1]  # gate and up (the same matrix but for the gated pair)
@@ -476,6 +547,8 @@ def _reference(mode: str, kind: str, x: jax.Array, ws, apply: dict) -> Callable:
         exact = 0.5 * g * np.vectorize(math.erfc)(-g / math.sqrt(2))  # GELU (`ACTIVATION`)
     elif kind == "residual":
         exact = LAYERS * g
+    elif kind == "qkv":
+        exact, gb = _rotated(g, n), _rotated(gb, n, bound=True)
     else:
         exact = g
     if kind == "gated":  # the bound of each product through silu(g) * u, and one bf16 rounding
@@ -483,6 +556,8 @@ def _reference(mode: str, kind: str, x: jax.Array, ws, apply: dict) -> Callable:
         bound = 1.1 * np.abs(u) * gb + np.abs(silu) * ub + 2.0**-8 * np.abs(exact)
     elif kind == "activated":  # through GELU (|GELU'| < 1.13), and one bf16 rounding
         bound = 1.13 * gb + 2.0**-8 * np.abs(exact)
+    elif kind == "qkv":  # the turned pairs' bounds, f32 roundings of the turn, one bf16 rounding
+        bound = gb + 4 * U * _rotated(np.abs(g), n, bound=True) + 2.0**-8 * np.abs(exact)
     elif kind == "residual":  # each product's bound, and an f32 rounding of each addition
         bound = LAYERS * (gb + U * np.abs(exact))
     else:

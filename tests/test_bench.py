@@ -367,9 +367,9 @@ def test_dense_paths_side_by_side(tiny, tmp_path):
             assert side["max_abs_logprob_diff_vs_first"] < 0.1  # all bf16, rounding apart
         if len(forced) > 1:  # the default measured its candidates, and names what it chose
             shapes = workload["choice"]["shapes"]
-            # in bf16 the q/k/v is chosen as an activated matrix (its bias, split and RoPE
-            # fused), o and down as the residual form (the add onto the stream fused)
-            assert {s["kind"] for s in shapes} == {"gated", "activated", "residual", "head"}
+            # in bf16 the q/k/v is chosen as the q/k/v form (its bias, split and RoPE fused),
+            # o and down as the residual form (the add onto the stream fused)
+            assert {s["kind"] for s in shapes} == {"gated", "qkv", "residual", "head"}
             assert all(s["chosen"] in forced for s in shapes)
 
 

@@ -155,10 +155,12 @@ def test_the_report_names_the_shapes_of_one_model(two_candidates):
 
 def test_chosen_prepares_each_shape_as_picked(two_candidates, monkeypatch):
     monkeypatch.setattr(cpu, "pack_dense", lambda w, dtype: ("packed", np.shape(w)))
+    monkeypatch.setattr(cpu, "pack_qkv", lambda w, heads, kv_heads: ("packed", np.shape(w)))
     monkeypatch.setattr(dense.jax, "device_put", lambda x: x)
     picks = {("matmul", 64, 96): "cpu", ("matmul", 96, 64): "xla", ("head", 64, 384): "cpu"}
     picks |= {("activated", 64, 96): "xla", ("activated", 96, 64): "cpu"}
     picks |= {("residual", 64, 96): "cpu", ("residual", 96, 64): "xla"}
+    picks |= {("qkv", 64, 96): "cpu", ("qkv", 96, 64): "xla"}
     strategy = dense.chosen(lambda kind, k, n: picks[kind, k, n])
     assert strategy.name == "measured"
     ones = np.ones
@@ -172,11 +174,45 @@ def test_chosen_prepares_each_shape_as_picked(two_candidates, monkeypatch):
     # and one added onto the residual stream by `residual`
     assert isinstance(strategy.prepare_residual(ones((2, 64, 96)), jnp.bfloat16), dense.Packed)
     assert not isinstance(strategy.prepare_residual(ones((2, 96, 64)), jnp.bfloat16), dense.Packed)
+    # a q/k/v stack as the q/k/v form (its bias, split and RoPE fused where packed for it)
+    assert isinstance(strategy.prepare_qkv(ones((2, 64, 96)), jnp.bfloat16, 1, 1), dense.PackedQkv)
+    assert not isinstance(strategy.prepare_qkv(ones((2, 96, 64)), jnp.bfloat16, 2, 1), dense.Packed)
     # the int8 mode's forms, each multiplied by its own strategy
     int8 = dense.chosen(lambda kind, k, n: "int8-xla")
     prepared = int8.prepare(ones((2, 64, 96)), jnp.bfloat16)
     assert isinstance(prepared, dense.Int8)
     assert dense.FORMS[type(prepared)] is dense.INT8_XLA and dense._owner(plain) is dense.XLA
+
+
+def test_qkv_is_timed_as_heads_turned_by_rope():
+    """The layout a q/k/v shape is timed with, and the float64 turn its check applies: q and k
+    heads turned, the v head as it is, position 0 unturned."""
+    assert dense_choice.qkv_layout(960) == (13, 1, 64)
+    assert dense_choice.qkv_layout(96) == (1, 1, 32)
+    assert dense_choice.qkv_layout(32) is None  # fewer than three heads: timed as "activated"
+    y = np.arange(3 * 4 * 96, dtype=np.float64).reshape(3 * 4, 96)[:3]  # [3 rows, 3 heads of 32]
+    turned = dense_choice._rotated(y, 96)
+    cos, sin = (np.asarray(t, np.float64) for t in dense_choice._rope_table(3, 32))
+    a, b = y[:, :16], y[:, 16:32]
+    np.testing.assert_allclose(turned[:, :32], np.hstack([a * cos - b * sin, b * cos + a * sin]))
+    np.testing.assert_array_equal(turned[0], y[0])  # position 0: cos 1, sin 0
+    np.testing.assert_array_equal(turned[:, 64:], y[:, 64:])  # v
+    assert not np.array_equal(turned[1:, 32:64], y[1:, 32:64])  # k
+
+
+def test_a_qkv_form_that_drops_rope_is_ineligible():
+    """A strategy whose q/k/v are not turned fails the check of the "qkv" kind."""
+    unturned = dense.XLA._replace(
+        name="unturned",
+        qkv=lambda x, w, layer, bias, heads, kv_heads, rows=None, rope=None: dense.XLA.qkv(
+            x, w, layer, bias, heads, kv_heads, rows, None
+        ),
+    )
+    monkey = {**dense_choice.STRATEGIES, "unturned": unturned}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(dense_choice, "STRATEGIES", monkey)
+        timings = dense_choice.measure_shape("bfloat16", "qkv", 64, 96, ("xla", "unturned"))
+    assert timings["xla"].eligible and not timings["unturned"].eligible
 
 
 def broken_strategy(rounding) -> dense.Dense:
