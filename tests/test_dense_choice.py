@@ -234,7 +234,7 @@ def test_measuring_real_kernels_checks_their_products(monkeypatch):
         assert set(timings) == set(names)
         for t in timings.values():
             assert t.eligible and 0 <= t.error <= 1, (kind, t)
-            assert t.gflops > 0 and set(t.seconds) <= {"64", "256", "2048"}
+            assert t.gflops > 0 and set(t.seconds) <= {"64", "256", "8192"}
     # products rounded to bf16 (a bf16 accumulation would be worse) are out of bounds
     to_bf16 = lambda y: y.astype(jnp.bfloat16).astype(jnp.float32)
     monkeypatch.setitem(dense.STRATEGIES, "broken", broken_strategy(to_bf16))
