@@ -460,12 +460,14 @@ def _qkv_program(dense: Dense, stack: np.ndarray, dtype) -> _Program:
     bias = jnp.zeros(n, jnp.float32)
     w = dense.prepare_qkv(stack, dtype, heads, kv_heads)
 
-    def product(x, w, i):
-        q, k, v = dense.qkv(x, w, i, bias, heads, kv_heads, None, _rope_table(x.shape[0], d))
+    def product(x, w, i, rope):
+        q, k, v = dense.qkv(x, w, i, bias, heads, kv_heads, None, rope)
         return tuple(t.astype(dtype) for t in (q, k, v))
 
-    def layers(x, w):  # q, k and v of each layer
-        return jax.lax.scan(lambda _, i: (None, product(x, w, i)), None, jnp.arange(LAYERS))[1]
+    def layers(x, w):  # q, k and v of each layer; the table once, as the forward makes it
+        rope = _rope_table(x.shape[0], d)
+        step = lambda _, i: (None, product(x, w, i, rope))
+        return jax.lax.scan(step, None, jnp.arange(LAYERS))[1]
 
     def view(qkv) -> jax.Array:  # f32[M, N]: layer 0's heads in the stack's column order
         q, k, v = (t[0].astype(jnp.float32) for t in qkv)
