@@ -3,6 +3,7 @@
 without it the engine encodes with `tokenizers` itself, which this equals."""
 
 from libc.stdint cimport int32_t, uint8_t, uint32_t
+from libc.string cimport memcpy
 from libcpp cimport bool as cbool
 from libcpp.string cimport string
 from libcpp.vector cimport vector
@@ -79,10 +80,11 @@ cdef class ByteLevelBPE:
         for token, id_ in tokens:
             self.encoder.AddWholeToken(token, id_)
 
-    def encode_batch(self, list texts) -> list:
-        """Each text's ids (list[int]), or None where it holds a code point of unknown class.
-        The work runs without the GIL."""
-        cdef Py_ssize_t n = len(texts), i
+    def encode_batch(self, list texts, prefix=(), suffix=()) -> list:
+        """Each text's ids, `prefix` before and `suffix` after, as int32 views into one buffer
+        (not lists: a batch's ids are no Python ints for the collector to walk), or None where
+        the text holds a code point of unknown class. The encoding runs without the GIL."""
+        cdef Py_ssize_t n = len(texts), i, at = 0, size
         cdef vector[void*] data
         cdef vector[int] kinds
         cdef vector[size_t] lengths
@@ -103,4 +105,26 @@ cdef class ByteLevelBPE:
         with nogil:
             for i in range(n):
                 done[i] = self.encoder.Encode(data[i], kinds[i], lengths[i], &out[i])
-        return [out[i] if done[i] else None for i in range(n)]
+        head = np.asarray(prefix, np.int32).reshape(-1)
+        tail = np.asarray(suffix, np.int32).reshape(-1)
+        cdef Py_ssize_t wrap = len(head) + len(tail), total = 0
+        for i in range(n):
+            if done[i]:
+                total += wrap + <Py_ssize_t>out[i].size()
+        buffer = np.empty(max(total, 1), np.int32)
+        cdef int32_t[::1] b = buffer
+        seqs = []
+        for i in range(n):
+            if not done[i]:
+                seqs.append(None)
+                continue
+            size = wrap + <Py_ssize_t>out[i].size()
+            if len(head):
+                buffer[at : at + len(head)] = head
+            if out[i].size():
+                memcpy(&b[at + len(head)], out[i].data(), out[i].size() * sizeof(int32_t))
+            if len(tail):
+                buffer[at + size - len(tail) : at + size] = tail
+            seqs.append(buffer[at : at + size])
+            at += size
+        return seqs

@@ -70,7 +70,8 @@ def check_labels(label_token_ids: Sequence[int], vocab_size: int) -> list[int]:
 
 
 def _check_vocabulary(ids: Sequence[int], field: str, vocab_size: int) -> None:
-    if ids and (min(ids) < 0 or max(ids) >= vocab_size):
+    ids = np.asarray(ids)  # a list, or an int32 array (`join_ids`, the native tokenizer)
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
         raise InvalidInput(field, f"token id outside the vocabulary [0, {vocab_size})")
 
 

@@ -15,6 +15,7 @@ other) are learnt from the reference's own regex engine the first time a code po
 """
 
 import json
+from collections.abc import Sequence
 
 import tokenizers
 from tokenizers import Regex, pre_tokenizers
@@ -65,7 +66,6 @@ class NativeTokenizer:
         self.known: set[str] = set()  # characters whose class the encoder has
         self.learn("".join(map(chr, range(128))))
         self.prefix, self.suffix = _special_ids(tokenizer, encoder)
-        self.wrapped = bool(self.prefix or self.suffix)
 
     @classmethod
     def wrap(cls, tokenizer: tokenizers.Tokenizer) -> "NativeTokenizer | None":
@@ -92,8 +92,9 @@ class NativeTokenizer:
         except _PostProcessorVaries:
             return None
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        """Ids of each text, special tokens added as the reference adds them."""
+    def encode_batch(self, texts: list[str]) -> list[Sequence[int]]:
+        """Ids of each text, special tokens added as the reference adds them: int32 views into
+        one buffer where encoded natively, lists where the reference encoded the text."""
         out: list = [None] * len(texts)
         native = [i for i, text in enumerate(texts) if self._native(text)]
         self._encode(texts, native, out)
@@ -128,13 +129,13 @@ class NativeTokenizer:
         """Native ids into `out` at `which`; a text with a character of unknown class is
         encoded again once its classes are learnt."""
         for attempt in range(2):
-            ids = self.encoder.encode_batch([texts[i] for i in which])
+            ids = self.encoder.encode_batch([texts[i] for i in which], self.prefix, self.suffix)
             unknown = []
             for i, found in zip(which, ids, strict=True):
                 if found is None:
                     unknown.append(i)
                 else:
-                    out[i] = [*self.prefix, *found, *self.suffix] if self.wrapped else found
+                    out[i] = found
             if not unknown or attempt:
                 return
             for i in unknown:
@@ -151,7 +152,7 @@ def _special_ids(tokenizer: tokenizers.Tokenizer, encoder) -> tuple[list[int], l
     found = set()
     for probe in ("a", "a b"):
         whole = tokenizer.encode_batch_fast([probe])[0].ids
-        (own,) = encoder.encode_batch([probe])
+        own = encoder.encode_batch([probe])[0].tolist()
         n = len(own)
         at = [k for k in range(len(whole) - n + 1) if whole[k : k + n] == own]
         if len(at) != 1:

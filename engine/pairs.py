@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import msgspec
+import numpy as np
 import tokenizers
 
 from engine import native_tokenizer
@@ -38,9 +39,10 @@ class Encoded(NamedTuple):
 
 
 class _Alone(NamedTuple):
-    """A text's ids encoded alone: every token of type 0."""
+    """A text's ids encoded alone (a list, or an int32 array from the native encoder): every
+    token of type 0."""
 
-    ids: list[int]
+    ids: Sequence[int]
 
     @property
     def type_ids(self) -> list[int]:
@@ -121,7 +123,7 @@ class PairEncoder:
         return Encoded(out, truncated)
 
     def _coded(self, index: int, e: "tokenizers.Encoding | _Alone") -> list[int]:
-        if e.ids and max(e.ids) >= self.vocab_size:
+        if len(e.ids) and _largest(e.ids) >= self.vocab_size:
             raise InvalidInput(
                 f"items[{index}]", f"token id outside the vocabulary [0, {self.vocab_size})"
             )
@@ -140,6 +142,10 @@ class PairEncoder:
             )
             self._cutters[key] = cutter
         return self._cutters[key]
+
+
+def _largest(ids: Sequence[int]) -> int:
+    return int(ids.max()) if isinstance(ids, np.ndarray) else max(ids)
 
 
 def _copy(tokenizer: tokenizers.Tokenizer) -> tokenizers.Tokenizer:

@@ -11,8 +11,10 @@ follows its request.
 
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 
 import msgspec
+import numpy as np
 import tokenizers
 import trio
 
@@ -32,10 +34,10 @@ class TokenCache:
 
     def __init__(self, size: int):
         self.size = size
-        self.entries: OrderedDict[str, list[int]] = OrderedDict()
+        self.entries: OrderedDict[str, Sequence[int]] = OrderedDict()
         self.hits = self.misses = 0
 
-    def get(self, text: str) -> list[int] | None:
+    def get(self, text: str) -> Sequence[int] | None:
         ids = self.entries.get(text)
         if ids is None:
             self.misses += 1
@@ -44,8 +46,10 @@ class TokenCache:
         self.entries.move_to_end(text)
         return ids
 
-    def put(self, text: str, ids: list[int]) -> None:
-        self.entries[text] = ids
+    def put(self, text: str, ids: Sequence[int]) -> None:
+        """Keep `ids` for `text`; an array is copied, so that a view does not keep its whole
+        batch's buffer alive."""
+        self.entries[text] = ids.copy() if isinstance(ids, np.ndarray) else ids
         self.entries.move_to_end(text)
         while len(self.entries) > self.size:
             self.entries.popitem(last=False)
@@ -185,7 +189,7 @@ class TokenizerState:
         labels = inputs.check_labels(r.label_token_ids, self.vocab_size)
         return [*labels, self.vocab_size] if r.normaliser else labels
 
-    def _encode(self, texts) -> dict[str, list[int]]:
+    def _encode(self, texts) -> dict[str, Sequence[int]]:
         """Ids for every text: cached ones, and the rest encoded in one batch call."""
         found = {t: self.cache.get(t) for t in texts}
         missing = [t for t, ids in found.items() if ids is None]

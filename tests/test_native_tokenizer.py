@@ -5,6 +5,7 @@ import json
 import random
 import threading
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -21,6 +22,7 @@ from tokenizers import (
 
 from engine import native_tokenizer
 from engine.byte_level import BYTE_ALPHABET, LLAMA3_SPLIT, QWEN2_SPLIT
+from engine.inputs import as_lists
 from engine.loaders.gguf_file import read_gguf
 from engine.loaders.gguf_tokenizer import tokenizer_from_gguf
 from engine.native_tokenizer import NativeTokenizer, ReferenceTokenizer, encoder_for
@@ -171,17 +173,31 @@ def _reference(tok, texts):
     return [e.ids for e in tok.encode_batch_fast(texts)]
 
 
+def _ids(encoder, texts):
+    return as_lists(encoder.encode_batch(texts))
+
+
 @pytest.mark.parametrize("name", TOKENIZERS)
 def test_ids_equal_the_reference_and_plain_texts_never_reach_it(name):
     tok = TOKENIZERS[name]()
     native = NativeTokenizer.wrap(tok)
     assert native is not None
     spy = native.tokenizer = Spy(tok)
-    assert native.encode_batch(TEXTS) == _reference(tok, TEXTS)
+    assert _ids(native, TEXTS) == _reference(tok, TEXTS)
     ascii_only = name == "qwen2-nfc"
     expected = {t for t in TEXTS if t not in PLAIN or (ascii_only and not t.isascii())}
     assert set(spy.texts) == expected
     assert len(PLAIN) > 1500 and sum(t.isascii() for t in PLAIN) > 50
+
+
+def test_ids_are_int32_views_into_one_buffer_with_the_special_ids():
+    tok = TOKENIZERS["llama3-template"]()
+    texts = ["first text", "", "a second, longer text"]
+    ids = NativeTokenizer.wrap(tok).encode_batch(texts)
+    assert [a.dtype for a in ids] == [np.int32] * 3
+    assert ids[0].base is ids[1].base is ids[2].base is not None
+    assert as_lists(ids) == _reference(tok, texts)
+    assert as_lists(ids)[1] == [1, 2]  # an empty text is its template's ids alone
 
 
 PATTERNS = {"gpt2": GPT2_SPLIT, "qwen2": QWEN2_SPLIT, "llama3": LLAMA3_SPLIT}
@@ -210,7 +226,7 @@ def test_pieces_are_the_reference_regexs(gpt2, pattern):
 def test_arbitrary_text_equals_the_reference(text):
     for name in ("gpt2", "qwen2", "llama3-template"):
         tok = _cached(name)
-        assert _cached_native(name).encode_batch([text]) == _reference(tok, [text]), name
+        assert _ids(_cached_native(name), [text]) == _reference(tok, [text]), name
 
 
 _BUILT: dict = {}
@@ -235,7 +251,7 @@ def test_a_small_piece_cache_keeps_the_ids(gpt2):
     encoder = native_tokenizer._byte_bpe.ByteLevelBPE("gpt2", *tables, cache_limit=3)
     native = NativeTokenizer(gpt2, encoder, ascii_only=False, added=SPECIALS)
     texts = PLAIN[:300]
-    assert native.encode_batch(texts) == native.encode_batch(texts) == _reference(gpt2, texts)
+    assert _ids(native, texts) == _ids(native, texts) == _reference(gpt2, texts)
 
 
 def test_threads_share_one_encoder(gpt2):
@@ -244,7 +260,7 @@ def test_threads_share_one_encoder(gpt2):
     results = [None] * 4
 
     def work(i):
-        results[i] = native.encode_batch(PLAIN)
+        results[i] = _ids(native, PLAIN)
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
     for t in threads:
@@ -267,7 +283,7 @@ def test_classes_are_learnt_from_the_reference_regex(gpt2):
     assert "😀" not in native.known and "a" in native.known
     native.learn("😀 ٣x")
     assert {"😀", "٣"} <= native.known
-    assert native.encode_batch(["😀٣٣ x"]) == _reference(gpt2, ["😀٣٣ x"])
+    assert _ids(native, ["😀٣٣ x"]) == _reference(gpt2, ["😀٣٣ x"])
 
 
 @pytest.mark.parametrize(
@@ -325,7 +341,7 @@ def test_smollm2s_tokenizer_is_native_and_equal():
     native = NativeTokenizer.wrap(tok)
     assert native is not None
     spy = native.tokenizer = Spy(tok)
-    assert native.encode_batch(TEXTS) == _reference(tok, TEXTS)
+    assert _ids(native, TEXTS) == _reference(tok, TEXTS)
     assert set(spy.texts) == set(TEXTS) - set(PLAIN)
 
 
@@ -333,17 +349,15 @@ def test_ignore_merges_makes_a_whole_token_of_a_piece():
     tok = TOKENIZERS["llama3-ignore-merges"]()
     merged = _with_model(tok, ignore_merges=False)
     texts = PLAIN[:300]
-    ours, theirs = NativeTokenizer.wrap(tok).encode_batch(texts), _reference(tok, texts)
+    ours, theirs = _ids(NativeTokenizer.wrap(tok), texts), _reference(tok, texts)
     assert ours == theirs
     assert sum(a != b for a, b in zip(theirs, _reference(merged, texts), strict=True)) > 100
 
 
 def test_str_subclasses_and_other_objects(gpt2):
-    import numpy as np
-
     native = NativeTokenizer.wrap(gpt2)
     texts = [np.str_("a numpy string"), "plain"]
-    assert native.encode_batch(texts) == _reference(gpt2, [str(t) for t in texts])
+    assert _ids(native, texts) == _reference(gpt2, [str(t) for t in texts])
     with pytest.raises(TypeError, match=r"texts\[1\]: a str, not int"):
         native.encoder.encode_batch(["ok", 5])
 
@@ -354,6 +368,6 @@ def test_without_merges_each_byte_is_its_own_token(gpt2):
     native = NativeTokenizer(gpt2, encoder, ascii_only=False, added=[])
     text = "Hello, wörld 42"
     native.learn(text)
-    assert encoder.encode_batch([text]) == [[byte_ids[b] for b in text.encode()]]
+    assert as_lists(encoder.encode_batch([text])) == [[byte_ids[b] for b in text.encode()]]
     with pytest.raises(ValueError, match="byte_ids: 256 ids, not 255"):
         native_tokenizer._byte_bpe.ByteLevelBPE("gpt2", byte_ids[:255], [])

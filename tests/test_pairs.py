@@ -6,6 +6,7 @@ from tokenizers import processors
 
 from engine import native_tokenizer
 from engine.errors import InputTooLarge, InvalidInput
+from engine.inputs import as_lists
 from engine.native_tokenizer import NativeTokenizer, ReferenceTokenizer
 from engine.pairs import PairEncoder, PairOptions
 from tests.conftest import CORPUS, tiny_tokenizer
@@ -38,7 +39,7 @@ def test_texts_alone_are_native_and_equal_the_reference(tok, side):
     texts = [*CORPUS, "", "ünïcödé 😀 text", "word " * 40]
     options = PairOptions(limit=24, side=side, alone=True)
     ours, theirs = native.encode("", texts, options), reference.encode("", texts, options)
-    assert ours == theirs
+    assert as_lists(ours.sequences) == theirs.sequences and ours.truncated == theirs.truncated
     assert ours.truncated > 0 and max(map(len, ours.sequences)) == 24
     assert all(s[-1] == tok.token_to_id("<|endoftext|>") for s in ours.sequences if len(s) < 24)
 

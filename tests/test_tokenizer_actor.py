@@ -8,6 +8,7 @@ import trio
 
 from engine import native_tokenizer
 from engine.errors import RejectKind
+from engine.inputs import as_lists
 from engine.messages import Cancel, Rejected, ScoreRequest, Tokenized
 from engine.native_tokenizer import NativeTokenizer, ReferenceTokenizer
 from engine.tokenizer_actor import TokenCache, TokenizerState, run
@@ -41,7 +42,7 @@ def test_texts_are_encoded_natively_with_the_references_ids(tok):
     assert isinstance(native.encoder, NativeTokenizer) == (native_tokenizer._byte_bpe is not None)
     assert isinstance(reference.encoder, ReferenceTokenizer)
     ours, theirs = native.process(requests), reference.process(requests)
-    assert [m.sequences for m in ours] == [m.sequences for m in theirs]
+    assert [as_lists(m.sequences) for m in ours] == [m.sequences for m in theirs]
     assert theirs[1].sequences == [tok.encode("¿Sí?  ünï 😀").ids]
 
 
@@ -75,7 +76,7 @@ def test_text_and_ids_follow_score_semantics(tok):
         ]
     )
     assert [type(m) for m in out] == [Tokenized, Tokenized]
-    assert out[0].sequences == [tok.encode("Is it? yes").ids, tok.encode("Is it? no").ids]
+    assert as_lists(out[0].sequences) == [tok.encode("Is it? yes").ids, tok.encode("Is it? no").ids]
     assert [s.tolist() for s in out[1].sequences] == [[7, 5, 6], [8, 9, 5, 6]]
     assert all(s.dtype == np.int32 for s in out[1].sequences)  # ids run as arrays, not lists
     assert out[0].labels == [1] and out[0].tokenize_s > 0
@@ -151,6 +152,16 @@ def test_lru_evicts_the_least_recent():
     assert cache.get("a") == [1]
     cache.put("c", [3])
     assert cache.get("b") is None and cache.get("a") == [1] and cache.get("c") == [3]
+
+
+def test_a_cached_array_is_a_copy_not_a_view_of_its_batch():
+    batch = np.arange(10_000, dtype=np.int32)
+    cache = TokenCache(2)
+    cache.put("a", batch[3:6])
+    kept = cache.get("a")
+    assert kept.tolist() == [3, 4, 5] and kept.base is None  # the 40 kB buffer is not kept
+    batch[3] = -1
+    assert cache.get("a").tolist() == [3, 4, 5]
 
 
 def test_run_loop_forwards_one_message_per_request(tok):
