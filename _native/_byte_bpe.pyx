@@ -27,7 +27,9 @@ cdef extern from "byte_bpe.h" namespace "byte_bpe":
                 const int32_t* right, const int32_t* merged, size_t cache_limit) except +
         void SetClass(uint32_t code_point, uint8_t cls)
         void AddWholeToken(const string& token, int32_t id)
-        cbool Encode(const void* data, int kind, size_t length, vector[int32_t]* out) nogil
+        void EncodeMany(size_t n, const void* const* data, const int* kinds,
+                        const size_t* lengths, vector[int32_t]* out, char* done,
+                        int max_threads) nogil
         cbool Split(const void* data, int kind, size_t length, vector[size_t]* ends)
 
 
@@ -80,10 +82,12 @@ cdef class ByteLevelBPE:
         for token, id_ in tokens:
             self.encoder.AddWholeToken(token, id_)
 
-    def encode_batch(self, list texts, prefix=(), suffix=()) -> list:
+    def encode_batch(self, list texts, prefix=(), suffix=(), int threads=0) -> list:
         """Each text's ids, `prefix` before and `suffix` after, as int32 views into one buffer
         (not lists: a batch's ids are no Python ints for the collector to walk), or None where
-        the text holds a code point of unknown class. The encoding runs without the GIL."""
+        the text holds a code point of unknown class. The encoding runs without the GIL, on up
+        to `threads` threads (0: the machine's cores, at most 8), 16,384 code points a thread
+        at least, each taking the next text as it comes free."""
         cdef Py_ssize_t n = len(texts), i, at = 0, size
         cdef vector[void*] data
         cdef vector[int] kinds
@@ -103,8 +107,9 @@ cdef class ByteLevelBPE:
             kinds[i] = PyUnicode_KIND(text)
             lengths[i] = PyUnicode_GET_LENGTH(text)
         with nogil:
-            for i in range(n):
-                done[i] = self.encoder.Encode(data[i], kinds[i], lengths[i], &out[i])
+            self.encoder.EncodeMany(
+                n, data.data(), kinds.data(), lengths.data(), out.data(), done.data(), threads
+            )
         head = np.asarray(prefix, np.int32).reshape(-1)
         tail = np.asarray(suffix, np.int32).reshape(-1)
         cdef Py_ssize_t wrap = len(head) + len(tail), total = 0

@@ -1,7 +1,10 @@
 #include "byte_bpe.h"
 
 #include <algorithm>
+#include <atomic>
 #include <queue>
+#include <system_error>
+#include <thread>
 
 namespace byte_bpe {
 namespace {
@@ -75,7 +78,8 @@ Encoder::Encoder(int pattern, const int32_t* byte_ids, size_t n_merges, const in
     : pattern_(static_cast<Pattern>(pattern)),
       max_digits_(pattern == kLlama3 ? 3 : 1),
       classes_(kCodePoints, kUnknown),
-      cache_limit_(cache_limit) {
+      cache_limit_(cache_limit),
+      workers_(1) {
   for (int b = 0; b < 256; ++b) byte_ids_[b] = byte_ids[b];
   merges_.reserve(n_merges * 2);
   for (size_t i = 0; i < n_merges; ++i) {
@@ -93,9 +97,41 @@ void Encoder::AddWholeToken(const std::string& bytes, int32_t id) {
   whole_[bytes] = id;
 }
 
-bool Encoder::Encode(const void* data, int kind, size_t length, std::vector<int32_t>* out) {
+void Encoder::EncodeMany(size_t n, const void* const* data, const int* kinds,
+                         const size_t* lengths, std::vector<int32_t>* out, char* done,
+                         int max_threads) {
   std::lock_guard<std::mutex> lock(mutex_);
-  return ByKind(data, kind, [&](auto text) { return EncodeText(text, length, out); });
+  size_t total = 0;
+  for (size_t i = 0; i < n; ++i) total += lengths[i];
+  if (max_threads <= 0) {
+    max_threads = std::min(static_cast<int>(std::thread::hardware_concurrency()), kMaxThreads);
+  }
+  const size_t asked = static_cast<size_t>(std::max(max_threads, 1));
+  const size_t threads = std::max<size_t>(1, std::min({asked, n, total / kLengthPerThread}));
+  if (workers_.size() < threads) workers_.resize(threads);
+  // Texts are taken one at a time as threads come free: a thread that starts late (or whose
+  // core is busy) takes fewer, and the caller never waits on more than the texts in hand.
+  std::atomic<size_t> next{0};
+  auto run = [&](Worker* worker) {
+    std::vector<int32_t> ids;  // out[i] written once: its neighbours may be another thread's
+    for (size_t i = next++; i < n; i = next++) {
+      ids.clear();
+      done[i] = ByKind(data[i], kinds[i], [&](auto text) {
+        return EncodeText(text, lengths[i], &ids, worker);
+      });
+      if (done[i]) out[i].assign(ids.begin(), ids.end());
+    }
+  };
+  std::vector<std::thread> helpers;
+  for (size_t w = 1; w < threads; ++w) {
+    try {
+      helpers.emplace_back(run, &workers_[w]);
+    } catch (const std::system_error&) {  // no more threads to be had: go on with these
+      break;
+    }
+  }
+  run(&workers_[0]);
+  for (std::thread& helper : helpers) helper.join();
 }
 
 bool Encoder::Split(const void* data, int kind, size_t length, std::vector<size_t>* ends) {
@@ -113,15 +149,17 @@ bool Encoder::SplitText(const T* text, size_t length, std::vector<size_t>* ends)
 }
 
 template <typename T>
-bool Encoder::EncodeText(const T* text, size_t length, std::vector<int32_t>* out) {
+bool Encoder::EncodeText(const T* text, size_t length, std::vector<int32_t>* out,
+                         Worker* worker) {
   for (size_t i = 0; i < length; ++i) {
     if (ClassOf(text[i]) == kUnknown) return false;
   }
+  std::string& piece = worker->piece;
   for (size_t at = 0; at < length;) {
     size_t end = NextPiece(text, at, length);
-    piece_.clear();
-    for (size_t i = at; i < end; ++i) AppendUtf8(text[i], &piece_);
-    EncodePiece(piece_, out);
+    piece.clear();
+    for (size_t i = at; i < end; ++i) AppendUtf8(text[i], &piece);
+    EncodePiece(piece, out, worker);
     at = end;
   }
   return true;
@@ -205,7 +243,7 @@ size_t Encoder::Qwen2Piece(const T* text, size_t at, size_t length) const {
   return SpaceEnd(text, at, length);
 }
 
-void Encoder::EncodePiece(const std::string& bytes, std::vector<int32_t>* out) {
+void Encoder::EncodePiece(const std::string& bytes, std::vector<int32_t>* out, Worker* worker) {
   if (!whole_.empty()) {
     auto whole = whole_.find(bytes);
     if (whole != whole_.end()) {
@@ -213,8 +251,9 @@ void Encoder::EncodePiece(const std::string& bytes, std::vector<int32_t>* out) {
       return;
     }
   }
-  auto found = cache_.find(bytes);
-  if (found != cache_.end()) {
+  auto& cache = worker->cache;
+  auto found = cache.find(bytes);
+  if (found != cache.end()) {
     out->insert(out->end(), found->second.begin(), found->second.end());
     return;
   }
@@ -222,8 +261,8 @@ void Encoder::EncodePiece(const std::string& bytes, std::vector<int32_t>* out) {
   Merge(bytes, &ids);
   out->insert(out->end(), ids.begin(), ids.end());
   if (bytes.size() > kCachedBytes) return;
-  if (cache_.size() >= cache_limit_) cache_.clear();
-  cache_.emplace(bytes, std::move(ids));
+  if (cache.size() >= cache_limit_) cache.clear();
+  cache.emplace(bytes, std::move(ids));
 }
 
 // The reference's `Word::merge_all`: the lowest-ranked pair merges first, the leftmost of equal

@@ -33,7 +33,7 @@ class Encoder {
   // pattern: a Pattern. byte_ids: the id of each single byte's token, i32[256] (-1: none, the
   // byte is dropped). merges: the ranked merge list as three i32[n] arrays (left id, right id,
   // merged id), rank = index (a pair listed twice ranks at its last place, as in the reference).
-  // cache_limit: pieces whose ids are kept (the cache is emptied when full).
+  // cache_limit: pieces whose ids each thread keeps (its cache is emptied when full).
   Encoder(int pattern, const int32_t* byte_ids, size_t n_merges, const int32_t* left,
           const int32_t* right, const int32_t* merged, size_t cache_limit);
 
@@ -42,18 +42,31 @@ class Encoder {
   // `ignore_merges`: a piece that is a whole token is that token, before any merge.
   void AddWholeToken(const std::string& bytes, int32_t id);
 
-  // Appends the ids of a text of `length` code points, each `kind` bytes wide (1, 2 or 4, as a
-  // Python str stores them), to `out`. False, with `out` as it was, when a code point's class is
-  // unknown.
-  bool Encode(const void* data, int kind, size_t length, std::vector<int32_t>* out);
+  // Appends the ids of text i, of lengths[i] code points each kinds[i] bytes wide (1, 2 or 4, as
+  // a Python str stores them), to out[i]; done[i] false, with out[i] as it was, when a code
+  // point's class is unknown. On up to `max_threads` threads (the caller's among them; 0: the
+  // machine's, at most kMaxThreads), kLengthPerThread code points a thread at least (a thread's
+  // start costs about what encoding a few hundred code points does).
+  void EncodeMany(size_t n, const void* const* data, const int* kinds, const size_t* lengths,
+                  std::vector<int32_t>* out, char* done, int max_threads);
+  static constexpr size_t kLengthPerThread = 16384;
+  static constexpr int kMaxThreads = 8;
 
   // The pre-tokenizer's pieces of a text as `Encode` takes it: each piece's end, in code points.
   // False, with `ends` as it was, when a code point's class is unknown.
   bool Split(const void* data, int kind, size_t length, std::vector<size_t>* ends);
 
  private:
+  // A thread's own piece cache (piece bytes -> ids) and scratch piece: `EncodeMany`'s threads
+  // share nothing they write, not even a cache line (two workers in one line ran two threads
+  // slower than one).
+  struct alignas(64) Worker {
+    std::unordered_map<std::string, std::vector<int32_t>> cache;
+    std::string piece;
+  };
+
   template <typename T>
-  bool EncodeText(const T* text, size_t length, std::vector<int32_t>* out);
+  bool EncodeText(const T* text, size_t length, std::vector<int32_t>* out, Worker* worker);
   template <typename T>
   bool SplitText(const T* text, size_t length, std::vector<size_t>* ends) const;
   template <typename T>
@@ -69,7 +82,7 @@ class Encoder {
   uint8_t ClassOf(uint32_t code_point) const {
     return code_point < classes_.size() ? classes_[code_point] : kOther;
   }
-  void EncodePiece(const std::string& bytes, std::vector<int32_t>* out);
+  void EncodePiece(const std::string& bytes, std::vector<int32_t>* out, Worker* worker);
   void Merge(const std::string& bytes, std::vector<int32_t>* ids) const;
 
   Pattern pattern_;
@@ -77,10 +90,9 @@ class Encoder {
   std::vector<uint8_t> classes_;  // u8[0x110000], Class per code point
   int32_t byte_ids_[256];
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;  // pair -> (rank, merged)
-  std::unordered_map<std::string, std::vector<int32_t>> cache_;  // piece bytes -> ids
   std::unordered_map<std::string, int32_t> whole_;  // token bytes -> id, with ignore_merges
-  size_t cache_limit_;
-  std::string piece_;  // scratch: the current piece's UTF-8 bytes
+  size_t cache_limit_;  // per worker
+  std::vector<Worker> workers_;  // one per thread of `EncodeMany`, [0] the caller's
   std::mutex mutex_;
 };
 

@@ -47,8 +47,10 @@ class TokenCache:
         return ids
 
     def put(self, text: str, ids: Sequence[int]) -> None:
-        """Keep `ids` for `text`; an array is copied, so that a view does not keep its whole
-        batch's buffer alive."""
+        """Keep `ids` for `text` (a cache of size 0 keeps nothing); an array is copied, so that
+        a view does not keep its whole batch's buffer alive."""
+        if not self.size:
+            return
         self.entries[text] = ids.copy() if isinstance(ids, np.ndarray) else ids
         self.entries.move_to_end(text)
         while len(self.entries) > self.size:

@@ -270,6 +270,24 @@ def test_threads_share_one_encoder(gpt2):
     assert results == [expected] * 4
 
 
+@pytest.mark.parametrize("threads", [2, 3, 8])
+def test_a_large_batch_on_several_threads_is_encoded_as_on_one(gpt2, threads):
+    """Texts shared out to threads, an unknown character's text and empty ones among
+    them, give what one thread gives, in order."""
+    native = NativeTokenizer.wrap(gpt2)
+    for text in PLAIN:
+        native.learn(text)
+    unknown = "a \U0001f9ea not learnt"
+    texts = [*PLAIN, "", unknown, *PLAIN[::-1], "", *PLAIN]
+    assert sum(map(len, texts)) > 7 * 16_384  # threads enough for all but the largest ask
+    one = native.encoder.encode_batch(texts, threads=1)
+    many = native.encoder.encode_batch(texts, threads=threads)
+    lists = lambda ids: [None if x is None else x.tolist() for x in ids]
+    assert lists(many) == lists(one)
+    assert [x is None for x in one] == [t == unknown for t in texts]
+    assert _ids(native, texts) == _reference(gpt2, texts)
+
+
 def test_a_lone_surrogate_fails_as_in_the_reference(gpt2):
     text = "a\ud800b"
     with pytest.raises(Exception) as theirs:

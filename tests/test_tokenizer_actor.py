@@ -162,6 +162,9 @@ def test_a_cached_array_is_a_copy_not_a_view_of_its_batch():
     assert kept.tolist() == [3, 4, 5] and kept.base is None  # the 40 kB buffer is not kept
     batch[3] = -1
     assert cache.get("a").tolist() == [3, 4, 5]
+    none = TokenCache(0)
+    none.put("a", [1])
+    assert none.get("a") is None and not none.entries
 
 
 def test_run_loop_forwards_one_message_per_request(tok):
