@@ -82,12 +82,12 @@ cdef class ByteLevelBPE:
         for token, id_ in tokens:
             self.encoder.AddWholeToken(token, id_)
 
-    def encode_batch(self, list texts, prefix=(), suffix=(), int threads=0) -> list:
+    def encode_batch(self, list texts, prefix=(), suffix=(), int threads=1) -> list:
         """Each text's ids, `prefix` before and `suffix` after, as int32 views into one buffer
         (not lists: a batch's ids are no Python ints for the collector to walk), or None where
         the text holds a code point of unknown class. The encoding runs without the GIL, on up
-        to `threads` threads (0: the machine's cores, at most 8), 16,384 code points a thread
-        at least, each taking the next text as it comes free."""
+        to `threads` threads, 16,384 code points a thread at least, each taking the next text
+        as it comes free."""
         cdef Py_ssize_t n = len(texts), i, at = 0, size
         cdef vector[void*] data
         cdef vector[int] kinds

@@ -103,9 +103,6 @@ void Encoder::EncodeMany(size_t n, const void* const* data, const int* kinds,
   std::lock_guard<std::mutex> lock(mutex_);
   size_t total = 0;
   for (size_t i = 0; i < n; ++i) total += lengths[i];
-  if (max_threads <= 0) {
-    max_threads = std::min(static_cast<int>(std::thread::hardware_concurrency()), kMaxThreads);
-  }
   const size_t asked = static_cast<size_t>(std::max(max_threads, 1));
   const size_t threads = std::max<size_t>(1, std::min({asked, n, total / kLengthPerThread}));
   if (workers_.size() < threads) workers_.resize(threads);

@@ -44,13 +44,12 @@ class Encoder {
 
   // Appends the ids of text i, of lengths[i] code points each kinds[i] bytes wide (1, 2 or 4, as
   // a Python str stores them), to out[i]; done[i] false, with out[i] as it was, when a code
-  // point's class is unknown. On up to `max_threads` threads (the caller's among them; 0: the
-  // machine's, at most kMaxThreads), kLengthPerThread code points a thread at least (a thread's
-  // start costs about what encoding a few hundred code points does).
+  // point's class is unknown. On up to `max_threads` threads (the caller's among them),
+  // kLengthPerThread code points a thread at least (a thread's start costs about what encoding
+  // a few hundred code points does).
   void EncodeMany(size_t n, const void* const* data, const int* kinds, const size_t* lengths,
                   std::vector<int32_t>* out, char* done, int max_threads);
   static constexpr size_t kLengthPerThread = 16384;
-  static constexpr int kMaxThreads = 8;
 
   // The pre-tokenizer's pieces of a text as `Encode` takes it: each piece's end, in code points.
   // False, with `ends` as it was, when a code point's class is unknown.

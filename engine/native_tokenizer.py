@@ -15,6 +15,7 @@ other) are learnt from the reference's own regex engine the first time a code po
 """
 
 import json
+import os
 from collections.abc import Sequence
 
 import tokenizers
@@ -32,6 +33,10 @@ _PROBES = ((1, r"\p{L}"), (2, r"\p{N}"), (3, r"\s"))
 _OTHER = 4
 _SPLITS = {QWEN2_SPLIT: "qwen2", LLAMA3_SPLIT: "llama3"}
 _SURROGATES = range(0xD800, 0xE000)
+
+
+# threads a large batch's texts are shared out to: this process's cores, at most 8
+THREADS = min(8, len(os.sched_getaffinity(0)))
 
 
 class ReferenceTokenizer:
@@ -129,7 +134,8 @@ class NativeTokenizer:
         """Native ids into `out` at `which`; a text with a character of unknown class is
         encoded again once its classes are learnt."""
         for attempt in range(2):
-            ids = self.encoder.encode_batch([texts[i] for i in which], self.prefix, self.suffix)
+            batch = [texts[i] for i in which]
+            ids = self.encoder.encode_batch(batch, self.prefix, self.suffix, THREADS)
             unknown = []
             for i, found in zip(which, ids, strict=True):
                 if found is None:

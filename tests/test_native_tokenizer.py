@@ -2,6 +2,7 @@
 that stress each regex alternative, and the reference wherever the native path cannot prove it."""
 
 import json
+import os
 import random
 import threading
 
@@ -286,6 +287,28 @@ def test_a_large_batch_on_several_threads_is_encoded_as_on_one(gpt2, threads):
     assert lists(many) == lists(one)
     assert [x is None for x in one] == [t == unknown for t in texts]
     assert _ids(native, texts) == _reference(gpt2, texts)
+
+
+def test_texts_are_encoded_on_the_process_cores(gpt2, monkeypatch):
+    asked = []
+
+    class Spy:
+        def __init__(self, encoder):
+            self.encoder = encoder
+
+        def encode_batch(self, texts, prefix, suffix, threads):
+            asked.append(threads)
+            return self.encoder.encode_batch(texts, prefix, suffix, threads)
+
+        def set_classes(self, code_points, classes):
+            self.encoder.set_classes(code_points, classes)
+
+    assert min(8, len(os.sched_getaffinity(0))) == native_tokenizer.THREADS
+    native = NativeTokenizer.wrap(gpt2)
+    native.encoder = Spy(native.encoder)
+    monkeypatch.setattr(native_tokenizer, "THREADS", 3)
+    assert _ids(native, PLAIN[:20]) == _reference(gpt2, PLAIN[:20])
+    assert asked and set(asked) == {3}
 
 
 def test_a_lone_surrogate_fails_as_in_the_reference(gpt2):
