@@ -51,8 +51,8 @@ class Encoder {
                   std::vector<int32_t>* out, char* done, int max_threads);
   static constexpr size_t kLengthPerThread = 16384;
 
-  // The pre-tokenizer's pieces of a text as `Encode` takes it: each piece's end, in code points.
-  // False, with `ends` as it was, when a code point's class is unknown.
+  // The pre-tokenizer's pieces of a text as `EncodeMany` takes it: each piece's end, in code
+  // points. False, with `ends` as it was, when a code point's class is unknown.
   bool Split(const void* data, int kind, size_t length, std::vector<size_t>* ends);
 
  private:
