@@ -78,8 +78,7 @@ Encoder::Encoder(int pattern, const int32_t* byte_ids, size_t n_merges, const in
     : pattern_(static_cast<Pattern>(pattern)),
       max_digits_(pattern == kLlama3 ? 3 : 1),
       classes_(kCodePoints, kUnknown),
-      cache_limit_(cache_limit),
-      workers_(1) {
+      cache_limit_(cache_limit) {
   for (int b = 0; b < 256; ++b) byte_ids_[b] = byte_ids[b];
   merges_.reserve(n_merges * 2);
   for (size_t i = 0; i < n_merges; ++i) {

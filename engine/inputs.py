@@ -69,9 +69,13 @@ def check_labels(label_token_ids: Sequence[int], vocab_size: int) -> list[int]:
     return list(label_token_ids)
 
 
-def _check_vocabulary(ids: Sequence[int], field: str, vocab_size: int) -> None:
-    ids = np.asarray(ids)  # a list, or an int32 array (`join_ids`, the native tokenizer)
-    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+def check_vocabulary(ids: Sequence[int], field: str, vocab_size: int) -> None:
+    """InvalidInput naming `field` for an id outside [0, vocab_size); `ids` a list, or an int32
+    array (`join_ids`, the native tokenizer)."""
+    if not len(ids):
+        return
+    low, high = (ids.min(), ids.max()) if isinstance(ids, np.ndarray) else (min(ids), max(ids))
+    if low < 0 or high >= vocab_size:
         raise InvalidInput(field, f"token id outside the vocabulary [0, {vocab_size})")
 
 
@@ -117,7 +121,7 @@ def check_sequences(seqs: Sequence[Sequence[int]], *, vocab_size: int | None, ma
                 "Please reduce the length of the input.",
             )
         if vocab_size is not None:
-            _check_vocabulary(seq, f"items[{i}]", vocab_size)
+            check_vocabulary(seq, f"items[{i}]", vocab_size)
 
 
 def build_sequences(

@@ -13,10 +13,9 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import msgspec
-import numpy as np
 import tokenizers
 
-from engine import native_tokenizer
+from engine import inputs, native_tokenizer
 from engine.errors import InputTooLarge, InvalidInput
 
 MAX_CUTTERS = 16  # truncating tokenizers kept, by limit and side
@@ -123,10 +122,7 @@ class PairEncoder:
         return Encoded(out, truncated)
 
     def _coded(self, index: int, e: "tokenizers.Encoding | _Alone") -> list[int]:
-        if len(e.ids) and _largest(e.ids) >= self.vocab_size:
-            raise InvalidInput(
-                f"items[{index}]", f"token id outside the vocabulary [0, {self.vocab_size})"
-            )
+        inputs.check_vocabulary(e.ids, f"items[{index}]", self.vocab_size)
         if not self.coded:
             return e.ids
         return [t * self.vocab_size + i for i, t in zip(e.ids, e.type_ids, strict=True)]
@@ -142,10 +138,6 @@ class PairEncoder:
             )
             self._cutters[key] = cutter
         return self._cutters[key]
-
-
-def _largest(ids: Sequence[int]) -> int:
-    return int(ids.max()) if isinstance(ids, np.ndarray) else max(ids)
 
 
 def _copy(tokenizer: tokenizers.Tokenizer) -> tokenizers.Tokenizer:
