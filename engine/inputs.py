@@ -8,7 +8,6 @@ is allowed; only a sequence with no token at all is an error. Every problem rais
 """
 
 from collections.abc import Sequence
-from itertools import chain
 
 import numpy as np
 import tokenizers
@@ -20,14 +19,17 @@ Query = str | Sequence[int]
 Items = str | Sequence[str] | Sequence[Sequence[int]]
 
 
-def _are_ids(seqs: Sequence) -> bool:
-    """Every one of `seqs` a sequence of exactly ints (a bool is no token id): the types of all
-    their ids gathered in one pass at C speed (a W2 request is 12,000 ids in 501 lists)."""
-    if not all(
-        type(x) is list or (isinstance(x, Sequence) and not isinstance(x, str)) for x in seqs
-    ):
-        return False
-    return set(map(type, chain.from_iterable(seqs))) <= {int}
+_MIXED = (
+    "must be all text (str query, list of str items) or all token ids "
+    "(list[int] query, list of list[int] items)"
+)
+
+
+def _is_id_list(x: object) -> bool:
+    """A list (or other non-text sequence) that may hold token ids; its ids are checked as they
+    are copied (`join_ids`), not here: scanning W2's 12,000 ids for their type alone took as
+    long as joining them."""
+    return type(x) is list or (isinstance(x, Sequence) and not isinstance(x, str | bytes))
 
 
 def normalize_items(items: Items, max_items: int | None = None) -> list:
@@ -43,21 +45,22 @@ def normalize_items(items: Items, max_items: int | None = None) -> list:
 
 
 def is_text_request(query: Query, items: list) -> bool:
-    """True for text query with text items, False for ids with ids; ValueError for any mix."""
+    """True for text query with text items, False for id lists with id lists (`join_ids` finds
+    a list holding something other than an int); ValueError for any other mix."""
     if isinstance(query, str) and all(isinstance(it, str) for it in items):
         return True
-    if _are_ids([query, *items]):
+    if _is_id_list(query) and all(_is_id_list(it) for it in items):
         return False
-    raise InvalidInput(
-        "query/items",
-        "must be all text (str query, list of str items) or all token ids "
-        "(list[int] query, list of list[int] items)",
-    )
+    raise InvalidInput("query/items", _MIXED)
 
 
 def check_labels(label_token_ids: Sequence[int], vocab_size: int) -> list[int]:
     """The label ids as a list; ValueError unless non-empty and inside the vocabulary."""
-    if isinstance(label_token_ids, str) or not _are_ids([label_token_ids]) or not label_token_ids:
+    if (
+        not _is_id_list(label_token_ids)
+        or not label_token_ids
+        or not all(type(t) is int for t in label_token_ids)  # a bool is no token id
+    ):
         raise InvalidInput("label_token_ids", "must be a non-empty list of token ids")
     bad = [t for t in label_token_ids if not 0 <= t < vocab_size]
     if bad:
@@ -89,7 +92,7 @@ def join_ids(
 ) -> list[np.ndarray]:
     """The id sequences i32[len(query) + len(item)], one per item (an empty query or item adds
     nothing), as views into one buffer; InvalidInput naming `query` or `items[i]` for an id
-    outside the vocabulary.
+    outside the vocabulary, and `query/items` for one that is not an int (text and ids mixed).
 
     The ids are checked as they are copied (the query once, not once per item), and the
     sequences are arrays, not lists: 500 items of a 2,000-token prompt are a million ids, which
@@ -97,6 +100,8 @@ def join_ids(
     """
     try:
         return _native.join_ids(query, items, item_first, vocab_size)
+    except TypeError:
+        raise InvalidInput("query/items", _MIXED) from None
     except ValueError as e:
         why = f"token id outside the vocabulary [0, {vocab_size})"
         raise InvalidInput(str(e), why) from None

@@ -21,11 +21,12 @@ def test_compiled_module_is_built():
 
 
 def outcome(fn, *args):
-    """What `fn(*args)` returns, or its ValueError's message: comparable across twins."""
+    """What `fn(*args)` returns, or its ValueError's or TypeError's name and message: comparable
+    across twins."""
     try:
         return fn(*args)
-    except ValueError as e:
-        return str(e)
+    except (ValueError, TypeError) as e:
+        return f"{type(e).__name__}: {e}"
 
 
 # --- pick_bucket
@@ -244,13 +245,41 @@ def test_join_ids_names_the_field_with_an_id_outside_the_vocabulary(impl, query,
         impl.join_ids(query, items, False, 10)
 
 
-@settings(max_examples=200, deadline=None)
+@pytest.mark.parametrize(
+    ("query", "items", "error", "field"),
+    [
+        ([1, True], [[1]], TypeError, "query"),  # a bool is an int to Python, but no token id
+        ([1], [[1], [2, 3.0]], TypeError, "items[1]"),
+        ([1], [(1,), ("2",)], TypeError, "items[1]"),
+        ([1], [[None]], TypeError, "items[0]"),
+        ([1], [[np.int64(2)]], TypeError, "items[0]"),  # exactly int, as JSON decodes them
+        ([1], [[10, "x"], [1.5]], ValueError, "items[0]"),  # the first wrong id decides
+        ([1], [[1, "x", 10]], TypeError, "items[0]"),
+    ],
+)
+def test_join_ids_names_the_field_with_something_other_than_an_int(
+    impl, query, items, error, field
+):
+    with pytest.raises(error, match=rf"^{re.escape(field)}$"):
+        impl.join_ids(query, items, False, 10)
+
+
+ID_OR_NOT = st.one_of(
+    st.integers(-2, 12), st.sampled_from([True, False, 1.0, "1", None, 2**70, np.int32(3)])
+)
+
+
+@settings(max_examples=300, deadline=None)
 @given(
     st.lists(st.integers(-2, 12), max_size=8),
     st.lists(st.lists(st.integers(-2, 12), max_size=6), max_size=8),
     st.booleans(),
+    st.lists(st.tuples(st.integers(0, 8), st.integers(0, 6), ID_OR_NOT), max_size=2),
 )
-def test_join_ids_twins_agree(query, items, item_first):
+def test_join_ids_twins_agree(query, items, item_first, wrong):
+    for i, j, x in wrong:  # item i (or the query, past the items), position j
+        ids = items[i] if i < len(items) else query
+        ids.insert(min(j, len(ids)), x)
     outcomes = []
     for impl in _native.IMPLEMENTATIONS.values():
         joined = outcome(impl.join_ids, query, items, item_first, 11)
