@@ -72,11 +72,12 @@ def block_lists(prefix_start, prefix_end, own_start, own_end, int block_size, in
     cdef int32_t[::1] count = counts
     cdef vector[int32_t] blocks  # every query block's key blocks, one after another
     cdef vector[Interval] found
-    cdef Interval cur, x, own, prefix  # own, prefix: the last span of each kind, in keys
+    cdef Interval cur, x
+    cdef Last own, prefix
     with nogil:
         for q in range(n):
             found.clear()
-            own.lo = prefix.lo = -1
+            own.start = prefix.start = own.blocks.lo = prefix.blocks.lo = -1
             for i in range(q * block_size, (q + 1) * block_size):
                 # a causal span's last key block is the query block's own
                 oe = context + q * block_size + 1 if causal else oe_given[i]
@@ -111,18 +112,27 @@ def block_rows(const int32_t[::1] blocks, const int32_t[::1] count, Py_ssize_t w
     return block_kv
 
 
+cdef struct Last:
+    int64_t start, end  # the span last seen of its kind (own or prefix), in keys
+    Interval blocks  # its key blocks
+
+
 cdef inline void _add(
-    vector[Interval]* found, Interval* last, int64_t start, int64_t end, int64_t b
+    vector[Interval]* found, Last* last, int64_t start, int64_t end, int64_t b
 ) noexcept nogil:
-    """Append the key blocks of the span [start, end) unless it repeats `last`, the last span of
-    its kind (own or prefix): a sequence's tokens share theirs."""
-    cdef Interval x
-    if last.lo == start and last.hi == end:
+    """Append the key blocks of the span [start, end) unless they repeat those of `last`, the
+    last span of its kind: a sequence's tokens share their spans, and a sliding window's
+    spans, which move token by token, mostly share their blocks."""
+    if last.start == start and last.end == end:
         return
-    last.lo = start
-    last.hi = end
+    last.start = start
+    last.end = end
+    cdef Interval x
     x.lo = start // b
     x.hi = (end - 1) // b
+    if last.blocks.lo == x.lo and last.blocks.hi == x.hi:
+        return
+    last.blocks = x
     found.push_back(x)
 
 

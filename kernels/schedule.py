@@ -98,8 +98,6 @@ def make_meta(
         prefix_start, own_start = window_spans(
             prefix_start, prefix_end, own_start, window=window, context=context
         )
-    if own_end is None:
-        own_end = context + np.arange(len(own_start)) + 1
     block_kv, block_count = build_block_schedule(
         prefix_start,
         prefix_end,
@@ -107,8 +105,10 @@ def make_meta(
         block_size=block_size,
         width_buckets=width_buckets,
         context=context,
-        own_end=own_end,
+        own_end=own_end,  # None (causal) spares the schedule a distinct span per token
     )
+    if own_end is None:
+        own_end = np.arange(context + 1, context + len(own_start) + 1, dtype=np.int32)
     return AttentionMeta(
         prefix_start=np.asarray(prefix_start, dtype=np.int32),
         prefix_end=np.asarray(prefix_end, dtype=np.int32),
