@@ -7,6 +7,7 @@ at the end. Positions restart at 0 for every sequence, so RoPE sees what one-by-
 
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from itertools import chain
 from typing import NamedTuple
 
 import numpy as np
@@ -395,8 +396,9 @@ def _place(
 def _label_ids(labels: Sequence[Sequence[int]], rows: int, width: int) -> np.ndarray:
     """i32[rows, width]: row r holds `labels[r]`, zero-padded."""
     label_ids = np.zeros((rows, width), np.int32)
-    for r, lab in enumerate(labels):
-        label_ids[r, : len(lab)] = lab
+    lengths = np.fromiter(map(len, labels), np.intp, len(labels))  # [R]
+    filled = np.arange(width) < lengths[:, None]  # bool[R, width], row-major as `chain`'s ids
+    label_ids[: len(labels)][filled] = np.fromiter(chain.from_iterable(labels), np.int32)
     return label_ids
 
 
