@@ -1,7 +1,11 @@
 # cython: boundscheck=False, wraparound=False
 """Packed-batch layout, compiled. Twin of `_native/_pack_py.py`."""
 
+from libc.stdint cimport int32_t
+
 import numpy as np
+
+from _native._ids cimport read_i32
 
 __all__ = ["pack_chunks"]
 
@@ -25,7 +29,7 @@ def pack_chunks(seqs, chunks):
     for chunk in chunks:
         p, members = chunk
         base = t
-        _read(seqs[members[0]], 0, p, &tok[0] + t)
+        read_i32(seqs[members[0]], 0, p, <int32_t*>&tok[0] + t)
         for j in range(p):
             pos[t + j] = j
             ps[t + j] = base
@@ -36,7 +40,7 @@ def pack_chunks(seqs, chunks):
             seq = seqs[m]
             stop = len(seq)
             start = t
-            _read(seq, p, stop, &tok[0] + t)
+            read_i32(seq, p, stop, <int32_t*>&tok[0] + t)
             for j in range(stop - p):
                 pos[t + j] = p + j
                 ps[t + j] = base
@@ -66,17 +70,3 @@ cdef tuple _sizes(seqs, chunks):
             n += length - p
             r += 1
     return n, r
-
-
-cdef int _read(object seq, Py_ssize_t start, Py_ssize_t stop, int* out) except -1:
-    """Copy `seq[start:stop]` (0 <= start <= stop <= len(seq)) into `out` as int32."""
-    cdef Py_ssize_t i
-    cdef const int[::1] view
-    if type(seq) is list:
-        for i in range(start, stop):
-            out[i - start] = (<list>seq)[i]
-        return 0
-    view = np.ascontiguousarray(seq[start:stop], dtype=np.int32)
-    for i in range(stop - start):
-        out[i] = view[i]
-    return 0

@@ -10,7 +10,6 @@ were joined from one query), so only the tails are converted.
 
 from cpython.buffer cimport (
     PyBUF_RECORDS_RO,
-    PyBuffer_IsContiguous,
     PyBuffer_Release,
     PyObject_CheckBuffer,
     PyObject_GetBuffer,
@@ -20,7 +19,7 @@ from cpython.object cimport PyObject
 from libc.stdint cimport int32_t, int64_t
 from libcpp.vector cimport vector
 
-from _native._ids cimport as_i32
+from _native._ids cimport as_i32, is_i32
 
 __all__ = ["group_by_prefix"]
 
@@ -53,7 +52,7 @@ cdef class _Held:
         cdef Py_buffer view
         if type(seq) is not list and PyObject_CheckBuffer(seq):
             PyObject_GetBuffer(seq, &view, PyBUF_RECORDS_RO)
-            if _is_i32(&view):
+            if is_i32(&view):
                 self.views.push_back(view)
                 return Span(<const int32_t*>view.buf + start, stop - start)
             PyBuffer_Release(&view)
@@ -64,18 +63,6 @@ cdef class _Held:
     def __dealloc__(self):
         for i in range(self.views.size()):
             PyBuffer_Release(&self.views[i])
-
-
-cdef inline bint _is_i32(Py_buffer* view) noexcept:
-    """A C-contiguous vector of native int32."""
-    return (
-        view.ndim == 1
-        and view.itemsize == 4
-        and view.format != NULL
-        and view.format[0] == b"i"
-        and view.format[1] == 0
-        and PyBuffer_IsContiguous(view, b"C")
-    )
 
 
 def group_by_prefix(seqs):

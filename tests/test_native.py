@@ -328,8 +328,10 @@ def test_pack_chunks_rejects_members_without_a_suffix(impl):
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=9), min_size=1, max_size=20))
 def test_pack_chunks_twins_agree_and_lay_out_every_sequence(seqs):
+    """Both forms, and the compiled one on every kind of input, lay out the same arrays."""
     chunks = _native.IMPLEMENTATIONS["python"].group_by_prefix(seqs)
     results = [i.pack_chunks(seqs, chunks) for i in _native.IMPLEMENTATIONS.values()]
+    results += [_native.pack_chunks(kind, chunks) for kind in as_kinds(seqs).values()]
     for other in results[1:]:
         for a, b in zip(results[0], other, strict=True):
             np.testing.assert_array_equal(a, b)
