@@ -2,24 +2,18 @@
 """Shared-prefix groups for the packed batch (DESIGN §3), compiled (`prefix_groups.h`). Twin of
 `_native/_prefix_groups_py.py`.
 
-Integer arrays are read in place through the buffer protocol (a request's ids joined into one
-buffer are never copied); lists are converted, and when every sequence is a list the prefix
-they all share is found by comparing token objects first (the same objects when the sequences
-were joined from one query), so only the tails are converted.
+Int32 vectors are read in place (a request's ids joined into one buffer are never copied); lists
+are converted, and when every sequence is a list the prefix they all share is found by comparing
+token objects first (the same objects when the sequences were joined from one query), so only
+the tails are converted.
 """
 
-from cpython.buffer cimport (
-    PyBUF_RECORDS_RO,
-    PyBuffer_Release,
-    PyObject_CheckBuffer,
-    PyObject_GetBuffer,
-)
 from cpython.list cimport PyList_GET_ITEM
 from cpython.object cimport PyObject
 from libc.stdint cimport int32_t, int64_t
 from libcpp.vector cimport vector
 
-from _native._ids cimport as_i32, is_i32
+from _native._ids cimport as_i32, i32_data
 
 __all__ = ["group_by_prefix"]
 
@@ -39,30 +33,22 @@ cdef extern from "prefix_groups.h" nogil:
 
 
 cdef class _Held:
-    """Buffers of int32 sequences, held until released; converted copies kept alive."""
+    """Spans of int32 sequences: read in place where they can be (the caller keeps those
+    alive), else converted, the copies kept here."""
 
-    cdef vector[Py_buffer] views
     cdef list copies
 
     def __cinit__(self):
         self.copies = []
 
     cdef Span span(self, object seq, Py_ssize_t start, Py_ssize_t stop) except *:
-        """`seq[start:stop]` in place when it is an int32 buffer, else converted."""
-        cdef Py_buffer view
-        if type(seq) is not list and PyObject_CheckBuffer(seq):
-            PyObject_GetBuffer(seq, &view, PyBUF_RECORDS_RO)
-            if is_i32(&view):
-                self.views.push_back(view)
-                return Span(<const int32_t*>view.buf + start, stop - start)
-            PyBuffer_Release(&view)
+        """`seq[start:stop]` in place when it is an int32 vector, else converted."""
+        cdef const int32_t* ids = i32_data(seq)
+        if ids != NULL:
+            return Span(ids + start, stop - start)
         arr = as_i32(seq[start:stop])
         self.copies.append(arr)
-        return self.span(arr, 0, stop - start)
-
-    def __dealloc__(self):
-        for i in range(self.views.size()):
-            PyBuffer_Release(&self.views[i])
+        return Span(i32_data(arr), stop - start)
 
 
 def group_by_prefix(seqs):

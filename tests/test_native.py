@@ -170,7 +170,7 @@ def test_long_shared_prefixes_group_like_the_oracle(cuts):
 def as_kinds(seqs):
     """The same sequences as each kind of input the compiled form reads: in place (int32
     vectors, views into one buffer as `engine.inputs.join_ids` gives them, read-only ones) or
-    converted (lists, tuples, int64, strided views)."""
+    converted (lists, tuples, int64, big-endian int32, strided views)."""
     buffer = np.zeros(2 * sum(map(len, seqs)) + 1, np.int32)
     joined, at = [], 0
     for seq in seqs:
@@ -186,6 +186,7 @@ def as_kinds(seqs):
         "tuples": [tuple(seq) for seq in seqs],
         "int32": [np.array(seq, np.int32) for seq in seqs],
         "int64": [np.array(seq, np.int64) for seq in seqs],
+        "big-endian": [np.array(seq, ">i4") for seq in seqs],
         "joined": joined,
         "read-only": frozen,
         "strided": strided,
