@@ -305,8 +305,12 @@ class _Region(NamedTuple):
 
 def _cached_tokens(chunks: Sequence[Chunk], cached: Cached, order: list[int]) -> list[int]:
     """Each scored row's tokens read from the pool, at most what was cached before its plan."""
-    pairs = zip(chunks, cached.contexts, strict=True)
-    counts = {m: ctx.cached for ch, ctx in pairs if ctx for m in ch.members}
+    counts: dict[int, int] = {}
+    for chunk, ctx in zip(chunks, cached.contexts, strict=True):
+        if ctx is not None and ctx.cached:
+            counts.update(dict.fromkeys(chunk.members, ctx.cached))
+    if not counts:  # nothing read from the pool (a cold cache, or a batch that reads none)
+        return [0] * len(order)
     if cached.reused is not None:
         counts = {m: min(c, cached.reused.get(m, 0)) for m, c in counts.items()}
     return [counts.get(m, 0) for m in order]

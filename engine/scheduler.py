@@ -357,10 +357,11 @@ class SchedulerState:
         for req in live.values():  # cancelled or failed requests are no longer in the table
             req.device_s += done.device_s
             req.dispatch_s += done.dispatch_s
-        for r, (rid, idx) in enumerate(rows):
-            if rid in live:
-                live[rid].outputs[idx] = _answer(done.outputs, r, flight.spans)
-                live[rid].remaining -= 1
+        for (rid, idx), answer in zip(rows, _answers(done.outputs, flight.spans), strict=False):
+            req = live.get(rid)
+            if req is not None:
+                req.outputs[idx] = answer
+                req.remaining -= 1
         finished = [self._finish(rid, now) for rid, req in live.items() if req.remaining == 0]
         self.last_done_at = now
         self.cohort = len(self.queue) + len(finished)
@@ -430,13 +431,13 @@ class SchedulerState:
         return not (self.requests or self.queue or self.in_flight) and self.queued_tokens == 0
 
 
-def _answer(outputs: np.ndarray, row: int, spans: list[tuple[int, int]] | None) -> np.ndarray:
-    """What score row `row` answers: its output f32[L] (the caller knows its width), or its
-    sequence's token states f32[n, E] (a copy: the batch's f32[T, E] is let go)."""
+def _answers(outputs: np.ndarray, spans: list[tuple[int, int]] | None) -> list[np.ndarray]:
+    """What each score row answers, the real rows first: its output f32[L] (a view of the
+    batch's f32[S, L]), or its sequence's token states f32[n, E] (a copy: the batch's f32[T, E]
+    is let go)."""
     if spans is None:
-        return outputs[row]
-    start, end = spans[row]
-    return outputs[start:end].copy()
+        return list(outputs)
+    return [outputs[start:end].copy() for start, end in spans]
 
 
 async def run(
