@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import trio
 
-from engine import native_tokenizer
+from engine import native_tokenizer, tokenizer_actor
 from engine.errors import RejectKind
 from engine.inputs import as_lists
 from engine.messages import Cancel, Rejected, ScoreRequest, Tokenized
@@ -181,6 +181,52 @@ def test_run_loop_forwards_one_message_per_request(tok):
         assert [isinstance(m, Rejected) for m in got] == [i % 4 == 0 for i in range(10)]
 
     trio.run(main)
+
+
+@pytest.mark.parametrize(
+    ("query", "items", "threads"),
+    [
+        ("q", ["a small item"], 0),  # on the loop: a thread's round trip costs more
+        ("q" * 1000, ["a", "b", "c"], 1),  # the query counts once per item: 3,004 characters
+        ("q", ["x" * 3000], 1),
+        ([1] * 1500, [[3], [4]], 1),
+        ("q", 5, 1),  # malformed, of no size: rejected by the thread, not raised sizing it
+        (None, [7, None, {"a": 1}], 0),  # malformed and sized as nothing: on the loop
+    ],
+)
+def test_only_a_large_batch_is_tokenised_in_a_worker_thread(
+    tok, monkeypatch, query, items, threads
+):
+    calls = []
+    real = trio.to_thread.run_sync
+
+    async def counted(fn, *args, **kw):
+        calls.append(fn)
+        return await real(fn, *args, **kw)
+
+    monkeypatch.setattr(trio.to_thread, "run_sync", counted)
+
+    async def main():
+        to_actor, inbox = trio.open_memory_channel(math.inf)
+        out_send, out = trio.open_memory_channel(math.inf)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(run, state(tok, max_len=4096), inbox, out_send)
+            to_actor.send_nowait(req(0, query, items))
+            got = await out.receive()
+            nursery.cancel_scope.cancel()
+        return got
+
+    got = trio.run(main)
+    assert len(calls) == threads
+    malformed = not isinstance(items, list) or None in items
+    assert type(got) is (Rejected if malformed else Tokenized) and got.id == 0
+
+
+def test_the_inline_limit_counts_every_request_drained_together():
+    small = ScoreRequest(id=0, query="q" * 9, items=["x" * 90], label_token_ids=[1], arrived=0.0)
+    n = tokenizer_actor.INLINE_WORK // 99
+    assert tokenizer_actor._small([small] * n + [Cancel(id=0)])
+    assert not tokenizer_actor._small([small] * (n + 1))
 
 
 def test_a_cancel_follows_its_request(tok):
