@@ -357,7 +357,8 @@ class SchedulerState:
         for req in live.values():  # cancelled or failed requests are no longer in the table
             req.device_s += done.device_s
             req.dispatch_s += done.dispatch_s
-        for (rid, idx), answer in zip(rows, _answers(done.outputs, flight.spans), strict=False):
+        answers = _answers(done.outputs, len(rows), flight.spans)
+        for (rid, idx), answer in zip(rows, answers, strict=True):
             req = live.get(rid)
             if req is not None:
                 req.outputs[idx] = answer
@@ -431,12 +432,14 @@ class SchedulerState:
         return not (self.requests or self.queue or self.in_flight) and self.queued_tokens == 0
 
 
-def _answers(outputs: np.ndarray, spans: list[tuple[int, int]] | None) -> list[np.ndarray]:
-    """What each score row answers, the real rows first: its output f32[L] (a view of the
-    batch's f32[S, L]), or its sequence's token states f32[n, E] (a copy: the batch's f32[T, E]
-    is let go)."""
+def _answers(
+    outputs: np.ndarray, rows: int, spans: list[tuple[int, int]] | None
+) -> list[np.ndarray]:
+    """What each of the `rows` real score rows answers: its output f32[L] (a view of the batch's
+    f32[S, L], whose padding rows are thousands in a large bucket), or its sequence's token
+    states f32[n, E] (a copy: the batch's f32[T, E] is let go)."""
     if spans is None:
-        return list(outputs)
+        return list(outputs[:rows])
     return [outputs[start:end].copy() for start, end in spans]
 
 
