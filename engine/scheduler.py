@@ -302,15 +302,15 @@ class SchedulerState:
 
     def _dequeue(self, rows, seqs, order, now: float) -> None:
         taken: dict[int, set[int]] = {}
-        for (rid, idx), i in zip(rows, order, strict=True):
+        for rid, idx in rows:
             taken.setdefault(rid, set()).add(idx)
-            self.queued_tokens -= len(seqs[i])
+        self.queued_tokens -= sum(len(seqs[i]) for i in order)
         for rid, idxs in taken.items():
-            remaining = deque(i for i in self.queue[rid] if i not in idxs)
-            if remaining:
-                self.queue[rid] = remaining
-            else:
+            queued = self.queue[rid]
+            if len(idxs) == len(queued):  # all of it (a batch takes only queued items)
                 del self.queue[rid]
+            else:
+                self.queue[rid] = deque(i for i in queued if i not in idxs)
             req = self.requests[rid]
             if req.first_batch_at is None:
                 req.first_batch_at = now
