@@ -12,7 +12,7 @@ which. `IMPLEMENTATIONS` holds both (by name) so tests can run every function th
 - `PrefixCache(num_pages, page_size)`: the KV pool's page allocator and radix prefix cache.
 
 Two more compiled modules are imported where they are used, each beside its other form:
-`_schedule` (the attention block schedule; numpy form in `kernels.schedule`) and `_byte_bpe`
+`_schedule` (the attention block schedule; numpy form in `score_kernels.schedule`) and `_byte_bpe`
 (byte-level BPE encoding; the other form is `tokenizers` itself, `engine.native_tokenizer`).
 """
 

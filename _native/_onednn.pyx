@@ -2,7 +2,7 @@
 """oneDNN's matmul as an XLA FFI handler capsule (dense_onednn.cc), and its weight packing.
 
 Built only where the oneDNN headers and library were found at build time; the library itself
-(`libdnnl.so.3`) must be loaded first (`kernels.onednn` does it)."""
+(`libdnnl.so.3`) must be loaded first (`score_kernels.onednn` does it)."""
 
 from cpython.pycapsule cimport PyCapsule_New
 

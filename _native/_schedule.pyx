@@ -1,6 +1,6 @@
 # cython: boundscheck=False, wraparound=False, cdivision=True
 """The block schedule of packed two-span attention, compiled: the work of
-`kernels.schedule.build_block_schedule`'s numpy form, with its errors (the width bucket is
+`score_kernels.schedule.build_block_schedule`'s numpy form, with its errors (the width bucket is
 picked there, between `block_lists` and `block_rows`).
 
 One pass over the tokens of each query block collects their spans' key-block intervals, which
@@ -35,7 +35,7 @@ cdef inline void _sort(Interval* xs, Py_ssize_t n) noexcept nogil:
 
 def block_lists(prefix_start, prefix_end, own_start, own_end, int block_size, int context):
     """Every query block's ascending key blocks, one block after another, i32[sum(count)], and
-    their count i32[T//B]; ValueError as `kernels.schedule.build_block_schedule` raises it.
+    their count i32[T//B]; ValueError as `score_kernels.schedule.build_block_schedule` raises it.
     `own_end` None: causal."""
     given = [prefix_start, prefix_end, own_start] + ([] if own_end is None else [own_end])
     arrays = [np.ascontiguousarray(a, dtype=np.int64) for a in given]

@@ -418,7 +418,7 @@ ffi::Error Add(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::Buffer<ffi::S32> layer,
 // Where each 16-column group of a q/k/v product of `n` columns goes: W's columns are laid out by
 // kv head (for each, its G query heads, then its k and its v, D each), and within each q and k
 // head in groups of 8 columns of the head's first half and the 8 D/2 further
-// (`kernels.cpu.pack_qkv`).
+// (`score_kernels.cpu.pack_qkv`).
 std::vector<Problem::Place> qkv_places(int64_t n, int64_t d, int64_t group) {
   std::vector<Problem::Place> places(n / 16);
   for (int64_t c = 0; c < n; c += 16) {  // slot: a head's D columns in the kv head's G + 2

@@ -1,5 +1,5 @@
 // The int8 dense kernel on AMX tiles: the arithmetic of dense_int8_kernel.h (and of
-// `kernels/quant.py`), its int32 block sums from tile dot products.
+// `score_kernels/quant.py`), its int32 block sums from tile dot products.
 //
 // Included by dense_int8.cc after dense_int8_kernel.h, inside the AMX build's namespace, whose
 // activation quantising and epilogues it uses. A tile call computes 32 rows by two 16-column

@@ -3,7 +3,7 @@
 // dense_int8.cc includes this file inside a namespace per target, after defining
 // DENSE_INT8_WIDE (1: 512-bit vectors, AVX512-VNNI; 0: 256-bit) and DENSE_INT8_VNNI (1: the
 // hardware u8 x s8 dot product; 0: AVX2's exact emulation of it through 16-bit products).
-// The arithmetic is `kernels/quant.py`'s: activations quantised per row block here, weights per
+// The arithmetic is `score_kernels/quant.py`'s: activations quantised per row block here, weights per
 // column at load (stored as q + 128, unsigned, for the dot product's unsigned operand).
 
 #define SIMD_WIDE DENSE_INT8_WIDE

@@ -170,7 +170,7 @@ inline VF gelu_tanh_f(VF x) {
   return div_f(x, add_f(set1_f(1.0f), exp_f(sub_f(zero_f(), u2))));
 }
 
-// The activations of GatedOut and ActOut, by the codes kernels/activations.py gives them.
+// The activations of GatedOut and ActOut, by the codes score_kernels/activations.py gives them.
 enum Activation { kGelu = 0, kGeluTanh = 1, kRelu = 2, kSilu = 3, kIdentity = 4, kActivations = 5 };
 
 template <int Act>
@@ -267,7 +267,7 @@ struct ActOut {
 };
 
 // A 16-column group's two halves, each 8 values: for q and k heads, the group holds 8 columns
-// of the head's first half and the 8 columns D/2 further (`kernels.cpu.pack_qkv`), the pairs
+// of the head's first half and the 8 columns D/2 further (`score_kernels.cpu.pack_qkv`), the pairs
 // rotate-half RoPE turns together. Rotated by cos/sin (8 values each, f32) when `cos` is set:
 // (x1 cos - x2 sin, x2 cos + x1 sin).
 inline void rotate_halves(VF* v, const float* cos, const float* sin) {

@@ -14,7 +14,7 @@ the host schedule build time. `--kernels` picks the columns: "pallas" (compiled 
 Pallas interpreter on CPU: slow, for debugging only), "mosaic" (the Mosaic GPU form: Hopper and
 newer, bfloat16; GPU interpret mode elsewhere), "xla" (block-sparse), "reference" (dense mask,
 skipped above `--max-reference-tokens`) and, where built, "cpu" (the native kernel, its widest
-build on this CPU) and "cpu-<build>" (one build of it: `kernels.cpu.available_isas()`, e.g.
+build on this CPU) and "cpu-<build>" (one build of it: `score_kernels.cpu.available_isas()`, e.g.
 `--kernels cpu-avx512bf16 cpu-amx`).
 """
 
@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench.workloads import text_lengths
-from kernels import (
+from score_kernels import (
     ATTENTION,
     AttentionMeta,
     attention_mosaic_gpu,
@@ -41,7 +41,7 @@ from kernels import (
     make_meta,
     pallas,
 )
-from kernels.tuning import BlockSizes
+from score_kernels.tuning import BlockSizes
 
 SHAPES = {"smollm2": (9, 3, 64), "qwen3-0.6b": (16, 8, 128), "minilm": (12, 12, 32)}  # H, Hkv, D
 DEFAULT_KERNELS = {"cpu": ["xla", "reference"], "gpu": ["pallas", "xla", "reference"]}

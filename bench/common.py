@@ -21,7 +21,7 @@ import numpy as np
 import _native
 from bench.flops import Cost
 from engine import EngineConfig
-from kernels import devices
+from score_kernels import devices
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PROJECT = Path(__file__).resolve().parents[1]

@@ -19,7 +19,7 @@ from functools import partial
 
 from bench import common, sides, w1, w2
 from bench.int8 import QUICK
-from kernels import INT8_DENSE, dense_choice, dense_runs, devices
+from score_kernels import INT8_DENSE, dense_choice, dense_runs, devices
 
 
 def parse(argv):

@@ -17,7 +17,7 @@ import numpy as np
 
 from bench.common import timed
 from engine.plan.devices import gemm_gflops
-from kernels import dense, dense_choice, dense_runs, devices
+from score_kernels import dense, dense_choice, dense_runs, devices
 
 
 def measure_peaks(sizes=(1024, 2048, 4096), repeats: int = 5) -> dict:

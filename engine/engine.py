@@ -45,7 +45,7 @@ from engine.results import (
     TokenEmbedResult,
 )
 from engine.tasks import scores_from_logprobs
-from kernels import devices
+from score_kernels import devices
 
 log = logging.getLogger("engine")
 

@@ -10,9 +10,9 @@ from jax import export
 
 from engine.packing import empty_batch
 from engine.program import DeviceProgram
-from kernels.dense import XLA
-from kernels.mosaic_gpu import attention_mosaic_gpu
-from kernels.pallas import attention_pallas
+from score_kernels.dense import XLA
+from score_kernels.mosaic_gpu import attention_mosaic_gpu
+from score_kernels.pallas import attention_pallas
 
 # our platform names -> jax.export's, and the custom call that launches the kernel
 TARGETS = {"tpu": "tpu", "gpu": "cuda", "mosaic_gpu": "cuda"}

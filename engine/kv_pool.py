@@ -1,6 +1,6 @@
 """The KV pool on the device (DESIGN §3b): how many pages of K/V it holds, their arrays, and
 losing them to a failed step. Which pages hold which token prefixes is the host's business
-(`engine.kv_cache`); the forward reads and writes the arrays (`kernels.paging`)."""
+(`engine.kv_cache`); the forward reads and writes the arrays (`score_kernels.paging`)."""
 
 import jax
 import numpy as np
@@ -9,8 +9,8 @@ from engine.errors import InvalidInput
 from engine.models import ModelConfig
 from engine.placement import Placement, put
 from engine.results import KVPoolInfo
-from kernels import devices
-from kernels.paging import LayerPool, empty_pool
+from score_kernels import devices
+from score_kernels.paging import LayerPool, empty_pool
 
 DEFAULT_PAGE_SIZE = 16  # tokens per page: the prefix cache's granularity
 DEFAULT_POOL_SHARE = 8  # the default pool takes 1/8 of the device's (or host's) memory

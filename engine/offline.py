@@ -40,7 +40,7 @@ def load_model(
     backend (the fused native kernel on CPU when it supports the head dim); `dense` forces the
     layer matmul path ("xla", or "cpu": weights packed once for the native kernel of their
     dtype), `None` multiplies each weight shape by the fastest path on this CPU (measured once,
-    kept in the compile cache directory: `kernels.dense_choice`); `token_budget` bounds the
+    kept in the compile cache directory: `score_kernels.dense_choice`); `token_budget` bounds the
     tokens of one packed batch; `progress` shows a loading bar.
     """
     return ScoringModel(

@@ -16,7 +16,7 @@ import _native
 from _native import pick_bucket
 from engine.buckets import Buckets
 from engine.models import PackedInputs
-from kernels import make_meta
+from score_kernels import make_meta
 
 Tokens = Sequence[int]
 

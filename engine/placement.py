@@ -84,7 +84,7 @@ class Placement:
         return put(params, shardings)
 
     def pool_shardings(self, pool):
-        """The shardings of a `kernels.paging.LayerPool` (None: no pool)."""
+        """The shardings of a `score_kernels.paging.LayerPool` (None: no pool)."""
         if pool is None:
             return None
         if self.mesh is None:

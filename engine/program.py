@@ -14,12 +14,12 @@ from engine.loaders import Checkpoint
 from engine.models import Dense, ModelConfig, PackedInputs
 from engine.packing import empty_batch
 from engine.placement import Placement
-from kernels import devices, select_attention, select_dense
-from kernels.dense_choice import DenseChoice
-from kernels.paging import write
+from score_kernels import devices, select_attention, select_dense
+from score_kernels.dense_choice import DenseChoice
+from score_kernels.paging import write
 
 # the weight dtype of each compute mode; "int8" keeps bf16 but for the layer matrices, which its
-# dense strategies quantise to int8 at load (kernels.quant)
+# dense strategies quantise to int8 at load (score_kernels.quant)
 DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32, "int8": jnp.bfloat16}
 
 
@@ -42,12 +42,12 @@ class DeviceProgram:
     packed batch to its task's outputs.
 
     `dtype` is the weight dtype ("bfloat16" or "float32"), or "int8" (bf16, with the layer
-    matrices quantised to int8 and multiplied in int8: `kernels.quant`); `attention` and `dense`
-    name the implementations (None: the backend's default; see `kernels.select_attention` and
-    `kernels.select_dense`). The pool holds as many pages of `page_size` tokens as
-    `kv_cache_bytes` pays for (none: no pool, and batches may not name context pages;
-    `engine.kv_pool`). In float32 every dot runs at full f32 precision on every backend.
-    `placement` puts the weights and pool on one device or shards them over several
+    matrices quantised to int8 and multiplied in int8: `score_kernels.quant`); `attention` and
+    `dense` name the implementations (None: the backend's default; see
+    `score_kernels.select_attention` and `score_kernels.select_dense`). The pool holds as many pages
+    of `page_size` tokens as `kv_cache_bytes` pays for (none: no pool, and batches may not name
+    context pages; `engine.kv_pool`). In float32 every dot runs at full f32 precision on every
+    backend. `placement` puts the weights and pool on one device or shards them over several
     (`engine.placement`); None is the first local device. Several devices need the "xla" dense
     path (None picks it). The default pool is divided by `share`: the runners whose devices
     share one memory (a CPU's host devices). The measured dense strategy keeps its choices

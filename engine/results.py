@@ -5,7 +5,7 @@ import msgspec
 import numpy as np
 
 from engine.messages import Timings
-from kernels.dense_choice import DenseChoice
+from score_kernels.dense_choice import DenseChoice
 
 
 class ScoreResult(msgspec.Struct, frozen=True, kw_only=True):

@@ -21,7 +21,7 @@ from api import schemas
 from api.app import create_app
 from api.routes import ROUTES
 from api.settings import Settings, settings_from_env
-from kernels import cpu
+from score_kernels import cpu
 from tests.test_api_support import (
     DOCS,
     NO,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from kernels import (
+from score_kernels import (
     ATTENTION,
     AttentionMeta,
     attention_reference,

@@ -350,7 +350,7 @@ def test_int8_beside_bf16_and_f32(tiny, tmp_path):
 
 def test_dense_paths_side_by_side(tiny, tmp_path):
     from bench import dense_paths
-    from kernels import cpu, onednn
+    from score_kernels import cpu, onednn
 
     out = tmp_path / "dense.json"
     quick = [q for q in QUICK if q not in ("--dtype", "float32")]
@@ -375,7 +375,7 @@ def test_dense_paths_side_by_side(tiny, tmp_path):
 
 def test_dense_paths_in_f32_agree_to_f32_rounding(tiny, tmp_path):
     from bench import dense_paths
-    from kernels import cpu
+    from score_kernels import cpu
 
     forced = ["xla", *["cpu"] * cpu.F32_AVAILABLE]
     assert dense_paths.paths("float32") == [None, *forced]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from kernels import (
+from score_kernels import (
     ATTENTION,
     attention_reference,
     attention_xla,

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from engine import load_model
-from kernels import activations, cpu, select_dense
-from kernels.dense import Packed, split_qkv
-from kernels.rope import rotate
+from score_kernels import activations, cpu, select_dense
+from score_kernels.dense import Packed, split_qkv
+from score_kernels.rope import rotate
 
 pytestmark = [
     pytest.mark.skipif(not cpu.DENSE_AVAILABLE, reason="needs the native bf16 kernel"),
@@ -223,7 +223,7 @@ def test_qkv_writes_the_biased_product_into_its_heads(isa, m, k, heads, kv_heads
 
 
 def rotate_f64(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    """Rotate-half RoPE in float64 (`kernels.rope.rotate`)."""
+    """Rotate-half RoPE in float64 (`score_kernels.rope.rotate`)."""
     x1, x2 = np.split(x, 2, axis=-1)
     cos, sin = cos[:, None], sin[:, None]
     return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from engine import load_model
-from kernels import cpu, select_dense
-from kernels.dense import Packed
+from score_kernels import cpu, select_dense
+from score_kernels.dense import Packed
 
 pytestmark = [
     pytest.mark.skipif(not cpu.F32_AVAILABLE, reason="needs the native f32 kernel"),

@@ -11,8 +11,8 @@ from api.app import create_app
 from api.settings import settings_from_env
 from engine import EngineConfig, load_model, open_engine
 from engine.errors import InvalidInput
-from kernels import activations, cpu, quant, select_dense
-from kernels.dense import Int8, Int8Packed
+from score_kernels import activations, cpu, quant, select_dense
+from score_kernels.dense import Int8, Int8Packed
 from tests.test_api_support import serving, tiny_env
 from tests.test_cpu_dense import activation_truth
 from tests.test_quant import f32_quantize_rows, f64_int8_matmul

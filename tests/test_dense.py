@@ -1,4 +1,4 @@
-"""Dense strategies (kernels/dense.py): what each prepares and how it multiplies.
+"""Dense strategies (score_kernels/dense.py): what each prepares and how it multiplies.
 
 The CPU strategy's wiring (packing layouts, the layer index, the gated pair, the q/k/v split and
 RoPE, the transposed head, per-matrix fallback) is checked on any machine by standing an exact
@@ -12,8 +12,8 @@ import pytest
 
 import engine.program
 from engine import load_model
-from kernels import cpu, dense
-from kernels.rope import rotate
+from score_kernels import cpu, dense
+from score_kernels.rope import rotate
 
 
 def unpack(data: jnp.ndarray) -> jnp.ndarray:

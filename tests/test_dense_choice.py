@@ -1,5 +1,5 @@
-"""The dense strategy chosen by measurement (kernels/dense_choice.py): the choice logic on fake
-timings (so it is checked on every CPU), the cache, the accuracy check on real kernels, and
+"""The dense strategy chosen by measurement (score_kernels/dense_choice.py): the choice logic on
+fake timings (so it is checked on every CPU), the cache, the accuracy check on real kernels, and
 models on the measured strategy against the f32 model."""
 
 import jax.numpy as jnp
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from engine import load_model
-from kernels import cpu, dense, dense_choice, dense_runs, onednn, select_dense
-from kernels.dense_choice import Chooser, Timing, fastest
+from score_kernels import cpu, dense, dense_choice, dense_runs, onednn, select_dense
+from score_kernels.dense_choice import Chooser, Timing, fastest
 
 # the most a bf16 model's label log-probs may move from its f32 twin on these tiny checkpoints,
 # whatever the strategy: every one measured 0.021-0.028 here (XLA, native, measured); twice that

@@ -17,7 +17,7 @@ from engine import EngineConfig, InvalidInput, load_model, open_engine
 from engine.loaders import load_checkpoint
 from engine.models.rows import HEAD_ROWS
 from engine.pairs import PairEncoder, PairOptions
-from kernels import cpu
+from score_kernels import cpu
 from tests.conftest import CORPUS, TINY_ENCODER
 from tests.test_api_support import serving, tiny_env
 
@@ -189,7 +189,7 @@ def test_packed_batches_equal_pair_by_pair(encoder):
 
 @pytest.mark.parametrize("attention", ["reference", "cpu", "pallas"])
 def test_attention_implementations_agree(encoder, attention):
-    from kernels import ATTENTION
+    from score_kernels import ATTENTION
 
     if attention not in ATTENTION:
         pytest.skip("the native CPU kernel was not built")

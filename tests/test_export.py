@@ -1,7 +1,7 @@
 """The Pallas kernel and the whole scoring program lowered for TPU (Mosaic), GPU (Triton) and
 Hopper GPUs (Mosaic GPU, bf16 only) on a machine that has none: `jax.export` of the compiled
-form, at the tiles `kernels.tuning` gives each platform, for head dims 64/128, f32/bf16 and GQA
-groups 1/3/8, with paged context, sliding windows and soft-capped scores. A lowering error on
+form, at the tiles `score_kernels.tuning` gives each platform, for head dims 64/128, f32/bf16 and
+GQA groups 1/3/8, with paged context, sliding windows and soft-capped scores. A lowering error on
 any platform fails here."""
 
 import math
@@ -17,7 +17,7 @@ from engine.export import KERNEL_CALLS, KERNELS, TARGETS, export_program
 from engine.loaders import load_checkpoint
 from engine.models.rows import HEAD_ROWS
 from engine.program import DeviceProgram
-from kernels import ATTENTION, tuning
+from score_kernels import ATTENTION, tuning
 from tests.conftest import write_tiny_checkpoint
 from tests.test_attention import layout_meta, random_qkv
 from tests.test_paging import Group, groups_layout, paged_layout

@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels import cpu, devices
-from kernels.host import ALIGNMENT, aligned_empty, interleave_to_device, to_device
+from score_kernels import cpu, devices
+from score_kernels.host import ALIGNMENT, aligned_empty, interleave_to_device, to_device
 
 
 def _bits(x) -> bytes:

@@ -5,7 +5,7 @@ import jax
 import pytest
 
 from engine import DeviceProgram, InvalidInput, load_checkpoint
-from kernels import devices
+from score_kernels import devices
 
 MIB = 2**20
 

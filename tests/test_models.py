@@ -16,7 +16,7 @@ from engine.packing import empty_batch
 from engine.plan import costs
 from engine.program import DeviceProgram
 from engine.tasks.base import exactly
-from kernels import devices
+from score_kernels import devices
 from tests.conftest import CORPUS, FAMILY_CONFIGS, TINY_ENCODER
 
 

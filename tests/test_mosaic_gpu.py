@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 
 from engine.offline import load_model
-from kernels import ATTENTION, devices, make_meta, mosaic_gpu, select_attention, tuning
-from kernels.mosaic_gpu import attention_mosaic_gpu, attention_mosaic_gpu_auto
-from kernels.tuning import BlockSizes
+from score_kernels import ATTENTION, devices, make_meta, mosaic_gpu, select_attention, tuning
+from score_kernels.mosaic_gpu import attention_mosaic_gpu, attention_mosaic_gpu_auto
+from score_kernels.tuning import BlockSizes
 from tests.conftest import write_tiny_checkpoint
 from tests.test_attention import (
     PROPERTY_T,

@@ -1,4 +1,4 @@
-"""oneDNN's matmul on weights it packed (kernels/onednn.py, _native/dense_onednn.cc) against
+"""oneDNN's matmul on weights it packed (score_kernels/onednn.py, _native/dense_onednn.cc) against
 float64, through whichever instructions oneDNN dispatches to on this CPU (AMX, AVX512-BF16,
 AVX-512; on AVX2 it has no bf16 matmul). Its scores in a model against the f32 model, and the path
 refused where it does not run: tests/test_dense_choice.py."""
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from engine import load_model
-from kernels import dense, onednn, select_dense
+from score_kernels import dense, onednn, select_dense
 
 pytestmark = [
     pytest.mark.skipif(

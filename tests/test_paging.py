@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels import ATTENTION, attention_reference, make_meta
-from kernels.paging import LayerPool, as_bits, empty_pool, with_context, write
+from score_kernels import ATTENTION, attention_reference, make_meta
+from score_kernels.paging import LayerPool, as_bits, empty_pool, with_context, write
 from tests.test_attention import TOLERANCE, layout_meta, random_qkv
 
 

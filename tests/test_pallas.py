@@ -9,9 +9,16 @@ import pytest
 from hypothesis import given, settings
 
 from engine.offline import load_model
-from kernels import ATTENTION, attention_reference, devices, make_meta, select_attention, tuning
-from kernels.pallas import attention_pallas, attention_pallas_auto, supports
-from kernels.tuning import BlockSizes
+from score_kernels import (
+    ATTENTION,
+    attention_reference,
+    devices,
+    make_meta,
+    select_attention,
+    tuning,
+)
+from score_kernels.pallas import attention_pallas, attention_pallas_auto, supports
+from score_kernels.tuning import BlockSizes
 from tests.test_attention import (
     PROPERTY_BLOCK,
     PROPERTY_T,

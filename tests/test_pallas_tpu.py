@@ -12,9 +12,9 @@ import pytest
 from jax._src.pallas.mosaic.interpret import interpret_pallas_call
 from jax.experimental.pallas import tpu as pltpu
 
-import kernels.pallas as pallas
-from kernels import attention_reference, tuning
-from kernels.pallas import attention_pallas
+import score_kernels.pallas as pallas
+from score_kernels import attention_reference, tuning
+from score_kernels.pallas import attention_pallas
 from tests.test_attention import SCENARIOS, TOLERANCE, layout_meta, random_qkv
 from tests.test_export import lowered, shapes
 from tests.test_paging import PAGES, groups_layout, paged_layout, run_whole

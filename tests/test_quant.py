@@ -1,10 +1,10 @@
-"""The int8 arithmetic in XLA (kernels/quant.py) against a float64 model of its definition."""
+"""The int8 arithmetic in XLA (score_kernels/quant.py) against a float64 model of its definition."""
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels import quant
+from score_kernels import quant
 
 
 def f32_quantize_rows(x: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:

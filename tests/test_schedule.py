@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from kernels import AttentionMeta, make_meta
-from kernels.schedule import IMPLEMENTATIONS
+from score_kernels import AttentionMeta, make_meta
+from score_kernels.schedule import IMPLEMENTATIONS
 
 
 @pytest.fixture(params=sorted(IMPLEMENTATIONS))

@@ -18,9 +18,9 @@ import jax.numpy as jnp
 from engine.models.config import ModelConfig, RopeScaling
 from engine.models.layout import adds_residual, fused_qkv
 from engine.models.rows import over_score_rows
-from kernels.dense import split_qkv
-from kernels.rope import rotate
-from kernels.softcap import soft_cap
+from score_kernels.dense import split_qkv
+from score_kernels.rope import rotate
+from score_kernels.softcap import soft_cap
 
 Params = dict
 
@@ -41,7 +41,7 @@ class PackedInputs(NamedTuple):
 
     tokens: jax.Array  # i32[T]
     positions: jax.Array  # i32[T]
-    meta: Any  # kernels.AttentionMeta: built by the packer, read only by attention
+    meta: Any  # score_kernels.AttentionMeta: built by the packer, read only by attention
     score_rows: jax.Array  # i32[S]
     label_ids: jax.Array  # i32[S, L]
     row_count: jax.Array  # i32[]: the score rows computed, the first ones (the rest pad)
@@ -52,14 +52,14 @@ class PackedInputs(NamedTuple):
 
 
 class KVPool(Protocol):
-    """The paged KV pool the forward is given (`kernels.paging.LayerPool`): opaque here but for
-    choosing the layer its pages are read and written at."""
+    """The paged KV pool the forward is given (`score_kernels.paging.LayerPool`): opaque here but
+    for choosing the layer its pages are read and written at."""
 
     def at_layer(self, layer: jax.Array) -> "KVPool": ...
 
 
 class Dense(Protocol):
-    """The dense matmul strategy the forward is given (`kernels.dense`): how each prepared
+    """The dense matmul strategy the forward is given (`score_kernels.dense`): how each prepared
     weight multiplies. `layer` picks one matrix of a stack prepared over layers; `rows` (i32[]
     or None: all) counts x's real rows, the first ones: the rest are padding, whose results
     nothing reads (a strategy may skip them)."""
@@ -135,7 +135,7 @@ def rope_frequencies(head_dim: int, theta: float, s: RopeScaling | None) -> jax.
 
 
 class Rope(NamedTuple):
-    """Each token's RoPE angles' cosines and sines (`kernels.rope.rotate`)."""
+    """Each token's RoPE angles' cosines and sines (`score_kernels.rope.rotate`)."""
 
     cos: jax.Array  # f32[T, D/2]
     sin: jax.Array  # f32[T, D/2]
@@ -155,14 +155,14 @@ class Step(NamedTuple):
     family: Family
     attention: Callable
     dense: Dense
-    meta: Any  # the attention metadata (kernels.AttentionMeta), passed through unread
+    meta: Any  # the attention metadata (score_kernels.AttentionMeta), passed through unread
     window_meta: Any  # the same for sliding-window layers; None when none slides
     rope: Rope
     local_rope: Rope | None  # sliding layers' own RoPE; None: theirs is `rope`
     dtype: Any  # the weights' dtype: attention inputs are cast to it
     matrices: Params  # "qkv", "o", "gate_up", "down": prepared stacks over layers
     cache_slots: jax.Array  # i32[T]
-    write_kv: Callable  # (pool, slots, k, v) -> pool: `kernels.paging.write`
+    write_kv: Callable  # (pool, slots, k, v) -> pool: `score_kernels.paging.write`
     real_rows: jax.Array | None  # i32[]: the real rows of the layer's inputs (None: all)
 
 

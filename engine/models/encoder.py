@@ -1,7 +1,7 @@
 """The encoder stack shared by the cross-encoder and embedder families (BERT, XLM-RoBERTa,
 ModernBERT): each packed sequence (a cross-encoder's query/document pair, an embedder's text)
 sees itself whole and nothing else (own spans that end where the sequence ends,
-`kernels.metadata`); a classifier reads each pair's first token or its mean at the score rows
+`score_kernels.metadata`); a classifier reads each pair's first token or its mean at the score rows
 (`pair_logits`), an embedder pools each text into one vector (`pooled`).
 
 Activations, LayerNorms and biases stay in f32; matmuls go through the `Dense` strategy with f32
@@ -39,7 +39,7 @@ from engine.models.decoder import (
     split_last,
 )
 from engine.models.rows import over_score_rows
-from kernels import activations
+from score_kernels import activations
 
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
 HF_ACTIVATIONS |= {"relu": "relu", "silu": "silu"}
@@ -82,7 +82,7 @@ class Step(NamedTuple):
     cfg: ModelConfig
     attention: Callable
     dense: Dense
-    meta: Any  # kernels.AttentionMeta of the whole pairs
+    meta: Any  # score_kernels.AttentionMeta of the whole pairs
     window_meta: Any  # the local layers' (None: no layer is local)
     rope: Rope | None  # None: learned positions
     local_rope: Rope | None  # local layers' own RoPE (None: as global ones)

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from engine.models.config import ModelConfig
-from kernels.host import to_device
+from score_kernels.host import to_device
 
 VECTORS = (  # kept in f32
     *("attn_norm", "mlp_norm", "post_attn_norm", "post_mlp_norm"),

@@ -27,7 +27,7 @@ from engine.plan.devices import (
     kinds_for_this_host,
 )
 from engine.program import DTYPES, DeviceProgram
-from kernels import devices
+from score_kernels import devices
 
 __all__ = [
     "KINDS",

@@ -31,7 +31,7 @@ from engine.models.rows import HEAD_ROWS, steps
 from engine.packing import empty_batch
 from engine.program import DTYPES, DeviceProgram
 from engine.tasks import task_for
-from kernels.dense import XLA
+from score_kernels.dense import XLA
 
 
 class Cost(NamedTuple):

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels import devices
+from score_kernels import devices
 
 
 class Device(NamedTuple):

@@ -62,8 +62,8 @@ class Task:
         **options,
     ) -> Callable:
         """The forward of one packed batch, `(params, inputs, pool) -> (f32[S, L], pool)`: this
-        task's model with `attention` and `dense` (`kernels.select_*`), of `config` (another of
-        the same model, e.g. cut to fewer layers; by default its own); `options` are the
+        task's model with `attention` and `dense` (`score_kernels.select_*`), of `config` (another
+        of the same model, e.g. cut to fewer layers; by default its own); `options` are the
         model's (`write_kv`, `unroll`). `exact`: every dot at full f32 precision (the f32
         program's; see `exactly`). `states`: every token's final state f32[T, E] instead (an
         embedder's token vectors). The one assembly the program, export and plan share."""

@@ -4,9 +4,9 @@ schedule."""
 import jax
 import jax.numpy as jnp
 
-from kernels.metadata import AttentionMeta, context_length
-from kernels.paging import LayerPool, with_context
-from kernels.softcap import soft_cap
+from score_kernels.metadata import AttentionMeta, context_length
+from score_kernels.paging import LayerPool, with_context
+from score_kernels.softcap import soft_cap
 
 
 def attention_reference(
@@ -22,7 +22,7 @@ def attention_reference(
     """Attention of every token over its prefix span and own span, computed densely in f32.
 
     Query head h reads kv head `h // (H // Hkv)`; the context region's keys come from `pool`'s
-    pages (`kernels.paging`); `softcap` > 0 soft-caps the scaled scores. Cost and memory are
+    pages (`score_kernels.paging`); `softcap` > 0 soft-caps the scaled scores. Cost and memory are
     O(T (C + T) H): a test oracle.
     """
     k, v = with_context(k, v, meta, pool)

@@ -1,6 +1,6 @@
 """Packed two-span attention on Pallas' Mosaic GPU backend: Hopper (sm90) and newer, bfloat16.
 
-It consumes the metadata and block schedule `kernels.pallas` consumes and computes the same
+It consumes the metadata and block schedule `score_kernels.pallas` consumes and computes the same
 function, the way a Hopper kernel does: one warpgroup per (query head, 64-row query tile).
 
 - The query tile and its rows' spans arrive in shared memory by TMA.
@@ -13,8 +13,8 @@ function, the way a Hopper kernel does: one warpgroup per (query head, 64-row qu
 - The output leaves through the query tile's shared memory by TMA.
 
 bfloat16 only: wgmma multiplies f32 operands only as TF32, which is not exact, so f32 stays on
-the Triton form (`kernels.pallas`, full-f32 dots). Query head h reads kv head h // G, as in the
-Triton form.
+the Triton form (`score_kernels.pallas`, full-f32 dots). Query head h reads kv head h // G, as in
+the Triton form.
 
 `interpret=True` runs it in Pallas' GPU interpret mode on any host. That mode simulates shared
 memory, TMA copies and barriers, and reads uninitialised memory as NaN. It models neither
@@ -33,12 +33,12 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from kernels import devices, tuning
-from kernels.metadata import AttentionMeta
-from kernels.paging import LayerPool, with_context
-from kernels.pallas import MASKED, Tiles, check_inputs, key_tile, span_columns, tiles_of
-from kernels.softcap import soft_cap
-from kernels.tuning import BlockSizes
+from score_kernels import devices, tuning
+from score_kernels.metadata import AttentionMeta
+from score_kernels.paging import LayerPool, with_context
+from score_kernels.pallas import MASKED, Tiles, check_inputs, key_tile, span_columns, tiles_of
+from score_kernels.softcap import soft_cap
+from score_kernels.tuning import BlockSizes
 
 
 def _imported_on_first_use(name: str) -> ModuleType:
@@ -58,7 +58,7 @@ def _imported_on_first_use(name: str) -> ModuleType:
 # which no run that does not call this form (every CPU and TPU run) should pay
 plgpu = _imported_on_first_use("jax.experimental.pallas.mosaic_gpu")
 
-BACKEND = "mosaic_gpu"  # its key in `kernels.tuning`
+BACKEND = "mosaic_gpu"  # its key in `score_kernels.tuning`
 ROWS = 64  # query rows per tile: one warpgroup's wgmma (M = 64)
 _SLOTS = 2  # K/V tiles in flight
 
@@ -77,14 +77,14 @@ def attention_mosaic_gpu(
     block_sizes: BlockSizes | None = None,
 ) -> jax.Array:  # [T, H, D] bfloat16
     """Attention over the prefix span and own span, visiting only scheduled key blocks, as
-    `kernels.pallas.attention_pallas` computes it.
+    `score_kernels.pallas.attention_pallas` computes it.
 
     q, k and v are bfloat16 with a head dim that is a multiple of 64; the schedule block B is a
     multiple of 64. `softcap` > 0 soft-caps the scaled scores (Gemma 2). `block_sizes` overrides
     the tuned key tile (a multiple of 64 that divides B, at most 256); the query tile is always
     64 rows. `interpret=True` runs the GPU interpret mode (any host). Raises ValueError on
     inputs this form cannot run (`supports`) or malformed metadata. The context region's keys
-    are gathered from `pool`'s pages first (`kernels.paging`).
+    are gathered from `pool`'s pages first (`score_kernels.paging`).
     """
     k, v = with_context(k, v, meta, pool)
     check_inputs(q, k, v, meta)
@@ -270,7 +270,7 @@ def _fold(
     scores: jax.Array,  # f32[64, Bk], scaled (and capped)
     visible: jax.Array,  # bool[64, Bk]
 ) -> tuple[jax.Array, _Softmax]:  # the tile's probabilities f32[64, Bk], the state before P V
-    """One key tile into the online softmax, as `kernels.pallas` folds it; the caller adds the
+    """One key tile into the online softmax, as `score_kernels.pallas` folds it; the caller adds the
     tile's P V to the rescaled accumulator."""
     scores = jnp.where(visible, scores, MASKED)
     new_max = jnp.maximum(state.running_max, scores.max(axis=1))

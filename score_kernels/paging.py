@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels.metadata import AttentionMeta
+from score_kernels.metadata import AttentionMeta
 
 
 class LayerPool(NamedTuple):

@@ -13,11 +13,11 @@ registry then falls back to the portable XLA kernel.
 import jax
 import numpy as np
 
-from kernels import activations
-from kernels.host import aligned_empty
-from kernels.metadata import AttentionMeta
-from kernels.paging import LayerPool, bits_dtype
-from kernels.quant import ACT_BLOCK
+from score_kernels import activations
+from score_kernels.host import aligned_empty
+from score_kernels.metadata import AttentionMeta
+from score_kernels.paging import LayerPool, bits_dtype
+from score_kernels.quant import ACT_BLOCK
 
 try:
     from _native import _cpu
@@ -176,7 +176,7 @@ def pack_dense(w, dtype=jax.numpy.bfloat16) -> np.ndarray:
     """Weights [..., K, N] packed for `dense_cpu`. bfloat16: bf16 [..., N/16, K/2, 32], per
     16-column group and row pair (k, k+1) the columns' (w[k, n], w[k+1, n]) pairs; float32:
     f32 [..., N/16, K, 16], per 16-column group its K rows. The result is aligned for
-    `kernels.host.to_device`."""
+    `score_kernels.host.to_device`."""
     w = np.asarray(w)
     *lead, k, n = w.shape
     if np.dtype(dtype) == np.float32:
@@ -266,7 +266,7 @@ def gated_cpu(
     w: jax.Array,  # bf16[L, 2I/16, K/2, 32] from `pack_gated`
     layer: jax.Array,  # i32[]
     rows: jax.Array | None = None,  # i32[]: the real rows of x (as `dense_cpu`)
-    activation: str = "silu",  # a name of `kernels.activations.FUNCTIONS`
+    activation: str = "silu",  # a name of `score_kernels.activations.FUNCTIONS`
 ) -> jax.Array:  # bf16[M, I]
     """`act(x @ W_gate) * (x @ W_up)` of layer `layer`, rounded to bf16 once: a gated MLP's
     input of the down projection (SwiGLU, GeGLU), with f32 products, accumulation and
@@ -285,7 +285,7 @@ def activated_cpu(
     w: jax.Array,  # bf16[L, N/16, K/2, 32] from `pack_dense`
     layer: jax.Array,  # i32[]
     bias: jax.Array,  # f32[N]
-    activation: str,  # a name of `kernels.activations.FUNCTIONS`
+    activation: str,  # a name of `score_kernels.activations.FUNCTIONS`
     rows: jax.Array | None = None,  # i32[]: the real rows of x (as `dense_cpu`)
 ) -> jax.Array:  # bf16[M, N]
     """`act(x @ W[layer] + bias)` rounded to bf16 once, with f32 products, accumulation, bias
@@ -311,7 +311,7 @@ def activated_cpu(
 
 def qkv_order(heads: int, kv_heads: int, d: int) -> np.ndarray:
     """The column order `pack_qkv` packs a fused q/k/v matrix in (i64[N], N = (H + 2 Hkv) D, its
-    columns by kv head: `kernels.dense.split_qkv`): within each q and k head, groups of 16
+    columns by kv head: `score_kernels.dense.split_qkv`): within each q and k head, groups of 16
     columns holding 8 of the head's first half and the 8 that are D/2 further, the pairs
     rotate-half RoPE turns together; v heads in order."""
     group = heads // kv_heads
@@ -340,8 +340,8 @@ def qkv_cpu(
     rope: tuple[jax.Array, jax.Array] | None = None,  # cos, sin f32[M, D/2]
 ) -> tuple[jax.Array, jax.Array, jax.Array]:  # bf16 q [M, H, D], k and v [M, Hkv, D]
     """`x @ W[layer] + bias`, q and k rotated by rotate-half RoPE where `rope` is given (as
-    `kernels.rope.rotate`), rounded to bf16 once (f32 products, accumulation, bias and
-    rotation), its columns written straight into q, k and v (`kernels.dense.split_qkv`'s
+    `score_kernels.rope.rotate`), rounded to bf16 once (f32 products, accumulation, bias and
+    rotation), its columns written straight into q, k and v (`score_kernels.dense.split_qkv`'s
     layout), D a multiple of 16. Neither the f32 product nor a split copy reaches memory."""
     m, k = x.shape
     n = w.shape[1] * 16
@@ -408,7 +408,7 @@ def int8_isa() -> str | None:
 def pack_int8(q) -> np.ndarray:
     """int8 weights [..., K, N] packed for `dense_int8` as u8 [..., N/16, K/4, 64]: q + 128,
     per 16-column group and quad of rows, each column's four bytes. Aligned for
-    `kernels.host.to_device`."""
+    `score_kernels.host.to_device`."""
     q = np.asarray(q)
     *lead, k, n = q.shape
     out = aligned_empty((*lead, n // 16, k // 4, 16, 4), np.uint8)
@@ -452,7 +452,7 @@ def dense_int8(
     rows: jax.Array | None = None,  # i32[]: the real rows of x (as `dense_cpu`)
 ) -> jax.Array:  # f32[M, N]
     """`x @ (q * scale)[layer]` on the CPU with x quantised per row block of `block`: the
-    arithmetic of `kernels.quant.int8_matmul`, int32 sums of AMX or VNNI dot products."""
+    arithmetic of `score_kernels.quant.int8_matmul`, int32 sums of AMX or VNNI dot products."""
     m, k = x.shape
     if w.ndim != 4 or w.shape[2] * 4 != k or w.shape[3] != 64:
         raise ValueError(f"dense_int8: weights of shape {w.shape} do not take x of shape {x.shape}")
@@ -467,7 +467,7 @@ def gated_int8(
     layer: jax.Array,  # i32[]
     block: int = ACT_BLOCK,
     rows: jax.Array | None = None,  # i32[]: the real rows of x (as `dense_cpu`)
-    activation: str = "silu",  # a name of `kernels.activations.FUNCTIONS`
+    activation: str = "silu",  # a name of `score_kernels.activations.FUNCTIONS`
 ) -> jax.Array:  # bf16[M, I]
     """`act(x @ W_gate) * (x @ W_up)` of layer `layer` in int8 (as `dense_int8`), rounded to
     bf16 once: a gated MLP's input of the down projection."""

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels.host import aligned_empty
+from score_kernels.host import aligned_empty
 
 TARGET = "onednn_dense"
 
@@ -63,7 +63,7 @@ def supports(k: int, n: int) -> bool:
 def pack(w) -> np.ndarray:
     """Weights [L, K, N] (any strides: a transposed view packs without a copy of its own)
     rounded to bf16 and packed for `dense`: u8[L, bytes], aligned for
-    `kernels.host.to_device`."""
+    `score_kernels.host.to_device`."""
     w = np.asarray(w)
     lead, k, n = w.shape
     out = aligned_empty((lead, _onednn.packed_bytes(k, n)), np.uint8)

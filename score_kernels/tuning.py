@@ -39,7 +39,7 @@ TUNED: dict[tuple[int, str, str], BlockSizes] = {
     (64, "float32", "gpu"): BlockSizes(64, 64, num_warps=4, num_stages=2),
     (128, "bfloat16", "gpu"): BlockSizes(64, 64, num_warps=4, num_stages=3),
     (128, "float32", "gpu"): BlockSizes(64, 32, num_warps=4, num_stages=2),
-    # the Mosaic GPU form (kernels.mosaic_gpu): 64-row query tiles, one warpgroup's wgmma
+    # the Mosaic GPU form (score_kernels.mosaic_gpu): 64-row query tiles, one warpgroup's wgmma
     (64, "bfloat16", "mosaic_gpu"): BlockSizes(64, 128),
     (128, "bfloat16", "mosaic_gpu"): BlockSizes(64, 64),
 }

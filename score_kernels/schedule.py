@@ -1,7 +1,7 @@
 """Host-side construction of the block schedule for packed two-span attention (numpy only).
 
 For each block of B queries the schedule lists the key blocks (of the key space: the context
-region of C keys, then the batch; see `kernels.metadata`) that any of its tokens' two spans
+region of C keys, then the batch; see `score_kernels.metadata`) that any of its tokens' two spans
 touch. It is built from per-token intervals of key blocks, merged per query block and expanded,
 so the cost follows the size of the schedule rather than (T/B)^2. The compiled twin
 (`_native._schedule`) does the same in one pass over each query block's tokens and is used when
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from kernels.metadata import AttentionMeta
+from score_kernels.metadata import AttentionMeta
 
 try:
     from _native import _schedule

@@ -1,5 +1,5 @@
 """The MLP activations by name: their JAX functions, and the codes the native dense kernel's
-fused form takes (`kernels.cpu.activated_cpu`, `_native/simd.h`'s `Activation`).
+fused form takes (`score_kernels.cpu.activated_cpu`, `_native/simd.h`'s `Activation`).
 
 - "gelu": x Phi(x) with the exact erf (BERT's, XLM-RoBERTa's `gelu`);
 - "gelu_tanh": its tanh approximation (`gelu_new`, `gelu_pytorch_tanh`);

@@ -12,11 +12,11 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from kernels import devices
-from kernels.metadata import AttentionMeta
-from kernels.paging import LayerPool, with_context
-from kernels.precision import dot_precision
-from kernels.softcap import soft_cap
+from score_kernels import devices
+from score_kernels.metadata import AttentionMeta
+from score_kernels.paging import LayerPool, with_context
+from score_kernels.precision import dot_precision
+from score_kernels.softcap import soft_cap
 
 # Finite, so a row that has seen no visible key yet computes exp(0) garbage that the first real
 # key rescales to exactly zero, instead of inf - inf = NaN.
@@ -57,7 +57,7 @@ def attention_xla(
     q's dtype; `softcap` > 0 soft-caps the scaled scores. Shapes (T, C, H, Hkv, D, K) are static
     under `jax.jit`; B comes from `meta`.
     `query_blocks_per_step` trades batching against cache locality; None picks it per backend.
-    The context region's keys are gathered from `pool`'s pages first (`kernels.paging`).
+    The context region's keys are gathered from `pool`'s pages first (`score_kernels.paging`).
     """
     k, v = with_context(k, v, meta, pool)
     t, num_heads, head_dim = q.shape

@@ -5,21 +5,21 @@ load (a stack `[L, K, N]` over layers, the gated pair of the MLP, the LM head) a
 the prepared form; the forward never looks inside. Two exist:
 
 - `XLA`: the matrices in the weight dtype, `jnp.matmul` with f32 accumulation; any backend.
-- `CPU`: matrices packed once for the native kernel of their dtype (`kernels.cpu`): bf16 for
+- `CPU`: matrices packed once for the native kernel of their dtype (`score_kernels.cpu`): bf16 for
   AMX tiles or AVX512-BF16 dot products, which take the same layout (f32 FMAs on AVX2), f32 for
   f32 FMAs on AVX2 or AVX-512 (its gated pair as one product, the activation in XLA); a matrix
   the kernel cannot take (K odd in bf16, N not a multiple of 16) stays in the XLA form. On bf16
   weights the kernel fuses what follows a product: the gated MLP's activation, a bias and an
   activation, the q/k/v bias, split and RoPE (`PackedQkv`), the residual add.
 - `INT8_XLA`: layer matrices quantised once to int8 per column, activations per row block on
-  the fly (`kernels.quant`), int32 sums in XLA; the LM head stays in the weight dtype.
-- `INT8`: the same arithmetic in the native kernel (`kernels.cpu.dense_int8`: AMX-INT8 tiles,
+  the fly (`score_kernels.quant`), int32 sums in XLA; the LM head stays in the weight dtype.
+- `INT8`: the same arithmetic in the native kernel (`score_kernels.cpu.dense_int8`: AMX-INT8 tiles,
   AVX512-VNNI, AVX-VNNI or AVX2), the head packed as `CPU` packs it; a matrix the kernel cannot
   take stays in the `INT8_XLA` form.
 - `ONEDNN`: bf16 matrices packed once in the layout oneDNN picks for this CPU (AMX tiles where
-  it has them: `kernels.onednn`); the gated pair as XLA's, its activation in XLA.
+  it has them: `score_kernels.onednn`); the gated pair as XLA's, its activation in XLA.
 
-`chosen` mixes them per weight shape (the default, `kernels.dense_choice` measures which).
+`chosen` mixes them per weight shape (the default, `score_kernels.dense_choice` measures which).
 
 The layer products (all but `head`) take the count of x's real rows (i32[], the first ones;
 None: all): the native kernels (`CPU`, `INT8`) multiply those alone and answer zeros for the
@@ -34,9 +34,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels import activations, cpu, onednn, quant
-from kernels import rope as kernels_rope
-from kernels.host import interleave_to_device, to_device
+from score_kernels import activations, cpu, onednn, quant
+from score_kernels import rope as kernels_rope
+from score_kernels.host import interleave_to_device, to_device
 
 
 class Dense(NamedTuple):
@@ -50,12 +50,12 @@ class Dense(NamedTuple):
         `prepare`, but for what `chosen` picks for it);
     activated(x [M, K], W, layer, bias f32[N], activation, rows) -> act(x @ W + bias) [M, N]:
         f32, or bf16 where the strategy fuses it (the native kernel on bf16 weights), which is
-        the dtype the next product casts it to (`activation` names `kernels.activations`)
+        the dtype the next product casts it to (`activation` names `score_kernels.activations`)
     prepare_qkv(w [L, K, N], dtype, heads, kv_heads) -> W: a fused q/k/v stack, its columns
         by kv head (`split_qkv`);
     qkv(x [M, K], W, layer, bias f32[N], heads, kv_heads, rows, rope) -> q [M, H, D], k and v
         [M, Hkv, D]: x @ W + bias split as `split_qkv`, q and k rotated by `rope` (cos, sin
-        f32[M, D/2]; None: not, `kernels.rope`): bf16 where the strategy fuses it, written
+        f32[M, D/2]; None: not, `score_kernels.rope`): bf16 where the strategy fuses it, written
         straight into the three, else f32
     prepare_residual(w [L, K, N], dtype) -> W: a matrix multiplied by `residual` (as
         `prepare`, but for what `chosen` picks for it);
@@ -186,8 +186,8 @@ XLA = Dense(
 
 
 class Packed(NamedTuple):
-    """A stack of matrices packed for `kernels.cpu.dense_cpu` / `gated_cpu` (the packers return
-    fresh aligned buffers, which `jax.device_put` adopts on the CPU without copying)."""
+    """A stack of matrices packed for `score_kernels.cpu.dense_cpu` / `gated_cpu` (the packers
+    return fresh aligned buffers, which `jax.device_put` adopts on the CPU without copying)."""
 
     data: jax.Array  # bf16[L, N/16, K/2, 32] or f32[L, N/16, K, 16]
 
@@ -227,7 +227,7 @@ def _cpu_activated(x, w: Packed | jax.Array, layer, bias, activation: str, rows=
 
 
 class PackedQkv(NamedTuple):
-    """A fused q/k/v stack packed for `kernels.cpu.qkv_cpu` (`pack_qkv`: q and k columns in
+    """A fused q/k/v stack packed for `score_kernels.cpu.qkv_cpu` (`pack_qkv`: q and k columns in
     RoPE's pairs)."""
 
     data: jax.Array  # bf16[L, N/16, K/2, 32]
@@ -283,7 +283,7 @@ CPU = Dense(
 
 @jax.tree_util.register_pytree_node_class
 class OneDnnPacked:
-    """A stack of matrices packed for `kernels.onednn.dense`, with their column count (static:
+    """A stack of matrices packed for `score_kernels.onednn.dense`, with their column count (static:
     the output's shape)."""
 
     def __init__(self, data: jax.Array, n: int):
@@ -350,14 +350,14 @@ ONEDNN = Dense(
 
 
 class Int8(NamedTuple):
-    """A stack of matrices quantised per column (`kernels.quant.quantize_columns`)."""
+    """A stack of matrices quantised per column (`score_kernels.quant.quantize_columns`)."""
 
     q: jax.Array  # i8[L, K, N]
     scale: jax.Array  # f32[L, N]
 
 
 class Int8Packed(NamedTuple):
-    """`Int8` packed for `kernels.cpu.dense_int8` / `gated_int8`."""
+    """`Int8` packed for `score_kernels.cpu.dense_int8` / `gated_int8`."""
 
     data: jax.Array  # u8[L, N/16, K/4, 64]: q + 128
     scale: jax.Array  # f32[L, N]

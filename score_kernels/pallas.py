@@ -15,7 +15,7 @@ reach it:
   across grid steps, so the grid is (query head, query tile) and the body loops over the
   scheduled key tiles, loading each from the kv head `h // G` of the unrepeated K/V.
 
-Hopper and newer GPUs also have the Mosaic GPU form (`kernels.mosaic_gpu`, bfloat16), built on
+Hopper and newer GPUs also have the Mosaic GPU form (`score_kernels.mosaic_gpu`, bfloat16), built on
 the tiles, schedule walk and checks shared from here (`Tiles`, `key_tile`, `check_inputs`).
 
 `interpret=True` runs either form with the Pallas interpreter, which is how the CPU tests run it.
@@ -35,12 +35,12 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
-from kernels import devices, tuning
-from kernels.metadata import AttentionMeta, context_length
-from kernels.paging import LayerPool, with_context
-from kernels.precision import dot_precision
-from kernels.softcap import soft_cap
-from kernels.tuning import BlockSizes
+from score_kernels import devices, tuning
+from score_kernels.metadata import AttentionMeta, context_length
+from score_kernels.paging import LayerPool, with_context
+from score_kernels.precision import dot_precision
+from score_kernels.softcap import soft_cap
+from score_kernels.tuning import BlockSizes
 
 PLATFORMS = ("tpu", "gpu")
 DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
@@ -94,7 +94,7 @@ def attention_pallas(
     the TPU form in TPU interpret mode at the TPU's tiles. `block_sizes` overrides the tuned
     tiles; each tile must divide the schedule block B (larger tiles are clamped to B). Raises
     ValueError on malformed inputs. The context region's keys are gathered from `pool`'s pages
-    first (`kernels.paging`).
+    first (`score_kernels.paging`).
     """
     k, v = with_context(k, v, meta, pool)
     platform = platform or _default_platform()

@@ -5,15 +5,15 @@ from collections.abc import Callable
 
 import numpy as np
 
-from kernels import cpu, dense_choice, mosaic_gpu, onednn, pallas
-from kernels.cpu import attention_cpu
-from kernels.dense import STRATEGIES, Dense
-from kernels.metadata import AttentionMeta
-from kernels.mosaic_gpu import attention_mosaic_gpu, attention_mosaic_gpu_auto
-from kernels.pallas import attention_pallas, attention_pallas_auto
-from kernels.reference import attention_reference
-from kernels.schedule import build_block_schedule, local_spans, make_meta, window_spans
-from kernels.xla import attention_xla
+from score_kernels import cpu, dense_choice, mosaic_gpu, onednn, pallas
+from score_kernels.cpu import attention_cpu
+from score_kernels.dense import STRATEGIES, Dense
+from score_kernels.metadata import AttentionMeta
+from score_kernels.mosaic_gpu import attention_mosaic_gpu, attention_mosaic_gpu_auto
+from score_kernels.pallas import attention_pallas, attention_pallas_auto
+from score_kernels.reference import attention_reference
+from score_kernels.schedule import build_block_schedule, local_spans, make_meta, window_spans
+from score_kernels.xla import attention_xla
 
 # "pallas" compiles on TPU and GPU (Triton) and runs in the (slow) Pallas interpreter elsewhere;
 # "mosaic" is the Mosaic GPU form for Hopper and newer (bf16), GPU-interpreted off a GPU.
@@ -32,14 +32,14 @@ def select_attention(
 ) -> Callable:
     """The attention function called `name`, or the default for `backend` when `name` is None.
 
-    `backend` is a platform name (`kernels.devices.backend()`). On "cpu" the default is the fused
-    native kernel when it was built and supports `head_dim` and `dtype`; on "tpu" and "gpu" it
+    `backend` is a platform name (`score_kernels.devices.backend()`). On "cpu" the default is the
+    fused native kernel when it was built and supports `head_dim` and `dtype`; on "tpu" and "gpu" it
     is the Pallas kernel when it supports them (None counts as supported); everywhere else, and
     as the fallback, it is "xla", which runs anywhere. The native CPU kernel has no score
     soft-capping: with `softcap` the default is never "cpu". "mosaic" (the Mosaic GPU form,
-    `kernels.mosaic_gpu`) is never a default yet. Raises ValueError for an unknown name, listing
-    the known ones, for "cpu" with `softcap`, or for "mosaic" with a dtype or head dim it does
-    not run (`mosaic_gpu.supports`).
+    `score_kernels.mosaic_gpu`) is never a default yet. Raises ValueError for an unknown name,
+    listing the known ones, for "cpu" with `softcap`, or for "mosaic" with a dtype or head dim it
+    does not run (`mosaic_gpu.supports`).
     """
     if name is None:
         name = _default_name(backend, head_dim, dtype, softcap)
@@ -71,7 +71,7 @@ def select_dense(
 
     Where more than one strategy runs (a CPU backend with the native kernels: bfloat16 or
     float32 weights, or the int8 mode), the default is the measured one
-    (`kernels.dense_choice.measured`): each weight shape multiplied by the fastest eligible
+    (`score_kernels.dense_choice.measured`): each weight shape multiplied by the fastest eligible
     strategy on this machine, the choices kept under `cache_dir` (None: measured once per
     process). Elsewhere it is "xla", or "int8-xla" in the int8 mode (`int8`). The fixed
     strategies are "xla", "cpu" (the native kernel of the weight dtype: bf16 on AMX, AVX512-BF16

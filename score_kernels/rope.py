@@ -1,6 +1,6 @@
 """Rotate-half RoPE, as transformers applies it to q and k: the head's first and second halves
 turned together by each frequency's angle (`engine.models.decoder.Rope` computes the angles;
-`kernels.cpu.qkv_cpu` applies the same rotation in the native q/k/v projection)."""
+`score_kernels.cpu.qkv_cpu` applies the same rotation in the native q/k/v projection)."""
 
 import jax
 import jax.numpy as jnp

@@ -3,7 +3,7 @@ that computes it within the accuracy bound, timed on this machine once and remem
 
 No fixed choice is right on every CPU. On AMD Zen 4/5 the native AVX512-BF16 kernel leads; on
 Intel CPUs with AMX `vdpbf16ps` is slow, and the native kernel's AMX build, oneDNN on the AMX
-tiles (`kernels.onednn`) and XLA's dot run several times faster; which of those leads depends
+tiles (`score_kernels.onednn`) and XLA's dot run several times faster; which of those leads depends
 on the shape and the batch. So the default strategy (`dense=None`)
 times every strategy that can run each of the model's matrix shapes (a layer matrix as the
 forward multiplies it, out of a stack indexed by a scanned layer), and takes the fastest, or
@@ -13,7 +13,7 @@ Speed is not the only criterion: a candidate is eligible only if its products st
 bound that any f32 accumulation of the inputs keeps (bf16 inputs in the "bfloat16" mode, f32 in
 "float32"), `K * 2^-23 * (|x| @ |w|)` per element (checked against float64 on a few rows of each
 timed call; the gated pair also allows one bf16 rounding, the bf16 kernel's). In the int8 mode
-the int8 strategies are held to the XLA twin, which defines the arithmetic (`kernels.quant`).
+the int8 strategies are held to the XLA twin, which defines the arithmetic (`score_kernels.quant`).
 
 The choices are kept in `<cache_dir>/dense-choice/<mode>-<key>.json`, keyed by the CPU model
 and flags, the cores this process may use, the native builds and the JAX version, so a later
@@ -36,8 +36,8 @@ import jax.numpy as jnp
 import msgspec
 import numpy as np
 
-from kernels import cpu, onednn
-from kernels.dense import STRATEGIES, Dense, chosen
+from score_kernels import cpu, onednn
+from score_kernels.dense import STRATEGIES, Dense, chosen
 
 # token rows the layer matrices are timed at: a batch's work is in its large ones, and there an
 # unfused form's f32 product and XLA's pass over it leave the caches, which 2,048 rows hid (the
@@ -303,7 +303,7 @@ def _cache_path(cache_dir: str | None, mode: str, facts: dict[str, str]) -> Path
 
 
 class Picks:
-    """A model's picks through a `Chooser`: the callable `kernels.dense.chosen` asks, and the
+    """A model's picks through a `Chooser`: the callable `score_kernels.dense.chosen` asks, and the
     report of the shapes it asked about."""
 
     def __init__(self, chooser: Chooser):
