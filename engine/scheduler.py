@@ -182,18 +182,28 @@ class SchedulerState:
 
     def batch_wait(self, now: float) -> float | None:
         """Seconds to wait before building the next batch: 0 to build now, None to wait for the
-        next message (nothing queued, or the device busy with less than a budget queued)."""
+        next message (nothing queued, or the device busy with less than a budget queued, none of
+        it the rest of a request already running)."""
         if not self.queue:
             return None
         if self._blocked and self.assigned[self._planned_for]:
             return None  # the next batch reads what a running one writes
-        if self.queued_tokens >= self.token_budget and self.pick_runner() is not None:
-            return 0.0  # a full batch either way: build it ahead
+        if self.pick_runner() is not None and (
+            self.queued_tokens >= self.token_budget or self._head_started()
+        ):
+            # a full batch either way, or the rest of a request a running batch began: its
+            # answer waits for that rest, so build it ahead rather than after
+            return 0.0
         if 0 not in self.assigned:
             return None  # let the queue grow until a device is free
         if len(self.queue) >= self.cohort:
             return 0.0
         return max(0.0, self.last_done_at + self.linger - now)
+
+    def _head_started(self) -> bool:
+        """Whether the request at the head of the queue has items in a batch already."""
+        rid = next(iter(self.queue))
+        return self.requests[rid].first_batch_at is not None
 
     def pick_runner(self) -> int | None:
         """The runner the next batch is for: a free one (the one whose cache holds most of the

@@ -164,6 +164,20 @@ def test_batch_wait_lets_the_queue_grow_while_the_device_is_busy():
     assert st.cohort == 3 and st.last_done_at == 0.3  # 2 waiting + 1 answered
 
 
+def test_batch_wait_builds_the_rest_of_a_running_request_ahead():
+    st = SchedulerState(BUCKETS, token_budget=32, max_queued_tokens=1000, linger=0.02)
+    st.handle(tokenized(0, [[i] * 10 for i in range(1, 5)]), 0.0)  # 40 tokens: two batches
+    first = st.next_batch(0.0)
+    assert st.queue and st.queued_tokens < st.token_budget
+    assert st.batch_wait(0.0) == 0.0  # less than a budget, but its answer waits for it
+    rest = st.next_batch(0.0)
+    assert st.assigned == [2] and st.batch_wait(0.0) is None  # one ahead at most
+    st.handle(tokenized(1, [[7, 7]]), 0.0)  # a request not begun waits for the device
+    assert st.batch_wait(0.0) is None
+    (scored,) = [m for b in (first, rest) for m in st.handle(done_for(b), 1.0)]
+    assert scored.id == 0 and len(scored.outputs) == 4
+
+
 def test_batch_wait_lingers_for_the_cohort_it_just_answered():
     st = SchedulerState(BUCKETS, token_budget=64, max_queued_tokens=1000, linger=0.02)
     for i in range(3):
