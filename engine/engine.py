@@ -225,8 +225,8 @@ class Engine:
         scored = await self._submit(*request)
         timings = msgspec.structs.replace(scored.timings, total=trio.current_time() - start)
         width = self.task.output_width(len(label_token_ids) + normaliser)
-        rows = scored.outputs
-        outputs = np.stack(rows)[:, :width] if rows else np.zeros((0, width), np.float32)
+        rows = scored.outputs  # f32[N, W >= width], or [] for no items
+        outputs = rows[:, :width] if len(rows) else np.zeros((0, width), np.float32)
         result = ScoreResult(
             scores=[],
             prompt_tokens=scored.prompt_tokens,

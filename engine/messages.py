@@ -104,12 +104,13 @@ class BatchDone(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Scored(msgspec.Struct, frozen=True, kw_only=True):
-    """A finished request: its score row's outputs per item (label log-probs, or logits) and its
+    """A finished request: its items' outputs (label log-probs, logits, or token states) and its
     timings."""
 
     id: int
-    # per item, its score row's f32[L] (what the caller reads first), or its tokens' f32[n, E]
-    outputs: list[np.ndarray]
+    # its score rows f32[N, L] (what the caller reads of each is its first columns), or per
+    # item its tokens' states f32[n, E]; [] for no items
+    outputs: np.ndarray | list[np.ndarray]
     prompt_tokens: int
     cached_tokens: int = 0  # of the prompt tokens, those read from the KV cache
     truncated_tokens: int = 0  # tokens of the input that truncation left out

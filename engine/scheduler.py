@@ -40,7 +40,10 @@ HANDED_AHEAD = 1  # batches a runner is handed beyond the one it runs
 class _Request:
     msg: Tokenized
     queued_at: float
-    outputs: list = field(default_factory=list)
+    # its score rows' outputs f32[n, W] (from its first batch answered on; W is the narrowest
+    # label width of its batches so far, each of which holds the request's outputs), or a list
+    # of each item's token states f32[n_i, E]
+    outputs: np.ndarray | list | None = None
     remaining: int = 0
     first_batch_at: float | None = None
     build_s: float = 0.0
@@ -159,7 +162,7 @@ class SchedulerState:
             ]
         n = len(msg.sequences)
         self._replan()
-        self.requests[msg.id] = req = _Request(msg, now, [None] * n, n)
+        self.requests[msg.id] = req = _Request(msg, now, [None] * n if msg.states else None, n)
         prefix = msg.sequences[0][:-1]  # what it finds cached stays cached until it runs
         caches = [None if msg.states else c for c in self.caches]  # states read no cache
         req.holds = [None if c is None else (c.hold(prefix), c.epoch) for c in caches]
@@ -367,12 +370,10 @@ class SchedulerState:
         for req in live.values():  # cancelled or failed requests are no longer in the table
             req.device_s += done.device_s
             req.dispatch_s += done.dispatch_s
-        answers = _answers(done.outputs, len(rows), flight.spans)
-        for (rid, idx), answer in zip(rows, answers, strict=True):
-            req = live.get(rid)
-            if req is not None:
-                req.outputs[idx] = answer
-                req.remaining -= 1
+        if flight.spans is None:
+            _store_rows(live, rows, done.outputs)
+        else:
+            _store_states(live, rows, done.outputs, flight.spans)
         finished = [self._finish(rid, now) for rid, req in live.items() if req.remaining == 0]
         self.last_done_at = now
         self.cohort = len(self.queue) + len(finished)
@@ -442,15 +443,37 @@ class SchedulerState:
         return not (self.requests or self.queue or self.in_flight) and self.queued_tokens == 0
 
 
-def _answers(
-    outputs: np.ndarray, rows: int, spans: list[tuple[int, int]] | None
-) -> list[np.ndarray]:
-    """What each of the `rows` real score rows answers: its output f32[L] (a view of the batch's
-    f32[S, L], whose padding rows are thousands in a large bucket), or its sequence's token
-    states f32[n, E] (a copy: the batch's f32[T, E] is let go)."""
-    if spans is None:
-        return list(outputs[:rows])
-    return [outputs[start:end].copy() for start, end in spans]
+def _store_rows(live: dict[int, _Request], rows, outputs: np.ndarray) -> None:
+    """Copy each live request's score rows out of the batch's outputs f32[S, L] (whose padding
+    rows are thousands in a large bucket) into its own f32[n, W]: one copy per run of rows of
+    one request (a request's rows are mostly one run)."""
+    if not rows:  # a batch of prefix pieces only: nothing it computes is answered
+        return
+    rids = np.fromiter((rid for rid, _ in rows), np.int64, len(rows))  # [R]
+    items = np.fromiter((idx for _, idx in rows), np.int64, len(rows))  # [R]
+    starts = [0, *(np.flatnonzero(rids[1:] != rids[:-1]) + 1).tolist()]
+    ends = starts[1:] + [len(rows)]
+    for rid, start, end in zip(rids[starts].tolist(), starts, ends, strict=True):
+        req = live.get(rid)
+        if req is None:  # cancelled or failed meanwhile
+            continue
+        if req.outputs is None:
+            req.outputs = np.empty((len(req.msg.sequences), outputs.shape[1]), outputs.dtype)
+        width = min(req.outputs.shape[1], outputs.shape[1])
+        if width < req.outputs.shape[1]:
+            req.outputs = req.outputs[:, :width]
+        req.outputs[items[start:end]] = outputs[start:end, :width]
+        req.remaining -= end - start
+
+
+def _store_states(live: dict[int, _Request], rows, outputs: np.ndarray, spans) -> None:
+    """Each live request's rows' token states f32[n, E], copied out of the batch's f32[T, E]
+    (which is let go)."""
+    for (rid, idx), (start, end) in zip(rows, spans, strict=True):
+        req = live.get(rid)
+        if req is not None:
+            req.outputs[idx] = outputs[start:end].copy()
+            req.remaining -= 1
 
 
 async def run(

@@ -56,6 +56,30 @@ def test_a_request_larger_than_the_budget_spans_batches():
     assert len(outs[0].outputs) == 5
 
 
+def answered(batch):
+    """The batch's outputs: each row holds 100 * its request id + its item index."""
+    s, width = batch.inputs.label_ids.shape
+    outputs = np.full((s, width), -1.0, np.float32)
+    for row, (rid, idx) in enumerate(batch.rows):
+        outputs[row] = 100 * rid + idx
+    return BatchDone(id=batch.id, outputs=outputs, device_s=0.01)
+
+
+def test_a_request_over_batches_of_different_label_widths_gets_each_row_once():
+    st = state(budget=32)
+    st.handle(tokenized(0, [[i] * 10 for i in range(1, 5)]), 0.0)  # one label, two batches
+    first = st.next_batch(0.0)
+    st.handle(tokenized(1, [[9] * 3], labels=range(1, 7)), 0.0)  # six: a wider second batch
+    second = st.next_batch(0.0)
+    narrow, wide = first.inputs.label_ids.shape[1], second.inputs.label_ids.shape[1]
+    assert narrow < wide and {rid for rid, _ in second.rows} == {0, 1}
+    (one,) = st.handle(answered(second), 1.0)  # the wider batch is answered first
+    assert one.id == 1 and one.outputs.tolist() == [[100.0] * wide]
+    (zero,) = st.handle(answered(first), 2.0)
+    assert zero.outputs.shape == (4, narrow)  # every batch's width holds its one label
+    assert zero.outputs[:, 0].tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
 def test_overload_rejects_past_the_token_bound():
     st = state(max_tokens=10)
     assert st.handle(tokenized(0, [[1] * 8]), 0.0) == []
