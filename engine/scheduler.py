@@ -243,10 +243,12 @@ class SchedulerState:
             return None
         seqs = self._window_sequences
         rows = [self._window[i] for i in batch.order]
-        self._dequeue(rows, seqs, batch.order, now)
-        self._count(batch.inputs, batch.real_tokens, sum(len(seqs[i]) for i in batch.order))
-        for (rid, _), cached in zip(rows, batch.cached, strict=True):
-            self.requests[rid].cached_tokens += cached
+        taken = sum(len(seqs[i]) for i in batch.order)  # tokens, each prefix counted per row
+        self._dequeue(rows, taken, now)
+        self._count(batch.inputs, batch.real_tokens, taken)
+        if any(batch.cached):
+            for (rid, _), cached in zip(rows, batch.cached, strict=True):
+                self.requests[rid].cached_tokens += cached
         whole = self.whole_sequences
         spans = packing.token_spans(batch, seqs, whole) if self._window_states else None
         return self._emit(batch, rows, time.perf_counter() - start, runner, spans)
@@ -313,11 +315,12 @@ class SchedulerState:
                 break
         return window[:WINDOW_ITEMS]
 
-    def _dequeue(self, rows, seqs, order, now: float) -> None:
+    def _dequeue(self, rows: list[tuple[int, int]], tokens: int, now: float) -> None:
+        """Take a batch's `rows` (with `tokens` tokens in all) off the queue."""
         taken: dict[int, set[int]] = {}
         for rid, idx in rows:
             taken.setdefault(rid, set()).add(idx)
-        self.queued_tokens -= sum(len(seqs[i]) for i in order)
+        self.queued_tokens -= tokens
         for rid, idxs in taken.items():
             queued = self.queue[rid]
             if len(idxs) == len(queued):  # all of it (a batch takes only queued items)
