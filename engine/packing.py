@@ -145,25 +145,48 @@ def plan(
 def _split_last(
     batch: list[Chunk], seqs: Sequence[Tokens], buckets: Buckets, cached: Mapping[int, int]
 ) -> list[list[Chunk]]:
-    """`batch`, or its members in two batches, whichever costs less (see `plan`)."""
+    """`batch`, or its members in two batches, whichever costs less (see `plan`). Each way of
+    splitting is `plan_batches` of `batch` at a smaller bucket's budget that yields two
+    batches; all are costed from one running sum of its members' tokens."""
     real = real_tokens(batch, seqs, cached)
     if pick_bucket(buckets.tokens, real) - real <= real // 32:
         return [batch]  # padding under 3%: no split can pay for its second batch
-    lengths = [len(s) for s in seqs]
-    best, best_cost = [batch], _cost([batch], seqs, buckets, cached)
+    costs, restart = _member_costs(batch, seqs, cached)  # i64[n] each, costs summing to real
+    filled = np.cumsum(costs)  # i64[n]: the tokens of the first j + 1 members
+    best, best_cost = None, pick_bucket(buckets.tokens, real) + BATCH_OVERHEAD_TOKENS
     for budget in (t for t in buckets.tokens if real // 2 <= t < real):
-        split = plan_batches(
-            batch, lengths, token_budget=budget, max_rows=buckets.max_rows, cached=cached
-        )
-        cost = _cost(split, seqs, buckets, cached)
-        if len(split) == 2 and cost < best_cost:
-            best, best_cost = split, cost
-    return best
+        # the first batch takes members [0, k) as `plan_batches` fills it (at least one)
+        k = max(1, min(int(np.searchsorted(filled, budget, side="right")), buckets.max_rows))
+        if k == len(costs):
+            continue  # all of it fits: no split
+        first = int(filled[k - 1])
+        second = real - first + int(restart[k])  # a chunk cut at k lays its prefix out again
+        if second > budget or len(costs) - k > buckets.max_rows:
+            continue  # more than two batches
+        cost = sum(pick_bucket(buckets.tokens, n) for n in (first, second))
+        if cost + 2 * BATCH_OVERHEAD_TOKENS < best_cost:
+            best, best_cost = budget, cost + 2 * BATCH_OVERHEAD_TOKENS
+    if best is None:
+        return [batch]
+    lengths = [len(s) for s in seqs]
+    return plan_batches(batch, lengths, token_budget=best, max_rows=buckets.max_rows, cached=cached)
 
 
-def _cost(batches, seqs: Sequence[Tokens], buckets: Buckets, cached: Mapping[int, int]) -> int:
-    padded = sum(pick_bucket(buckets.tokens, real_tokens(b, seqs, cached)) for b in batches)
-    return padded + BATCH_OVERHEAD_TOKENS * len(batches)
+def _member_costs(
+    batch: Sequence[Chunk], seqs: Sequence[Tokens], cached: Mapping[int, int]
+) -> tuple[np.ndarray, np.ndarray]:  # i64[n], i64[n]
+    """The tokens each member of `batch` (in order) adds to a batch as `plan_batches` lays
+    them out: a chunk's first member its whole sequence less what is cached, the others their
+    suffixes; and what a member adds more when a cut makes it first of its chunk."""
+    members = [m for c in batch for m in c.members]
+    sizes = [len(c.members) for c in batch]
+    prefix = np.repeat(np.array([c.prefix_len for c in batch], np.int64), sizes)
+    length = np.fromiter((len(seqs[m]) for m in members), np.int64, len(members))
+    held = np.fromiter((cached.get(m, 0) for m in members), np.int64, len(members))
+    first = np.zeros(len(members), bool)
+    first[np.cumsum([0, *sizes[:-1]])] = True
+    costs = np.where(first, length - held, length - prefix)
+    return costs, np.where(first, 0, prefix - held)
 
 
 def real_tokens(

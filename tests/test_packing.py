@@ -157,6 +157,54 @@ def test_plan_splits_a_badly_padded_last_batch():
     assert len(packing.plan(seqs, token_budget=16384, buckets=buckets)) == 1
 
 
+def _split_by_trying_each_budget(batch, seqs, buckets, cached):
+    """The last batch's split as `plan` defines it, by planning it at every candidate budget."""
+
+    def cost(batches):
+        padded = sum(buckets.shape(packing.real_tokens(b, seqs, cached), 1, 1)[0] for b in batches)
+        return padded + packing.BATCH_OVERHEAD_TOKENS * len(batches)
+
+    real = packing.real_tokens(batch, seqs, cached)
+    lengths = [len(s) for s in seqs]
+    best, best_cost = [batch], cost([batch])
+    for budget in (t for t in buckets.tokens if real // 2 <= t < real):
+        limits = dict(token_budget=budget, max_rows=buckets.max_rows, cached=cached)
+        split = packing.plan_batches(batch, lengths, **limits)
+        if len(split) == 2 and cost(split) < best_cost:
+            best, best_cost = split, cost(split)
+    return best
+
+
+def _random_batch(rng, most_tokens):
+    """Chunks of random prefixes and suffixes, and cached prefix tokens of some first members,
+    laying out at most `most_tokens`."""
+    while True:
+        seqs, chunks = [], []
+        for _ in range(rng.integers(1, 6)):
+            prefix, members = int(rng.integers(0, 2000)), []
+            for _ in range(rng.integers(1, 12)):
+                members.append(len(seqs))
+                seqs.append([1] * (prefix + int(rng.integers(1, 1500))))
+            chunks.append(Chunk(prefix, tuple(members)))
+        cached = {c.members[0]: int(rng.integers(0, c.prefix_len + 1)) for c in chunks[::2]}
+        if packing.real_tokens(chunks, seqs, cached) <= most_tokens:
+            return chunks, seqs, cached
+
+
+def test_the_last_batch_splits_as_planning_it_at_each_budget_would():
+    rng = np.random.default_rng(0)
+    tokens = default_buckets(16384).tokens
+    ways = set()
+    for row_divisor in (64, 1024):  # 256 rows at most, or 16: then rows cut batches too
+        buckets = Buckets(block_size=64, tokens=tokens, row_divisors=(row_divisor,))
+        for _ in range(200):
+            chunks, seqs, cached = _random_batch(rng, tokens[-1])
+            expected = _split_by_trying_each_budget(chunks, seqs, buckets, cached)
+            assert packing._split_last(chunks, seqs, buckets, cached) == expected
+            ways.add((row_divisor, len(expected)))
+    assert ways == {(64, 1), (64, 2), (1024, 1), (1024, 2)}  # both kept whole and split, each way
+
+
 def test_pack_pads_to_the_bucket_shape_with_a_full_width_schedule():
     seqs = [[1] * 6 + [i] for i in range(10)]  # prefix 6 once, then 10 one-token suffixes
     batch, order, *_ = packing.pack(seqs, [[7]] * 10, [Chunk(6, tuple(range(10)))], SHAPES)
