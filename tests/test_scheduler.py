@@ -202,6 +202,16 @@ def test_batch_wait_builds_the_rest_of_a_running_request_ahead():
     assert scored.id == 0 and len(scored.outputs) == 4
 
 
+def test_the_rest_of_a_burst_does_not_linger_for_the_cohort_it_belongs_to():
+    st = SchedulerState(BUCKETS, token_budget=32, max_queued_tokens=1000, linger=0.05)
+    for i in range(3):  # 3 x 12 tokens: the budget cuts the third request
+        st.handle(tokenized(i, [[i + 1] * 6, [i + 20] * 6]), 0.0)
+    first = st.next_batch(0.0)
+    finished = st.handle(done_for(first), 1.0)
+    assert len(finished) == 2 and st.cohort == 3 and len(st.queue) == 1
+    assert st.batch_wait(1.0) == 0.0  # its caller waits for it: no linger
+
+
 def test_batch_wait_lingers_for_the_cohort_it_just_answered():
     st = SchedulerState(BUCKETS, token_budget=64, max_queued_tokens=1000, linger=0.02)
     for i in range(3):
