@@ -43,8 +43,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     row_divisors: tuple[int, ...] = DEFAULT_ROW_DIVISORS  # score-row buckets of T tokens: T // d
     label_widths: tuple[int, ...] = DEFAULT_LABEL_WIDTHS  # padded label counts; last: the limit
     # after answering N requests, how long an idle device waits for N to queue again (the same
-    # clients coming back) before batching what is there; a lone request never waits, 0 batches
-    # at once
+    # clients coming back) before batching what is there; a lone request never waits, nor does
+    # the rest of a request whose first batch ran; 0 batches at once
     batch_linger_ms: float = 50.0
     max_queued_requests: int = 1024  # in-flight requests before score() fails as overloaded
     max_queued_tokens: int = 2_000_000  # tokenised tokens waiting before requests are refused
