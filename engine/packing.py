@@ -164,8 +164,9 @@ def _split_last(
         if second > budget or len(costs) - k > buckets.max_rows:
             continue  # more than two batches
         cost = sum(pick_bucket(buckets.tokens, n) for n in (first, second))
-        if cost + 2 * BATCH_OVERHEAD_TOKENS < best_cost:
-            best, best_cost = budget, cost + 2 * BATCH_OVERHEAD_TOKENS
+        cost += 2 * BATCH_OVERHEAD_TOKENS
+        if cost < best_cost:
+            best, best_cost = budget, cost
     if best is None:
         return [batch]
     lengths = [len(s) for s in seqs]
