@@ -72,8 +72,9 @@ pytest_() {
 }
 
 tests() {
-  log "tests: the compiled kernels (Pallas' Triton form, the Mosaic GPU form)"
-  pytest_ tests-kernels 150 tests/test_pallas.py tests/test_mosaic_gpu.py -k compiled
+  log "tests: the compiled kernels (Pallas' Triton form; the Mosaic GPU form's whole module)"
+  pytest_ tests-kernels 150 tests/test_pallas.py -k compiled
+  pytest_ tests-mosaic 200 tests/test_mosaic_gpu.py
   log "tests: the families beside transformers, f32 exact, paging, on the GPU"
   # shellcheck disable=SC2086
   pytest_ tests-models 300 ${MODEL_TESTS:-tests/test_models.py tests/test_paging.py}
@@ -93,7 +94,7 @@ bench() {
   # JAX allocates as it needs beside the torch baseline (bench's own default; a baseline batch size
   # that does not fit is left out). QUICK=1 (no GPU): the smallest runs of SmolLM2's shape, XLA's
   # attention alone, the baseline on the CPU
-  local device=cuda forms=(pallas mosaic)
+  local device=cuda forms=(mosaic pallas)
   local w1=(--repeats 5 --batch-sizes 16 32 64)
   local w2=(--repeats 3 --batch-sizes 32 128 --naive-sample 16 --naive-batch-sizes 8 32)
   if [ "${QUICK:-0}" = 1 ]; then
@@ -102,11 +103,11 @@ bench() {
   # shellcheck disable=SC2207
   local common=($(quick_args) --no-progress --no-precompile)
   log "bench w1 beside transformers on $device (${forms[0]} attention)"
-  limited 150 $PY -m bench w1 "${common[@]}" --baseline-device $device "${w1[@]}" \
-    --json "$OUT/w1.json"
+  limited 150 $PY -m bench w1 "${common[@]}" --attention "${forms[0]}" \
+    --baseline-device $device "${w1[@]}" --json "$OUT/w1.json"
   log "bench w2 beside transformers on $device (${forms[0]} attention)"
-  limited 200 $PY -m bench w2 "${common[@]}" --baseline-device $device "${w2[@]}" \
-    --json "$OUT/w2.json"
+  limited 200 $PY -m bench w2 "${common[@]}" --attention "${forms[0]}" \
+    --baseline-device $device "${w2[@]}" --json "$OUT/w2.json"
   for form in "${forms[@]:1}"; do
     log "bench w1 and w2, $form attention"
     limited 90 $PY -m bench w1 "${common[@]}" --engine-only --attention "$form" --repeats 5

@@ -555,6 +555,7 @@ async def open_engine(config: EngineConfig | None = None) -> AsyncIterator[Engin
         dense=config.dense,
         kv_cache_bytes=config.kv_cache_bytes,
         page_size=config.kv_page_size,
+        block_size=config.block_size,
         share=len(groups) if devices.share_memory() else 1,
         dense_cache_dir=config.compile_cache_dir,
     )

@@ -8,6 +8,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
+from engine.buckets import DEFAULT_BLOCK_SIZE
 from engine.errors import InvalidInput
 from engine.kv_pool import DEFAULT_PAGE_SIZE, KVPool
 from engine.loaders import Checkpoint
@@ -38,20 +39,20 @@ def enable_compile_cache(directory: str | None) -> None:
 
 
 class DeviceProgram:
-    """Weights on the device, the paged KV pool (`kv`), and the compiled forward: `run` one
-    packed batch to its task's outputs.
+    """Weights on the device, the paged KV pool (`kv`), and the compiled forward: `run` one packed
+    batch to its task's outputs.
 
     `dtype` is the weight dtype ("bfloat16" or "float32"), or "int8" (bf16, with the layer
     matrices quantised to int8 and multiplied in int8: `score_kernels.quant`); `attention` and
-    `dense` name the implementations (None: the backend's default; see
-    `score_kernels.select_attention` and `score_kernels.select_dense`). The pool holds as many pages
-    of `page_size` tokens as `kv_cache_bytes` pays for (none: no pool, and batches may not name
-    context pages; `engine.kv_pool`). In float32 every dot runs at full f32 precision on every
-    backend. `placement` puts the weights and pool on one device or shards them over several
-    (`engine.placement`); None is the first local device. Several devices need the "xla" dense
-    path (None picks it). The default pool is divided by `share`: the runners whose devices
-    share one memory (a CPU's host devices). The measured dense strategy keeps its choices
-    under `dense_cache_dir` (None: measured once per process).
+    `dense` name the implementations (None: the backend's default for the batches' attention
+    `block_size`; see `score_kernels.select_attention` and `score_kernels.select_dense`). The
+    pool holds as many pages of `page_size` tokens as `kv_cache_bytes` pays for (none: no pool,
+    and batches may not name context pages; `engine.kv_pool`). In float32 every dot runs at full
+    f32 precision on every backend. `placement` puts the weights and pool on one device or
+    shards them over several (`engine.placement`); None is the first local device. Several
+    devices need the "xla" dense path (None picks it). The default pool is divided by `share`:
+    the runners whose devices share one memory (a CPU's host devices). The measured dense
+    strategy keeps its choices under `dense_cache_dir` (None: measured once per process).
     """
 
     def __init__(
@@ -63,6 +64,7 @@ class DeviceProgram:
         dense: str | None = None,
         kv_cache_bytes: int | None = 0,
         page_size: int = DEFAULT_PAGE_SIZE,
+        block_size: int = DEFAULT_BLOCK_SIZE,
         placement: Placement | None = None,
         share: int = 1,
         dense_cache_dir: str | None = None,
@@ -98,6 +100,7 @@ class DeviceProgram:
             head_dim=self.config.head_dim,
             dtype=DTYPES[dtype],
             softcap=self.config.attn_softcap,
+            block_size=block_size,
         )
         with self.placement.default_device():
             params = task.place(checkpoint.params, self.config, DTYPES[dtype], self.dense)

@@ -5,7 +5,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from score_kernels import cpu, dense_choice, mosaic_gpu, onednn, pallas
+from score_kernels import cpu, dense_choice, devices, mosaic_gpu, onednn, pallas
 from score_kernels.cpu import attention_cpu
 from score_kernels.dense import STRATEGIES, Dense
 from score_kernels.metadata import AttentionMeta
@@ -28,21 +28,28 @@ if cpu.AVAILABLE:
 
 
 def select_attention(
-    name: str | None, backend: str, *, head_dim: int | None = None, dtype=None, softcap: float = 0.0
+    name: str | None,
+    backend: str,
+    *,
+    head_dim: int | None = None,
+    dtype=None,
+    softcap: float = 0.0,
+    block_size: int | None = None,
 ) -> Callable:
     """The attention function called `name`, or the default for `backend` when `name` is None.
 
     `backend` is a platform name (`score_kernels.devices.backend()`). On "cpu" the default is the
-    fused native kernel when it was built and supports `head_dim` and `dtype`; on "tpu" and "gpu" it
-    is the Pallas kernel when it supports them (None counts as supported); everywhere else, and
-    as the fallback, it is "xla", which runs anywhere. The native CPU kernel has no score
-    soft-capping: with `softcap` the default is never "cpu". "mosaic" (the Mosaic GPU form,
-    `score_kernels.mosaic_gpu`) is never a default yet. Raises ValueError for an unknown name,
-    listing the known ones, for "cpu" with `softcap`, or for "mosaic" with a dtype or head dim it
-    does not run (`mosaic_gpu.supports`).
+    fused native kernel when it was built and supports `head_dim` and `dtype`; on a Hopper or newer
+    GPU it is "mosaic" (the Mosaic GPU form, `score_kernels.mosaic_gpu`) where it runs `head_dim`,
+    `dtype` and the schedule's `block_size` (None counts as supported); on "tpu" and "gpu"
+    otherwise the Pallas kernel ("pallas": Triton on a GPU) when it supports them; everywhere
+    else, and as the fallback, it is "xla", which runs anywhere. The native CPU kernel has no
+    score soft-capping: with `softcap` the default is never "cpu". Raises ValueError for an
+    unknown name, listing the known ones, for "cpu" with `softcap`, or for "mosaic" with a dtype,
+    head dim or block size it does not run (`mosaic_gpu.supports`).
     """
     if name is None:
-        name = _default_name(backend, head_dim, dtype, softcap)
+        name = _default_name(backend, head_dim, dtype, softcap, block_size)
     if name not in ATTENTION:
         raise ValueError(f"unknown attention {name!r}; known: {sorted(ATTENTION)}")
     if name == "cpu" and softcap:
@@ -51,6 +58,11 @@ def select_attention(
         raise ValueError(
             "attention 'mosaic' runs bfloat16 with a head dim that is a multiple of 64, not "
             f"{np.dtype(dtype) if dtype is not None else None} with head dim {head_dim}"
+        )
+    if name == "mosaic" and block_size is not None and block_size % mosaic_gpu.ROWS:
+        raise ValueError(
+            f"attention 'mosaic' needs a block_size that is a multiple of {mosaic_gpu.ROWS}, "
+            f"not {block_size}"
         )
     return ATTENTION[name]
 
@@ -132,10 +144,15 @@ def _select_int8(name: str | None, backend: str, cache_dir: str | None) -> Dense
     return STRATEGIES[name]
 
 
-def _default_name(backend: str, head_dim: int | None, dtype, softcap: float) -> str:
+def _default_name(
+    backend: str, head_dim: int | None, dtype, softcap: float, block_size: int | None
+) -> str:
     if backend == "cpu":
         native = head_dim is not None and cpu.supports(head_dim, dtype) and not softcap
         return "cpu" if native else "xla"
+    mosaic = mosaic_gpu.supports(head_dim, dtype) and (block_size or 0) % mosaic_gpu.ROWS == 0
+    if backend == "gpu" and mosaic and devices.hopper_or_newer():
+        return "mosaic"
     return "pallas" if pallas.supports(head_dim, dtype, backend) else "xla"
 
 

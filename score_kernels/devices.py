@@ -12,6 +12,14 @@ def backend() -> str:
     return jax.default_backend()
 
 
+def hopper_or_newer() -> bool:
+    """Whether the default backend is a GPU of compute capability 9.0 (Hopper) or newer, where
+    Pallas' Mosaic GPU backend (wgmma, TMA) runs."""
+    if backend() != "gpu":
+        return False
+    return float(getattr(jax.devices()[0], "compute_capability", "0") or 0) >= 9.0
+
+
 def share_memory() -> bool:
     """Whether the devices of the default backend share one memory: a CPU's host devices
     (`--xla_force_host_platform_device_count`) all take the host's. Runners on such devices

@@ -127,10 +127,14 @@ def test_the_last_layer_goes_on_past_attention_at_the_score_rows_alone(
     )
     states = whole(program.params, batch, None)[0]  # f32[T, E]
     p, dense = program.params, program.dense
+    # the head on the whole run's states, at the cut program's precision (a GPU's f32 default
+    # is TF32)
     if kind == "decoder":
-        head = lambda h: decoder.label_logprobs(h[rows], batch.label_ids, p["head"], cfg, dense)
+        head = exactly(
+            lambda h: decoder.label_logprobs(h[rows], batch.label_ids, p["head"], cfg, dense)
+        )
     else:
-        head = lambda h: encoder.pair_logits(h, batch, p, cfg, dense)
+        head = exactly(lambda h: encoder.pair_logits(h, batch, p, cfg, dense))
     np.testing.assert_allclose(cut(p, batch, None)[0], head(states), atol=1e-6, rtol=0)
     m = p["matrices"]
     past_attention = sum(np.prod(m[k].shape[1:]) for k in m if k != "qkv")  # o and the MLP's
