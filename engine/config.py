@@ -23,7 +23,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # to int8 at load and multiplied in int8 (docs/int8.md)
     dtype: str = "bfloat16"
     # "reference" | "xla" | "cpu" | "pallas" | "mosaic" (Hopper+, bf16); None picks by backend
-    # (cpu on CPU, pallas on TPU/GPU)
+    # (cpu on CPU; mosaic on a Hopper or newer GPU where it runs, else pallas on GPU and TPU)
     attention: str | None = None
     # layer matmuls: "xla" | "cpu" (weights packed once for the native kernel of their dtype:
     # bf16 on AMX, AVX512-BF16 or AVX2, f32 on AVX-512 or AVX2) | "onednn" (oneDNN's bf16

@@ -94,14 +94,17 @@ class DeviceProgram:
             )
         except ValueError as e:
             raise InvalidInput("dense", str(e)) from None
-        self.attention = select_attention(
-            attention,
-            backend,
-            head_dim=self.config.head_dim,
-            dtype=DTYPES[dtype],
-            softcap=self.config.attn_softcap,
-            block_size=block_size,
-        )
+        try:
+            self.attention = select_attention(
+                attention,
+                backend,
+                head_dim=self.config.head_dim,
+                dtype=DTYPES[dtype],
+                softcap=self.config.attn_softcap,
+                block_size=block_size,
+            )
+        except ValueError as e:
+            raise InvalidInput("attention", str(e)) from None
         with self.placement.default_device():
             params = task.place(checkpoint.params, self.config, DTYPES[dtype], self.dense)
         self.params = self.placement.params(params)

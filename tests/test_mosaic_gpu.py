@@ -9,7 +9,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
+from engine.errors import InvalidInput
+from engine.loaders import load_checkpoint
 from engine.offline import load_model
+from engine.program import DeviceProgram
 from score_kernels import ATTENTION, devices, make_meta, mosaic_gpu, select_attention, tuning
 from score_kernels.mosaic_gpu import attention_mosaic_gpu, attention_mosaic_gpu_auto
 from score_kernels.tuning import BlockSizes
@@ -134,6 +137,13 @@ def test_forced_in_the_model(tmp_path) -> None:
     assert mosaic.program.attention is attention_mosaic_gpu_auto
     got, want = mosaic.label_logprobs(seqs, labels), xla.label_logprobs(seqs, labels)
     np.testing.assert_allclose(got, want, atol=0.02)
+
+
+def test_a_program_whose_blocks_it_cannot_tile_is_refused(tmp_path) -> None:
+    path = write_tiny_checkpoint(tmp_path, "qwen3", head_dim=64)
+    with pytest.raises(InvalidInput, match="multiple of 64, not 32") as raised:
+        DeviceProgram(load_checkpoint(path), attention="mosaic", dense="xla", block_size=32)
+    assert raised.value.field == "attention"
 
 
 def bad_inputs():
