@@ -23,7 +23,10 @@
 # tests 68 s, the model and paging tests 285 s, attention 20 s, bench's W1 beside transformers
 # 72 s and W2 47 s. On one H200 (16 cores): setup 75 s (the build 60 s), `setup bench attention`
 # 242 s, then `tests` (MODEL_TESTS=tests/test_paging.py: 58 s + 186 s) beside `startup` (269 s)
-# in a second call of 274 s. A new machine's start and the transfers took about 33 s.
+# in a second call of 274 s. A new machine's start and the transfers took about 33 s. On another
+# H200 (2e74959): setup 149 s (the build 131 s), then `tests` (MODEL_TESTS=tests/test_models.py:
+# the Triton tests 33 s, the Mosaic GPU module 123 s, the models 91 s) beside `startup` (108 s)
+# in 261 s, and `bench` 153 s in a second call on the same machine (built outputs kept).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/gpu-checks}
