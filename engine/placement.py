@@ -7,10 +7,13 @@ the fused q/k/v and gate/up matrices by output column, the attention output and 
 projections by input row, the language-model head by vocabulary row, the KV pool by kv head.
 The packed batch, its metadata, the embedding and the norms are replicated. An axis that does
 not divide by the group's size is replicated instead: the result is the same, only the memory
-saved differs.
+saved differs. Attention runs on each device's own heads (`Placement.split_heads`): a kernel is
+an opaque call to the partitioner, which would otherwise gather every head to every device and
+compute all of them on each.
 """
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np
@@ -92,12 +95,42 @@ class Placement:
         k, v, _ = pool
         return type(pool)(self._split(k, POOL_AXIS), self._split(v, POOL_AXIS), self.replicated())
 
+    def split_heads(self, attention: Callable, kv_heads: int) -> Callable:
+        """`attention` run by each device of the mesh on its own query and kv heads (its shard of
+        the pool's kv heads too), where the group's size divides `kv_heads`: head h reads kv head
+        h // G, so a device's contiguous heads read exactly its own kv heads. Elsewhere (one
+        device, or kv heads the mesh does not divide, which stay replicated) `attention` as it
+        is."""
+        if self.mesh is None or kv_heads % self.size:
+            return attention
+        return functools.partial(_split_heads, attention, self.mesh)
+
     def _split(self, x, axis: int):
         if not hasattr(x, "shape") or x.shape[axis] % self.size:
             return self.replicated()
         spec = [None] * x.ndim
         spec[axis] = AXIS
         return NamedSharding(self.mesh, P(*spec))
+
+
+def _split_heads(
+    attention: Callable, mesh: Mesh, q, k, v, meta, *, scale: float, softcap=0.0, pool=None
+):
+    heads = P(None, AXIS, None)  # q [T, H, D], k and v [T, Hkv, D], the output [T, H, D]
+    pages = P(*[AXIS if axis == POOL_AXIS else None for axis in range(5)])
+    pool_specs = P() if pool is None else type(pool)(pages, pages, P())
+
+    def local(q, k, v, meta, pool):
+        return attention(q, k, v, meta, scale=scale, softcap=softcap, pool=pool)
+
+    split = jax.shard_map(
+        local,
+        mesh=mesh,
+        in_specs=(heads, heads, heads, P(), pool_specs),
+        out_specs=heads,
+        check_vma=False,
+    )
+    return split(q, k, v, meta, pool)
 
 
 def put(tree, shardings):

@@ -127,6 +127,7 @@ class DeviceProgram:
         dense path, writing K/V to the pool, exact in float32; with `states`, the one that
         answers every token's final state."""
         exact = self.dtype == "float32"
+        attention = self.placement.split_heads(attention, self.config.num_kv_heads)
         return self.task.forward_of(
             attention, self.dense, write_kv=write, exact=exact, states=states
         )

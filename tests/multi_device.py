@@ -4,10 +4,15 @@ without the KV cache, and prints one JSON line per run. With several runners, th
 is held on its device until another runner has taken a batch: a spread the scheduler must make,
 not one the machine's timing happens to allow.
 
-    python -m tests.multi_device MODEL_DIR [--fault]
+    python -m tests.multi_device MODEL_DIR [--fault | --heads]
+
+`--heads`: one runner on one device and on a mesh of two, the native attention kernel forced,
+each with the number of heads the kernel computes on a device and the collectives that gather
+them (a model whose head dim that kernel runs).
 """
 
 import json
+import re
 import sys
 import threading
 
@@ -15,6 +20,7 @@ import jax
 import trio
 
 from engine import EngineConfig, EngineError, open_engine
+from engine.packing import empty_batch
 from tests.conftest import inject_faults
 
 LAYOUTS = [(1, 1), (8, 1), (4, 2), (2, 4), (1, 8)]
@@ -32,7 +38,7 @@ def requests() -> list[tuple[list[int], list[list[int]]]]:
     return out
 
 
-def config(model: str, data: int, tensor: int, cache: bool) -> EngineConfig:
+def config(model: str, data: int, tensor: int, cache: bool, **options) -> EngineConfig:
     return EngineConfig(
         model=model,
         dtype="float32",
@@ -45,6 +51,7 @@ def config(model: str, data: int, tensor: int, cache: bool) -> EngineConfig:
         progress=False,
         compile_cache_dir=None,
         batch_linger_ms=0,
+        **options,
     )
 
 
@@ -156,5 +163,26 @@ async def main(model: str, fault: bool) -> None:
             print(json.dumps(line), flush=True)
 
 
+def attention_on_a_device(program) -> tuple[int, int]:
+    """The heads the attention kernel's call computes on one device in `program`'s compiled
+    forward (T = 256), and the all-gathers in that forward."""
+    batch = empty_batch(256, 4, 2, 64, program.config.window)
+    text = program._forward.lower(program.params, batch, program.kv.spec).compile().as_text()
+    calls = re.findall(r"= f32\[256,(\d+),\d+\]\S* custom-call\(.*packed_attention", text)
+    return int(calls[0]), len(re.findall(r" all-gather(?:-start)?\(", text))
+
+
+async def heads(model: str) -> None:
+    for tensor in (1, 2):
+        async with open_engine(config(model, 1, tensor, True, attention="cpu")) as engine:
+            scores = await score_all(engine)
+            computed, gathers = attention_on_a_device(engine.programs[0])
+        line = {"tensor": tensor, "scores": scores, "heads": computed, "all_gathers": gathers}
+        print(json.dumps(line), flush=True)
+
+
 if __name__ == "__main__":
-    trio.run(main, sys.argv[1], "--fault" in sys.argv)
+    if "--heads" in sys.argv:
+        trio.run(heads, sys.argv[1])
+    else:
+        trio.run(main, sys.argv[1], "--fault" in sys.argv)

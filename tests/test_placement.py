@@ -22,7 +22,9 @@ from engine.errors import InvalidInput
 from engine.loaders import load_checkpoint
 from engine.placement import Placement, device_groups
 from engine.program import DeviceProgram
+from score_kernels import cpu
 from tests import multi_device, multi_host
+from tests.conftest import write_tiny_checkpoint
 from tests.multi_device import CLIENTS, LAYOUTS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -122,6 +124,21 @@ def test_one_device_equals_transformers(layouts, tiny_checkpoints) -> None:
     got = log_scores(layouts[(1, 1, True)]["scores"])
     assert len(got) == len(want) == CLIENTS * 3 * 2
     assert max(abs(a - b) for a, b in zip(got, want, strict=True)) <= TOLERANCE
+
+
+@pytest.mark.skipif(not cpu.AVAILABLE, reason="the native attention kernel was not built")
+def test_a_mesh_runs_the_attention_kernel_on_each_devices_own_heads(tmp_path) -> None:
+    """A kernel is opaque to the partitioner: left to it, both devices of a 2-device mesh would
+    gather all 4 query heads and compute every one. Split, each computes its own 2, nothing is
+    gathered, and the scores (prompts in the KV pool, read back by the kernel) are one
+    device's."""
+    path = write_tiny_checkpoint(tmp_path, "qwen3", head_dim=64)  # 4 heads, 2 kv heads
+    runs = {d["tensor"]: d for d in run_probe(str(path), "--heads")}
+    assert (runs[1]["heads"], runs[2]["heads"]) == (4, 2)
+    assert runs[2]["all_gathers"] == 0
+    one, two = (log_scores(runs[t]["scores"]) for t in (1, 2))
+    assert len(two) == len(one) == CLIENTS * 3 * 2
+    assert max(abs(a - b) for a, b in zip(two, one, strict=True)) <= TOLERANCE
 
 
 def test_one_device_with_and_without_the_cache_agree(layouts) -> None:
