@@ -129,10 +129,15 @@ def attention_mosaic_gpu_auto(
 ) -> jax.Array:  # [T, H, D]
     """`attention_mosaic_gpu` compiled on a GPU and interpreted elsewhere (for debugging: the
     interpreter is slow)."""
-    interpret = devices.backend() != "gpu"
     return attention_mosaic_gpu(
-        q, k, v, meta, scale=scale, softcap=softcap, pool=pool, interpret=interpret
+        q, k, v, meta, scale=scale, softcap=softcap, pool=pool, interpret=interpreted()
     )
+
+
+def interpreted() -> bool:
+    """Whether `attention_mosaic_gpu_auto` runs the interpreter here (no GPU). The interpreter
+    serves one device at a time: two devices running it at once (a mesh's shards) fail."""
+    return devices.backend() != "gpu"
 
 
 def supports(head_dim: int | None, dtype) -> bool:

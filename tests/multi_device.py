@@ -8,7 +8,8 @@ not one the machine's timing happens to allow.
 
 `--heads`: one runner on one device and on a mesh of two, the native attention kernel forced,
 each with the number of heads the kernel computes on a device and the collectives that gather
-them (a model whose head dim that kernel runs).
+them (a model whose head dim that kernel runs); then the error that refuses the Mosaic GPU
+form's interpreter on the mesh.
 """
 
 import json
@@ -20,6 +21,7 @@ import jax
 import trio
 
 from engine import EngineConfig, EngineError, open_engine
+from engine.errors import InvalidInput
 from engine.packing import empty_batch
 from tests.conftest import inject_faults
 
@@ -39,7 +41,7 @@ def requests() -> list[tuple[list[int], list[list[int]]]]:
 
 
 def config(model: str, data: int, tensor: int, cache: bool, **options) -> EngineConfig:
-    return EngineConfig(
+    fields = dict(
         model=model,
         dtype="float32",
         token_budget=256,
@@ -51,8 +53,8 @@ def config(model: str, data: int, tensor: int, cache: bool, **options) -> Engine
         progress=False,
         compile_cache_dir=None,
         batch_linger_ms=0,
-        **options,
     )
+    return EngineConfig(**(fields | options))
 
 
 async def score_all(engine, fault_runner: int | None = None) -> list:
@@ -179,6 +181,12 @@ async def heads(model: str) -> None:
             computed, gathers = attention_on_a_device(engine.programs[0])
         line = {"tensor": tensor, "scores": scores, "heads": computed, "all_gathers": gathers}
         print(json.dumps(line), flush=True)
+    mosaic = config(model, 1, 2, True, attention="mosaic", dtype="bfloat16")
+    try:
+        async with open_engine(mosaic):
+            pass
+    except InvalidInput as e:
+        print(json.dumps({"mosaic_on_a_mesh": e.field, "detail": e.detail}), flush=True)
 
 
 if __name__ == "__main__":
