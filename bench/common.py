@@ -62,6 +62,13 @@ def parser(description: str) -> argparse.ArgumentParser:
         help="force the engine's attention (xla, cpu, pallas, mosaic): the default is the "
         "backend's (docs/configuration.md)",
     )
+    p.add_argument(
+        "--tensor-parallel",
+        type=int,
+        default=1,
+        help="devices each engine runner is sharded over (on a CPU, host devices: XLA_FLAGS="
+        "--xla_force_host_platform_device_count=N); MFU stays against one device's peak",
+    )
     p.add_argument("--json", default=None, help="report file (default: bench/results/...)")
     p.add_argument("--quick", action="store_true", help="the smallest run: for tests")
     p.add_argument("--seed", type=int, default=0)

@@ -32,6 +32,7 @@ def engine_config(args, path) -> EngineConfig:
         dtype=args.dtype,
         dense=args.dense,
         attention=args.attention,
+        tensor_parallel=args.tensor_parallel,
         token_budget=args.token_budget,
         tokenizer_cache_size=0,
         precompile=not args.no_precompile,

@@ -90,6 +90,26 @@ def test_engine_only_times_the_engine_alone(workload, tiny, tmp_path, capsys):
     assert line.startswith("engine: passes ") and f"{numbers['items_per_s']:.2f} items/s" in line
 
 
+def test_tensor_parallel_reaches_the_engine(tiny, tmp_path):
+    """On 2 host devices: one runner over both scores W2; over 3, more than there are, the
+    engine refuses the field."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    root = Path(common.__file__).resolve().parents[1]
+
+    def w2_over(devices: int) -> subprocess.CompletedProcess:
+        argv = ["--model", tiny, *QUICK, "--engine-only", "--tensor-parallel", str(devices)]
+        command = [sys.executable, "-m", "bench", "w2", *argv]
+        # a loaded 2-core machine compiles slowly
+        run = dict(cwd=root, env=env, capture_output=True, text=True, timeout=600)
+        return subprocess.run(command, **run)
+
+    two = w2_over(2)
+    assert two.returncode == 0, two.stderr[-2000:]
+    assert two.stdout.strip().splitlines()[-1].startswith("engine: passes ")
+    three = w2_over(3)
+    assert three.returncode != 0 and "tensor_parallel: must be from 1 to the 2" in three.stderr
+
+
 def test_a_slow_reference_gemm_ends_the_sizes_of_the_peak(monkeypatch):
     # torch's scalar bf16 loop on a CPU without AVX-512 would otherwise take half an hour
     monkeypatch.setattr(peak, "SLOW_CALL_S", 0.0)
