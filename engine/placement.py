@@ -117,8 +117,10 @@ def _split_heads(
     attention: Callable, mesh: Mesh, q, k, v, meta, *, scale: float, softcap=0.0, pool=None
 ):
     heads = P(None, AXIS, None)  # q [T, H, D], k and v [T, Hkv, D], the output [T, H, D]
-    pages = P(*[AXIS if axis == POOL_AXIS else None for axis in range(5)])
-    pool_specs = P() if pool is None else type(pool)(pages, pages, P())
+    pool_specs = P()
+    if pool is not None:
+        pages = P(*[AXIS if axis == POOL_AXIS else None for axis in range(pool.k.ndim)])
+        pool_specs = type(pool)(pages, pages, P())
 
     def local(q, k, v, meta, pool):
         return attention(q, k, v, meta, scale=scale, softcap=softcap, pool=pool)

@@ -15,9 +15,8 @@ from engine.loaders import Checkpoint
 from engine.models import Dense, ModelConfig, PackedInputs
 from engine.packing import empty_batch
 from engine.placement import Placement
-from score_kernels import devices, mosaic_gpu, select_attention, select_dense
+from score_kernels import devices, select_attention, select_dense
 from score_kernels.dense_choice import DenseChoice
-from score_kernels.mosaic_gpu import attention_mosaic_gpu_auto
 from score_kernels.paging import write
 
 # the weight dtype of each compute mode; "int8" keeps bf16 but for the layer matrices, which its
@@ -103,15 +102,10 @@ class DeviceProgram:
                 dtype=DTYPES[dtype],
                 softcap=self.config.attn_softcap,
                 block_size=block_size,
+                sharded=sharded,
             )
         except ValueError as e:
             raise InvalidInput("attention", str(e)) from None
-        if sharded and self.attention is attention_mosaic_gpu_auto and mosaic_gpu.interpreted():
-            raise InvalidInput(
-                "attention",
-                "'mosaic' off a GPU runs in an interpreter that serves one device at a time: "
-                "tensor_parallel needs another attention here",
-            )
         with self.placement.default_device():
             params = task.place(checkpoint.params, self.config, DTYPES[dtype], self.dense)
         self.params = self.placement.params(params)

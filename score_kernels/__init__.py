@@ -35,6 +35,7 @@ def select_attention(
     dtype=None,
     softcap: float = 0.0,
     block_size: int | None = None,
+    sharded: bool = False,
 ) -> Callable:
     """The attention function called `name`, or the default for `backend` when `name` is None.
 
@@ -46,7 +47,8 @@ def select_attention(
     else, and as the fallback, it is "xla", which runs anywhere. The native CPU kernel has no
     score soft-capping: with `softcap` the default is never "cpu". Raises ValueError for an
     unknown name, listing the known ones, for "cpu" with `softcap`, or for "mosaic" with a dtype,
-    head dim or block size it does not run (`mosaic_gpu.supports`).
+    head dim or block size it does not run (`mosaic_gpu.supports`), or interpreted (off a GPU)
+    for a program `sharded` over several devices.
     """
     if name is None:
         name = _default_name(backend, head_dim, dtype, softcap, block_size)
@@ -59,10 +61,15 @@ def select_attention(
             "attention 'mosaic' runs bfloat16 with a head dim that is a multiple of 64, not "
             f"{np.dtype(dtype) if dtype is not None else None} with head dim {head_dim}"
         )
-    if name == "mosaic" and block_size is not None and block_size % mosaic_gpu.ROWS:
+    if name == "mosaic" and not mosaic_gpu.supports(None, None, block_size):
         raise ValueError(
             f"attention 'mosaic' needs a block_size that is a multiple of {mosaic_gpu.ROWS}, "
             f"not {block_size}"
+        )
+    if name == "mosaic" and sharded and mosaic_gpu.interpreted():
+        raise ValueError(
+            "'mosaic' off a GPU runs in an interpreter that serves one device at a time: "
+            "tensor_parallel needs another attention here"
         )
     return ATTENTION[name]
 
@@ -150,7 +157,7 @@ def _default_name(
     if backend == "cpu":
         native = head_dim is not None and cpu.supports(head_dim, dtype) and not softcap
         return "cpu" if native else "xla"
-    mosaic = mosaic_gpu.supports(head_dim, dtype) and (block_size or 0) % mosaic_gpu.ROWS == 0
+    mosaic = mosaic_gpu.supports(head_dim, dtype, block_size)
     if backend == "gpu" and mosaic and devices.hopper_or_newer():
         return "mosaic"
     return "pallas" if pallas.supports(head_dim, dtype, backend) else "xla"

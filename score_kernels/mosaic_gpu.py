@@ -136,15 +136,18 @@ def attention_mosaic_gpu_auto(
 
 def interpreted() -> bool:
     """Whether `attention_mosaic_gpu_auto` runs the interpreter here (no GPU). The interpreter
-    serves one device at a time: two devices running it at once (a mesh's shards) fail."""
+    serves one device at a time: two devices running it at once (a mesh's shards) fail, then
+    hang."""
     return devices.backend() != "gpu"
 
 
-def supports(head_dim: int | None, dtype) -> bool:
-    """Whether this form runs this head dim (None: unknown, assumed supported) and dtype (None:
-    unknown): bfloat16, head dims in whole 64-column swizzle tiles."""
+def supports(head_dim: int | None, dtype, block_size: int | None = None) -> bool:
+    """Whether this form runs this head dim, dtype and schedule block (each None: unknown,
+    assumed supported): bfloat16, head dims in whole 64-column swizzle tiles, blocks in whole
+    `ROWS`-row query tiles."""
     bf16 = dtype is None or jnp.dtype(dtype) == jnp.bfloat16
-    return bf16 and (head_dim is None or head_dim % 64 == 0)
+    tiled = block_size is None or block_size % ROWS == 0
+    return bf16 and tiled and (head_dim is None or head_dim % 64 == 0)
 
 
 def _kernel(
@@ -332,7 +335,7 @@ def _check(q: jax.Array, block: int, tiles: Tiles) -> None:
             f"multiplies f32 only as TF32; 'pallas' runs f32 exactly), got {q.dtype}, head "
             f"dim {q.shape[-1]}"
         )
-    if block % ROWS or tiles.block_k % 64 or tiles.block_k > 256:
+    if not supports(None, None, block) or tiles.block_k % 64 or tiles.block_k > 256:
         raise ValueError(
             f"the Mosaic GPU form needs a schedule block that is a multiple of {ROWS} and a key "
             f"tile that is a multiple of 64 up to 256, got block {block}, key tile "

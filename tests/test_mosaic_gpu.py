@@ -173,6 +173,10 @@ def test_selected_by_name_and_by_default_on_hopper(monkeypatch) -> None:
         select_attention("mosaic", "gpu", head_dim=96, dtype=jnp.bfloat16)
     with pytest.raises(ValueError, match="multiple of 64, not 32"):
         select_attention("mosaic", "gpu", block_size=32, **bf16)
+    monkeypatch.setattr(mosaic_gpu, "interpreted", lambda: True)
+    assert select_attention("mosaic", "cpu", **bf16) is attention_mosaic_gpu_auto
+    with pytest.raises(ValueError, match="serves one device at a time"):
+        select_attention("mosaic", "cpu", sharded=True, **bf16)
     monkeypatch.setattr(devices, "hopper_or_newer", lambda: False)
     assert select_attention(None, "gpu", **bf16) is ATTENTION["pallas"]
     monkeypatch.setattr(devices, "hopper_or_newer", lambda: True)
@@ -181,4 +185,5 @@ def test_selected_by_name_and_by_default_on_hopper(monkeypatch) -> None:
     assert select_attention(None, "gpu", head_dim=128, dtype=jnp.float32) is ATTENTION["pallas"]
     assert select_attention(None, "gpu", block_size=32, **bf16) is ATTENTION["pallas"]
     assert mosaic_gpu.supports(None, None) and not mosaic_gpu.supports(64, jnp.float32)
+    assert mosaic_gpu.supports(64, jnp.bfloat16, 128) and not mosaic_gpu.supports(64, None, 96)
     assert tuning.lookup(64, jnp.bfloat16, "mosaic_gpu").block_q == mosaic_gpu.ROWS
