@@ -36,6 +36,7 @@ from bench.w1 import build as w1_request
 from bench.w2 import make_request as w2_request
 from bench.w3 import request_pool
 from engine import open_engine
+from engine.kinds import Output
 from engine.messages import Timings
 from engine.runner import batch_shape
 
@@ -59,9 +60,9 @@ class NullProgram:
     def compile(self, shape, block_size: int) -> None:
         pass
 
-    def run(self, inputs, states: bool = False) -> jax.Array:
-        hidden = self.program.config.hidden_size if states else None
-        return _nothing(inputs, hidden)
+    def run(self, inputs, output: Output | None = None) -> jax.Array:
+        per_token = output is not None and output.per_token
+        return _nothing(inputs, self.program.config.hidden_size if per_token else None)
 
 
 @partial(jax.jit, static_argnums=1, keep_unused=True)  # every input goes in, as in a real step

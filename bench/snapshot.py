@@ -6,7 +6,9 @@ running this before and after and comparing the files.
 In f32 and bf16, through the engine: W1 and W2 on the default model (`Engine.score`; `--quick`
 shrinks both), its recipe rerank with `max_tokens_per_doc`; and for a cross-encoder (the
 `minilm-l6` shape) and a decoder classifier (the `qwen3-cls-tiny` shape), `Engine.rerank` (raw),
-`Engine.score_pairs` with a cut and `load_model().rerank`. `--compare` prints the arrays that
+`Engine.score_pairs` with a cut and `load_model().rerank`; for the real all-MiniLM-L6-v2
+embedder, `Engine.embed` (with a Matryoshka-style cut and truncation), `Engine.embed_tokens` and
+their `load_model()` twins. `--compare` prints the arrays that
 differ and exits 1 when any does.
 
 Compare with `--dense` fixed (e.g. `--dense xla`) on both sides: the default dense path is the
@@ -14,12 +16,15 @@ one measured fastest per weight shape at start, which a loaded machine can pick 
 run to run, and another path rounds bf16 differently.
 """
 
+import argparse
 import sys
 
 import numpy as np
 import trio
 
 from bench import common
+from bench.embed import model_dir as embedder_dir
+from bench.embed import texts_of
 from bench.shapes import shape_dir
 from bench.workloads import SUFFIX, rerank_pairs, text_of_tokens
 from engine import EngineConfig, default_model_path, load_model, open_engine
@@ -45,6 +50,7 @@ def main(argv=None) -> dict:
         trio.run(_decoder, args, dtype, scores)
         for name in ("minilm-l6", "qwen3-cls-tiny"):
             trio.run(_reranker, args, name, dtype, scores)
+        trio.run(_embedder, args, dtype, scores)
     np.savez(args.out, **scores)
     print(f"{len(scores)} arrays -> {args.out}")
     if args.compare:
@@ -100,3 +106,18 @@ async def _reranker(args, shape: str, dtype: str, out: dict) -> None:
     )
     out[f"{shape}-pairs-{dtype}"] = np.array(pairs.scores)
     out[f"{shape}-offline-{dtype}"] = np.array(model.rerank(SHORT_QUERY, docs, raw_scores=True))
+
+
+async def _embedder(args, dtype: str, out: dict) -> None:
+    path = embedder_dir(argparse.Namespace(model=None, shape=None))  # the real one
+    model = load_model(str(path), dtype=dtype, dense=args.dense, progress=False)
+    texts = texts_of(model.tokenizer, 24, seed=2)
+    async with open_engine(_config(args, path, dtype)) as engine:
+        dense = await engine.embed(texts, truncate=True)
+        cut = await engine.embed(texts[:8], max_tokens=16, truncate=True, dimensions=384)
+        tokens = await engine.embed_tokens(texts[:4])
+    out[f"embed-{dtype}"] = np.asarray(dense.embeddings)
+    out[f"embed-cut-{dtype}"] = np.asarray(cut.embeddings)
+    out[f"embed-tokens-{dtype}"] = np.concatenate(tokens.embeddings)
+    out[f"embed-offline-{dtype}"] = model.embed(texts, truncate=True)
+    out[f"embed-tokens-offline-{dtype}"] = np.concatenate(model.embed_tokens(texts[:4]))

@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 
 from engine import chunking, packing
 from engine.buckets import Buckets
+from engine.kinds import Layout
 from engine.kv_cache import KVCache
 from engine.packing import PackedBatch, Tokens
 
@@ -24,22 +25,18 @@ def batches(
     token_budget: int,
     buckets: Buckets,
     cache: KVCache | None = None,
-    whole: bool = False,
-    alone: bool = False,
+    layout: Layout = Layout.SHARED,
 ) -> Iterator[PackedBatch | None]:
     """Every sequence scored once. Without `cache` this never yields None. With it, the caller
     commits or aborts each batch's contexts when the batch is done, and answers a None with
-    `send(idle)` once its running batches are done (see the module docstring). `whole`: each
-    sequence alone, seen whole by its tokens; `alone`: each alone, causally (`packing.plan`;
-    no cache for either)."""
+    `send(idle)` once its running batches are done (see the module docstring). `layout`: how
+    the sequences are laid out (`packing.plan`); only a shared one is cached."""
     if cache is None:
-        plan = packing.plan(
-            seqs, token_budget=token_budget, buckets=buckets, whole=whole, alone=alone
-        )
+        plan = packing.plan(seqs, token_budget=token_budget, buckets=buckets, layout=layout)
         for chunks in plan:
-            yield packing.pack(seqs, labels, chunks, buckets, whole=whole)
+            yield packing.pack(seqs, labels, chunks, buckets, layout=layout)
         return
-    if whole or alone:
+    if not layout.shares:
         raise ValueError("sequences packed alone are not cached: nothing is shared")
     every, planned, reused = _plan(seqs, token_budget, buckets, cache)
     every_labels = list(labels) + [[]] * (len(every) - len(seqs))

@@ -78,7 +78,7 @@ def embed_options(inputs, limit: int, truncate: bool, side: str) -> tuple[list, 
     if side not in truncation.SIDES:
         raise InvalidInput("truncation_side", f"must be one of {', '.join(truncation.SIDES)}")
     inputs = list(inputs) if kind is str else [list(x) for x in inputs]
-    return inputs, PairOptions(limit=limit, side=side, truncate=truncate, alone=True)
+    return inputs, PairOptions(limit=limit, side=side, truncate=truncate)
 
 
 def _is(x, kind) -> bool:

@@ -29,6 +29,7 @@ from engine.errors import (
     RejectKind,
     rejection_error,
 )
+from engine.kinds import Output
 from engine.loaders import load_checkpoint
 from engine.messages import Cancel, Rejected, Scored, ScoreRequest
 from engine.models import ModelConfig
@@ -102,8 +103,7 @@ class Engine:
             token_budget=config.token_budget,
             max_queued_tokens=config.max_queued_tokens,
             linger=config.batch_linger_ms / 1000,
-            whole_sequences=self.task.whole_sequences,
-            alone=not self.task.shares_prefixes,
+            layouts={output: self.task.layout(output) for output in self.task.outputs},
             caches=kv_cache.runner_caches(
                 [(p.kv.num_pages * config.prefix_cache, p.kv.page_size) for p in self.programs],
                 max_context=self.buckets.max_context,
@@ -209,22 +209,24 @@ class Engine:
         refused = self.task.label_scores_refused()
         if refused:
             raise InvalidInput("label_token_ids", refused)
-        logprobs, result = await self._outputs(query, items, label_token_ids, item_first)
+        logprobs, result = await self._outputs(
+            query, items, label_token_ids, item_first, Output.LOGPROBS
+        )
         scores = scores_from_logprobs(logprobs, apply_softmax=apply_softmax).tolist()
         return msgspec.structs.replace(result, scores=scores)
 
     async def _outputs(
-        self, query, items, label_token_ids, item_first: bool, normaliser=False, pairs=None
+        self, query, items, label_token_ids, item_first: bool, output: Output, pairs=None
     ):
-        """The score rows' outputs f32[N, L] (label log-probs, a classification head's logits,
-        or an embedder's pooled vectors) and the result (scores empty) carrying the usage; with
-        `normaliser` each row's negated log-normaliser follows its labels; with `pairs`
-        (`engine.pairs.PairOptions`) each item is a cross-encoder's pair with the query."""
+        """The score rows' answers f32[N, L] to `output` (label log-probs, logits, or an
+        embedder's pooled vectors) and the result (scores empty) carrying the usage; with
+        `pairs` (`engine.pairs.PairOptions`) each item is a cross-encoder's pair with the query,
+        or (an output of texts) a text alone."""
         start = trio.current_time()
-        request = (query, items, label_token_ids, item_first, normaliser, pairs)
+        request = (query, items, label_token_ids, item_first, output, pairs)
         scored = await self._submit(*request)
         timings = msgspec.structs.replace(scored.timings, total=trio.current_time() - start)
-        width = self.task.output_width(len(label_token_ids) + normaliser)
+        width = self.task.row_width(output, len(label_token_ids))
         rows = scored.outputs  # f32[N, W >= width], or [] for no items
         outputs = rows[:, :width] if len(rows) else np.zeros((0, width), np.float32)
         result = ScoreResult(
@@ -308,7 +310,7 @@ class Engine:
             call = reranker.call(query, documents, options)
         try:
             outputs, result = await self._outputs(
-                call.query, call.items, call.label_token_ids, False, call.normaliser, call.pairs
+                call.query, call.items, call.label_token_ids, False, call.output, call.pairs
             )
         except InvalidInput as e:
             raise e.renamed(DOCUMENTS) from None
@@ -357,7 +359,9 @@ class Engine:
             max_tokens=max_tokens,
         )
         try:
-            outputs, result = await self._outputs("", call.inputs, [], False, pairs=call.pairs)
+            outputs, result = await self._outputs(
+                "", call.inputs, [], False, Output.POOLED, call.pairs
+            )
         except InvalidInput as e:
             raise e.renamed(INPUT) from None
         return EmbedResult(
@@ -397,7 +401,7 @@ class Engine:
         )
         start = trio.current_time()
         try:
-            scored = await self._submit("", call.inputs, [], False, False, call.pairs, states=True)
+            scored = await self._submit("", call.inputs, [], False, Output.TOKENS, call.pairs)
         except InvalidInput as e:
             raise e.renamed(INPUT) from None
         timings = msgspec.structs.replace(scored.timings, total=trio.current_time() - start)
@@ -408,9 +412,7 @@ class Engine:
             truncated_tokens=scored.truncated_tokens,
         )
 
-    async def _submit(
-        self, query, items, label_token_ids, item_first, normaliser, pairs=None, states=False
-    ) -> Scored:
+    async def _submit(self, query, items, label_token_ids, item_first, output, pairs) -> Scored:
         if self._closed:
             raise EngineClosed("engine shut down")
         if len(self._waiters) >= self.config.max_queued_requests:
@@ -426,9 +428,8 @@ class Engine:
                 items=items,
                 label_token_ids=label_token_ids,
                 item_first=item_first,
-                normaliser=normaliser,
+                output=output,
                 pairs=pairs,
-                states=states,
                 arrived=trio.current_time(),
             )
         )

@@ -12,6 +12,7 @@ import msgspec
 import numpy as np
 
 from engine.errors import RejectKind
+from engine.kinds import Output
 from engine.models import PackedInputs
 from engine.pairs import PairOptions
 
@@ -39,15 +40,11 @@ class ScoreRequest(msgspec.Struct, frozen=True, kw_only=True):
     items: str | list[str] | list[list[int]]
     label_token_ids: list[int]
     item_first: bool = False
-    # engine-internal: also read each row's negated log-normaliser, after the labels (the label
-    # id one past the vocabulary), so that a label's log-prob minus it is the label's logit
-    normaliser: bool = False
-    # engine-internal: each item is a (query, item) text pair for a cross-encoder, tokenised
-    # and truncated as `engine.pairs` says; None: query and item joined (sglang's semantics)
+    output: Output = Output.LOGPROBS  # what each item answers
+    # engine-internal: how an encoder's items are tokenised and truncated (`engine.pairs`): as
+    # (query, item) pairs, or (an `Output.of_texts`) each text alone; None: query and item
+    # joined (sglang's semantics)
     pairs: PairOptions | None = None
-    # engine-internal: answer every token's final state f32[n, E] of each item (an embedder's
-    # token vectors) instead of its score row's output
-    states: bool = False
     arrived: float
 
 
@@ -60,7 +57,7 @@ class Tokenized(msgspec.Struct, frozen=True, kw_only=True):
     arrived: float
     tokenize_s: float
     truncated: int = 0  # tokens pair truncation took off (`engine.pairs`)
-    states: bool = False  # answer every token's state (`ScoreRequest.states`)
+    output: Output = Output.LOGPROBS  # `ScoreRequest.output`
 
 
 class Rejected(msgspec.Struct, frozen=True, kw_only=True):
@@ -87,12 +84,13 @@ class Batch(msgspec.Struct, frozen=True, kw_only=True):
     real_tokens: int
     build_s: float
     pool_generation: int = 0  # the KV pool it was planned against (see `BatchDone.pool_reset`)
-    states: bool = False  # answer every token's final state f32[T, E], not the rows' outputs
+    output: Output = Output.LOGPROBS  # what its rows answer (per token: f32[T, E])
 
 
 class BatchDone(msgspec.Struct, frozen=True, kw_only=True):
-    """The outputs f32[S, L] of a batch's score rows (label log-probs, or a classification
-    head's logits: `engine.tasks`; a states batch's f32[T, E]), or the error that stopped it."""
+    """The outputs f32[S, L] of a batch's score rows (label log-probs, a classification head's
+    logits, pooled vectors: `engine.tasks`; a per-token output's f32[T, E]), or the error that
+    stopped it."""
 
     id: int
     outputs: np.ndarray | None = None  # f32[S, L], or f32[T, E]
@@ -108,8 +106,8 @@ class Scored(msgspec.Struct, frozen=True, kw_only=True):
     timings."""
 
     id: int
-    # its score rows f32[N, L] (what the caller reads of each is its first columns), or per
-    # item its tokens' states f32[n, E]; [] for no items
+    # its score rows f32[N, L] (what the caller reads of each is its first columns), or (a
+    # per-token output) per item its tokens' states f32[n, E]; [] for no items
     outputs: np.ndarray | list[np.ndarray]
     prompt_tokens: int
     cached_tokens: int = 0  # of the prompt tokens, those read from the KV cache

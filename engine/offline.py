@@ -15,6 +15,7 @@ from engine import batching, inputs, packing, templates
 from engine.buckets import DEFAULT_TOKEN_BUDGET, make_buckets
 from engine.embed import INPUT, embed_request
 from engine.errors import InvalidInput
+from engine.kinds import Output
 from engine.loaders import Checkpoint, load_checkpoint
 from engine.messages import Tokenized
 from engine.models import ModelConfig
@@ -147,7 +148,7 @@ class ScoringModel:
                 call.query,
                 call.items,
                 call.label_token_ids,
-                normaliser=call.normaliser,
+                output=call.output,
                 pairs=call.pairs,
             )
         except InvalidInput as e:
@@ -199,8 +200,9 @@ class ScoringModel:
             normalize=normalize,
             max_tokens=max_tokens,
         )
-        seqs = self._embedded(call)
-        outputs = self.label_logprobs(seqs, [[]] * len(seqs), width=self.task.output_width(0))
+        seqs = self._embedded(call, Output.POOLED)
+        width = self.task.row_width(Output.POOLED, 0)
+        outputs = self.label_logprobs(seqs, [[]] * len(seqs), width=width, output=Output.POOLED)
         return call.vectors(self.task, outputs)
 
     def embed_tokens(
@@ -224,33 +226,36 @@ class ScoringModel:
             side=truncation_side,
             max_tokens=max_tokens,
         )
-        seqs = self._embedded(call)
+        seqs = self._embedded(call, Output.TOKENS)
         out: list[np.ndarray] = [np.zeros(0)] * len(seqs)
-        whole = self.task.whole_sequences
+        layout = self.task.layout(Output.TOKENS)
         batches = batching.batches(
-            seqs,
-            [[]] * len(seqs),
-            token_budget=self.token_budget,
-            buckets=self.buckets,
-            whole=whole,
-            alone=True,
-        )
+            seqs, [[]] * len(seqs), token_budget=self.token_budget, buckets=self.buckets,
+            layout=layout,
+        )  # fmt: skip
         for batch in batches:
-            states = np.asarray(self.program.run(batch.inputs, states=True))  # f32[T, E]
-            spans = packing.token_spans(batch, seqs, whole)
+            states = np.asarray(self.program.run(batch.inputs, Output.TOKENS))  # f32[T, E]
+            spans = packing.token_spans(batch, seqs, layout)
             for i, (start, end) in zip(batch.order, spans, strict=True):
                 out[i] = states[start:end].copy()
         return out
 
-    def _embedded(self, call) -> list:
+    def _embedded(self, call, output: Output) -> list:
         """The token sequences of an embed call's inputs; InvalidInput naming `input[i]`."""
         try:
-            return self._tokenizer_state.tokenize("", call.inputs, [], pairs=call.pairs).sequences
+            tokenized = self._tokenizer_state.tokenize(
+                "", call.inputs, [], output=output, pairs=call.pairs
+            )
+            return tokenized.sequences
         except InvalidInput as e:
             raise e.renamed(INPUT) from None
 
     def label_logprobs(
-        self, seqs: Sequence[Sequence[int]], labels: Sequence[Sequence[int]], width: int = 0
+        self,
+        seqs: Sequence[Sequence[int]],
+        labels: Sequence[Sequence[int]],
+        width: int = 0,
+        output: Output | None = None,
     ) -> np.ndarray:
         """Log-probs f32[N, L] of `labels[i]` after `seqs[i]` (the outputs' first `width`
         columns when given: an embedder's vectors), packed into prefix batches.
@@ -265,11 +270,10 @@ class ScoringModel:
             labels,
             token_budget=self.token_budget,
             buckets=self.buckets,
-            whole=self.task.whole_sequences,
-            alone=not self.task.shares_prefixes,
+            layout=self.task.layout(output or self.program.output),
         )
         for batch in batches:
-            running = (self.program.run(batch.inputs), batch.order)
+            running = (self.program.run(batch.inputs, output), batch.order)
             if pending is not None:
                 _collect(out, *pending)
             pending = running

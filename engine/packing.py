@@ -15,6 +15,7 @@ import numpy as np
 import _native
 from _native import pick_bucket
 from engine.buckets import Buckets
+from engine.kinds import Layout
 from engine.models import PackedInputs
 from score_kernels import make_meta
 
@@ -119,21 +120,20 @@ def plan(
     buckets: Buckets,
     groups: Sequence[Chunk] | None = None,
     cached: Mapping[int, int] | None = None,
-    whole: bool = False,
-    alone: bool = False,
+    layout: Layout = Layout.SHARED,
 ) -> list[list[Chunk]]:
     """Group sequences by shared prefix (or take `groups`), then split them into batches that
     fit the grid, `cached` tokens (by member) read from the KV cache rather than laid out.
 
     Batches fill up to `token_budget` in order. The last one is re-split in two when that costs
     less: its padded bucket against two smaller ones (repeated prefixes included), each batch
-    charged `BATCH_OVERHEAD_TOKENS` more. `whole` sequences (an encoder's: every token depends
-    on all of it) and `alone` ones (an output that reads every token of its sequence) share
-    nothing: each is a group of its own.
+    charged `BATCH_OVERHEAD_TOKENS` more. Sequences of a `layout` that does not share (an
+    encoder's, an output that reads every token of its sequence) are each a group of their own.
     """
-    if groups is None:
-        groups = [Chunk(0, (i,)) for i in range(len(seqs))] if whole or alone else None
-        groups = groups or group_by_prefix(seqs)
+    if groups is None and layout.shares:
+        groups = group_by_prefix(seqs)
+    elif groups is None:
+        groups = [Chunk(0, (i,)) for i in range(len(seqs))]
     lengths = [len(s) for s in seqs]
     limits = dict(token_budget=token_budget, max_rows=buckets.max_rows, cached=cached)
     batches = plan_batches(groups, lengths, **limits)
@@ -222,7 +222,7 @@ def pack(
     cached: Cached | None = None,
     *,
     scored: int | None = None,
-    whole: bool = False,
+    layout: Layout = Layout.SHARED,
 ) -> PackedBatch:
     """Flat numpy arrays for one batch, and the sequence index behind each real score row.
 
@@ -230,8 +230,8 @@ def pack(
     of laying them out. Only sequences below index `scored` (all by default) are scored: the
     rows of the others (chunked-prefill pieces) follow theirs and are not in `order`. The shape
     (T, S, L) and the context region C come from `buckets`; ValueError when the batch fits no
-    bucket. `whole` sequences (an encoder's) have every token see all of its sequence, and are
-    scored at their first token.
+    bucket. `Layout.WHOLE` sequences (an encoder's) have every token see all of its sequence,
+    and are scored at their first token.
     """
     start = time.perf_counter()
     cached = cached or Cached([None] * len(chunks), 1)
@@ -249,17 +249,17 @@ def pack(
         np.concatenate([region.pend, pad]),
         np.concatenate([ostart + region.c, pad]),
     )
-    layout = dict(
+    shape = dict(
         block_size=buckets.block_size,
         width_buckets=((region.c + t) // buckets.block_size,),
         context_pages=region.pages,
         page_size=cached.page_size,
     )
-    if whole:
+    if layout is Layout.WHOLE:
         own_end, rows = _whole_sequences(view, view_chunks, ostart, rows)
-        layout["own_end"] = np.concatenate([own_end + region.c, pad + 1])
-    meta = make_meta(*spans, **layout)
-    window_meta = make_meta(*spans, **layout, window=buckets.window) if buckets.window else None
+        shape["own_end"] = np.concatenate([own_end + region.c, pad + 1])
+    meta = make_meta(*spans, **shape)
+    window_meta = make_meta(*spans, **shape, window=buckets.window) if buckets.window else None
     score_rows = np.zeros(s, np.int32)  # i32[S]
     score_rows[: len(rows)] = rows
     zeros = np.zeros(t - n, np.int32)
@@ -278,13 +278,15 @@ def pack(
     return PackedBatch(inputs, order, n, list(cached.contexts), counts, time.perf_counter() - start)
 
 
-def token_spans(batch: PackedBatch, seqs: Sequence[Tokens], whole: bool) -> list[tuple[int, int]]:
+def token_spans(
+    batch: PackedBatch, seqs: Sequence[Tokens], layout: Layout
+) -> list[tuple[int, int]]:
     """Each real score row's sequence's tokens [start, end) in `batch`, a batch of sequences
-    packed alone with none cached: a row is its sequence's first token (`whole`, an encoder's)
-    or its last."""
+    packed alone with none cached: a row is its sequence's first token (`Layout.WHOLE`, an
+    encoder's) or its last."""
     rows = batch.inputs.score_rows[: len(batch.order)].tolist()
     lengths = [len(seqs[i]) for i in batch.order]
-    if whole:
+    if layout is Layout.WHOLE:
         return [(r, r + n) for r, n in zip(rows, lengths, strict=True)]
     return [(r + 1 - n, r + 1) for r, n in zip(rows, lengths, strict=True)]
 

@@ -22,14 +22,14 @@ MAX_CUTTERS = 16  # truncating tokenizers kept, by limit and side
 
 
 class PairOptions(msgspec.Struct, frozen=True, kw_only=True):
-    """How a score request's items are encoded for an encoder: as pairs with its query, or
-    (`alone`: an embedder's texts) each by itself; truncated to `limit` tokens, cutting each
-    text's end ("right") or start ("left"), or (not `truncate`) refused over it."""
+    """How a score request's items are encoded for an encoder: as pairs with its query (a
+    cross-encoder's), or each by itself (an embedder's texts: `engine.kinds.Output.of_texts`);
+    truncated to `limit` tokens, cutting each text's end ("right") or start ("left"), or (not
+    `truncate`) refused over it."""
 
     limit: int
     side: str = "right"
     truncate: bool = True
-    alone: bool = False
 
 
 class Encoded(NamedTuple):
@@ -68,15 +68,19 @@ class PairEncoder:
         self._cutters: dict[tuple[int, str], tokenizers.Tokenizer] = {}
 
     def encode(self, query: str, items: Sequence[str], options: PairOptions) -> Encoded:
-        """Each (query, item) pair's coded ids (each item's alone with `options.alone`),
-        truncated as `options` say; InvalidInput naming `items[i]` for a token outside the
-        model's vocabulary, InputTooLarge naming it for a text over the limit when not cut."""
-        if options.alone:
-            pairs = items
-            encodings = [_Alone(ids) for ids in self.texts.encode_batch(list(items))]
-        else:
-            pairs = [(query, item) for item in items]
-            encodings = self.whole.encode_batch_fast(pairs)
+        """Each (query, item) pair's coded ids, truncated as `options` say; InvalidInput naming
+        `items[i]` for a token outside the model's vocabulary, InputTooLarge naming it for a
+        pair over the limit when not cut."""
+        pairs = [(query, item) for item in items]
+        return self._cut(pairs, self.whole.encode_batch_fast(pairs), options)
+
+    def encode_texts(self, texts: Sequence[str], options: PairOptions) -> Encoded:
+        """Each text's coded ids, encoded alone; as `encode` otherwise."""
+        encodings = [_Alone(ids) for ids in self.texts.encode_batch(list(texts))]
+        return self._cut(texts, encodings, options)
+
+    def _cut(self, inputs: Sequence, encodings: list, options: PairOptions) -> Encoded:
+        """The `encodings` of `inputs` (pairs, or texts), those over the limit cut again."""
         over = [i for i, e in enumerate(encodings) if len(e.ids) > options.limit]
         truncated = 0
         if over:
@@ -87,14 +91,14 @@ class PairEncoder:
                     f"{len(encodings[i].ids)} tokens exceed the model's limit of {options.limit}; "
                     "ask for truncation to cut it",
                 )
-            texts = 1 if options.alone else 2
+            texts = 2 if isinstance(inputs[0], tuple) else 1
             least = self.whole.num_special_tokens_to_add(texts == 2) + texts  # a token of each
             if options.limit < least:
-                what = "a text" if options.alone else "a pair"
+                what = "a pair" if texts == 2 else "a text"
                 raise InvalidInput(
                     "max_prompt_tokens", f"{what} needs at least {least} tokens for this model"
                 )
-            cut = self._cutter(options).encode_batch_fast([pairs[i] for i in over])
+            cut = self._cutter(options).encode_batch_fast([inputs[i] for i in over])
             for i, e in zip(over, cut, strict=True):
                 truncated += len(encodings[i].ids) - len(e.ids)
                 encodings[i] = e

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 
 from engine.buckets import DEFAULT_BLOCK_SIZE
 from engine.errors import InvalidInput
+from engine.kinds import Output
 from engine.kv_pool import DEFAULT_PAGE_SIZE, KVPool
 from engine.loaders import Checkpoint
 from engine.models import Dense, ModelConfig, PackedInputs
@@ -120,25 +121,32 @@ class DeviceProgram:
         # the pool is updated in place, and keeps its sharding from step to step
         outputs = (self.placement.replicated(), self.kv.shardings())
         self._jit = functools.partial(jax.jit, donate_argnums=2, out_shardings=outputs)
-        self._forward = self._jit(self.forward_of(self.attention))
-        self._states: Callable | None = None  # jitted when first asked for
+        self.output = task.outputs[0]  # the one the grid is compiled for
+        # jitted per distinct device output (`Task.device_output`), when first asked for
+        self._programs: dict[tuple, Callable] = {}
+        self._forward = self._program(self.output)
 
-    def forward_of(self, attention, *, states: bool = False) -> Callable:
-        """This program's forward with `attention` (`Task.forward_of`): its weights' layout and
-        dense path, writing K/V to the pool, exact in float32; with `states`, the one that
-        answers every token's final state."""
+    def forward_of(self, attention, *, output: Output | None = None) -> Callable:
+        """This program's forward with `attention` (`Task.forward_of`) answering `output` (by
+        default the task's first): its weights' layout and dense path, writing K/V to the pool,
+        exact in float32."""
         exact = self.dtype == "float32"
         attention = self.placement.split_heads(attention, self.config.num_kv_heads)
         return self.task.forward_of(
-            attention, self.dense, write_kv=write, exact=exact, states=states
+            attention, self.dense, output=output, write_kv=write, exact=exact
         )
 
-    def _program(self, states: bool) -> Callable:
-        if not states:
-            return self._forward
-        if self._states is None:
-            self._states = self._jit(self.forward_of(self.attention, states=True))
-        return self._states
+    def _program(self, output: Output) -> Callable:
+        key = self.task.device_output(output)
+        if key not in self._programs:
+            self._programs[key] = self._jit(self.forward_of(self.attention, output=output))
+        return self._programs[key]
+
+    def shape_key(self, shape: tuple[int, int, int], output: Output) -> tuple:
+        """What tells one compiled program from another: the batch shape, and the output's
+        program where it is not the grid's."""
+        same = self.task.device_output(output) == self.task.device_output(self.output)
+        return shape if same else (*shape, self.task.device_output(output))
 
     @property
     def dense_choice(self) -> DenseChoice | None:
@@ -158,16 +166,17 @@ class DeviceProgram:
 
     def compile(self, shape: tuple[int, int, int], block_size: int) -> None:
         """Compile the program of batch shape (T, S, L), without context, without running it
-        (the token-states program is compiled when first run)."""
+        (another output's program is compiled when first run)."""
         batch = empty_batch(*shape, block_size, self.config.window)
         self._forward.lower(self.params, batch, self.kv.spec).compile()
 
-    def run(self, batch: PackedInputs, states: bool = False) -> jax.Array:
-        """Dispatch one packed batch; its outputs f32[S, L] (with `states`, an embedder's: every
-        token's final state f32[T, E]) are computed asynchronously.
+    def run(self, batch: PackedInputs, output: Output | None = None) -> jax.Array:
+        """Dispatch one packed batch answering `output` (by default the task's first); its
+        outputs f32[S, L] (a per-token output's f32[T, E]) are computed asynchronously.
 
         The batch writes its K/V into the pool at `batch.cache_slots` and reads its context
         region from it. After a failure call `kv.recover`.
         """
-        outputs, self.kv.arrays = self._program(states)(self.params, batch, self.kv.arrays)
+        program = self._program(output or self.output)
+        outputs, self.kv.arrays = program(self.params, batch, self.kv.arrays)
         return outputs

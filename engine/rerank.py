@@ -12,6 +12,7 @@ import trio
 
 from engine import inputs, truncation
 from engine.errors import InvalidInput, Unsupported
+from engine.kinds import Output
 from engine.messages import Timings
 from engine.pairs import PairOptions
 from engine.results import ScoreResult
@@ -39,7 +40,7 @@ class RerankCall(NamedTuple):
     query: str | list[int]
     items: list
     label_token_ids: list[int]
-    normaliser: bool  # each row's negated log-normaliser follows its labels
+    output: Output  # what each row answers (`templates.RerankLabels`)
     pairs: PairOptions | None  # a cross-encoder's pairs; None: items follow the query
 
 
@@ -130,7 +131,7 @@ class Reranker:
             options.fit,
             options.truncation_side,
         )
-        return RerankCall(prompt, items, self.labels.ids, self.labels.normaliser, pairs)
+        return RerankCall(prompt, items, self.labels.ids, self.labels.output, pairs)
 
     def _cut(self, query: str, documents: Sequence[str], options: RerankOptions) -> list[str]:
         limit = options.max_tokens_per_doc or self.max_sequence_tokens

@@ -85,8 +85,8 @@ class RunnerState:
         start = time.perf_counter()
         try:
             shape = batch_shape(batch.inputs)
-            self._count_compile((*shape, True) if batch.states else shape)
-            pending = self.program.run(batch.inputs, batch.states)
+            self._count_compile(self.program.shape_key(shape, batch.output))
+            pending = self.program.run(batch.inputs, batch.output)
             dispatched = time.perf_counter()
             outputs = np.asarray(pending)  # f32[S, L], or f32[T, E]
         except Exception as e:  # one bad batch must not stop the runner

@@ -7,8 +7,9 @@ the device. When the device has just answered requests, it waits up to `linger` 
 that many more requests to queue: closed-loop clients come straight back, and without the wait
 their cohorts split into small, slow batches. A lone request is never held back (its cohort is
 itself). Requests are served in arrival order; one of many items may span several batches.
-Requests for token states (an embedder's token vectors) run in batches of their own, each text
-packed alone and computed whole (nothing read from the KV cache).
+Requests of one output (`engine.kinds.Output`) batch together, laid out as the model's task
+says for it (`layouts`): token states, for one, each text packed alone and computed whole,
+nothing read from the KV cache.
 
 With several device runners (data parallel) each has its own KV pool, so each has its own
 cache here, and a window is planned for one runner: a free runner whose cache holds most of the
@@ -19,7 +20,7 @@ one it runs.
 import math
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,11 +30,14 @@ from engine import batching, packing
 from engine.buckets import Buckets
 from engine.channels import drain
 from engine.errors import RejectKind
+from engine.kinds import Layout, Output
 from engine.kv_cache import KVCache
 from engine.messages import Batch, BatchDone, Cancel, Rejected, Scored, Timings, Tokenized
 
 WINDOW_ITEMS = 4096  # queued items considered for one batch: bounds host work per batch
 HANDED_AHEAD = 1  # batches a runner is handed beyond the one it runs
+# a language model's outputs' layouts: what a scheduler serves unless told
+SCORING = {Output.LOGPROBS: Layout.SHARED, Output.LOGITS: Layout.SHARED}
 
 
 @dataclass
@@ -61,8 +65,8 @@ class _InFlight:
     contexts: list  # engine.packing.Context | None per chunk: committed or aborted when done
     cached: list[int]  # tokens of each row read from the KV cache
     runner: int = 0
-    # a states batch's: each row's sequence's tokens [start, end) in the batch; None: a row's
-    # output is its answer
+    # a per-token output's: each row's sequence's tokens [start, end) in the batch; None: a
+    # row's output is its answer
     spans: list[tuple[int, int]] | None = None
 
 
@@ -85,12 +89,10 @@ class SchedulerState:
         max_queued_tokens: int,
         linger: float = 0.0,
         caches: Sequence[KVCache | None] = (None,),
-        whole_sequences: bool = False,
-        alone: bool = False,
+        layouts: Mapping[Output, Layout] = SCORING,
     ):
         self.buckets = buckets
-        self.whole_sequences = whole_sequences  # packed alone (`engine.tasks.Task`)
-        self.alone = alone  # packed alone, causally (`engine.tasks.Task.shares_prefixes`)
+        self.layouts = layouts  # of each output the model answers (`engine.tasks.Task.layout`)
         self.caches = list(caches)  # one per device runner
         self.assigned = [0] * len(self.caches)  # batches handed to each runner, not done
         self.runner_batches = [0] * len(self.caches)  # batches each runner was handed
@@ -111,7 +113,7 @@ class SchedulerState:
         # batches of the window at the head of the queue, valid until the queue changes
         self._window: list[tuple[int, int]] = []  # (request id, item index) per sequence
         self._window_sequences: list[list[int]] = []
-        self._window_states = False  # whether the window answers token states
+        self._window_output = Output.LOGPROBS  # what the window's requests answer
         self._batches: Generator[packing.PackedBatch | None, bool, None] | None = None
         self._planned_for = 0  # the runner whose cache the window was planned against
         self._blocked = False  # the plan waits for pages a running batch writes
@@ -162,9 +164,11 @@ class SchedulerState:
             ]
         n = len(msg.sequences)
         self._replan()
-        self.requests[msg.id] = req = _Request(msg, now, [None] * n if msg.states else None, n)
+        per_token = msg.output.per_token
+        self.requests[msg.id] = req = _Request(msg, now, [None] * n if per_token else None, n)
         prefix = msg.sequences[0][:-1]  # what it finds cached stays cached until it runs
-        caches = [None if msg.states else c for c in self.caches]  # states read no cache
+        shares = self.layouts[msg.output].shares
+        caches = [c if shares else None for c in self.caches]
         req.holds = [None if c is None else (c.hold(prefix), c.epoch) for c in caches]
         self.queue[msg.id] = deque(range(n))
         self.queued_tokens += tokens
@@ -249,8 +253,10 @@ class SchedulerState:
         if any(batch.cached):
             for (rid, _), cached in zip(rows, batch.cached, strict=True):
                 self.requests[rid].cached_tokens += cached
-        whole = self.whole_sequences
-        spans = packing.token_spans(batch, seqs, whole) if self._window_states else None
+        output = self._window_output
+        spans = None
+        if output.per_token:
+            spans = packing.token_spans(batch, seqs, self.layouts[output])
         return self._emit(batch, rows, time.perf_counter() - start, runner, spans)
 
     def _next_packed(self) -> packing.PackedBatch | None:
@@ -279,17 +285,17 @@ class SchedulerState:
         self._window = window = self._head()
         self._window_sequences = [self.requests[r].msg.sequences[i] for r, i in window]
         labels = [self.requests[r].msg.labels for r, _ in window]
-        # its requests all answer token states or none do (`_head`)
-        self._window_states = states = bool(window) and self.requests[window[0][0]].msg.states
+        # its requests all answer one output (`_head`)
+        self._window_output = output = self.requests[window[0][0]].msg.output
+        layout = self.layouts[output]
         self._blocked = False
         self._batches = batching.batches(
             self._window_sequences,
             labels,
             token_budget=self.token_budget,
             buckets=self.buckets,
-            cache=None if states else self.caches[self._planned_for],
-            whole=self.whole_sequences,
-            alone=self.alone or states,  # every token's state is computed, none cached
+            cache=self.caches[self._planned_for] if layout.shares else None,
+            layout=layout,
         )
 
     def fail_waiting(self, error: Exception) -> list[Rejected]:
@@ -303,13 +309,13 @@ class SchedulerState:
 
     def _head(self) -> list[tuple[int, int]]:
         """The items at the head of the queue: up to `WINDOW_ITEMS`, of requests that all answer
-        token states or all do not (the two run different programs)."""
-        window, states = [], None
+        the output of the first (outputs run different programs, laid out their own ways)."""
+        window, output = [], None
         for rid, items in self.queue.items():
-            kind = self.requests[rid].msg.states
-            if states is not None and kind != states:
+            kind = self.requests[rid].msg.output
+            if output is not None and kind != output:
                 break
-            states = kind
+            output = kind
             window.extend((rid, idx) for idx in items)
             if len(window) >= WINDOW_ITEMS:
                 break
@@ -347,7 +353,7 @@ class SchedulerState:
             real_tokens=packed.real_tokens,
             build_s=build_s,
             pool_generation=self.pool_generation[runner],
-            states=spans is not None,
+            output=self._window_output,
         )
         self.next_batch_id += 1
         flight = _InFlight(rows, packed.contexts, packed.cached, runner, spans)

@@ -15,6 +15,8 @@ from typing import NamedTuple
 
 import tokenizers
 
+from engine.kinds import Output
+
 DEFAULT_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
 _SYSTEM = (
     "Judge whether the Document meets the requirements based on the Query and the Instruct "
@@ -205,15 +207,16 @@ class RerankLabels(NamedTuple):
     """The labels a rerank reads at each score row."""
 
     ids: list[int]
-    normaliser: bool  # one label's logit: its log-prob less the log-normaliser
+    # what each row answers: the labels' log-probs, or (one label: its logit) their logits
+    output: Output
 
 
 def rerank_labels(template: Template, tokenizer) -> RerankLabels | str:
     """The labels a language model's rerank reads at each score row: the template's yes/no
-    tokens (its yes token and the normaliser when it has no "no"); a string says why the model
+    tokens (its yes token's logit when it has no "no"); a string says why the model
     cannot rerank (score still works)."""
     try:
         ids = label_ids(template, tokenizer)
     except ValueError as e:
         return str(e)
-    return RerankLabels(list(ids), template.no is None)
+    return RerankLabels(list(ids), Output.LOGITS if template.no is None else Output.LOGPROBS)

@@ -12,7 +12,7 @@ follows its request.
 
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import msgspec
 import numpy as np
@@ -23,6 +23,7 @@ from engine import inputs, native_tokenizer
 from engine.buckets import Buckets
 from engine.channels import drain
 from engine.errors import InputTooLarge, InvalidInput, rejection_error, rejection_kind
+from engine.kinds import Output
 from engine.messages import Cancel, Rejected, ScoreRequest, Tokenized
 from engine.pairs import Encoded, PairEncoder
 from engine.tasks import Task
@@ -76,6 +77,7 @@ class TokenizerState:
         pairs: PairEncoder | None = None,
         max_token_vectors: int | None = None,
         native: bool = True,
+        row_labels: Callable[[Output, list[int]], list[int]] = lambda output, labels: labels,
     ):
         self.tokenizer = tokenizer
         # joined query+item texts; a pair model encodes its texts in `pairs`, natively there,
@@ -88,9 +90,10 @@ class TokenizerState:
         self.max_len = max_len
         self.max_items = max_items
         self.max_labels = max_labels
-        self.max_token_vectors = max_token_vectors  # tokens a states request may answer
+        self.max_token_vectors = max_token_vectors  # tokens a per-token request may answer
         self.cache = TokenCache(cache_size)
         self.pairs = pairs  # a cross-encoder's pair tokenisation; None: pairs are refused
+        self.row_labels = row_labels  # the labels a row reads for an output (`Task.row_labels`)
 
     @classmethod
     def for_model(
@@ -119,6 +122,7 @@ class TokenizerState:
             pairs=task.pair_encoder(tokenizer, native=native),
             max_token_vectors=max_token_vectors,
             native=native,
+            row_labels=task.row_labels,
         )
 
     def tokenize(
@@ -128,7 +132,7 @@ class TokenizerState:
         label_token_ids,
         *,
         item_first: bool = False,
-        normaliser: bool = False,
+        output: Output = Output.LOGPROBS,
         pairs=None,
     ) -> Tokenized:
         """`process` of one request of these `ScoreRequest` fields, in the caller's thread; its
@@ -139,7 +143,7 @@ class TokenizerState:
             items=items,
             label_token_ids=label_token_ids,
             item_first=item_first,
-            normaliser=normaliser,
+            output=output,
             pairs=pairs,
             arrived=0.0,
         )
@@ -181,19 +185,21 @@ class TokenizerState:
         if self.pairs is None:
             raise InvalidInput("query/items", "this model does not score text pairs")
         options = msgspec.structs.replace(r.pairs, limit=min(r.pairs.limit, self.max_len))
-        if options.alone and all(isinstance(it, list) for it in items):
+        if r.output.of_texts and all(isinstance(it, list) for it in items):
             return self.pairs.given(items, options)
         if not (isinstance(r.query, str) and all(isinstance(it, str) for it in items)):
             raise InvalidInput("query/items", "a pair's query and items must be text")
+        if r.output.of_texts:
+            return self.pairs.encode_texts(items, options)
         return self.pairs.encode(r.query, items, options)
 
     def _labels(self, r: ScoreRequest) -> list[int]:
-        """The labels read at each score row: the caller's, and the normaliser when asked;
-        none for an embedder's texts (a row's output is its vector)."""
-        if r.pairs is not None and r.pairs.alone:
+        """The labels read at each score row for the request's output: the caller's (and the
+        normaliser for a language model's logits: `Task.row_labels`); none for texts embedded
+        (a row's output is its vector)."""
+        if r.output.of_texts:
             return []
-        labels = inputs.check_labels(r.label_token_ids, self.vocab_size)
-        return [*labels, self.vocab_size] if r.normaliser else labels
+        return self.row_labels(r.output, inputs.check_labels(r.label_token_ids, self.vocab_size))
 
     def _encode(self, texts) -> dict[str, Sequence[int]]:
         """Ids for every text: cached ones, and the rest encoded in one batch call."""
@@ -205,7 +211,7 @@ class TokenizerState:
         return found
 
     def _check_token_vectors(self, seqs) -> None:
-        """InputTooLarge naming `items` when a states request asks for more token vectors than
+        """InputTooLarge naming `items` when a request asks for more token vectors than
         one request may (each is a row of floats in its answer)."""
         tokens, limit = sum(map(len, seqs)), self.max_token_vectors
         if limit is not None and tokens > limit:
@@ -225,7 +231,7 @@ class TokenizerState:
         seqs = [encoded[s] if isinstance(s, str) else s for s in staged]
         try:
             inputs.check_sequences(seqs, vocab_size=id_space, max_len=self.max_len)
-            if r.states:
+            if r.output.per_token:
                 self._check_token_vectors(seqs)
         except InvalidInput as e:
             return _rejected(r.id, e)
@@ -236,7 +242,7 @@ class TokenizerState:
             arrived=r.arrived,
             tokenize_s=time.perf_counter() - start,
             truncated=truncated,
-            states=r.states,
+            output=r.output,
         )
 
 

@@ -176,10 +176,13 @@ class FaultyProgram:
     def compile(self, shape, block_size: int) -> None:
         self.program.compile(shape, block_size)
 
-    def run(self, inputs, states: bool = False):
+    def run(self, inputs, output=None):
         if self.fault is not None:
             self.fault(inputs)
-        return self.program.run(inputs, states)
+        return self.program.run(inputs, output)
+
+    def shape_key(self, shape, output):
+        return self.program.shape_key(shape, output)
 
     @property
     def kv(self):

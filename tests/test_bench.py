@@ -16,6 +16,7 @@ import pytest
 from bench import __main__ as entry
 from bench import bench_attention, common, embed, peak, sides, w1, w2, w3
 from bench.flops import Cost, common_prefix, shared_prefix_flops
+from engine.kinds import Output
 from engine.models import ModelConfig
 
 QUICK = ["--quick", "--dtype", "float32", "--token-budget", "512", "--no-progress"]
@@ -576,7 +577,7 @@ def test_the_null_program_answers_zeros_of_the_batch_shape(tiny):
     batch = empty_batch(128, 16, 4, 64)
     out = null.run(batch)
     assert out.shape == (16, 4) and out.dtype == np.float32 and not np.asarray(out).any()
-    assert null.run(batch, states=True).shape == (128, program.config.hidden_size)
+    assert null.run(batch, Output.TOKENS).shape == (128, program.config.hidden_size)
     assert null.kv is program.kv  # the rest is the real program's
     # every array of the batch goes in, as in a real step: none is pruned as unused
     (main,) = [

@@ -14,6 +14,7 @@ from api.routes import RERANK_PATHS
 from api.settings import settings_from_env
 from bench.encoders import write_encoder
 from engine import EngineConfig, InvalidInput, load_model, open_engine
+from engine.kinds import Layout
 from engine.loaders import load_checkpoint
 from engine.models.rows import HEAD_ROWS
 from engine.pairs import PairEncoder, PairOptions
@@ -325,8 +326,8 @@ def test_packing_lays_each_pair_alone_and_scores_its_first_token():
 
     seqs = [[5, 6, 7], [5, 6, 8, 9], [5, 6, 7]]  # shared prefixes: still laid out alone
     buckets = make_buckets(128, token_budget=64, block_size=16)
-    (chunks,) = plan(seqs, token_budget=64, buckets=buckets, whole=True)
-    batch = pack(seqs, [[0]] * 3, chunks, buckets, whole=True)
+    (chunks,) = plan(seqs, token_budget=64, buckets=buckets, layout=Layout.WHOLE)
+    batch = pack(seqs, [[0]] * 3, chunks, buckets, layout=Layout.WHOLE)
     meta, inputs = batch.inputs.meta, batch.inputs
     assert batch.real_tokens == 10
     assert inputs.score_rows[:3].tolist() == [0, 3, 7]  # each pair's first token

@@ -37,8 +37,8 @@ def test_texts_alone_are_native_and_equal_the_reference(tok, side):
     assert isinstance(native.texts, NativeTokenizer)
     assert isinstance(reference.texts, ReferenceTokenizer)
     texts = [*CORPUS, "", "ünïcödé 😀 text", "word " * 40]
-    options = PairOptions(limit=24, side=side, alone=True)
-    ours, theirs = native.encode("", texts, options), reference.encode("", texts, options)
+    options = PairOptions(limit=24, side=side)
+    ours, theirs = native.encode_texts(texts, options), reference.encode_texts(texts, options)
     assert as_lists(ours.sequences) == theirs.sequences and ours.truncated == theirs.truncated
     assert ours.truncated > 0 and max(map(len, ours.sequences)) == 24
     assert all(s[-1] == tok.token_to_id("<|endoftext|>") for s in ours.sequences if len(s) < 24)
@@ -46,10 +46,10 @@ def test_texts_alone_are_native_and_equal_the_reference(tok, side):
 
 def test_errors_name_the_text_either_way(tok):
     for pairs in encoders(tok):
-        long = PairOptions(limit=8, truncate=False, alone=True)
+        long = PairOptions(limit=8, truncate=False)
         with pytest.raises(InputTooLarge, match=r"^items\[1\]: 161 tokens exceed the model's lim"):
-            pairs.encode("", ["short", "word " * 40], long)
+            pairs.encode_texts(["short", "word " * 40], long)
         native = isinstance(pairs.texts, NativeTokenizer)
         small = PairEncoder(tok, vocab_size=100, type_vocab_size=1, native=native)
         with pytest.raises(InvalidInput, match=r"^items\[0\]: token id outside"):
-            small.encode("", ["zebra quixotic xylophone"], PairOptions(limit=64, alone=True))
+            small.encode_texts(["zebra quixotic xylophone"], PairOptions(limit=64))

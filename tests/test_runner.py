@@ -151,7 +151,7 @@ def test_a_precompiled_shape_runs_without_compiling_again(pooled):
 
 def test_a_raising_step_becomes_the_batch_error(model, monkeypatch):
     runner = RunnerState(model.program, block_size=64)
-    monkeypatch.setattr(model.program, "run", lambda inputs, states: 1 / 0)
+    monkeypatch.setattr(model.program, "run", lambda inputs, output: 1 / 0)
     done = runner.execute(
         Batch(id=1, inputs=empty_batch(128, 4, 4, 64), rows=[], real_tokens=0, build_s=0.0)
     )

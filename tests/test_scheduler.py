@@ -6,9 +6,10 @@ import pytest
 from engine import packing
 from engine.buckets import Buckets
 from engine.errors import RejectKind
+from engine.kinds import Layout, Output
 from engine.kv_cache import KVCache
 from engine.messages import BatchDone, Cancel, Rejected, Scored, Tokenized
-from engine.scheduler import SchedulerState
+from engine.scheduler import SCORING, SchedulerState
 
 BUCKETS = Buckets(block_size=8, tokens=(16, 32, 64, 128))
 
@@ -253,7 +254,10 @@ def test_no_linger_by_default():
 def runners_state(caches: int = 2) -> SchedulerState:
     buckets = BUCKETS._replace(contexts=(0, 64, 256))
     caches = [KVCache(64, 8, max_context=256) for _ in range(caches)]
-    return SchedulerState(buckets, token_budget=64, max_queued_tokens=1000, caches=caches)
+    layouts = {**SCORING, Output.TOKENS: Layout.ALONE}  # a last-token embedder's
+    return SchedulerState(
+        buckets, token_budget=64, max_queued_tokens=1000, caches=caches, layouts=layouts
+    )
 
 
 def test_a_batch_goes_to_the_free_runner_whose_cache_holds_its_prefix():
@@ -309,16 +313,17 @@ def test_token_state_requests_run_in_batches_of_their_own_and_answer_each_token(
         labels=[],
         arrived=0.0,
         tokenize_s=0.0,
-        states=True,
+        output=Output.TOKENS,
     )
     st.handle(states, 0.0)
     st.handle(tokenized(2, [shared + [35]]), 0.0)
     first = st.next_batch(1.0)
-    assert not first.states and sorted(first.rows) == [(0, 0), (0, 1)]
+    assert first.output is Output.LOGPROBS and sorted(first.rows) == [(0, 0), (0, 1)]
     st.handle(done_for(first), 1.5)  # the shared pages are cached now
     second, third = st.next_batch(2.0), st.next_batch(2.0)
     assert st.next_batch(2.0) is None
-    assert second.states and not third.states and third.rows == [(2, 0)]
+    assert second.output is Output.TOKENS and third.output is Output.LOGPROBS
+    assert third.rows == [(2, 0)]
     assert second.real_tokens == 17 + 18  # each laid out whole, nothing read from the cache
     t = second.inputs.tokens.shape[0]
     hidden = np.arange(t * 2, dtype=np.float32).reshape(t, 2)  # f32[T, E]: token i is [2i, 2i+1]
@@ -343,4 +348,4 @@ def test_a_window_goes_on_after_its_first_request_finished():
     (done,) = st.handle(done_for(first), 1.0)
     assert done.id == 0 and 0 not in st.requests
     second = st.next_batch(1.0)
-    assert second.rows == [(1, 0)] and not second.states
+    assert second.rows == [(1, 0)] and second.output is Output.LOGPROBS

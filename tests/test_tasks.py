@@ -6,6 +6,7 @@ import msgspec
 import numpy as np
 import pytest
 
+from engine.kinds import Layout, Output
 from engine.models import ModelConfig, decoder, encoder
 from engine.models.config import Pooling
 from engine.tasks import KINDS, Classifier, CrossEncoder, LanguageModel, task_for
@@ -46,7 +47,7 @@ def test_what_each_kind_decides():
     assert "sequence-classification head of 2 label(s)," in cls.label_scores_refused()
     assert "(a bert cross-encoder)" in enc.label_scores_refused()
     assert (lm.reuses_kv, cls.reuses_kv, enc.reuses_kv) == (True, True, False)
-    assert (lm.whole_sequences, enc.whole_sequences) == (False, True)
+    assert (lm.layout(Output.LOGPROBS), enc.layout(Output.LOGITS)) == (Layout.SHARED, Layout.WHOLE)
     assert (lm.takes_recipe(), enc.takes_recipe()) == (True, False)
     assert lm.unshardable() is None and "data_parallel" in enc.unshardable()
     assert lm.unplannable() is None and "cross-encoder" in enc.unplannable()
@@ -107,10 +108,11 @@ def test_relevance_formulas():
 
 def test_only_embedders_answer_token_states():
     mean = msgspec.structs.replace(BASE, embedding=Pooling(mode="mean"))
-    states = task_for(mean).forward_of("a", "d", states=True)
+    states = task_for(mean).forward_of("a", "d", output=Output.TOKENS)
     assert states.keywords["rows"] is decoder.every_token  # not the mean its vectors take
     assert states.keywords["output"] is decoder.last_hidden
     encoder_states = task_for(msgspec.structs.replace(ENCODER, embedding=Pooling(mode="cls")))
-    assert encoder_states.forward_of("a", "d", states=True).keywords["output"] is encoder.states
+    tokens = encoder_states.forward_of("a", "d", output=Output.TOKENS)
+    assert tokens.keywords["output"] is encoder.states
     with pytest.raises(ValueError, match="answers no token vectors"):
-        task_for(BASE).forward_of("a", "d", states=True)
+        task_for(BASE).forward_of("a", "d", output=Output.TOKENS)

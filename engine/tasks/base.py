@@ -16,6 +16,7 @@ import numpy as np
 import tokenizers
 
 from engine import templates, truncation
+from engine.kinds import Layout, Output
 from engine.models import FAMILIES, ModelConfig
 from engine.pairs import PairEncoder
 
@@ -27,9 +28,9 @@ class Task:
     name: ClassVar[str]  # what `/get_model_info` and the REPL call this kind
     architecture: ClassVar[str]  # "decoder" | "cross-encoder" | "encoder"
     head: ClassVar[str]  # "language-model" | "sequence-classification" | "embedding"
-    # each sequence packed alone, every token seeing all of it, scored at its first token (an
-    # encoder's); False: sequences that share a prefix share its computation, causally
-    whole_sequences: ClassVar[bool] = False
+    # what it answers (`engine.kinds.Output`), the first being the one its programs are compiled
+    # for at start
+    outputs: ClassVar[tuple[Output, ...]]
     # a rerank reads its documents as pairs with the query (CrossEncoder's truncation); False:
     # through the model's rerank recipe (`engine.templates`)
     reads_pairs: ClassVar[bool] = False
@@ -46,29 +47,41 @@ class Task:
 
     forward: ClassVar[Callable]  # (params, inputs, pool, *, cfg, family, ...) -> (f32[S, L], pool)
     output: ClassVar[Callable]  # what `forward` returns at the score rows (its `output`)
-    # what `forward` returns as every token's final state, f32[T, E] (None: this kind answers
-    # no token vectors; embedders do)
-    states_output: ClassVar[Callable | None] = None
     place: ClassVar[Callable]  # (host params, cfg, dtype, dense) -> device params
+
+    def layout(self, output: Output) -> Layout:
+        """How sequences answering `output` are laid out: a causal decoder's share their
+        prefixes (and the KV cache)."""
+        return Layout.SHARED
+
+    def device_output(self, output: Output) -> tuple[Callable, Callable | None]:
+        """What the forward computes for `output`: its head at the score rows (`output`), and
+        what makes the rows from every token's final state (None: the score rows themselves).
+        Outputs with the same answer here run the same program. ValueError for an output this
+        kind does not answer."""
+        if output not in self.outputs:
+            raise ValueError(f"a {self.name} answers no {output.title}")
+        return self.output, None
 
     def forward_of(
         self,
         attention: Callable,
         dense,
         *,
+        output: Output | None = None,
         config: ModelConfig | None = None,
         exact: bool = False,
-        states: bool = False,
         **options,
     ) -> Callable:
-        """The forward of one packed batch, `(params, inputs, pool) -> (f32[S, L], pool)`: this
-        task's model with `attention` and `dense` (`score_kernels.select_*`), of `config` (another
-        of the same model, e.g. cut to fewer layers; by default its own); `options` are the
-        model's (`write_kv`, `unroll`). `exact`: every dot at full f32 precision (the f32
-        program's; see `exactly`). `states`: every token's final state f32[T, E] instead (an
-        embedder's token vectors). The one assembly the program, export and plan share."""
-        if states and self.states_output is None:
-            raise ValueError(f"a {self.name} answers no token vectors")
+        """The forward of one packed batch answering `output` (by default the first this kind
+        answers), `(params, inputs, pool) -> (f32[S, L], pool)` (f32[T, E] for every token's):
+        this task's model with `attention` and `dense` (`score_kernels.select_*`), of `config`
+        (another of the same model, e.g. cut to fewer layers; by default its own); `options`
+        are the model's (`write_kv`, `unroll`). `exact`: every dot at full f32 precision (the
+        f32 program's; see `exactly`). The one assembly the program, export and plan share."""
+        head, rows = self.device_output(output or self.outputs[0])
+        if rows is not None:
+            options = {**options, "rows": rows}
         cfg = config or self.config
         family = FAMILIES[cfg.family]
         forward = functools.partial(
@@ -77,21 +90,15 @@ class Task:
             family=family,
             attention=attention,
             dense=dense,
-            output=self.states_output if states else self.output,
+            output=head,
             **options,
         )
         return exactly(forward) if exact else forward
 
     @property
-    def shares_prefixes(self) -> bool:
-        """Whether sequences that share a prefix compute it once (causal models whose output at
-        a row reads no token state but its own); False: each sequence is packed alone."""
-        return not self.whole_sequences
-
-    @property
     def reuses_kv(self) -> bool:
         """Whether a token's K/V may be kept and read again by later sequences (a KV pool)."""
-        return self.shares_prefixes
+        return any(self.layout(o).shares for o in self.outputs)
 
     def unshardable(self) -> str | None:
         """Why this kind cannot be sharded over devices (tensor parallelism), or None."""
@@ -140,9 +147,15 @@ class Task:
         prompt, items = templates.rerank_inputs(template, tokenizer, query, documents, instruction)
         return prompt, items, None
 
-    def output_width(self, labels: int) -> int:
-        """The columns of a score row's output the caller reads, for `labels` labels read."""
-        return labels
+    def row_labels(self, output: Output, labels: list[int]) -> list[int]:
+        """The labels each score row reads for `output` of the caller's `labels` (checked): a
+        language model's logits read the negated log-normaliser (the label one past the
+        vocabulary) after them."""
+        return [*labels, self.config.vocab_size] if output is Output.LOGITS else labels
+
+    def row_width(self, output: Output, labels: int) -> int:
+        """The columns of a score row's answer to `output` with `labels` labels."""
+        return labels + (output is Output.LOGITS)
 
     def embeddings_refused(self) -> str | None:
         """Why embeddings (`Engine.embed`) are unavailable, or None when they work."""

@@ -5,6 +5,7 @@ through the model's recipe with every label read."""
 import numpy as np
 
 from engine import templates
+from engine.kinds import Output
 from engine.models import decoder
 from engine.tasks.language_model import LanguageModel
 from engine.tasks.outputs import classifier_relevance
@@ -13,6 +14,7 @@ from engine.tasks.outputs import classifier_relevance
 class Classifier(LanguageModel):
     name = "classifier"
     head = "sequence-classification"
+    outputs = (Output.LOGITS,)
     output = staticmethod(decoder.class_logits)
 
     @classmethod
@@ -23,10 +25,21 @@ class Classifier(LanguageModel):
         return refusal(self.config, "")
 
     def rerank_labels(self, template, tokenizer) -> templates.RerankLabels:
-        return templates.RerankLabels(list(range(self.config.num_labels)), False)
+        return class_labels(self.config)
+
+    def row_labels(self, output: Output, labels: list[int]) -> list[int]:
+        return labels
+
+    def row_width(self, output: Output, labels: int) -> int:
+        return labels
 
     def relevance(self, outputs: np.ndarray, raw: bool) -> np.ndarray:
         return classifier_relevance(outputs, raw)
+
+
+def class_labels(config) -> templates.RerankLabels:
+    """A rerank of a classification head reads every label's logit."""
+    return templates.RerankLabels(list(range(config.num_labels)), Output.LOGITS)
 
 
 def refusal(config, kind: str) -> str:

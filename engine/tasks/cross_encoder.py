@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 import tokenizers
 
+from engine.kinds import Layout, Output
 from engine.models import encoder
 from engine.models.layout import place_encoder
 from engine.pairs import PairEncoder, PairOptions
@@ -20,16 +21,21 @@ class CrossEncoder(Task):
     name = "cross-encoder"
     architecture = "cross-encoder"
     head = "sequence-classification"
-    whole_sequences = True
+    outputs = (Output.LOGITS,)
     reads_pairs = True
     forward = staticmethod(encoder.forward)
     output = staticmethod(encoder.pair_logits)
     place = staticmethod(place_encoder)
     rerank_labels = Classifier.rerank_labels
+    row_labels = Classifier.row_labels
+    row_width = Classifier.row_width
 
     @classmethod
     def fits(cls, config) -> bool:
         return config.encoder
+
+    def layout(self, output: Output) -> Layout:
+        return Layout.WHOLE
 
     def unshardable(self) -> str:
         return "encoder models run whole on each device: use data_parallel"

@@ -15,6 +15,7 @@ import numpy as np
 from safetensors.numpy import load_file
 
 from engine.errors import InvalidInput
+from engine.kinds import Layout, Output
 from engine.models import decoder, encoder
 from engine.models.layout import place_decoder, place_encoder
 from engine.tasks.base import Task
@@ -33,6 +34,7 @@ class Embedder(Task):
 
     name = "embedder"
     head = "embedding"
+    outputs = (Output.POOLED, Output.TOKENS)
     # each text encoded alone, with the tokenizer's special tokens, as sentence-transformers
     # does (ids coded as an encoder reads them)
     pair_encoder = CrossEncoder.pair_encoder
@@ -42,8 +44,11 @@ class Embedder(Task):
         """The width of the pooled vectors the device answers: the final hidden state's."""
         return self.config.hidden_size
 
-    def output_width(self, labels: int) -> int:
-        return self.pooled_width  # a row's output is its pooled vector
+    def row_labels(self, output: Output, labels: list[int]) -> list[int]:
+        return []  # a row's output is its pooled vector
+
+    def row_width(self, output: Output, labels: int) -> int:
+        return self.pooled_width
 
     @property
     def dimensions(self) -> int:
@@ -131,12 +136,16 @@ class Embedder(Task):
 
 class EncoderEmbedder(Embedder):
     architecture = "encoder"
-    whole_sequences = True
     forward = staticmethod(encoder.forward)
     output = staticmethod(encoder.pooled)
-    states_output = staticmethod(encoder.states)
     place = staticmethod(place_encoder)
     unshardable = CrossEncoder.unshardable
+    layout = CrossEncoder.layout
+
+    def device_output(self, output: Output) -> tuple[Callable, None]:
+        if output is Output.TOKENS:
+            return encoder.states, None
+        return super().device_output(output)
 
     @classmethod
     def fits(cls, config) -> bool:
@@ -147,21 +156,19 @@ class DecoderEmbedder(Embedder):
     architecture = "decoder"
     forward = staticmethod(decoder.forward)
     output = staticmethod(decoder.last_hidden)
-    states_output = staticmethod(decoder.last_hidden)  # of a row per token (`forward_of`)
     place = staticmethod(place_decoder)
 
-    @property
-    def shares_prefixes(self) -> bool:
-        # a mean reads every token's state: a shared prefix's are computed once, but its
-        # sequences would each need them (and a cached one's are not computed at all)
-        return self.config.embedding.mode == "last"
+    def layout(self, output: Output) -> Layout:
+        # a mean or a row per token reads every token's state: a shared prefix's are computed
+        # once, but its sequences would each need them (and a cached one's are not computed)
+        last = output is Output.POOLED and self.config.embedding.mode == "last"
+        return Layout.SHARED if last else Layout.ALONE
 
-    def forward_of(self, attention, dense, *, states: bool = False, **options):
-        if states:
-            options = {**options, "rows": decoder.every_token}
-        elif self.config.embedding.mode == "mean":
-            options = {**options, "rows": decoder.mean_rows}
-        return super().forward_of(attention, dense, states=states, **options)
+    def device_output(self, output: Output) -> tuple[Callable, Callable | None]:
+        head, _ = super().device_output(output)
+        if output is Output.TOKENS:
+            return head, decoder.every_token
+        return head, decoder.mean_rows if self.config.embedding.mode == "mean" else None
 
     @classmethod
     def fits(cls, config) -> bool:

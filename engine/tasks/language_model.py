@@ -3,6 +3,7 @@
 
 import numpy as np
 
+from engine.kinds import Output
 from engine.models import decoder
 from engine.models.layout import place_decoder
 from engine.tasks.base import Task
@@ -13,6 +14,7 @@ class LanguageModel(Task):
     name = "language-model"
     architecture = "decoder"
     head = "language-model"
+    outputs = (Output.LOGPROBS, Output.LOGITS)
     forward = staticmethod(decoder.forward)
     output = staticmethod(decoder.label_logprobs)
     place = staticmethod(place_decoder)
