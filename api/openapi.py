@@ -11,6 +11,7 @@ from starlette.responses import Response
 
 from api import schemas
 from api.service import Service
+from engine.capabilities import Ability
 
 REF = "#/components/schemas/{name}"
 # JSON Schema counts 2.0 as an integer; the decoders do not, so the document says so
@@ -77,6 +78,9 @@ class Endpoint(NamedTuple):
     error_body: Body = schemas.ErrorResponse  # TEI's routes: ours or TEI's
     answers: tuple[Answer, ...] = ()
     open_access: bool = False  # served without the API key
+    # what the model must be able to do for the route to serve it (any of them: the route's
+    # bodies may ask several ways); none: it serves any model
+    needs: tuple[Ability, ...] = ()
     # the answer to a request without the key, instead of the JSON 401 when it gives one
     unauthorized: Callable[[Request], Response | None] | None = None
 

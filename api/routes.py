@@ -33,6 +33,7 @@ from api.scoring import invocations, json_response, rerank, score, vllm_score_ro
 from api.service import Service
 from api.settings import model_path
 from engine import Engine
+from engine.capabilities import Ability
 from engine.plan import capacities
 
 
@@ -68,6 +69,7 @@ async def models(service: Service, request: Request) -> Response:
 def _model_facts(engine: Engine) -> dict:
     """What the served model is: the fields `ModelCard` and `ModelInfo` share."""
     cfg, task, info = engine.model_config, engine.task, engine.info()
+    recipe = engine.capabilities.offers(Ability.RECIPE)
     return {
         "family": cfg.family,
         "dtype": info.dtype,
@@ -77,29 +79,16 @@ def _model_facts(engine: Engine) -> dict:
         "head": task.head,
         "architecture": task.architecture,
         "num_labels": cfg.num_labels,
-        "rerank_template": engine.template.name if task.takes_recipe() else task.name,
+        "rerank_template": engine.template.name if recipe else task.name,
         "endpoints": scoring_endpoints(engine),
     }
 
 
-# the scoring routes by what their own bodies need: label-token log-probs (a language-model
-# head: SGLang's /v1/score), or the model's rerank recipe (any head, its labels single tokens of
-# the vocabulary; vLLM's score body, on /v1/score too, goes this way)
-LABEL_SCORE_PATHS = ("/v1/score", "/generative_scoring")
-RERANK_PATHS = ("/v1/rerank", "/v2/rerank", "/rerank", "/v1/reranking", "/score")
-
-
-EMBEDDING_PATHS = ("/v1/embeddings", "/v2/embed", "/embed", "/embed_all", "/similarity", "/pooling")
-
-
 def scoring_endpoints(engine: Engine) -> list[str]:
-    """The scoring and embedding routes this model answers (`/invocations` takes either kind
-    of scoring body)."""
-    paths = [] if engine.task.label_scores_refused() else [*LABEL_SCORE_PATHS]
-    if engine.rerank_unavailable is None:
-        paths += RERANK_PATHS
-    embeds = [] if engine.task.embeddings_refused() else [*EMBEDDING_PATHS]
-    return [*paths, "/invocations", *embeds] if paths else embeds
+    """The scoring and embedding routes this model answers, in the table's order: those whose
+    abilities (any of an endpoint's `needs`) its capability record offers."""
+    offers = engine.capabilities.offers
+    return [e.path for e in ENDPOINTS if e.needs and any(map(offers, e.needs))]
 
 
 async def model_info(service: Service, request: Request) -> Response:
@@ -123,8 +112,8 @@ async def server_info(service: Service, request: Request) -> Response:
     engine = service.host.engine if service.host else None
     roofline = None
     if engine and request.query_params.get("roofline", "0").lower() in ("1", "true"):
-        if engine.task.unplannable():
-            raise ApiError(400, f"roofline: {engine.task.unplannable()}")
+        if not engine.capabilities.offers(Ability.ROOFLINE):
+            raise ApiError(400, f"roofline: {engine.capabilities.refusal(Ability.ROOFLINE)}")
         if engine.info().dtype == "int8":
             raise ApiError(400, "roofline: the plan models bf16 and f32 compute; this is int8")
         roofline = await anyio.to_thread.run_sync(service.roofline, engine)
@@ -255,7 +244,15 @@ def _rerank_at(path: str, response, summary: str, tei: bool = False) -> Endpoint
     request = schemas.RerankRequest
     errors, body = (TEI_ERRORS, EITHER_ERROR) if tei else (SCORING_ERRORS, schemas.ErrorResponse)
     return Endpoint(
-        path, "POST", rerank, summary, response, request, errors=errors, error_body=body
+        path,
+        "POST",
+        rerank,
+        summary,
+        response,
+        request,
+        errors=errors,
+        error_body=body,
+        needs=(Ability.RERANK,),
     )
 
 
@@ -286,6 +283,7 @@ ENDPOINTS = (
         (schemas.ScoreResponse, vllm_score.VllmScoreResponse),
         (schemas.ScoreRequest, vllm_score.VllmScoreRequest),
         errors=SCORING_ERRORS,
+        needs=(Ability.SCORE,),
     ),
     Endpoint(
         "/generative_scoring",
@@ -295,15 +293,7 @@ ENDPOINTS = (
         vllm_generative.GenerativeScoringResponse,
         vllm_generative.GenerativeScoringRequest,
         errors=SCORING_ERRORS,
-    ),
-    Endpoint(
-        "/score",
-        "POST",
-        vllm_score_route,
-        "Relevance of query/document pairs, in pair order (vLLM)",
-        vllm_score.VllmScoreResponse,
-        vllm_score.VllmScoreRequest,
-        errors=SCORING_ERRORS,
+        needs=(Ability.SCORE,),
     ),
     _rerank_at(
         "/v1/rerank",
@@ -314,6 +304,16 @@ ENDPOINTS = (
     _rerank_at("/rerank", (COHERE, TEI), "Rerank documents (TEI's list for `texts`, vLLM)", True),
     _rerank_at("/v1/reranking", rerank_answers.MixedbreadResponse, "Rerank documents (Mixedbread)"),
     Endpoint(
+        "/score",
+        "POST",
+        vllm_score_route,
+        "Relevance of query/document pairs, in pair order (vLLM)",
+        vllm_score.VllmScoreResponse,
+        vllm_score.VllmScoreRequest,
+        errors=SCORING_ERRORS,
+        needs=(Ability.RERANK,),
+    ),
+    Endpoint(
         "/v1/embeddings",
         "POST",
         embeddings.embeddings,
@@ -321,6 +321,7 @@ ENDPOINTS = (
         embeddings.EmbeddingResponse,
         embeddings.EmbeddingRequest,
         errors=SCORING_ERRORS,
+        needs=(Ability.EMBED,),
     ),
     Endpoint(
         "/v2/embed",
@@ -330,6 +331,7 @@ ENDPOINTS = (
         cohere_embed.CohereEmbedResponse,
         cohere_embed.CohereEmbedRequest,
         errors=SCORING_ERRORS,
+        needs=(Ability.EMBED,),
     ),
     Endpoint(
         "/embed",
@@ -340,6 +342,7 @@ ENDPOINTS = (
         tei_embed.TeiEmbedRequest,
         errors=TEI_ERRORS,
         error_body=schemas.TeiErrorResponse,
+        needs=(Ability.EMBED,),
     ),
     Endpoint(
         "/embed_all",
@@ -350,6 +353,7 @@ ENDPOINTS = (
         tei_embed.TeiEmbedAllRequest,
         errors=TEI_ERRORS,
         error_body=schemas.TeiErrorResponse,
+        needs=(Ability.EMBED_TOKENS,),
     ),
     Endpoint(
         "/similarity",
@@ -360,6 +364,7 @@ ENDPOINTS = (
         tei_embed.SimilarityRequest,
         errors=TEI_ERRORS,
         error_body=schemas.TeiErrorResponse,
+        needs=(Ability.EMBED,),
     ),
     Endpoint(
         "/pooling",
@@ -369,6 +374,7 @@ ENDPOINTS = (
         vllm_pooling.PoolingResponse,
         vllm_pooling.PoolingRequest,
         errors=SCORING_ERRORS,
+        needs=(Ability.EMBED,),
     ),
     Endpoint(
         "/invocations",
@@ -379,6 +385,7 @@ ENDPOINTS = (
         (schemas.RerankRequest, schemas.ScoreRequest, vllm_score.VllmScoreRequest),
         errors=TEI_ERRORS,
         error_body=EITHER_ERROR,
+        needs=(Ability.SCORE, Ability.RERANK),
     ),
     Endpoint(
         "/tokenize",
@@ -476,3 +483,5 @@ ENDPOINTS = (
 )
 
 ROUTES = [route(e) for e in ENDPOINTS]
+# the routes that serve reranks and nothing else (a cross-encoder's, with `/invocations`)
+RERANK_PATHS = tuple(e.path for e in ENDPOINTS if e.needs == (Ability.RERANK,))

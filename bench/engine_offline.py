@@ -38,9 +38,9 @@ def workloads(tokenizer):
 
 def offline_pairs_per_s(model, pairs, labels, repeats) -> float:
     seqs = [model.sequences(q, [d], item_first=False)[0] for q, d in pairs]
-    model.label_logprobs(seqs, [labels] * len(seqs))  # warm-up
+    model.row_outputs(seqs, [labels] * len(seqs))  # warm-up
     best = min(
-        _timed(lambda: model.label_logprobs(seqs, [labels] * len(seqs))) for _ in range(repeats)
+        _timed(lambda: model.row_outputs(seqs, [labels] * len(seqs))) for _ in range(repeats)
     )
     return len(pairs) / best
 

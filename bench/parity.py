@@ -44,9 +44,9 @@ def main(argv=None) -> None:
     f32 = load_model(path, dtype="float32")
     labels = label_ids(f32.tokenizer)
     seqs = [f32.sequences(q, [it + SUFFIX], item_first=False)[0] for q, it in PAIRS]
-    ours = np.concatenate([f32.label_logprobs([s], [labels]) for s in seqs])
+    ours = np.concatenate([f32.row_outputs([s], [labels]) for s in seqs])
     ref = hf_label_logprobs(load_transformers(path, "float32"), seqs, labels)
-    b16 = load_model(path, dtype="bfloat16").label_logprobs(seqs, [labels] * len(seqs))
+    b16 = load_model(path, dtype="bfloat16").row_outputs(seqs, [labels] * len(seqs))
     soft = lambda lp: scores_from_logprobs(lp, apply_softmax=True)
     report = {
         "pairs": len(seqs),

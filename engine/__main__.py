@@ -12,7 +12,7 @@ import sys
 import time
 
 from engine.offline import load_model
-from engine.program import DTYPES, default_compile_cache_dir, enable_compile_cache
+from engine.program import DTYPES
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -41,7 +41,6 @@ def label_ids(tokenizer, labels: list[str]) -> list[int]:
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     start = time.perf_counter()
-    enable_compile_cache(default_compile_cache_dir())  # the engine's: a second run compiles nothing
     model = load_model(args.model, dtype=args.dtype)
     labels = args.labels or [" yes", " no"]
     ids = label_ids(model.tokenizer, labels)

@@ -7,7 +7,7 @@ import msgspec
 import numpy as np
 
 from engine import truncation
-from engine.errors import InvalidInput, Unsupported
+from engine.errors import InvalidInput
 from engine.pairs import PairOptions
 
 # the embed call's names for the fields of the score request it makes
@@ -40,12 +40,9 @@ def embed_request(
     normalize: bool | None = None,
     max_tokens: int | None = None,
 ) -> EmbedCall:
-    """An embed call of `inputs` (texts, or token-id sequences), each text after its prompt
-    and held to `max_tokens` tokens (None: the model's limit); Unsupported when the `task` is no
-    embedder, InvalidInput naming the field."""
-    refused = task.embeddings_refused()
-    if refused:
-        raise Unsupported(refused)
+    """An embed call of `inputs` (texts, or token-id sequences) to the embedder `task`, each
+    text after its prompt and held to `max_tokens` tokens (None: the model's limit);
+    InvalidInput naming the field."""
     limit = task.config.max_length
     if max_tokens is not None:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:

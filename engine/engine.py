@@ -1,17 +1,14 @@
 """The embeddable engine: `async with open_engine(config) as engine: await engine.score(...)`.
 
-Three actors run in one trio nursery and talk over memory channels (see `engine.messages`):
-tokenizer -> scheduler <-> device runner. The engine hands requests in, relays cancellations,
-and wakes each caller when the scheduler reports its request finished or rejected.
+`Engine` is the one front both doors share (`load_model()` is a synchronous front over it): each
+verb checks what the model can do (`engine.capabilities`), builds its request (an output kind,
+`engine.kinds`), runs it through the actors (`engine.pipeline`) and makes its answer.
 """
 
 import functools
-import itertools
 import logging
-import math
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 
 import msgspec
 import numpy as np
@@ -19,20 +16,16 @@ import tokenizers
 import trio
 
 import _native
-from engine import inputs, kv_cache, runner, scheduler, templates, tokenizer_actor
+from engine import inputs, kv_cache, runner, templates
+from engine.capabilities import Ability, capabilities_of
 from engine.config import EngineConfig
 from engine.embed import INPUT, embed_request
-from engine.errors import (
-    EngineClosed,
-    EngineOverloaded,
-    InvalidInput,
-    RejectKind,
-    rejection_error,
-)
+from engine.errors import InvalidInput
 from engine.kinds import Output
 from engine.loaders import load_checkpoint
-from engine.messages import Cancel, Rejected, Scored, ScoreRequest
 from engine.models import ModelConfig
+from engine.pairs import PairOptions
+from engine.pipeline import Pipeline
 from engine.placement import Placement, device_groups
 from engine.program import DeviceProgram, enable_compile_cache
 from engine.rerank import DOCUMENTS, Reranker, RerankOptions, by_query, check_rerank
@@ -49,12 +42,6 @@ from engine.tasks import scores_from_logprobs
 from score_kernels import devices
 
 log = logging.getLogger("engine")
-
-
-@dataclass
-class _Waiter:
-    done: trio.Event = field(default_factory=trio.Event)
-    outcome: Scored | Rejected | None = None
 
 
 class Engine:
@@ -89,33 +76,11 @@ class Engine:
             max_sequence_tokens=self.max_sequence_tokens,
             max_items=config.max_items_per_request,
         )
-        self.tokenization = tokenizer_actor.TokenizerState.for_model(
-            tokenizer,
-            self.task,
-            self.buckets,
-            max_items=config.max_items_per_request,
-            cache_size=config.tokenizer_cache_size,
-            max_token_vectors=config.max_token_vectors_per_request,
-            native=config.native_tokenizer,
-        )
-        self.scheduler = scheduler.SchedulerState(
-            self.buckets,
-            token_budget=config.token_budget,
-            max_queued_tokens=config.max_queued_tokens,
-            linger=config.batch_linger_ms / 1000,
-            layouts={output: self.task.layout(output) for output in self.task.outputs},
-            caches=kv_cache.runner_caches(
-                [(p.kv.num_pages * config.prefix_cache, p.kv.page_size) for p in self.programs],
-                max_context=self.buckets.max_context,
-            ),
-        )
-        self.runners = [runner.RunnerState(p, block_size=config.block_size) for p in self.programs]
-        self._ids = itertools.count()
-        self._waiters: dict[int, _Waiter] = {}
-        self._sent = 0  # messages handed to the tokenizer; each reaches the scheduler once
-        self._changed = trio.Event()  # set when the scheduler has handled messages
-        self._grid_compiled = [trio.Event() for _ in self.runners]
-        self._closed = False
+        self.capabilities = capabilities_of(self.task, self.reranker.labels)
+        self.pipeline = Pipeline(config, self.task, tokenizer, self.programs, self.buckets)
+        # the actors' states, for counters and tests
+        self.tokenization = self.pipeline.tokenization
+        self.scheduler, self.runners = self.pipeline.scheduler, self.pipeline.runners
         self._info: EngineInfo | None = None
 
     @property
@@ -127,69 +92,6 @@ class Engine:
     def model_config(self) -> ModelConfig:
         """The architecture of the loaded model."""
         return self.program.config
-
-    @property
-    def rerank_unavailable(self) -> str | None:
-        """Why `rerank` is refused for this model (its recipe's labels are not single tokens
-        of its vocabulary), or None when it works."""
-        return self.reranker.unavailable
-
-    async def grid_compiled(self) -> None:
-        """Return once every runner has compiled its bucket grid: at once unless the grid
-        compiles in the background (`EngineConfig.precompile_in_background`)."""
-        for event in self._grid_compiled:
-            await event.wait()
-
-    async def _start(self, nursery: trio.Nursery) -> None:
-        to_tokenizer, tokenizer_inbox = trio.open_memory_channel(math.inf)
-        to_scheduler, scheduler_inbox = trio.open_memory_channel(math.inf)
-        to_engine, engine_inbox = trio.open_memory_channel(math.inf)
-        self._to_tokenizer = to_tokenizer
-        grid = self.buckets.grid(self.config.token_budget) if self.config.precompile else []
-        # runners whose devices share one memory compile one at a time: eight compiling at
-        # once took over 18 GiB of host memory (SmolLM2 f32)
-        limit = 1 if devices.share_memory() else len(self.runners)
-        run_runner = functools.partial(
-            runner.run,
-            progress=self.config.progress,
-            compiling=trio.CapacityLimiter(limit),
-            compile_workers=self.config.compile_workers,
-            background=self.config.precompile_in_background,
-        )
-        to_runners = []
-        async with trio.open_nursery() as compiling:  # every runner starts compiling its grid
-            for state, compiled in zip(self.runners, self._grid_compiled, strict=True):
-                # room for the most a runner is handed (one running, one ahead): the scheduler
-                # counts a batch handed until it is done, taken from the channel or not
-                to_runner, runner_inbox = trio.open_memory_channel(scheduler.HANDED_AHEAD + 1)
-                to_runners.append(to_runner)
-                channels = (state, runner_inbox, to_scheduler.clone(), grid)
-                run = functools.partial(run_runner, compiled=compiled)
-                compiling.start_soon(functools.partial(nursery.start, run, *channels))
-        await nursery.start(tokenizer_actor.run, self.tokenization, tokenizer_inbox, to_scheduler)
-        run_scheduler = functools.partial(scheduler.run, on_change=self._on_change)
-        await nursery.start(run_scheduler, self.scheduler, scheduler_inbox, to_runners, to_engine)
-        nursery.start_soon(self._deliver, engine_inbox)
-
-    def _on_change(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
-
-    async def _deliver(self, inbox: trio.MemoryReceiveChannel) -> None:
-        async for outcome in inbox:
-            waiter = self._waiters.pop(outcome.id, None)
-            if waiter is not None:  # None: the caller was cancelled meanwhile
-                waiter.outcome = outcome
-                waiter.done.set()
-
-    def _close(self) -> None:
-        self._closed = True
-        for request_id, waiter in self._waiters.items():
-            waiter.outcome = Rejected(
-                id=request_id, kind=RejectKind.CLOSED, message="engine shut down"
-            )
-            waiter.done.set()
-        self._waiters.clear()
 
     async def score(
         self,
@@ -206,25 +108,30 @@ class Engine:
         bad input, EngineOverloaded when the queue is full, EngineError when the device step
         fails, EngineClosed on shutdown.
         """
-        refused = self.task.label_scores_refused()
-        if refused:
-            raise InvalidInput("label_token_ids", refused)
-        logprobs, result = await self._outputs(
-            query, items, label_token_ids, item_first, Output.LOGPROBS
+        self.capabilities.require(Ability.SCORE)
+        logprobs, result = await self.outputs(
+            query, items, label_token_ids, Output.LOGPROBS, item_first=item_first
         )
         scores = scores_from_logprobs(logprobs, apply_softmax=apply_softmax).tolist()
         return msgspec.structs.replace(result, scores=scores)
 
-    async def _outputs(
-        self, query, items, label_token_ids, item_first: bool, output: Output, pairs=None
-    ):
+    async def outputs(
+        self,
+        query: inputs.Query,
+        items: inputs.Items,
+        label_token_ids: Sequence[int],
+        output: Output,
+        *,
+        item_first: bool = False,
+        pairs: PairOptions | None = None,
+    ) -> tuple[np.ndarray, ScoreResult]:
         """The score rows' answers f32[N, L] to `output` (label log-probs, logits, or an
         embedder's pooled vectors) and the result (scores empty) carrying the usage; with
-        `pairs` (`engine.pairs.PairOptions`) each item is a cross-encoder's pair with the query,
-        or (an output of texts) a text alone."""
+        `pairs` each item is a cross-encoder's pair with the query, or (an output of texts) a
+        text alone. What `score`, `rerank` and `embed` are made of."""
         start = trio.current_time()
-        request = (query, items, label_token_ids, item_first, output, pairs)
-        scored = await self._submit(*request)
+        request = (query, items, label_token_ids, output)
+        scored = await self.pipeline.submit(*request, item_first=item_first, pairs=pairs)
         timings = msgspec.structs.replace(scored.timings, total=trio.current_time() - start)
         width = self.task.row_width(output, len(label_token_ids))
         rows = scored.outputs  # f32[N, W >= width], or [] for no items
@@ -260,6 +167,7 @@ class Engine:
         at most that many tokens. `truncation_side` "left" cuts a document's start instead of
         its end. Errors name `documents[i]`; Unsupported when the model cannot rerank.
         """
+        self.capabilities.require(Ability.RERANK)
         check_rerank(query, documents, top_n, max_tokens_per_doc, truncation_side)
         options = self.reranker.options(
             instruction, max_tokens_per_doc, truncate, max_prompt_tokens, truncation_side
@@ -289,6 +197,7 @@ class Engine:
         """The rerank relevance of each (queries[i], documents[i]) pair, in pair order (one
         score per pair), with `rerank`'s options. Pairs that share a query are scored as one
         rerank call, the calls concurrently. Errors name `documents[i]` by pair index."""
+        self.capabilities.require(Ability.RERANK)
         options = self.reranker.options(
             instruction, max_tokens_per_doc, truncate, max_prompt_tokens
         )
@@ -309,8 +218,8 @@ class Engine:
         else:
             call = reranker.call(query, documents, options)
         try:
-            outputs, result = await self._outputs(
-                call.query, call.items, call.label_token_ids, False, call.output, call.pairs
+            outputs, result = await self.outputs(
+                call.query, call.items, call.label_token_ids, call.output, pairs=call.pairs
             )
         except InvalidInput as e:
             raise e.renamed(DOCUMENTS) from None
@@ -347,6 +256,7 @@ class Engine:
         Unsupported when the model is not an embedder; other errors as `score`'s, naming
         `input`.
         """
+        self.capabilities.require(Ability.EMBED)
         call = embed_request(
             self.task,
             texts,
@@ -359,8 +269,8 @@ class Engine:
             max_tokens=max_tokens,
         )
         try:
-            outputs, result = await self._outputs(
-                "", call.inputs, [], False, Output.POOLED, call.pairs
+            outputs, result = await self.outputs(
+                "", call.inputs, [], Output.POOLED, pairs=call.pairs
             )
         except InvalidInput as e:
             raise e.renamed(INPUT) from None
@@ -390,6 +300,7 @@ class Engine:
         Each text is computed whole and alone (nothing shared with other texts or read from
         the KV cache). The options and errors are `embed`'s.
         """
+        self.capabilities.require(Ability.EMBED_TOKENS)
         call = embed_request(
             self.task,
             texts,
@@ -401,7 +312,9 @@ class Engine:
         )
         start = trio.current_time()
         try:
-            scored = await self._submit("", call.inputs, [], False, Output.TOKENS, call.pairs)
+            scored = await self.pipeline.submit(
+                "", call.inputs, [], Output.TOKENS, pairs=call.pairs
+            )
         except InvalidInput as e:
             raise e.renamed(INPUT) from None
         timings = msgspec.structs.replace(scored.timings, total=trio.current_time() - start)
@@ -412,41 +325,10 @@ class Engine:
             truncated_tokens=scored.truncated_tokens,
         )
 
-    async def _submit(self, query, items, label_token_ids, item_first, output, pairs) -> Scored:
-        if self._closed:
-            raise EngineClosed("engine shut down")
-        if len(self._waiters) >= self.config.max_queued_requests:
-            raise EngineOverloaded(
-                f"{len(self._waiters)} requests in flight (limit {self.config.max_queued_requests})"
-            )
-        request_id = next(self._ids)
-        waiter = self._waiters[request_id] = _Waiter()
-        self._send(
-            ScoreRequest(
-                id=request_id,
-                query=query,
-                items=items,
-                label_token_ids=label_token_ids,
-                item_first=item_first,
-                output=output,
-                pairs=pairs,
-                arrived=trio.current_time(),
-            )
-        )
-        try:
-            await waiter.done.wait()
-        except BaseException:  # cancelled: drop whatever is left of the work
-            if self._waiters.pop(request_id, None) is not None:
-                self._send(Cancel(id=request_id))
-            raise
-        outcome = waiter.outcome
-        if isinstance(outcome, Rejected):
-            raise rejection_error(outcome.kind, outcome.message, outcome.field)
-        return outcome
-
-    def _send(self, message: ScoreRequest | Cancel) -> None:
-        self._to_tokenizer.send_nowait(message)
-        self._sent += 1
+    async def grid_compiled(self) -> None:
+        """Return once every runner has compiled its bucket grid: at once unless the grid
+        compiles in the background (`EngineConfig.precompile_in_background`)."""
+        await self.pipeline.grid_compiled()
 
     def flush_cache(self) -> None:
         """Forget every cached prefix: later requests compute theirs again. Safe at any time
@@ -455,36 +337,16 @@ class Engine:
 
     def idle(self) -> bool:
         """True when no request is in flight and nothing is queued, planned or running."""
-        handed_over = self._sent == self.scheduler.received
-        return not self._waiters and handed_over and self.scheduler.idle()
+        return self.pipeline.idle()
 
     async def wait_idle(self) -> None:
         """Return once `idle()` holds: every request answered and its work gone (cancelled
         requests included)."""
-        while not self.idle():
-            await self._changed.wait()
+        await self.pipeline.wait_idle()
 
     def stats(self) -> EngineStats:
         """Counters for metrics, read at the moment of the call."""
-        s, c = self.scheduler.stats, self.tokenization.cache
-        runs = [r.stats for r in self.runners]
-        return EngineStats(
-            in_flight=len(self._waiters),
-            queue_depth=self.scheduler.queue_depth(),
-            queued_tokens=self.scheduler.queued_tokens,
-            batches=sum(r.batches for r in runs),
-            failed_batches=sum(r.failed for r in runs),
-            real_tokens=s.real_tokens,
-            padded_tokens=s.padded_tokens,
-            prefix_tokens_saved=s.prefix_tokens_saved,
-            compiles=sum(r.compiles for r in runs),
-            grid_compiled=all(event.is_set() for event in self._grid_compiled),
-            device_busy_s=sum(r.busy_s for r in runs),
-            cache_hits=c.hits,
-            cache_misses=c.misses,
-            runner_batches=[r.batches for r in runs],
-            **kv_cache.counters(self.scheduler.caches),
-        )
+        return self.pipeline.stats()
 
     def info(self) -> EngineInfo:
         """What this engine is: its task, compute mode, sizes, padding grid, KV pool and dense
@@ -507,13 +369,18 @@ class Engine:
             kv_pool=p.kv.info(prefix_cache=self.scheduler.cache is not None),
             dense=p.dense.name,
             dense_choice=p.dense_choice,
+            capabilities={a.value: why for a, why in self.capabilities.refusals.items()},
         )
 
-    def sequences(self, query, items, label_token_ids, *, pairs=None) -> list[list[int]]:
+    def sequences(
+        self, query, items, label_token_ids, *, item_first: bool = False, pairs=None
+    ) -> list[list[int]]:
         """The token sequences a score request of these fields runs, one per item, exactly as
         the engine's tokenizer builds them (`pairs`: a cross-encoder's `PairOptions`);
         InvalidInput naming the field for bad input."""
-        tokenized = self.tokenization.tokenize(query, items, label_token_ids, pairs=pairs)
+        tokenized = self.tokenization.tokenize(
+            query, items, label_token_ids, item_first=item_first, pairs=pairs
+        )
         return inputs.as_lists(tokenized.sequences)
 
 
@@ -543,10 +410,9 @@ async def open_engine(config: EngineConfig | None = None) -> AsyncIterator[Engin
     checkpoint = await trio.to_thread.run_sync(
         functools.partial(load_checkpoint, config.model, progress=config.progress)
     )
-    if config.reranker is not None and not checkpoint.task.takes_recipe():
-        raise InvalidInput(
-            "reranker", "this is a cross-encoder: it reads each pair as it is, with no recipe"
-        )
+    no_recipe = checkpoint.task.refusal(Ability.RECIPE)  # before the record, which needs one
+    if config.reranker is not None and no_recipe:
+        raise InvalidInput("reranker", no_recipe)
     groups = device_groups(config.data_parallel, config.tensor_parallel)
     make = functools.partial(
         DeviceProgram,
@@ -569,9 +435,9 @@ async def open_engine(config: EngineConfig | None = None) -> AsyncIterator[Engin
     engine = Engine(config, checkpoint.tokenizer, programs, checkpoint.source)
     del checkpoint  # the host copy of the weights: the program holds them on the device
     async with trio.open_nursery() as nursery:
-        await engine._start(nursery)
+        await engine.pipeline.start(nursery)
         try:
             yield engine
         finally:
-            engine._close()
+            engine.pipeline.close()
             nursery.cancel_scope.cancel()

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from engine.buckets import DEFAULT_BLOCK_SIZE
+from engine.capabilities import Ability
 from engine.errors import InvalidInput
 from engine.kinds import Output
 from engine.kv_pool import DEFAULT_PAGE_SIZE, KVPool
@@ -78,8 +79,8 @@ class DeviceProgram:
         self.placement = placement or Placement(jax.local_devices()[:1])
         backend = devices.backend()
         sharded = self.placement.size > 1
-        if sharded and task.unshardable():
-            raise InvalidInput("tensor_parallel", task.unshardable())
+        if sharded and task.refusal(Ability.TENSOR_PARALLEL):
+            raise InvalidInput("tensor_parallel", task.refusal(Ability.TENSOR_PARALLEL))
         if sharded and dtype == "int8":
             raise InvalidInput("dtype", "int8 runs whole on each device: use data_parallel")
         if sharded and dense not in (None, "xla"):

@@ -11,7 +11,7 @@ import tokenizers
 import trio
 
 from engine import inputs, truncation
-from engine.errors import InvalidInput, Unsupported
+from engine.errors import InvalidInput
 from engine.kinds import Output
 from engine.messages import Timings
 from engine.pairs import PairOptions
@@ -77,13 +77,8 @@ class Reranker:
         self.tokenizer = tokenizer
         self.max_sequence_tokens = max_sequence_tokens
         self.max_items = max_items
+        # the recipe's labels, or why it cannot read them (`engine.capabilities`)
         self.labels = task.rerank_labels(template, tokenizer)
-
-    @property
-    def unavailable(self) -> str | None:
-        """Why this model cannot rerank (its recipe's labels are not single tokens of its
-        vocabulary), or None when it can."""
-        return self.labels if isinstance(self.labels, str) else None
 
     def options(
         self,
@@ -112,10 +107,8 @@ class Reranker:
         return options.cuts() or self.template.piecewise
 
     def call(self, query: str, documents: Sequence[str], options: RerankOptions) -> RerankCall:
-        """The score call of a rerank; Unsupported when the model cannot rerank, InvalidInput
+        """The score call of a rerank of a model that reranks (`Ability.RERANK`); InvalidInput
         naming `documents` (the tokenizer's own item limit, checked before the cutting)."""
-        if isinstance(self.labels, str):
-            raise Unsupported(f"rerank is unavailable for this model: {self.labels}")
         try:
             inputs.normalize_items(documents, self.max_items)
         except InvalidInput as e:

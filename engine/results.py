@@ -92,3 +92,5 @@ class EngineInfo(msgspec.Struct, frozen=True, kw_only=True):
     kv_pool: KVPoolInfo
     dense: str  # the dense strategy's name ("measured": chosen per weight shape)
     dense_choice: DenseChoice | None  # what the measured strategy chose (None when forced)
+    # each ability (`engine.capabilities.Ability`, by name): None, or why it is refused
+    capabilities: dict[str, str | None] = {}

@@ -83,7 +83,7 @@ def test_sliding_windows_chunked_score_as_one_pass(tmp_path_factory):
     root = tmp_path_factory.mktemp("windowed")
     path = str(write_tiny_checkpoint(root, "gemma3", max_position_embeddings=CONTEXT))
     reference = load_model(path, dtype="float32", token_budget=CONTEXT, progress=False)
-    assert reference.config.window == 16
+    assert reference.model_config.window == 16
     requests = [
         Request(LONG_IDS[:700], [[5, 6], [7], [8, 9, 10]], [1, 2]),
         Request([11, 12], [LONG_IDS[:500]], [3]),

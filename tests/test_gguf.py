@@ -537,8 +537,8 @@ def test_a_reranker_head_loads_in_place_of_the_language_model_head(tmp_path):
     assert (ranker.program.config.num_labels, lm.program.config.num_labels) == (1, 0)
     np.testing.assert_array_equal(load_gguf(tmp_path / "rank.gguf").params["lm_head"], head)
     seqs = [[1, 2, 3, 4, 5], [7, 8], [40, 41, 42]]
-    logprobs = lm.label_logprobs(seqs, [[yes, no]] * 3)
-    logits = ranker.label_logprobs(seqs, [[0]] * 3)
+    logprobs = lm.row_outputs(seqs, [[yes, no]] * 3)
+    logits = ranker.row_outputs(seqs, [[0]] * 3)
     np.testing.assert_allclose(logits[:, 0], logprobs[:, 0] - logprobs[:, 1], atol=1e-5)
 
 

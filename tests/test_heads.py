@@ -18,6 +18,7 @@ from api.app import create_app
 from api.routes import RERANK_PATHS
 from api.settings import settings_from_env
 from engine import InvalidInput, Unsupported, load_model, open_engine, templates
+from engine.capabilities import Ability
 from engine.tasks.outputs import classifier_relevance
 from tests.conftest import tiny_tokenizer, write_tiny_checkpoint
 from tests.test_api_support import serving, tiny_config, tiny_env
@@ -53,7 +54,7 @@ def test_head_logits_equal_transformers(checkpoint):
     assert model.program.config.num_labels == labels
     tok = model.tokenizer
     seqs = [tok.encode(QUERY + d).ids for d in DOCS]
-    ours = model.label_logprobs(seqs, [list(range(labels))] * len(seqs))  # f32[N, labels]
+    ours = model.row_outputs(seqs, [list(range(labels))] * len(seqs))  # f32[N, labels]
     for seq, row in zip(seqs, ours, strict=True):
         np.testing.assert_allclose(row, hf_logits(path, seq), atol=1e-4)
     with pytest.raises(InvalidInput, match="sequence-classification head"):
@@ -208,7 +209,7 @@ def test_a_one_label_recipe_needs_its_tokens(tiny_checkpoints, tmp_path):
     async def main(path):
         config = msgspec.structs.replace(tiny_config(path), reranker="bge-reranker-v2-gemma")
         async with open_engine(config) as engine:
-            assert why[path] in engine.rerank_unavailable
+            assert why[path] in engine.capabilities.refusal(Ability.RERANK)
             with pytest.raises(Unsupported, match=why[path]):
                 await engine.rerank(QUERY, DOCS)
             return await engine.score(QUERY, DOCS, [5, 17])

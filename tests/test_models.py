@@ -39,7 +39,7 @@ def test_family_matches_transformers(name, tiny_checkpoints, rng):
     lengths = [1, 2, 7, 33, 64, 150, 300]  # 300 > llama3-scaled's original context of 64
     seqs = [rng.integers(0, 384, n).tolist() for n in lengths]
     labels = [5, 17, 383]
-    ours = model.label_logprobs(seqs, [labels] * len(seqs))
+    ours = model.row_outputs(seqs, [labels] * len(seqs))
     ref = hf_label_logprobs(hf, seqs, labels)
     np.testing.assert_allclose(ours, ref, atol=1e-4, rtol=0)
 
@@ -50,8 +50,8 @@ def test_many_score_rows_equal_one_by_one(reference, rng):
     prompt = rng.integers(0, 384, 40).tolist()
     seqs = [prompt + rng.integers(0, 384, 3).tolist() for _ in range(HEAD_ROWS + 37)]
     labels = [[5, 17, 383]] * len(seqs)
-    packed = reference.label_logprobs(seqs, labels)
-    alone = np.concatenate([reference.label_logprobs([s], labels[:1]) for s in seqs])
+    packed = reference.row_outputs(seqs, labels)
+    alone = np.concatenate([reference.row_outputs([s], labels[:1]) for s in seqs])
     # a GPU's matmuls of another shape sum f32 in another order: 2 of 495 log-probs 1.1e-5 (20
     # ulps) apart at -5.9 on an H100
     rtol = 0 if devices.backend() == "cpu" else 4e-6
@@ -63,13 +63,13 @@ def test_sliding_windows_packed_equal_one_by_one(name, tiny_checkpoints, rng):
     """Sequences sharing a prefix longer than the 16-key window, packed into one batch, score as
     each does alone: the window cuts into the shared prefix or past it, per token."""
     model = load_model(tiny_checkpoints[name], dtype="float32", progress=False)
-    assert model.config.window == 16
+    assert model.model_config.window == 16
     prefix = rng.integers(0, 384, 40).tolist()
     seqs = [prefix + rng.integers(0, 384, n).tolist() for n in (1, 5, 15, 16, 17, 40)]
     seqs += [rng.integers(0, 384, 70).tolist()]
     labels = [[5, 17, 383]] * len(seqs)
-    packed = model.label_logprobs(seqs, labels)
-    alone = np.concatenate([model.label_logprobs([s], labels[:1]) for s in seqs])
+    packed = model.row_outputs(seqs, labels)
+    alone = np.concatenate([model.row_outputs([s], labels[:1]) for s in seqs])
     np.testing.assert_allclose(packed, alone, atol=1e-5, rtol=0)
 
 

@@ -135,7 +135,7 @@ def test_forced_in_the_model(tmp_path) -> None:
     mosaic = load_model(path, dtype="bfloat16", attention="mosaic", dense="xla")
     xla = load_model(path, dtype="bfloat16", attention="xla", dense="xla")
     assert mosaic.program.attention is attention_mosaic_gpu_auto
-    got, want = mosaic.label_logprobs(seqs, labels), xla.label_logprobs(seqs, labels)
+    got, want = mosaic.row_outputs(seqs, labels), xla.row_outputs(seqs, labels)
     np.testing.assert_allclose(got, want, atol=0.02)
 
 

@@ -20,7 +20,7 @@ def test_text_is_joined_then_tokenised_whole(tiny):
     ids = [e.ids for e in tiny.tokenizer.encode_batch([query + it for it in items])]
     assert tiny.sequences(query, items, item_first=False) == ids
     by_text = tiny.score(query, items, labels)
-    by_hand = scores_from_logprobs(tiny.label_logprobs(ids, [labels] * 2), apply_softmax=False)
+    by_hand = scores_from_logprobs(tiny.row_outputs(ids, [labels] * 2), apply_softmax=False)
     np.testing.assert_allclose(by_text, by_hand, rtol=1e-6)
 
 
@@ -91,7 +91,7 @@ def test_reference_attention_gives_the_same_scores(tiny_checkpoints):
     ref = load_model(tiny_checkpoints["qwen3"], dtype="float32", attention="reference")
     xla = load_model(tiny_checkpoints["qwen3"], dtype="float32", attention="xla")
     np.testing.assert_allclose(
-        ref.label_logprobs(seqs, [[1, 2]] * 3), xla.label_logprobs(seqs, [[1, 2]] * 3), atol=1e-5
+        ref.row_outputs(seqs, [[1, 2]] * 3), xla.row_outputs(seqs, [[1, 2]] * 3), atol=1e-5
     )
 
 
@@ -126,7 +126,7 @@ def test_smollm2_matches_transformers(smol_pair):
     assert [model.tokenizer.encode(t).ids for t in texts] == seqs
     ours = np.concatenate(
         [
-            model.label_logprobs(model.sequences(q, [it + SUFFIX], item_first=False), [labels])
+            model.row_outputs(model.sequences(q, [it + SUFFIX], item_first=False), [labels])
             for q, it in PAIRS
         ]
     )

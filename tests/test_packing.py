@@ -241,8 +241,8 @@ def test_packed_equals_one_by_one(tiny_llama, item_first):
     packed = tiny_llama.score(query, items, labels, item_first=item_first)
     single = [tiny_llama.score(query, [it], labels, item_first=item_first)[0] for it in items]
     seqs = tiny_llama.sequences(query, items, item_first=item_first)
-    lp_packed = tiny_llama.label_logprobs(seqs, [labels] * len(seqs))
-    lp_single = np.concatenate([tiny_llama.label_logprobs([s], [labels]) for s in seqs])
+    lp_packed = tiny_llama.row_outputs(seqs, [labels] * len(seqs))
+    lp_single = np.concatenate([tiny_llama.row_outputs([s], [labels]) for s in seqs])
     np.testing.assert_allclose(lp_packed, lp_single, atol=1e-5, rtol=0)
     np.testing.assert_allclose(packed, single, rtol=1e-4, atol=0)
 
@@ -271,7 +271,7 @@ def test_several_groups_and_split_batches_equal_one_by_one(tiny_checkpoints):
         )
         > 2
     )
-    packed = model.label_logprobs(seqs, labels)
+    packed = model.row_outputs(seqs, labels)
     for i, (s, lab) in enumerate(zip(seqs, labels, strict=True)):
-        single = model.label_logprobs([s], [lab])[0]
+        single = model.row_outputs([s], [lab])[0]
         np.testing.assert_allclose(packed[i, : len(lab)], single, atol=1e-5, rtol=0)

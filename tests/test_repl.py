@@ -167,7 +167,7 @@ def test_piped_script(tiny_path, reference, tmp_path):
     )
     assert not np.allclose(first, plain[:2], rtol=1e-3)
 
-    t = templates.template_for(reference.config.family, reference.tokenizer)
+    t = templates.template_for(reference.model_config.family, reference.tokenizer)
     want = reference.score(
         t.query_text("where is the house?", None),
         [t.document_text(d) for d in docs],

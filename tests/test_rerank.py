@@ -9,6 +9,7 @@ import trio
 
 from bench.encoders import write_encoder
 from engine import InvalidInput, Unsupported, load_model, open_engine
+from engine.capabilities import capabilities_of
 from tests.conftest import CORPUS, TINY_ENCODER
 from tests.test_api_support import tiny_config
 
@@ -77,6 +78,6 @@ def test_offline_rerank_refuses_bad_options_as_the_engine_does(tiny_path):
 
 def test_a_model_whose_recipe_labels_are_not_tokens_cannot_rerank(tiny_path):
     model = load_model(str(tiny_path), dtype="float32", progress=False)
-    model.reranker.labels = "its yes/no are not single tokens"
+    model.engine.capabilities = capabilities_of(model.task, "its yes/no are not single tokens")
     with pytest.raises(Unsupported, match="rerank is unavailable"):
         model.rerank(QUERY, DOCS)

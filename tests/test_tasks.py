@@ -6,6 +6,7 @@ import msgspec
 import numpy as np
 import pytest
 
+from engine.capabilities import Ability
 from engine.kinds import Layout, Output
 from engine.models import ModelConfig, decoder, encoder
 from engine.models.config import Pooling
@@ -43,14 +44,16 @@ def test_each_config_gets_exactly_one_kind(config, kind):
 
 def test_what_each_kind_decides():
     lm, cls, enc = task_for(BASE), task_for(CLASSIFIER), task_for(ENCODER)
-    assert lm.label_scores_refused() is None
-    assert "sequence-classification head of 2 label(s)," in cls.label_scores_refused()
-    assert "(a bert cross-encoder)" in enc.label_scores_refused()
+    assert lm.refusal(Ability.SCORE) is None
+    assert "sequence-classification head of 2 label(s)," in cls.refusal(Ability.SCORE)
+    assert "(a bert cross-encoder)" in enc.refusal(Ability.SCORE)
     assert (lm.reuses_kv, cls.reuses_kv, enc.reuses_kv) == (True, True, False)
     assert (lm.layout(Output.LOGPROBS), enc.layout(Output.LOGITS)) == (Layout.SHARED, Layout.WHOLE)
-    assert (lm.takes_recipe(), enc.takes_recipe()) == (True, False)
-    assert lm.unshardable() is None and "data_parallel" in enc.unshardable()
-    assert lm.unplannable() is None and "cross-encoder" in enc.unplannable()
+    assert lm.refusal(Ability.RECIPE) is None and "no recipe" in enc.refusal(Ability.RECIPE)
+    assert lm.refusal(Ability.TENSOR_PARALLEL) is None
+    assert "data_parallel" in enc.refusal(Ability.TENSOR_PARALLEL)
+    assert lm.refusal(Ability.ROOFLINE) is None
+    assert "cross-encoder" in enc.refusal(Ability.ROOFLINE)
     assert lm.pair_encoder(tiny_tokenizer()) is None
     assert enc.pair_encoder(tiny_tokenizer()).id_space == 600  # two token types, coded
     assert cls.rerank_labels(None, None).ids == [0, 1]

@@ -14,6 +14,7 @@ kernel below the device's peak.
 from collections.abc import Sequence
 
 from engine.buckets import DEFAULT_BLOCK_SIZE, DEFAULT_TOKEN_BUDGET, make_buckets
+from engine.capabilities import Ability
 from engine.kv_pool import default_kv_cache_bytes
 from engine.loaders import Checkpoint
 from engine.models import ModelConfig
@@ -77,8 +78,9 @@ def plan(
     """The plan of a checkpoint (in `dtype`) or of a loaded device program (in its own) on each
     device kind: `capacity`, the largest batch, and W1 and W2 roofline estimates
     (`progress(text)` is told of each compile). ValueError for a cross-encoder."""
-    if source.task.unplannable():
-        raise ValueError(source.task.unplannable())
+    why = source.task.refusal(Ability.ROOFLINE)
+    if why:
+        raise ValueError(why)
     if isinstance(source, DeviceProgram):
         analyser, dtype = Analyser.of_program(source, block_size), source.dtype
     else:

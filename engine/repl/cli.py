@@ -17,6 +17,7 @@ import time
 
 import trio
 
+from engine.capabilities import Ability
 from engine.config import EngineConfig
 from engine.engine import Engine, open_engine
 from engine.program import DTYPES
@@ -38,8 +39,8 @@ def make_session(engine: Engine) -> Session:
     with contextlib.suppress(ValueError):  # not single tokens here: the user picks labels
         session.set_labels(DEFAULT_LABELS)
     # a model without label-token scores (a classification head) reranks: that is what it does
-    session.rerank = engine.task.label_scores_refused() is not None
-    session.embed = engine.task.embeddings_refused() is None
+    session.rerank = not engine.capabilities.offers(Ability.SCORE)
+    session.embed = engine.capabilities.offers(Ability.EMBED)
     return session
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import tokenizers
 
 from engine import templates, truncation
+from engine.capabilities import Ability
 from engine.kinds import Layout, Output
 from engine.models import FAMILIES, ModelConfig
 from engine.pairs import PairEncoder
@@ -100,19 +101,19 @@ class Task:
         """Whether a token's K/V may be kept and read again by later sequences (a KV pool)."""
         return any(self.layout(o).shares for o in self.outputs)
 
-    def unshardable(self) -> str | None:
-        """Why this kind cannot be sharded over devices (tensor parallelism), or None."""
-        return None
+    # --- what it can do
 
-    def unplannable(self) -> str | None:
-        """Why `engine.plan` cannot model this kind, or None."""
-        return None
+    def refusal(self, ability: Ability) -> str | None:
+        """Why this kind refuses `ability` (`engine.capabilities`), or None when it has it. The
+        engine asks once, at load, for its capability record."""
+        return self.refusals().get(ability)
+
+    def refusals(self) -> dict[Ability, str]:
+        """What this kind refuses, and why: a language model answers no vectors."""
+        not_embedder = f"this model is a {self.name} ({self.describe()}), not an embedder"
+        return {Ability.EMBED: not_embedder, Ability.EMBED_TOKENS: not_embedder}
 
     # --- requests
-
-    def label_scores_refused(self) -> str | None:
-        """Why label-token scores (`/v1/score`) are unavailable, or None when they work."""
-        return None
 
     def pair_encoder(
         self, tokenizer: tokenizers.Tokenizer, *, native: bool = True
@@ -120,10 +121,6 @@ class Task:
         """How score requests with pairs are tokenised (an embedder's texts natively where
         `native` and the tokenizer allow, `engine.native_tokenizer`); None: they are refused."""
         return None
-
-    def takes_recipe(self) -> bool:
-        """Whether a rerank recipe (`EngineConfig.reranker`) applies to this kind."""
-        return not self.reads_pairs
 
     def rerank_labels(self, template, tokenizer) -> templates.RerankLabels | str:
         """The labels a rerank reads at each score row, or why this model cannot rerank."""
@@ -156,10 +153,6 @@ class Task:
     def row_width(self, output: Output, labels: int) -> int:
         """The columns of a score row's answer to `output` with `labels` labels."""
         return labels + (output is Output.LOGITS)
-
-    def embeddings_refused(self) -> str | None:
-        """Why embeddings (`Engine.embed`) are unavailable, or None when they work."""
-        return f"this model is a {self.name} ({self.describe()}), not an embedder"
 
     def describe(self) -> str:
         """The model's kind in a few words, for people."""

@@ -5,6 +5,7 @@ through the model's recipe with every label read."""
 import numpy as np
 
 from engine import templates
+from engine.capabilities import Ability
 from engine.kinds import Output
 from engine.models import decoder
 from engine.tasks.language_model import LanguageModel
@@ -21,8 +22,8 @@ class Classifier(LanguageModel):
     def fits(cls, config) -> bool:
         return not config.encoder and config.num_labels > 0
 
-    def label_scores_refused(self) -> str | None:
-        return refusal(self.config, "")
+    def refusals(self) -> dict[Ability, str]:
+        return super().refusals() | {Ability.SCORE: refusal(self.config, "")}
 
     def rerank_labels(self, template, tokenizer) -> templates.RerankLabels:
         return class_labels(self.config)

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 import tokenizers
 
+from engine.capabilities import Ability
 from engine.kinds import Layout, Output
 from engine.models import encoder
 from engine.models.layout import place_encoder
@@ -15,6 +16,8 @@ from engine.pairs import PairEncoder, PairOptions
 from engine.tasks.base import Task
 from engine.tasks.classifier import Classifier, refusal
 from engine.tasks.outputs import classifier_relevance
+
+UNSHARDABLE = "encoder models run whole on each device: use data_parallel"
 
 
 class CrossEncoder(Task):
@@ -37,14 +40,13 @@ class CrossEncoder(Task):
     def layout(self, output: Output) -> Layout:
         return Layout.WHOLE
 
-    def unshardable(self) -> str:
-        return "encoder models run whole on each device: use data_parallel"
-
-    def unplannable(self) -> str:
-        return "the plan models decoders; this is a cross-encoder"
-
-    def label_scores_refused(self) -> str:
-        return refusal(self.config, f" (a {self.config.family} cross-encoder)")
+    def refusals(self) -> dict[Ability, str]:
+        return super().refusals() | {
+            Ability.SCORE: refusal(self.config, f" (a {self.config.family} cross-encoder)"),
+            Ability.RECIPE: "this is a cross-encoder: it reads each pair as it is, with no recipe",
+            Ability.TENSOR_PARALLEL: UNSHARDABLE,
+            Ability.ROOFLINE: "the plan models decoders; this is a cross-encoder",
+        }
 
     def pair_encoder(self, tokenizer: tokenizers.Tokenizer, *, native: bool = True) -> PairEncoder:
         cfg = self.config

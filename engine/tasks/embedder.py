@@ -14,12 +14,13 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import load_file
 
+from engine.capabilities import Ability
 from engine.errors import InvalidInput
 from engine.kinds import Layout, Output
 from engine.models import decoder, encoder
 from engine.models.layout import place_decoder, place_encoder
 from engine.tasks.base import Task
-from engine.tasks.cross_encoder import CrossEncoder
+from engine.tasks.cross_encoder import UNSHARDABLE, CrossEncoder
 
 ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {  # a Dense module's, f32
     "tanh": np.tanh,
@@ -68,23 +69,18 @@ class Embedder(Task):
             out.append((weight, bias, ACTIVATIONS[layer.activation]))
         return out
 
-    def embeddings_refused(self) -> None:
-        return None
-
-    def unplannable(self) -> str:
-        return "the plan models label scoring; this is an embedder"
-
-    def label_scores_refused(self) -> str:
-        return (
-            f"this model is an embedder ({self.describe()}): it has no language-model head, so "
-            "label-token scores are unavailable (it answers /v1/embeddings)"
-        )
-
-    def takes_recipe(self) -> bool:
-        return False
+    def refusals(self) -> dict[Ability, str]:
+        embedder = f"this model is an embedder ({self.describe()})"
+        return {
+            Ability.SCORE: f"{embedder}: it has no language-model head, so label-token scores "
+            "are unavailable (it answers /v1/embeddings)",
+            Ability.RERANK: f"{embedder}: it does not rerank",
+            Ability.RECIPE: f"{embedder}: it does not rerank",
+            Ability.ROOFLINE: "the plan models label scoring; this is an embedder",
+        }
 
     def rerank_labels(self, template, tokenizer) -> str:
-        return f"this model is an embedder ({self.describe()}): it does not rerank"
+        return self.refusal(Ability.RERANK)
 
     def prompt(self, name: str | None) -> str:
         """The text put before texts given prompt `name` (None: the default one, or none);
@@ -139,8 +135,10 @@ class EncoderEmbedder(Embedder):
     forward = staticmethod(encoder.forward)
     output = staticmethod(encoder.pooled)
     place = staticmethod(place_encoder)
-    unshardable = CrossEncoder.unshardable
     layout = CrossEncoder.layout
+
+    def refusals(self) -> dict[Ability, str]:
+        return super().refusals() | {Ability.TENSOR_PARALLEL: UNSHARDABLE}
 
     def device_output(self, output: Output) -> tuple[Callable, None]:
         if output is Output.TOKENS:
