@@ -23,7 +23,7 @@ from tqdm import tqdm, trange
 from bench import common
 from bench.baseline import hf_label_logprobs, load_transformers
 from bench.flops import Cost, plan_flops
-from engine import EngineConfig, open_engine, packing
+from engine import EngineConfig, open_engine, planning
 
 
 def engine_config(args, path) -> EngineConfig:
@@ -75,7 +75,7 @@ async def _run_engine(config, build, repeats) -> dict:
             times.append(time.perf_counter() - t0)
         after = engine.stats()
         seqs = engine_sequences(engine, query, items, labels)
-        plan = packing.plan(seqs, token_budget=config.token_budget, buckets=engine.buckets)
+        plan = planning.plan(seqs, token_budget=config.token_budget, buckets=engine.buckets)
         cost = Cost.of(engine.model_config)
         per_pass = lambda name: (getattr(after, name) - getattr(before, name)) / repeats
         return {
@@ -88,7 +88,7 @@ async def _run_engine(config, build, repeats) -> dict:
             "logprobs": np.log(np.asarray(warm.scores, np.float64)),
             "seqs": seqs,
             "flops": plan_flops(cost, plan, seqs),
-            "planned_real_tokens": sum(packing.real_tokens(b, seqs) for b in plan),
+            "planned_real_tokens": sum(planning.real_tokens(b, seqs) for b in plan),
             "real_tokens": per_pass("real_tokens"),
             "padded_tokens": per_pass("padded_tokens"),
             "batches": per_pass("batches"),

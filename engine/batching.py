@@ -11,11 +11,12 @@ packed with what is cached, computing the rest).
 
 from collections.abc import Iterator, Sequence
 
-from engine import chunking, packing
+from engine import chunking, packing, planning
 from engine.buckets import Buckets
 from engine.kinds import Layout
 from engine.kv_cache import KVCache
-from engine.packing import PackedBatch, Tokens
+from engine.packing import PackedBatch
+from engine.planning import Tokens
 
 
 def batches(
@@ -30,9 +31,9 @@ def batches(
     """Every sequence scored once. Without `cache` this never yields None. With it, the caller
     commits or aborts each batch's contexts when the batch is done, and answers a None with
     `send(idle)` once its running batches are done (see the module docstring). `layout`: how
-    the sequences are laid out (`packing.plan`); only a shared one is cached."""
+    the sequences are laid out (`planning.plan`); only a shared one is cached."""
     if cache is None:
-        plan = packing.plan(seqs, token_budget=token_budget, buckets=buckets, layout=layout)
+        plan = planning.plan(seqs, token_budget=token_budget, buckets=buckets, layout=layout)
         for chunks in plan:
             yield packing.pack(seqs, labels, chunks, buckets, layout=layout)
         return
@@ -59,7 +60,7 @@ def batches(
         _abort(cache, contexts)
         lengths = [len(s) for s in every]
         limits = dict(token_budget=token_budget, max_rows=buckets.max_rows)
-        for chunks in packing.plan_batches(batch.chunks, lengths, **limits):
+        for chunks in planning.plan_batches(batch.chunks, lengths, **limits):
             yield pack(chunks, cache.contexts(every, chunks))
 
 
@@ -85,13 +86,13 @@ def _plan(
 ) -> tuple[list[Tokens], list[chunking.Planned], dict[int, int]]:
     """The pieces of chunked groups, then every sequence with what it will find cached; and
     what each sequence found cached before this plan."""
-    groups = packing.group_by_prefix(seqs)
+    groups = planning.group_by_prefix(seqs)
     cached = [cache.peek(seqs[g.members[0]][: chunking.cacheable(g, seqs)]) for g in groups]
     extra, planned, expect = chunking.pieces(
         seqs, groups, cached, budget=budget, page=cache.page_size, capacity=cache.capacity
     )
     have = {m: max(c, expect[m]) for g, c in zip(groups, cached, strict=True) for m in g.members}
-    for chunks in packing.plan(
+    for chunks in planning.plan(
         seqs, token_budget=budget, buckets=buckets, groups=groups, cached=have
     ):
         planned.append(chunking.Planned(chunks, [expect[c.members[0]] for c in chunks]))

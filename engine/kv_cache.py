@@ -17,7 +17,8 @@ import numpy as np
 
 import _native
 from engine.chunking import cacheable
-from engine.packing import Chunk, Context, Tokens
+from engine.packing import Context
+from engine.planning import Chunk, Tokens
 
 ROOT = 0  # the tree's root node: pinning it pins nothing that can be evicted
 

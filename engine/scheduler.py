@@ -21,9 +21,8 @@ import math
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import numpy as np
 import trio
 
 from engine import batching, packing
@@ -33,41 +32,12 @@ from engine.errors import RejectKind
 from engine.kinds import Layout, Output
 from engine.kv_cache import KVCache
 from engine.messages import Batch, BatchDone, Cancel, Rejected, Scored, Timings, Tokenized
+from engine.progress import InFlight, Progress, store_rows, store_tokens
 
 WINDOW_ITEMS = 4096  # queued items considered for one batch: bounds host work per batch
 HANDED_AHEAD = 1  # batches a runner is handed beyond the one it runs
 # a language model's outputs' layouts: what a scheduler serves unless told
 SCORING = {Output.LOGPROBS: Layout.SHARED, Output.LOGITS: Layout.SHARED}
-
-
-@dataclass
-class _Request:
-    msg: Tokenized
-    queued_at: float
-    # its score rows' outputs f32[n, W] (from its first batch answered on; W is the narrowest
-    # label width of its batches so far, each of which holds the request's outputs), or a list
-    # of each item's token states f32[n_i, E]
-    outputs: np.ndarray | list | None = None
-    remaining: int = 0
-    first_batch_at: float | None = None
-    build_s: float = 0.0
-    pack_s: float = 0.0
-    device_s: float = 0.0
-    dispatch_s: float = 0.0
-    cached_tokens: int = 0  # prompt tokens read from the KV cache
-    # per runner's cache: (node, epoch) of the cached prefix pinned while queued, or None
-    holds: list[tuple[int, int] | None] = field(default_factory=list)
-
-
-@dataclass
-class _InFlight:
-    rows: list[tuple[int, int]]  # (request id, item index) per score row
-    contexts: list  # engine.packing.Context | None per chunk: committed or aborted when done
-    cached: list[int]  # tokens of each row read from the KV cache
-    runner: int = 0
-    # a per-token output's: each row's sequence's tokens [start, end) in the batch; None: a
-    # row's output is its answer
-    spans: list[tuple[int, int]] | None = None
 
 
 @dataclass
@@ -101,10 +71,10 @@ class SchedulerState:
         self.linger = linger
         self.last_done_at = -math.inf  # when the device last answered requests
         self.cohort = 0  # requests expected queued before batching: waiting then + answered
-        self.requests: dict[int, _Request] = {}
+        self.requests: dict[int, Progress] = {}
         self.queue: OrderedDict[int, deque[int]] = OrderedDict()  # request id -> item indices
         self.queued_tokens = 0
-        self.in_flight: dict[int, _InFlight] = {}
+        self.in_flight: dict[int, InFlight] = {}
         self.next_batch_id = 0
         # per runner: KV pools lost so far (batches carry the one they read)
         self.pool_generation = [0] * len(self.caches)
@@ -165,7 +135,7 @@ class SchedulerState:
         n = len(msg.sequences)
         self._replan()
         per_token = msg.output.per_token
-        self.requests[msg.id] = req = _Request(msg, now, [None] * n if per_token else None, n)
+        self.requests[msg.id] = req = Progress(msg, now, [None] * n if per_token else None, n)
         prefix = msg.sequences[0][:-1]  # what it finds cached stays cached until it runs
         shares = self.layouts[msg.output].shares
         caches = [c if shares else None for c in self.caches]
@@ -180,7 +150,7 @@ class SchedulerState:
         for idx in self.queue.pop(request_id, ()):
             self.queued_tokens -= len(req.msg.sequences[idx])
 
-    def _forget(self, request_id: int) -> _Request:
+    def _forget(self, request_id: int) -> Progress:
         req = self.requests.pop(request_id)
         for cache, hold in zip(self.caches, req.holds, strict=True):
             if hold is not None:
@@ -356,7 +326,7 @@ class SchedulerState:
             output=self._window_output,
         )
         self.next_batch_id += 1
-        flight = _InFlight(rows, packed.contexts, packed.cached, runner, spans)
+        flight = InFlight(rows, packed.contexts, packed.cached, runner, spans)
         self.in_flight[batch.id] = flight
         self.assigned[runner] += 1
         self.runner_batches[runner] += 1
@@ -380,15 +350,15 @@ class SchedulerState:
             req.device_s += done.device_s
             req.dispatch_s += done.dispatch_s
         if flight.spans is None:
-            _store_rows(live, rows, done.outputs)
+            store_rows(live, rows, done.outputs)
         else:
-            _store_states(live, rows, done.outputs, flight.spans)
-        finished = [self._finish(rid, now) for rid, req in live.items() if req.remaining == 0]
+            store_tokens(live, rows, done.outputs, flight.spans)
+        finished = [self._forget(rid).scored(rid) for rid, req in live.items() if not req.remaining]
         self.last_done_at = now
         self.cohort = len(self.queue) + len(finished)
         return finished
 
-    def _settle(self, flight: _InFlight, done: BatchDone) -> None:
+    def _settle(self, flight: InFlight, done: BatchDone) -> None:
         """Commit or abort the batch's cache contexts; a lost pool voids its runner's cache."""
         cache = self.caches[flight.runner]
         if cache is None:
@@ -402,7 +372,7 @@ class SchedulerState:
             else:
                 cache.abort(ctx)
 
-    def _requeue(self, flight: _InFlight) -> None:
+    def _requeue(self, flight: InFlight) -> None:
         """Put a batch's items that were not run back at the head of the line."""
         self._replan()
         back: dict[int, list[int]] = {}
@@ -422,27 +392,6 @@ class SchedulerState:
             out.append(Rejected(id=rid, kind=RejectKind.FAILED, message=error))
         return out
 
-    def _finish(self, rid: int, now: float) -> Scored:
-        req = self._forget(rid)
-        timings = Timings(
-            tokenize=req.msg.tokenize_s,
-            queue=req.first_batch_at - req.queued_at,
-            batch_build=req.build_s,
-            plan=req.build_s - req.pack_s,
-            pack=req.pack_s,
-            device=req.device_s,
-            dispatch=req.dispatch_s,
-        )
-        prompt = sum(map(len, req.msg.sequences))
-        return Scored(
-            id=rid,
-            outputs=req.outputs,
-            prompt_tokens=prompt,
-            cached_tokens=req.cached_tokens,
-            truncated_tokens=req.msg.truncated,
-            timings=timings,
-        )
-
     def queue_depth(self) -> int:
         """Requests waiting for (more of) their items to be batched."""
         return len(self.queue)
@@ -450,39 +399,6 @@ class SchedulerState:
     def idle(self) -> bool:
         """True when no request is tracked: nothing queued, planned or running."""
         return not (self.requests or self.queue or self.in_flight) and self.queued_tokens == 0
-
-
-def _store_rows(live: dict[int, _Request], rows, outputs: np.ndarray) -> None:
-    """Copy each live request's score rows out of the batch's outputs f32[S, L] (whose padding
-    rows are thousands in a large bucket) into its own f32[n, W]: one copy per run of rows of
-    one request (a request's rows are mostly one run)."""
-    if not rows:  # a batch of prefix pieces only: nothing it computes is answered
-        return
-    rids = np.fromiter((rid for rid, _ in rows), np.int64, len(rows))  # [R]
-    items = np.fromiter((idx for _, idx in rows), np.int64, len(rows))  # [R]
-    starts = [0, *(np.flatnonzero(rids[1:] != rids[:-1]) + 1).tolist()]
-    ends = starts[1:] + [len(rows)]
-    for rid, start, end in zip(rids[starts].tolist(), starts, ends, strict=True):
-        req = live.get(rid)
-        if req is None:  # cancelled or failed meanwhile
-            continue
-        if req.outputs is None:
-            req.outputs = np.empty((len(req.msg.sequences), outputs.shape[1]), outputs.dtype)
-        width = min(req.outputs.shape[1], outputs.shape[1])
-        if width < req.outputs.shape[1]:
-            req.outputs = req.outputs[:, :width]
-        req.outputs[items[start:end]] = outputs[start:end, :width]
-        req.remaining -= end - start
-
-
-def _store_states(live: dict[int, _Request], rows, outputs: np.ndarray, spans) -> None:
-    """Each live request's rows' token states f32[n, E], copied out of the batch's f32[T, E]
-    (which is let go)."""
-    for (rid, idx), (start, end) in zip(rows, spans, strict=True):
-        req = live.get(rid)
-        if req is not None:
-            req.outputs[idx] = outputs[start:end].copy()
-            req.remaining -= 1
 
 
 async def run(

@@ -19,12 +19,12 @@ from engine.program import DeviceProgram
 
 def batch():
     """A packed batch of six sequences sharing a 30-token prefix, and their count."""
-    from engine import packing
+    from engine import packing, planning
     from engine.buckets import make_buckets
 
     seqs = [[5] * 30 + [i + 3] * (i + 1) for i in range(6)]
     buckets = make_buckets(512, token_budget=256)
-    (chunks,) = packing.plan(seqs, token_budget=256, buckets=buckets)
+    (chunks,) = planning.plan(seqs, token_budget=256, buckets=buckets)
     return packing.pack(seqs, [[1, 2]] * len(seqs), chunks, buckets).inputs, len(seqs)
 
 

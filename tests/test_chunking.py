@@ -121,7 +121,7 @@ def test_chunked_requests_mixed_with_others(long_path, one_pass):
 def test_a_pool_smaller_than_the_sequence_chunks_what_it_holds(long_path, one_pass):
     """Pieces stop at what the pool holds; the rest is computed reading what they wrote."""
     pool_tokens = 256
-    kv_bytes = one_pass.config.kv_bytes_per_token(4) * pool_tokens
+    kv_bytes = one_pass.model_config.kv_bytes_per_token(4) * pool_tokens
     lone = Request([11, 12], [LONG_IDS[:1030]], [3])  # one 1,032-token sequence
     group = Request(LONG_IDS, [[5, 6], [7]], [1, 2])  # a 1,100-token prefix, two members
     laid_out = []

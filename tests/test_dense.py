@@ -139,14 +139,14 @@ def test_a_batch_padding_moves_no_output(tiny_checkpoints, dtype):
     """The forward hands the native kernels its real token count: the padding after them is
     not multiplied, and the outputs equal those of the batch computed whole, bitwise (a row's
     products do not depend on its batch)."""
-    from engine import packing
+    from engine import packing, planning
     from engine.buckets import make_buckets
 
     model = load_model(tiny_checkpoints["qwen2"], dtype=dtype, dense="cpu", progress=False)
     assert isinstance(model.program.params["matrices"]["gate_up"], dense.Packed)
     seqs = [[5] * 30 + [i + 3] * (i + 1) for i in range(6)]
     buckets = make_buckets(512, token_budget=256)
-    (chunks,) = packing.plan(seqs, token_budget=256, buckets=buckets)
+    (chunks,) = planning.plan(seqs, token_budget=256, buckets=buckets)
     inputs = packing.pack(seqs, [[1, 2]] * len(seqs), chunks, buckets).inputs
     tokens = len(inputs.tokens)
     assert int(inputs.token_count) == 30 + sum(range(1, 7)) < tokens

@@ -322,7 +322,8 @@ def test_an_encoder_without_a_classification_head_is_refused(tmp_path):
 
 def test_packing_lays_each_pair_alone_and_scores_its_first_token():
     from engine.buckets import make_buckets
-    from engine.packing import pack, plan
+    from engine.packing import pack
+    from engine.planning import plan
 
     seqs = [[5, 6, 7], [5, 6, 8, 9], [5, 6, 7]]  # shared prefixes: still laid out alone
     buckets = make_buckets(128, token_budget=64, block_size=16)

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine import load_model, packing
+from engine import load_model, packing, planning
 from engine.buckets import Buckets, default_buckets
-from engine.packing import Chunk
+from engine.planning import Chunk
 
 BUCKETS = Buckets(block_size=4, tokens=(8, 16, 32), row_divisors=(4,), label_widths=(2, 4))
 
@@ -17,26 +17,27 @@ BUCKETS = Buckets(block_size=4, tokens=(8, 16, 32), row_divisors=(4,), label_wid
 def test_groups_share_the_longest_prefixes():
     q1, q2 = [1, 2, 3, 4, 5], [1, 2, 9, 9, 9]
     seqs = [q1 + [7], q2 + [8], q1 + [6, 6], [4], q2 + [1]]
-    assert packing.group_by_prefix(seqs) == [Chunk(5, (0, 2)), Chunk(5, (1, 4)), Chunk(0, (3,))]
+    assert planning.group_by_prefix(seqs) == [Chunk(5, (0, 2)), Chunk(5, (1, 4)), Chunk(0, (3,))]
 
 
 def test_one_group_when_the_common_prefix_saves_more():
     head = [1, 2, 3, 4, 5, 6, 7]
     seqs = [[*head, 8, 10 + i] for i in range(3)] + [[*head, 50, 51]]
-    assert packing.group_by_prefix(seqs) == [Chunk(7, (0, 1, 2, 3))]  # 3 * 7 beats 2 * 8
+    assert planning.group_by_prefix(seqs) == [Chunk(7, (0, 1, 2, 3))]  # 3 * 7 beats 2 * 8
     seqs = [[1, 2, 3, 4, 10 + i] for i in range(6)] + [[1, 2, 3, 9, 9]]
-    assert packing.group_by_prefix(seqs) == [Chunk(4, tuple(range(6))), Chunk(0, (6,))]  # 5*4 > 6*3
+    # 5 * 4 beats 6 * 3
+    assert planning.group_by_prefix(seqs) == [Chunk(4, tuple(range(6))), Chunk(0, (6,))]
 
 
 def test_every_member_keeps_a_suffix_token():
     seqs = [[1, 2, 3], [1, 2, 3], [1, 2, 3, 4]]
-    assert packing.group_by_prefix(seqs) == [Chunk(2, (0, 1, 2))]
+    assert planning.group_by_prefix(seqs) == [Chunk(2, (0, 1, 2))]
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=8), min_size=1, max_size=30))
 def test_grouping_is_a_valid_partition(seqs):
-    groups = packing.group_by_prefix(seqs)
+    groups = planning.group_by_prefix(seqs)
     members = sorted(m for g in groups for m in g.members)
     assert members == list(range(len(seqs)))
     for g in groups:
@@ -55,8 +56,8 @@ def test_grouping_is_a_valid_partition(seqs):
 )
 def test_plans_respect_budget_and_rows(seqs, budget, max_rows):
     lengths = [len(s) for s in seqs]
-    plans = packing.plan_batches(
-        packing.group_by_prefix(seqs), lengths, token_budget=budget, max_rows=max_rows
+    plans = planning.plan_batches(
+        planning.group_by_prefix(seqs), lengths, token_budget=budget, max_rows=max_rows
     )
     seen = sorted(m for plan in plans for c in plan for m in c.members)
     assert seen == list(range(len(seqs)))
@@ -148,28 +149,28 @@ def test_plan_splits_a_badly_padded_last_batch():
     # second batch's overhead; 8,192 + 1,792 would not.
     seqs = [[1] * 40 + [2 + i] * 160 for i in range(60)]
     buckets = default_buckets(16384)
-    batches = packing.plan(seqs, token_budget=16384, buckets=buckets)
-    padded = [buckets.shape(packing.real_tokens(b, seqs), 1, 1)[0] for b in batches]
+    batches = planning.plan(seqs, token_budget=16384, buckets=buckets)
+    padded = [buckets.shape(planning.real_tokens(b, seqs), 1, 1)[0] for b in batches]
     assert padded == [6144, 3584]
     assert sorted(m for b in batches for c in b for m in c.members) == list(range(60))
     # 63 items = 10,120 tokens pad to 10,240 (1.2%): one batch.
     seqs = [[1] * 40 + [2 + i] * 160 for i in range(63)]
-    assert len(packing.plan(seqs, token_budget=16384, buckets=buckets)) == 1
+    assert len(planning.plan(seqs, token_budget=16384, buckets=buckets)) == 1
 
 
 def _split_by_trying_each_budget(batch, seqs, buckets, cached):
     """The last batch's split as `plan` defines it, by planning it at every candidate budget."""
 
     def cost(batches):
-        padded = sum(buckets.shape(packing.real_tokens(b, seqs, cached), 1, 1)[0] for b in batches)
-        return padded + packing.BATCH_OVERHEAD_TOKENS * len(batches)
+        padded = sum(buckets.shape(planning.real_tokens(b, seqs, cached), 1, 1)[0] for b in batches)
+        return padded + planning.BATCH_OVERHEAD_TOKENS * len(batches)
 
-    real = packing.real_tokens(batch, seqs, cached)
+    real = planning.real_tokens(batch, seqs, cached)
     lengths = [len(s) for s in seqs]
     best, best_cost = [batch], cost([batch])
     for budget in (t for t in buckets.tokens if real // 2 <= t < real):
         limits = dict(token_budget=budget, max_rows=buckets.max_rows, cached=cached)
-        split = packing.plan_batches(batch, lengths, **limits)
+        split = planning.plan_batches(batch, lengths, **limits)
         if len(split) == 2 and cost(split) < best_cost:
             best, best_cost = split, cost(split)
     return best
@@ -187,7 +188,7 @@ def _random_batch(rng, most_tokens):
                 seqs.append([1] * (prefix + int(rng.integers(1, 1500))))
             chunks.append(Chunk(prefix, tuple(members)))
         cached = {c.members[0]: int(rng.integers(0, c.prefix_len + 1)) for c in chunks[::2]}
-        if packing.real_tokens(chunks, seqs, cached) <= most_tokens:
+        if planning.real_tokens(chunks, seqs, cached) <= most_tokens:
             return chunks, seqs, cached
 
 
@@ -200,7 +201,7 @@ def test_the_last_batch_splits_as_planning_it_at_each_budget_would():
         for _ in range(200):
             chunks, seqs, cached = _random_batch(rng, tokens[-1])
             expected = _split_by_trying_each_budget(chunks, seqs, buckets, cached)
-            assert packing._split_last(chunks, seqs, buckets, cached) == expected
+            assert planning._split_last(chunks, seqs, buckets, cached) == expected
             ways.add((row_divisor, len(expected)))
     assert ways == {(64, 1), (64, 2), (1024, 1), (1024, 2)}  # both kept whole and split, each way
 
@@ -262,8 +263,8 @@ def test_several_groups_and_split_batches_equal_one_by_one(tiny_checkpoints):
     labels = [[int(x) for x in rng.integers(0, 384, rng.integers(1, 4))] for _ in seqs]
     assert (
         len(
-            packing.plan_batches(
-                packing.group_by_prefix(seqs),
+            planning.plan_batches(
+                planning.group_by_prefix(seqs),
                 [len(s) for s in seqs],
                 token_budget=256,
                 max_rows=10**6,

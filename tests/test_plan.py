@@ -7,7 +7,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from engine import packing
+from engine import packing, planning
 from engine.buckets import make_buckets
 from engine.kv_pool import DEFAULT_POOL_TOKENS
 from engine.loaders import Checkpoint, load_checkpoint
@@ -79,7 +79,7 @@ def test_a_layer_costs_at_least_its_matmuls(analyser) -> None:
 def batch_of(cfg, seqs, budget=1024):
     """All of `seqs` in one packed batch."""
     buckets = make_buckets(cfg.max_position_embeddings, token_budget=budget, window=cfg.window)
-    groups = packing.group_by_prefix(seqs)
+    groups = planning.group_by_prefix(seqs)
     return packing.pack(seqs, [[1, 2]] * len(seqs), groups, buckets)
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import trio
 
-from engine import load_model, packing, runner
+from engine import load_model, packing, planning, runner
 from engine.buckets import default_buckets
 from engine.loaders import load_checkpoint
 from engine.messages import Batch
@@ -40,7 +40,7 @@ def test_warm_up_compiles_each_shape_once(model):
     assert runner.stats.compiles == 2
     seqs, labels = [[1, 2, 3]], [[5, 6]]
     buckets = default_buckets(512)
-    inputs, *_ = packing.pack(seqs, labels, packing.group_by_prefix(seqs), buckets)
+    inputs, *_ = packing.pack(seqs, labels, planning.group_by_prefix(seqs), buckets)
     assert batch_shape(inputs) == (128, 64, 4)
     done = runner.execute(Batch(id=7, inputs=inputs, rows=[(0, 0)], real_tokens=3, build_s=0.0))
     assert runner.stats.compiles == 2 and runner.stats.batches == 1

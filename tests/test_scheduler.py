@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from engine import packing
+from engine import planning
 from engine.buckets import Buckets
 from engine.errors import RejectKind
 from engine.kinds import Layout, Output
@@ -149,8 +149,8 @@ def test_unknown_messages_are_a_bug():
 
 def test_one_plan_serves_many_batches_until_the_queue_changes(monkeypatch):
     calls = []
-    real_plan = packing.plan
-    monkeypatch.setattr(packing, "plan", lambda *a, **k: calls.append(1) or real_plan(*a, **k))
+    real_plan = planning.plan
+    monkeypatch.setattr(planning, "plan", lambda *a, **k: calls.append(1) or real_plan(*a, **k))
     st = state(budget=16)
     st.handle(tokenized(0, [[i] * 10 for i in range(1, 7)]), 0.0)
     st.next_batch(0.0)
