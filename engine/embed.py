@@ -25,7 +25,7 @@ class EmbedCall(msgspec.Struct, frozen=True, kw_only=True):
 
     def vectors(self, task, outputs: np.ndarray) -> np.ndarray:
         """The call's vectors f32[N, D] from the pooled outputs f32[N, E] of `task`."""
-        return task.embeddings(outputs, dimensions=self.dimensions, normalize=self.normalize)
+        return task.head.embeddings(outputs, dimensions=self.dimensions, normalize=self.normalize)
 
 
 def embed_request(
@@ -50,7 +50,7 @@ def embed_request(
         limit = min(limit, max_tokens)
     inputs, pairs = embed_options(inputs, limit, truncate, side)
     if dimensions is not None:
-        task.check_dimensions(dimensions)
+        task.head.check_dimensions(dimensions)
     if normalize is not None and not isinstance(normalize, bool):
         raise InvalidInput("normalize", "must be true or false")
     return EmbedCall(
@@ -106,5 +106,5 @@ def with_prompt(inputs: list, task, name: str | None, prompt: str | None) -> lis
             raise InvalidInput(given, "applies to texts; token ids are embedded as given")
         return inputs
     if prompt is None:
-        prompt = task.prompt(name)
+        prompt = task.head.prompt(name)
     return [prompt + t for t in inputs] if prompt else inputs

@@ -360,7 +360,7 @@ class Engine:
         return EngineInfo(
             task=task.name,
             architecture=task.architecture,
-            head=task.head,
+            head=task.head.kind,
             dtype=p.dtype,
             weight_bytes=p.weight_bytes,
             kv_bytes_per_token=p.kv.bytes_per_token,

@@ -571,7 +571,7 @@ def test_a_decoder_embedder_equals_transformers(tmp_path, pooling):
     meta = {"qwen3.pooling_type": ("add_uint32", pooling)}
     originals, _ = _write_model(tmp_path / "embed.gguf", spec, Q.F32, extra_meta=meta)
     model = load_model(str(tmp_path / "embed.gguf"), dtype="float32")
-    assert model.task.name == "embedder" and model.task.dimensions == spec.hidden
+    assert model.task.name == "embedder" and model.task.head.dimensions == spec.hidden
     seqs = [[5, 6, 7, 8, 9], [40, 41], [7, 8, 9, 10, 11, 12, 13, 0]]
     got = model.embed(seqs)
 

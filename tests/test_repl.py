@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from engine import templates
+from engine.capabilities import Ability, capabilities_of
 from engine.models.config import Pooling
 from engine.repl.cli import make_session
 from engine.tasks import task_for
@@ -33,10 +34,12 @@ def test_default_labels_are_yes_and_no_where_those_are_single_tokens():
             embedding=embedding,
             family="llama",
         )
+        task = task_for(config)
         return SimpleNamespace(
             tokenizer=SimpleNamespace(encode=lambda text, add_special_tokens: encode(text)),
             model_config=config,
-            task=task_for(config),
+            task=task,
+            capabilities=capabilities_of(task, task.refusal(Ability.RERANK) or []),
         )
 
     assert make_session(engine_with(VOCAB)).labels == [("' yes'", 6), ("' no'", 8)]

@@ -10,7 +10,7 @@ from engine.capabilities import Ability
 from engine.kinds import Layout, Output
 from engine.models import ModelConfig, decoder, encoder
 from engine.models.config import Pooling
-from engine.tasks import KINDS, Classifier, CrossEncoder, LanguageModel, task_for
+from engine.tasks import HEADS, Classifier, Decoder, Encoder, LabelScores, Pooler, task_for
 from engine.tasks.base import exactly
 from tests.conftest import tiny_tokenizer
 
@@ -34,12 +34,24 @@ ENCODER = msgspec.structs.replace(
 )
 
 
+EMBEDDER = msgspec.structs.replace(ENCODER, num_labels=0, embedding=Pooling(mode="cls"))
+DECODER_EMBEDDER = msgspec.structs.replace(BASE, embedding=Pooling(mode="last"))
+
+
 @pytest.mark.parametrize(
-    "config, kind", [(BASE, LanguageModel), (CLASSIFIER, Classifier), (ENCODER, CrossEncoder)]
+    "config, backbone, head, name",
+    [
+        (BASE, Decoder, LabelScores, "language-model"),
+        (CLASSIFIER, Decoder, Classifier, "classifier"),
+        (ENCODER, Encoder, Classifier, "cross-encoder"),
+        (EMBEDDER, Encoder, Pooler, "embedder"),
+        (DECODER_EMBEDDER, Decoder, Pooler, "embedder"),
+    ],
 )
-def test_each_config_gets_exactly_one_kind(config, kind):
-    assert type(task_for(config)) is kind
-    assert [k for k in KINDS if k.fits(config)] == [kind]
+def test_each_config_gets_one_backbone_and_exactly_one_head(config, backbone, head, name):
+    task = task_for(config)
+    assert (type(task.backbone), type(task.head), task.name) == (backbone, head, name)
+    assert [h for h in HEADS if h.fits(config)] == [head]  # whatever the order of HEADS
 
 
 def test_what_each_kind_decides():
@@ -57,7 +69,13 @@ def test_what_each_kind_decides():
     assert lm.pair_encoder(tiny_tokenizer()) is None
     assert enc.pair_encoder(tiny_tokenizer()).id_space == 600  # two token types, coded
     assert cls.rerank_labels(None, None).ids == [0, 1]
-    assert (lm.head, cls.head, enc.head) == ("language-model",) + ("sequence-classification",) * 2
+    kinds = (lm.head.kind, cls.head.kind, enc.head.kind)
+    assert kinds == ("language-model",) + ("sequence-classification",) * 2
+    assert (lm.architecture, cls.architecture, enc.architecture) == (
+        "decoder",
+        "decoder",
+        "cross-encoder",
+    )
     assert (lm.describe(), enc.describe()) == ("llama", "bert cross-encoder")
 
 

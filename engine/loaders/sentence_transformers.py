@@ -18,7 +18,7 @@ MODULES = "modules.json"
 # modules by class name: sentence-transformers names them `sentence_transformers.models.Pooling`,
 # and since version 6 by their module path (`...sentence_transformer.modules.pooling.Pooling`)
 _TRANSFORMER, _POOLING, _NORMALIZE, _DENSE = "Transformer", "Pooling", "Normalize", "Dense"
-_ACTIVATIONS = {  # torch's class -> the name `engine.tasks.embedder.ACTIVATIONS` knows it by
+_ACTIVATIONS = {  # torch's class -> the name `engine.tasks.pooler.ACTIVATIONS` knows it by
     "torch.nn.modules.activation.Tanh": "tanh",
     "torch.nn.modules.linear.Identity": "identity",
     "torch.nn.modules.activation.ReLU": "relu",

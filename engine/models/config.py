@@ -42,7 +42,7 @@ class DenseLayer(msgspec.Struct, frozen=True, kw_only=True):
     path: str  # the module's directory
     in_features: int
     out_features: int
-    activation: str  # a key of `engine.tasks.embedder.ACTIVATIONS`
+    activation: str  # a key of `engine.tasks.pooler.ACTIVATIONS`
 
 
 class Pooling(msgspec.Struct, frozen=True, kw_only=True):

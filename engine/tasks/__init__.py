@@ -1,36 +1,35 @@
-"""Tasks: what a checkpoint computes, decided once at load and asked of everywhere the kinds of
-model differ (`engine.tasks.base.Task`). A new kind is one module and one line in `KINDS`."""
+"""Tasks: what a checkpoint computes, decided once at load along two axes, its backbone and its
+head (`engine.tasks.base.Task`), and asked of everywhere the kinds of model differ. A new head
+is one module and one line in `HEADS`."""
 
 from engine.models import ModelConfig
+from engine.tasks.backbones import Backbone, Decoder, Encoder, backbone_for
 from engine.tasks.base import Task
 from engine.tasks.classifier import Classifier
-from engine.tasks.cross_encoder import CrossEncoder
-from engine.tasks.embedder import DecoderEmbedder, Embedder, EncoderEmbedder
-from engine.tasks.language_model import LanguageModel
+from engine.tasks.head import Head
+from engine.tasks.label_scores import LabelScores
 from engine.tasks.outputs import scores_from_logprobs
+from engine.tasks.pooler import Pooler
 
-KINDS: tuple[type[Task], ...] = (
-    EncoderEmbedder,
-    DecoderEmbedder,
-    CrossEncoder,
-    Classifier,
-    LanguageModel,
-)
+HEADS: tuple[type[Head], ...] = (LabelScores, Classifier, Pooler)  # exactly one fits a config
 
 
 def task_for(config: ModelConfig) -> Task:
-    """The task of a checkpoint of `config`: the first kind in `KINDS` that fits it."""
-    return next(kind(config) for kind in KINDS if kind.fits(config))
+    """The task of a checkpoint of `config`: its backbone, and the one head that fits it."""
+    (head,) = [kind for kind in HEADS if kind.fits(config)]
+    backbone = backbone_for(config)
+    return Task(config, backbone, head(config, backbone))
 
 
 __all__ = [
-    "KINDS",
+    "HEADS",
+    "Backbone",
     "Classifier",
-    "CrossEncoder",
-    "DecoderEmbedder",
-    "Embedder",
-    "EncoderEmbedder",
-    "LanguageModel",
+    "Decoder",
+    "Encoder",
+    "Head",
+    "LabelScores",
+    "Pooler",
     "Task",
     "scores_from_logprobs",
     "task_for",

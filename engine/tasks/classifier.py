@@ -1,51 +1,55 @@
-"""A decoder with a sequence-classification head (`*ForSequenceClassification`: Qwen3/Qwen2/Llama/
-Gemma rerankers): the head's raw logits at each score row, no label-token scores, reranks
-through the model's recipe with every label read."""
+"""A sequence-classification head: a decoder's (`*ForSequenceClassification`: Qwen3/Qwen2/Llama/
+Gemma rerankers), read at each sequence's last token and reranking through the model's recipe,
+or an encoder's (BERT, XLM-RoBERTa, ModernBERT cross-encoders), read at each pair's first token
+(or its mean). Its raw logits, every label read by a rerank; no label-token scores."""
 
 import numpy as np
 
 from engine import templates
 from engine.capabilities import Ability
 from engine.kinds import Output
-from engine.models import decoder
-from engine.tasks.language_model import LanguageModel
+from engine.models import decoder, encoder
+from engine.tasks.head import Head
 from engine.tasks.outputs import classifier_relevance
 
+LOGITS = {"decoder": decoder.class_logits, "encoder": encoder.pair_logits}
 
-class Classifier(LanguageModel):
-    name = "classifier"
-    head = "sequence-classification"
+
+class Classifier(Head):
+    kind = "sequence-classification"
     outputs = (Output.LOGITS,)
-    output = staticmethod(decoder.class_logits)
 
     @classmethod
     def fits(cls, config) -> bool:
-        return not config.encoder and config.num_labels > 0
+        return config.embedding is None and (config.encoder or config.num_labels > 0)
 
-    def refusals(self) -> dict[Ability, str]:
-        return super().refusals() | {Ability.SCORE: refusal(self.config, "")}
+    @property
+    def name(self) -> str:
+        return "cross-encoder" if self.backbone.reads_pairs else "classifier"
 
-    def rerank_labels(self, template, tokenizer) -> templates.RerankLabels:
-        return class_labels(self.config)
+    @property
+    def architecture(self) -> str:
+        return "cross-encoder" if self.backbone.reads_pairs else self.backbone.name
 
-    def row_labels(self, output: Output, labels: list[int]) -> list[int]:
-        return labels
-
-    def row_width(self, output: Output, labels: int) -> int:
-        return labels
+    def device_output(self, output):
+        return LOGITS[self.backbone.name], None
 
     def relevance(self, outputs: np.ndarray, raw: bool) -> np.ndarray:
         return classifier_relevance(outputs, raw)
 
+    def rerank_labels(self, template, tokenizer) -> templates.RerankLabels:
+        """A rerank reads every label's logit."""
+        return templates.RerankLabels(list(range(self.config.num_labels)), Output.LOGITS)
 
-def class_labels(config) -> templates.RerankLabels:
-    """A rerank of a classification head reads every label's logit."""
-    return templates.RerankLabels(list(range(config.num_labels)), Output.LOGITS)
+    def refusals(self) -> dict[Ability, str]:
+        cfg = self.config
+        kind = f" (a {cfg.family} cross-encoder)" if self.backbone.reads_pairs else ""
+        why = (
+            f"this model has a sequence-classification head of {cfg.num_labels} label(s){kind}, "
+            "not a language-model head: label-token scores are unavailable (rerank works)"
+        )
+        return super().refusals() | {Ability.SCORE: why}
 
-
-def refusal(config, kind: str) -> str:
-    """Why a model with a classification head has no label-token scores."""
-    return (
-        f"this model has a sequence-classification head of {config.num_labels} label(s){kind}, "
-        "not a language-model head: label-token scores are unavailable (rerank works)"
-    )
+    def describe(self) -> str:
+        family = self.config.family
+        return f"{family} cross-encoder" if self.backbone.reads_pairs else family

@@ -1,10 +1,12 @@
-"""Embedders (sentence-transformers directories): each text becomes one vector, normalised as
-the directory says; no label-token scores, no reranks.
+"""An embedder's head (sentence-transformers directories): each text becomes one vector, pooled
+and normalised as the directory says, or its every token's vector before pooling; no
+label-token scores, no reranks.
 
-An encoder embedder (BERT, XLM-RoBERTa, ModernBERT) packs each text alone, every token seeing all
-of it, and pools its first token or its mean. A decoder embedder (Qwen3-Embedding; Qwen2, Llama
-and Gemma ones) reads the last token's final hidden state: texts that share a prefix (a query
-instruction) compute it once, and the KV cache keeps it across requests, as for scoring.
+On an encoder (BERT, XLM-RoBERTa, ModernBERT) each text is packed alone, every token seeing all
+of it, and its first token or its mean pooled. On a decoder (Qwen3-Embedding; Qwen2, Llama and
+Gemma ones) the last token's final hidden state is the vector: texts that share a prefix (a
+query instruction) compute it once, and the KV cache keeps it across requests, as for scoring;
+a mean reads every token's state, so each text is packed alone.
 """
 
 import functools
@@ -16,11 +18,9 @@ from safetensors.numpy import load_file
 
 from engine.capabilities import Ability
 from engine.errors import InvalidInput
-from engine.kinds import Layout, Output
+from engine.kinds import Output
 from engine.models import decoder, encoder
-from engine.models.layout import place_decoder, place_encoder
-from engine.tasks.base import Task
-from engine.tasks.cross_encoder import UNSHARDABLE, CrossEncoder
+from engine.tasks.head import Head
 
 ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {  # a Dense module's, f32
     "tanh": np.tanh,
@@ -30,26 +30,56 @@ ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {  # a Dense module
 }
 
 
-class Embedder(Task):
-    """What every embedder shares; `EncoderEmbedder` and `DecoderEmbedder` run it."""
-
-    name = "embedder"
-    head = "embedding"
+class Pooler(Head):
+    kind = "embedding"
     outputs = (Output.POOLED, Output.TOKENS)
-    # each text encoded alone, with the tokenizer's special tokens, as sentence-transformers
-    # does (ids coded as an encoder reads them)
-    pair_encoder = CrossEncoder.pair_encoder
+    embeds_texts = True
+
+    @classmethod
+    def fits(cls, config) -> bool:
+        return config.embedding is not None
 
     @property
-    def pooled_width(self) -> int:
-        """The width of the pooled vectors the device answers: the final hidden state's."""
-        return self.config.hidden_size
+    def name(self) -> str:
+        return "embedder"
+
+    def device_output(self, output: Output) -> tuple[Callable, Callable | None]:
+        if self.backbone.name == "encoder":
+            return (encoder.states if output is Output.TOKENS else encoder.pooled), None
+        if output is Output.TOKENS:
+            return decoder.last_hidden, decoder.every_token
+        mean = self.config.embedding.mode == "mean"
+        return decoder.last_hidden, decoder.mean_rows if mean else None
+
+    def every_token(self, output: Output) -> bool:
+        return output is Output.TOKENS or self.config.embedding.mode != "last"
 
     def row_labels(self, output: Output, labels: list[int]) -> list[int]:
         return []  # a row's output is its pooled vector
 
     def row_width(self, output: Output, labels: int) -> int:
         return self.pooled_width
+
+    def rerank_labels(self, template, tokenizer) -> str:
+        return self.refusals()[Ability.RERANK]
+
+    def refusals(self) -> dict[Ability, str]:
+        embedder = f"this model is an embedder ({self.describe()})"
+        return {
+            Ability.SCORE: f"{embedder}: it has no language-model head, so label-token scores "
+            "are unavailable (it answers /v1/embeddings)",
+            Ability.RERANK: f"{embedder}: it does not rerank",
+            Ability.RECIPE: f"{embedder}: it does not rerank",
+            Ability.ROOFLINE: "the plan models label scoring; this is an embedder",
+        }
+
+    def describe(self) -> str:
+        return f"{self.config.family} embedder, {self.config.embedding.mode} pooling"
+
+    @property
+    def pooled_width(self) -> int:
+        """The width of the pooled vectors the device answers: the final hidden state's."""
+        return self.config.hidden_size
 
     @property
     def dimensions(self) -> int:
@@ -68,19 +98,6 @@ class Embedder(Task):
             bias = None if bias is None else bias.astype(np.float32)
             out.append((weight, bias, ACTIVATIONS[layer.activation]))
         return out
-
-    def refusals(self) -> dict[Ability, str]:
-        embedder = f"this model is an embedder ({self.describe()})"
-        return {
-            Ability.SCORE: f"{embedder}: it has no language-model head, so label-token scores "
-            "are unavailable (it answers /v1/embeddings)",
-            Ability.RERANK: f"{embedder}: it does not rerank",
-            Ability.RECIPE: f"{embedder}: it does not rerank",
-            Ability.ROOFLINE: "the plan models label scoring; this is an embedder",
-        }
-
-    def rerank_labels(self, template, tokenizer) -> str:
-        return self.refusal(Ability.RERANK)
 
     def prompt(self, name: str | None) -> str:
         """The text put before texts given prompt `name` (None: the default one, or none);
@@ -125,49 +142,3 @@ class Embedder(Task):
         else:
             return
         raise InvalidInput("dimensions", why)
-
-    def describe(self) -> str:
-        return f"{self.config.family} embedder, {self.config.embedding.mode} pooling"
-
-
-class EncoderEmbedder(Embedder):
-    architecture = "encoder"
-    forward = staticmethod(encoder.forward)
-    output = staticmethod(encoder.pooled)
-    place = staticmethod(place_encoder)
-    layout = CrossEncoder.layout
-
-    def refusals(self) -> dict[Ability, str]:
-        return super().refusals() | {Ability.TENSOR_PARALLEL: UNSHARDABLE}
-
-    def device_output(self, output: Output) -> tuple[Callable, None]:
-        if output is Output.TOKENS:
-            return encoder.states, None
-        return super().device_output(output)
-
-    @classmethod
-    def fits(cls, config) -> bool:
-        return config.encoder and config.embedding is not None
-
-
-class DecoderEmbedder(Embedder):
-    architecture = "decoder"
-    forward = staticmethod(decoder.forward)
-    output = staticmethod(decoder.last_hidden)
-    place = staticmethod(place_decoder)
-
-    def layout(self, output: Output) -> Layout:
-        # a mean or a row per token reads every token's state: a shared prefix's are computed
-        # once, but its sequences would each need them (and a cached one's are not computed)
-        last = output is Output.POOLED and self.config.embedding.mode == "last"
-        return Layout.SHARED if last else Layout.ALONE
-
-    def device_output(self, output: Output) -> tuple[Callable, Callable | None]:
-        head, _ = super().device_output(output)
-        if output is Output.TOKENS:
-            return head, decoder.every_token
-        return head, decoder.mean_rows if self.config.embedding.mode == "mean" else None
-
-    @classmethod
-    def fits(cls, config) -> bool:
-        return not config.encoder and config.embedding is not None

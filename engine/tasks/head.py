@@ -1,0 +1,78 @@
+"""The head axis of a task: what the forward returns at which rows for each output, and how an
+answer (label scores, a relevance, a vector) is made of it. `LabelScores`, `Classifier` and
+`Pooler` are the heads; a new one is a module and a line in `engine.tasks.HEADS`."""
+
+from collections.abc import Callable
+from typing import ClassVar
+
+import numpy as np
+
+from engine.capabilities import Ability
+from engine.kinds import Output
+from engine.models import ModelConfig
+from engine.tasks.backbones import Backbone
+
+
+class Head:
+    """What a kind of head decides, on its `backbone`; `fits` says which configs it serves
+    (exactly one head fits any config)."""
+
+    kind: ClassVar[str]  # "language-model" | "sequence-classification" | "embedding"
+    # what it answers (`engine.kinds.Output`), the first being the one its programs are compiled
+    # for at start
+    outputs: ClassVar[tuple[Output, ...]]
+    embeds_texts: ClassVar[bool] = False  # its texts are encoded alone (`engine.pairs`)
+
+    def __init__(self, config: ModelConfig, backbone: Backbone):
+        self.config = config
+        self.backbone = backbone
+
+    @classmethod
+    def fits(cls, config: ModelConfig) -> bool:
+        raise NotImplementedError
+
+    @property
+    def name(self) -> str:
+        """What `/get_model_info` and the REPL call the model."""
+        raise NotImplementedError
+
+    @property
+    def architecture(self) -> str:
+        """ "decoder" | "cross-encoder" | "encoder"."""
+        return self.backbone.name
+
+    def device_output(self, output: Output) -> tuple[Callable, Callable | None]:
+        """What the forward computes for `output` (one of `outputs`): the head at the score rows,
+        and what makes the rows from every token's final state (None: the score rows)."""
+        raise NotImplementedError
+
+    def every_token(self, output: Output) -> bool:
+        """Whether `output` reads every token's state of its sequence (not its score row's)."""
+        return False
+
+    def row_labels(self, output: Output, labels: list[int]) -> list[int]:
+        """The labels each score row reads for `output` of the caller's `labels` (checked)."""
+        return labels
+
+    def row_width(self, output: Output, labels: int) -> int:
+        """The columns of a score row's answer to `output` with `labels` labels."""
+        return labels
+
+    def relevance(self, outputs: np.ndarray, raw: bool) -> np.ndarray:
+        """Each document's relevance f64[N] from the outputs f32[N, L] of its score row."""
+        raise NotImplementedError
+
+    def rerank_labels(self, template, tokenizer):
+        """The labels a rerank reads at each score row (`templates.RerankLabels`), or why this
+        model cannot rerank."""
+        raise NotImplementedError
+
+    def refusals(self) -> dict[Ability, str]:
+        """What this head refuses, and why (over its backbone's: `Task.refusal`): by default
+        it answers no vectors."""
+        not_embedder = f"this model is a {self.name} ({self.describe()}), not an embedder"
+        return {Ability.EMBED: not_embedder, Ability.EMBED_TOKENS: not_embedder}
+
+    def describe(self) -> str:
+        """The model's kind in a few words, for people."""
+        return self.config.family
