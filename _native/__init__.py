@@ -13,7 +13,7 @@ which. `IMPLEMENTATIONS` holds both (by name) so tests can run every function th
 
 Two more compiled modules are imported where they are used, each beside its other form:
 `_schedule` (the attention block schedule; numpy form in `score_kernels.schedule`) and `_byte_bpe`
-(byte-level BPE encoding; the other form is `tokenizers` itself, `engine.native_tokenizer`).
+(byte-level BPE encoding; the other form is `tokenizers` itself, `engine.text.native_tokenizer`).
 """
 
 from types import SimpleNamespace

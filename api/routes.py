@@ -75,7 +75,7 @@ def _model_facts(engine: Engine) -> dict:
         "vocab_size": cfg.vocab_size,
         "context_length": cfg.max_position_embeddings,
         "kv_bytes_per_token": info.kv_bytes_per_token,
-        "head": task.head,
+        "head": task.head.kind,
         "architecture": task.architecture,
         "num_labels": cfg.num_labels,
         "rerank_template": engine.template.name if recipe else task.name,

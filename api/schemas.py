@@ -213,7 +213,7 @@ class ModelInfo(msgspec.Struct, kw_only=True):
 
 
 class BucketGrid(msgspec.Struct, kw_only=True):
-    """The padding grid of packed batches (see `engine.buckets.Buckets`)."""
+    """The padding grid of packed batches (see `engine.host.buckets.Buckets`)."""
 
     block_size: int
     tokens: list[int]  # token buckets

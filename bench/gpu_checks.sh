@@ -63,7 +63,7 @@ setup() {
   (time $PY setup.py -q build_ext --inplace -j "$(nproc)") > "$OUT/build.log" 2>&1
   grep -iE -m 20 "error|fatal|no module|not found" "$OUT/build.log"
   tail -4 "$OUT/build.log"
-  $PY -c "import _native, score_kernels.schedule as s, engine.native_tokenizer as t
+  $PY -c "import _native, score_kernels.schedule as s, engine.text.native_tokenizer as t
 print('compiled', _native.COMPILED, 'schedule', sorted(s.IMPLEMENTATIONS), 'bpe', t._byte_bpe is not None)"
 }
 

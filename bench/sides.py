@@ -23,7 +23,8 @@ from tqdm import tqdm, trange
 from bench import common
 from bench.baseline import hf_label_logprobs, load_transformers
 from bench.flops import Cost, plan_flops
-from engine import EngineConfig, open_engine, planning
+from engine import EngineConfig, open_engine
+from engine.host import planning
 
 
 def engine_config(args, path) -> EngineConfig:

@@ -32,8 +32,8 @@ from bench.flops import encoder_flops
 from bench.peak import measure_peaks
 from bench.workloads import rerank_pairs
 from engine import open_engine
+from engine.host.pairs import PairOptions
 from engine.models import ENCODERS, MODEL_TYPES
-from engine.pairs import PairOptions
 
 KIND = "cross-encoder"  # the report's "kind": how `bench.w1` tells its reports apart
 QUICK = dict(docs=8, doc_tokens=(20, 40), batch_sizes=[4, 8], repeats=1, gemm=[512])

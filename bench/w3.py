@@ -41,7 +41,7 @@ from bench.parity import label_ids
 from bench.peak import measure_peaks
 from bench.workloads import text_of_tokens
 from engine import open_engine
-from engine.inputs import build_sequences
+from engine.host.inputs import build_sequences
 from engine.loaders import load_checkpoint
 
 SUFFIX = " Answer yes or no:"

@@ -1,6 +1,7 @@
 """An LLM scoring engine: prefill-only label log-probs for query/item pairs."""
 
 from engine.config import EngineConfig
+from engine.device.program import DenseChoice, DeviceProgram
 from engine.engine import Engine, open_engine
 from engine.errors import (
     EngineClosed,
@@ -13,7 +14,6 @@ from engine.errors import (
 from engine.loaders import Checkpoint, CheckpointError, default_model_path, load_checkpoint
 from engine.messages import Timings
 from engine.offline import ScoringModel, load_model
-from engine.program import DenseChoice, DeviceProgram
 from engine.results import (
     EmbedResult,
     EngineInfo,

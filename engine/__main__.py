@@ -11,8 +11,8 @@ import json
 import sys
 import time
 
+from engine.device.program import DTYPES
 from engine.offline import load_model
-from engine.program import DTYPES
 
 
 def _parser() -> argparse.ArgumentParser:

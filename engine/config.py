@@ -2,7 +2,10 @@
 
 import msgspec
 
-from engine.buckets import (
+from engine.device.kv_pool import DEFAULT_PAGE_SIZE
+from engine.device.program import default_compile_cache_dir
+from engine.errors import InvalidInput
+from engine.host.buckets import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_LABEL_WIDTHS,
     DEFAULT_ROW_DIVISORS,
@@ -10,9 +13,6 @@ from engine.buckets import (
     Buckets,
     make_buckets,
 )
-from engine.errors import InvalidInput
-from engine.kv_pool import DEFAULT_PAGE_SIZE
-from engine.program import default_compile_cache_dir
 
 
 class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -90,7 +90,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # device runners, each with its own weights, programs and KV pool; None: as many as the
     # local devices make in groups of tensor_parallel
     data_parallel: int | None = None
-    # devices each runner's weights and KV pool are sharded over (engine.placement)
+    # devices each runner's weights and KV pool are sharded over (engine.device.placement)
     tensor_parallel: int = 1
 
     def buckets(self, context: int, window: int = 0) -> Buckets:

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 import msgspec
 import numpy as np
 
-from engine import truncation
 from engine.errors import InvalidInput
-from engine.pairs import PairOptions
+from engine.host import truncation
+from engine.host.pairs import PairOptions
 
 # the embed call's names for the fields of the score request it makes
 INPUT = {"items": "input", "max_prompt_tokens": "max_tokens"}

@@ -16,18 +16,19 @@ import tokenizers
 import trio
 
 import _native
-from engine import inputs, kv_cache, runner, templates
+from engine import runner, templates
 from engine.capabilities import Ability, capabilities_of
 from engine.config import EngineConfig
+from engine.device.placement import Placement, device_groups
+from engine.device.program import DeviceProgram, enable_compile_cache
 from engine.embed import INPUT, embed_request
 from engine.errors import InvalidInput
+from engine.host import inputs, kv_cache
+from engine.host.pairs import PairOptions
 from engine.kinds import Output
 from engine.loaders import load_checkpoint
 from engine.models import ModelConfig
-from engine.pairs import PairOptions
 from engine.pipeline import Pipeline
-from engine.placement import Placement, device_groups
-from engine.program import DeviceProgram, enable_compile_cache
 from engine.rerank import DOCUMENTS, Reranker, RerankOptions, by_query, check_rerank
 from engine.results import (
     EmbedResult,

@@ -12,9 +12,9 @@ import msgspec
 import numpy as np
 
 from engine.errors import RejectKind
+from engine.host.pairs import PairOptions
 from engine.kinds import Output
 from engine.models import PackedInputs
-from engine.pairs import PairOptions
 
 
 class Timings(msgspec.Struct, frozen=True, kw_only=True):
@@ -41,7 +41,7 @@ class ScoreRequest(msgspec.Struct, frozen=True, kw_only=True):
     label_token_ids: list[int]
     item_first: bool = False
     output: Output = Output.LOGPROBS  # what each item answers
-    # engine-internal: how an encoder's items are tokenised and truncated (`engine.pairs`): as
+    # engine-internal: how an encoder's items are tokenised and truncated (`engine.host.pairs`): as
     # (query, item) pairs, or (an `Output.of_texts`) each text alone; None: query and item
     # joined (sglang's semantics)
     pairs: PairOptions | None = None
@@ -56,7 +56,7 @@ class Tokenized(msgspec.Struct, frozen=True, kw_only=True):
     labels: list[int]
     arrived: float
     tokenize_s: float
-    truncated: int = 0  # tokens pair truncation took off (`engine.pairs`)
+    truncated: int = 0  # tokens pair truncation took off (`engine.host.pairs`)
     output: Output = Output.LOGPROBS  # `ScoreRequest.output`
 
 

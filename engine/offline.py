@@ -14,12 +14,12 @@ import numpy as np
 import tokenizers
 import trio
 
-from engine import inputs
 from engine.config import EngineConfig
+from engine.device.program import DeviceProgram
 from engine.engine import Engine
 from engine.engine_thread import EngineThread
+from engine.host import inputs
 from engine.models import ModelConfig
-from engine.program import DeviceProgram
 
 # where `load_model` starts from other than `EngineConfig()`: no bucket grid compiled ahead (a
 # program compiles when a batch first needs it), no KV pool (no prefix reuse across calls, no

@@ -13,14 +13,15 @@ from dataclasses import dataclass, field
 import tokenizers
 import trio
 
-from engine import inputs, kv_cache, runner, scheduler, tokenizer_actor
-from engine.buckets import Buckets
+from engine import runner, scheduler, tokenizer_actor
 from engine.config import EngineConfig
+from engine.device.program import DeviceProgram
 from engine.errors import EngineClosed, EngineOverloaded, RejectKind, rejection_error
+from engine.host import inputs, kv_cache
+from engine.host.buckets import Buckets
+from engine.host.pairs import PairOptions
 from engine.kinds import Output
 from engine.messages import Cancel, Rejected, Scored, ScoreRequest
-from engine.pairs import PairOptions
-from engine.program import DeviceProgram
 from engine.results import EngineStats
 from score_kernels import devices
 

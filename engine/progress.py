@@ -55,7 +55,7 @@ class InFlight:
     """A batch handed to a runner and not done yet."""
 
     rows: list[tuple[int, int]]  # (request id, item index) per score row
-    contexts: list  # engine.packing.Context | None per chunk: committed or aborted when done
+    contexts: list  # engine.host.packing.Context | None per chunk: committed or aborted when done
     cached: list[int]  # tokens of each row read from the KV cache
     runner: int = 0
     # a per-token output's: each row's sequence's tokens [start, end) in the batch; None: a

@@ -10,11 +10,11 @@ import numpy as np
 import tokenizers
 import trio
 
-from engine import inputs, truncation
 from engine.errors import InvalidInput
+from engine.host import inputs, truncation
+from engine.host.pairs import PairOptions
 from engine.kinds import Output
 from engine.messages import Timings
-from engine.pairs import PairOptions
 from engine.results import ScoreResult
 from engine.tasks import Task
 

@@ -88,7 +88,7 @@ class EngineInfo(msgspec.Struct, frozen=True, kw_only=True):
     weight_bytes: int  # on the (first runner's) devices
     kv_bytes_per_token: int
     max_sequence_tokens: int
-    buckets: dict  # the padding grid (`engine.buckets.Buckets` fields)
+    buckets: dict  # the padding grid (`engine.host.buckets.Buckets` fields)
     kv_pool: KVPoolInfo
     dense: str  # the dense strategy's name ("measured": chosen per weight shape)
     dense_choice: DenseChoice | None  # what the measured strategy chose (None when forced)

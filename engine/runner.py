@@ -18,9 +18,9 @@ import numpy as np
 import trio
 from tqdm import tqdm
 
+from engine.device.program import DeviceProgram
 from engine.messages import Batch, BatchDone
 from engine.models import PackedInputs
-from engine.program import DeviceProgram
 
 log = logging.getLogger("engine")
 

@@ -25,12 +25,12 @@ from dataclasses import dataclass
 
 import trio
 
-from engine import batching, packing
-from engine.buckets import Buckets
 from engine.channels import drain
 from engine.errors import RejectKind
+from engine.host import batching, packing
+from engine.host.buckets import Buckets
+from engine.host.kv_cache import KVCache
 from engine.kinds import Layout, Output
-from engine.kv_cache import KVCache
 from engine.messages import Batch, BatchDone, Cancel, Rejected, Scored, Timings, Tokenized
 from engine.progress import InFlight, Progress, store_rows, store_tokens
 

@@ -2,10 +2,10 @@
 
 Everything pending is encoded in one batch call in a worker thread, so the loop stays live (a
 batch small enough that the thread's round trip would cost more is encoded on the loop): in
-native code where the tokenizer is one `engine.native_tokenizer` equals, else by `tokenizers`'
+native code where the tokenizer is one `engine.text.native_tokenizer` equals, else by `tokenizers`'
 `encode_batch_fast` (the ids without character offsets, which nothing here reads); token ids
 are cached by text (bounded LRU). A cross-encoder's pair requests are encoded as pairs, an
-embedder's texts each alone (`engine.pairs`), one call per request. A bad request fails alone
+embedder's texts each alone (`engine.host.pairs`), one call per request. A bad request fails alone
 with a `Rejected`. A `Cancel` is passed on in its place among the requests, so it always
 follows its request.
 """
@@ -19,14 +19,15 @@ import numpy as np
 import tokenizers
 import trio
 
-from engine import inputs, native_tokenizer
-from engine.buckets import Buckets
 from engine.channels import drain
 from engine.errors import InputTooLarge, InvalidInput, rejection_error, rejection_kind
+from engine.host import inputs
+from engine.host.buckets import Buckets
+from engine.host.pairs import Encoded, PairEncoder
 from engine.kinds import Output
 from engine.messages import Cancel, Rejected, ScoreRequest, Tokenized
-from engine.pairs import Encoded, PairEncoder
 from engine.tasks import Task
+from engine.text import native_tokenizer
 
 MAX_DRAIN = 256  # requests tokenised together at most; bounds one worker-thread call
 # Requests of at most this many characters or ids in all are tokenised on the event loop: tens
@@ -110,7 +111,7 @@ class TokenizerState:
         """The state for a model of `task` batched on `buckets`: the longest sequence and the
         label count those allow (`Buckets.max_sequence`, `Buckets.max_labels`), the task's
         pair tokenisation (a cross-encoder's), and texts encoded natively where `native` and the
-        tokenizer allow (`engine.native_tokenizer`)."""
+        tokenizer allow (`engine.text.native_tokenizer`)."""
         config = task.config
         return cls(
             tokenizer,

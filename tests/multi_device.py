@@ -22,7 +22,7 @@ import trio
 
 from engine import EngineConfig, EngineError, open_engine
 from engine.errors import InvalidInput
-from engine.packing import empty_batch
+from engine.host.packing import empty_batch
 from tests.conftest import inject_faults
 
 LAYOUTS = [(1, 1), (8, 1), (4, 2), (2, 4), (1, 8)]

@@ -13,14 +13,14 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from engine.placement import Placement
-from engine.program import DeviceProgram
+from engine.device.placement import Placement
+from engine.device.program import DeviceProgram
 
 
 def batch():
     """A packed batch of six sequences sharing a 30-token prefix, and their count."""
-    from engine import packing, planning
-    from engine.buckets import make_buckets
+    from engine.host import packing, planning
+    from engine.host.buckets import make_buckets
 
     seqs = [[5] * 30 + [i + 3] * (i + 1) for i in range(6)]
     buckets = make_buckets(512, token_budget=256)

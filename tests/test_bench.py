@@ -569,7 +569,7 @@ def test_the_null_program_answers_zeros_of_the_batch_shape(tiny):
     from bench import host
     from bench.host import NullProgram
     from engine import load_model
-    from engine.packing import empty_batch
+    from engine.host.packing import empty_batch
 
     program = load_model(tiny, dtype="float32").program
     null = NullProgram(program)

@@ -5,7 +5,7 @@ a 64-token budget, 1,000+ token sequences)."""
 import pytest
 
 from engine import EngineConfig, load_model
-from engine.chunking import piece_bounds
+from engine.host.chunking import piece_bounds
 from tests.conftest import write_tiny_checkpoint
 from tests.test_api_support import assert_scores
 from tests.test_engine_properties import Request, run_in_engine, submit

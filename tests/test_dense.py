@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import engine.program
+import engine.device.program
 from engine import load_model
 from score_kernels import cpu, dense
 from score_kernels.rope import rotate
@@ -118,7 +118,7 @@ def test_a_model_on_the_cpu_strategy_scores_like_xla(
     tiny_checkpoints, family, emulated_kernel, monkeypatch
 ):
     plain = load_model(tiny_checkpoints[family], dtype="bfloat16", dense="xla", progress=False)
-    monkeypatch.setattr(engine.program, "select_dense", lambda *a, **k: dense.CPU)
+    monkeypatch.setattr(engine.device.program, "select_dense", lambda *a, **k: dense.CPU)
     packed = load_model(tiny_checkpoints[family], dtype="bfloat16", progress=False)
     matrices = packed.program.params["matrices"]
     assert all(isinstance(matrices[n], dense.Packed) for n in ("o", "gate_up", "down"))
@@ -139,8 +139,8 @@ def test_a_batch_padding_moves_no_output(tiny_checkpoints, dtype):
     """The forward hands the native kernels its real token count: the padding after them is
     not multiplied, and the outputs equal those of the batch computed whole, bitwise (a row's
     products do not depend on its batch)."""
-    from engine import packing, planning
-    from engine.buckets import make_buckets
+    from engine.host import packing, planning
+    from engine.host.buckets import make_buckets
 
     model = load_model(tiny_checkpoints["qwen2"], dtype=dtype, dense="cpu", progress=False)
     assert isinstance(model.program.params["matrices"]["gate_up"], dense.Packed)

@@ -15,8 +15,8 @@ from sentence_transformers import SentenceTransformer
 
 from bench.encoders import write_encoder, write_st_modules
 from engine import EngineConfig, InputTooLarge, InvalidInput, Unsupported, load_model, open_engine
+from engine.host.truncation import SIDES
 from engine.loaders import CheckpointError, load_checkpoint
-from engine.truncation import SIDES
 from tests.conftest import CORPUS, TINY_ENCODER, tiny_tokenizer, write_tiny_checkpoint
 
 EMBEDDERS = {

@@ -14,10 +14,10 @@ from api.routes import RERANK_PATHS
 from api.settings import settings_from_env
 from bench.encoders import write_encoder
 from engine import EngineConfig, InvalidInput, load_model, open_engine
+from engine.host.pairs import PairEncoder, PairOptions
 from engine.kinds import Layout
 from engine.loaders import load_checkpoint
 from engine.models.rows import HEAD_ROWS
-from engine.pairs import PairEncoder, PairOptions
 from score_kernels import cpu
 from tests.conftest import CORPUS, TINY_ENCODER
 from tests.test_api_support import serving, tiny_env
@@ -321,9 +321,9 @@ def test_an_encoder_without_a_classification_head_is_refused(tmp_path):
 
 
 def test_packing_lays_each_pair_alone_and_scores_its_first_token():
-    from engine.buckets import make_buckets
-    from engine.packing import pack
-    from engine.planning import plan
+    from engine.host.buckets import make_buckets
+    from engine.host.packing import pack
+    from engine.host.planning import plan
 
     seqs = [[5, 6, 7], [5, 6, 8, 9], [5, 6, 7]]  # shared prefixes: still laid out alone
     buckets = make_buckets(128, token_budget=64, block_size=16)

@@ -13,10 +13,10 @@ import jax.numpy as jnp
 import pytest
 from jax import export
 
-from engine.export import KERNEL_CALLS, KERNELS, TARGETS, export_program
+from engine.device.export import KERNEL_CALLS, KERNELS, TARGETS, export_program
+from engine.device.program import DeviceProgram
 from engine.loaders import load_checkpoint
 from engine.models.rows import HEAD_ROWS
-from engine.program import DeviceProgram
 from score_kernels import ATTENTION, tuning
 from tests.conftest import write_tiny_checkpoint
 from tests.test_attention import layout_meta, random_qkv

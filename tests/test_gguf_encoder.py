@@ -22,10 +22,10 @@ from tokenizers.models import Unigram
 
 from bench.encoders import write_encoder
 from engine import EngineConfig, open_engine
+from engine.host.pairs import PairEncoder, PairOptions
 from engine.loaders import CheckpointError, load_checkpoint
 from engine.loaders.gguf_file import read_gguf
 from engine.loaders.gguf_tokenizer import tokenizer_from_gguf
-from engine.pairs import PairEncoder, PairOptions
 from tests.conftest import CORPUS, TINY_ENCODER
 from tests.test_encoders import hf_logits
 

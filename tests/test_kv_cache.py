@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from bench.parity import TOLERANCE
 from engine import EngineConfig, EngineError, load_model
-from engine.kv_cache import KVCache
-from engine.planning import Chunk
+from engine.host.kv_cache import KVCache
+from engine.host.planning import Chunk
 from tests.conftest import inject_faults
 from tests.test_api_support import assert_scores
 from tests.test_engine_properties import PROPERTY, VOCAB, Request, run_in_engine, submit

@@ -9,12 +9,12 @@ import pytest
 from bench.baseline import hf_label_logprobs
 from bench.encoders import write_encoder
 from engine import load_model
+from engine.device.program import DeviceProgram
+from engine.host.packing import empty_batch
 from engine.loaders import load_checkpoint
 from engine.models import FAMILIES, decoder, encoder
 from engine.models.rows import HEAD_ROWS
-from engine.packing import empty_batch
 from engine.plan import costs
-from engine.program import DeviceProgram
 from engine.tasks.base import exactly
 from score_kernels import devices
 from tests.conftest import CORPUS, FAMILY_CONFIGS, TINY_ENCODER

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
+from engine.device.program import DeviceProgram
 from engine.errors import InvalidInput
 from engine.loaders import load_checkpoint
 from engine.offline import load_model
-from engine.program import DeviceProgram
 from score_kernels import ATTENTION, devices, make_meta, mosaic_gpu, select_attention, tuning
 from score_kernels.mosaic_gpu import attention_mosaic_gpu, attention_mosaic_gpu_auto
 from score_kernels.tuning import BlockSizes

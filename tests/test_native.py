@@ -169,7 +169,7 @@ def test_long_shared_prefixes_group_like_the_oracle(cuts):
 
 def as_kinds(seqs):
     """The same sequences as each kind of input the compiled form reads: in place (int32
-    vectors, views into one buffer as `engine.inputs.join_ids` gives them, read-only ones) or
+    vectors, views into one buffer as `engine.host.inputs.join_ids` gives them, read-only ones) or
     converted (lists, tuples, int64, big-endian int32, strided views)."""
     buffer = np.zeros(2 * sum(map(len, seqs)) + 1, np.int32)
     joined, at = [], 0

@@ -21,12 +21,12 @@ from tokenizers import (
     trainers,
 )
 
-from engine import native_tokenizer
-from engine.byte_level import BYTE_ALPHABET, LLAMA3_SPLIT, QWEN2_SPLIT
-from engine.inputs import as_lists
+from engine.host.inputs import as_lists
 from engine.loaders.gguf_file import read_gguf
 from engine.loaders.gguf_tokenizer import tokenizer_from_gguf
-from engine.native_tokenizer import NativeTokenizer, ReferenceTokenizer, encoder_for
+from engine.text import native_tokenizer
+from engine.text.byte_level import BYTE_ALPHABET, LLAMA3_SPLIT, QWEN2_SPLIT
+from engine.text.native_tokenizer import NativeTokenizer, ReferenceTokenizer, encoder_for
 from tests.conftest import CORPUS, smollm2_path
 
 pytestmark = pytest.mark.skipif(

@@ -7,9 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine import load_model, packing, planning
-from engine.buckets import Buckets, default_buckets
-from engine.planning import Chunk
+from engine import load_model
+from engine.host import packing, planning
+from engine.host.buckets import Buckets, default_buckets
+from engine.host.planning import Chunk
 
 BUCKETS = Buckets(block_size=4, tokens=(8, 16, 32), row_divisors=(4,), label_widths=(2, 4))
 

@@ -4,11 +4,11 @@ errors."""
 import pytest
 from tokenizers import processors
 
-from engine import native_tokenizer
 from engine.errors import InputTooLarge, InvalidInput
-from engine.inputs import as_lists
-from engine.native_tokenizer import NativeTokenizer, ReferenceTokenizer
-from engine.pairs import PairEncoder, PairOptions
+from engine.host.inputs import as_lists
+from engine.host.pairs import PairEncoder, PairOptions
+from engine.text import native_tokenizer
+from engine.text.native_tokenizer import NativeTokenizer, ReferenceTokenizer
 from tests.conftest import CORPUS, tiny_tokenizer
 
 

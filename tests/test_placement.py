@@ -1,7 +1,7 @@
-"""Data and tensor parallelism (`engine.placement`): how devices split into runners, and, in a
-subprocess whose CPU has 8 host devices, the same scores from every data x tensor layout as
-from one device, with and without the KV cache; many clients spread over the runners; a
-runner whose device step fails fails only its batch. And two processes forming one mesh over
+"""Data and tensor parallelism (`engine.device.placement`): how devices split into runners,
+and, in a subprocess whose CPU has 8 host devices, the same scores from every data x tensor
+layout as from one device, with and without the KV cache; many clients spread over the runners;
+a runner whose device step fails fails only its batch. And two processes forming one mesh over
 127.0.0.1 (JAX's multi-controller runtime, gloo collectives) score as one process."""
 
 import json
@@ -18,10 +18,10 @@ import pytest
 import trio
 
 from engine import EngineConfig, open_engine
+from engine.device.placement import Placement, device_groups
+from engine.device.program import DeviceProgram
 from engine.errors import InvalidInput
 from engine.loaders import load_checkpoint
-from engine.placement import Placement, device_groups
-from engine.program import DeviceProgram
 from score_kernels import cpu
 from tests import multi_device, multi_host
 from tests.conftest import write_tiny_checkpoint

@@ -7,16 +7,16 @@ import msgspec
 import numpy as np
 import pytest
 
-from engine import packing, planning
-from engine.buckets import make_buckets
-from engine.kv_pool import DEFAULT_POOL_TOKENS
+from engine.device.kv_pool import DEFAULT_POOL_TOKENS
+from engine.device.program import DeviceProgram
+from engine.host import packing, planning
+from engine.host.buckets import make_buckets
+from engine.host.packing import empty_batch
 from engine.loaders import Checkpoint, load_checkpoint
 from engine.models.rows import HEAD_ROWS, steps
-from engine.packing import empty_batch
 from engine.plan import PUBLISHED, capacities, capacity, plan
 from engine.plan.__main__ import main, parse_bytes
 from engine.plan.costs import Analyser, _compiled_cost
-from engine.program import DeviceProgram
 
 BLOCK = 64
 

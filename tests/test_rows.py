@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from engine.host.packing import empty_batch
 from engine.models.rows import HEAD_ROWS, over_score_rows
-from engine.packing import empty_batch
 
 
 def _batch(rng, rows: int, count: int):

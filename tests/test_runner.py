@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 import trio
 
-from engine import load_model, packing, planning, runner
-from engine.buckets import default_buckets
+from engine import load_model, runner
+from engine.device.program import DeviceProgram
+from engine.host import packing, planning
+from engine.host.buckets import default_buckets
+from engine.host.packing import empty_batch
 from engine.loaders import load_checkpoint
 from engine.messages import Batch
-from engine.packing import empty_batch
-from engine.program import DeviceProgram
 from engine.runner import RunnerState, batch_shape
 
 COMPILE_EVENTS = (

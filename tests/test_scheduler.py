@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from engine import planning
-from engine.buckets import Buckets
 from engine.errors import RejectKind
+from engine.host import planning
+from engine.host.buckets import Buckets
+from engine.host.kv_cache import KVCache
 from engine.kinds import Layout, Output
-from engine.kv_cache import KVCache
 from engine.messages import BatchDone, Cancel, Rejected, Scored, Tokenized
 from engine.scheduler import SCORING, SchedulerState
 

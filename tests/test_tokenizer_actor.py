@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 import trio
 
-from engine import native_tokenizer, tokenizer_actor
+from engine import tokenizer_actor
 from engine.errors import RejectKind
-from engine.inputs import as_lists
+from engine.host.inputs import as_lists
 from engine.messages import Cancel, Rejected, ScoreRequest, Tokenized
-from engine.native_tokenizer import NativeTokenizer, ReferenceTokenizer
+from engine.text import native_tokenizer
+from engine.text.native_tokenizer import NativeTokenizer, ReferenceTokenizer
 from engine.tokenizer_actor import TokenCache, TokenizerState, run
 from tests.conftest import tiny_tokenizer
 
@@ -47,7 +48,7 @@ def test_texts_are_encoded_natively_with_the_references_ids(tok):
 
 
 def test_a_pair_models_texts_are_wrapped_natively_once(tok):
-    from engine.pairs import PairEncoder
+    from engine.host.pairs import PairEncoder
 
     pairs = PairEncoder(tok, vocab_size=384, type_vocab_size=1)
     pair_state = TokenizerState(

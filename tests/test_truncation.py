@@ -2,8 +2,8 @@
 
 import pytest
 
+from engine.host.truncation import TRUNCATION_MARGIN, cut_documents, room_for_document
 from engine.templates import PLAIN
-from engine.truncation import TRUNCATION_MARGIN, cut_documents, room_for_document
 from tests.conftest import tiny_tokenizer
 
 

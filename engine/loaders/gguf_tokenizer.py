@@ -25,7 +25,6 @@ from tokenizers import (
 )
 from tokenizers.models import BPE, Unigram
 
-from engine.byte_level import BYTE_ALPHABET, LLAMA3_SPLIT, QWEN2_SPLIT
 from engine.loaders.checkpoint import CheckpointError
 from engine.loaders.gguf_file import GGUFFile, metadata_value
 from engine.loaders.gguf_special_tokens import (
@@ -33,6 +32,7 @@ from engine.loaders.gguf_special_tokens import (
     pair_post_processor,
     post_processor,
 )
+from engine.text.byte_level import BYTE_ALPHABET, LLAMA3_SPLIT, QWEN2_SPLIT
 
 Reference = Literal["transformers", "llama.cpp"]
 

@@ -37,7 +37,7 @@ class Family(NamedTuple):
 
 
 class PackedInputs(NamedTuple):
-    """Device inputs of one packed prefix batch (see `engine.packing`)."""
+    """Device inputs of one packed prefix batch (see `engine.host.packing`)."""
 
     tokens: jax.Array  # i32[T]
     positions: jax.Array  # i32[T]

@@ -137,7 +137,7 @@ def _mlp_hidden(h: jax.Array, index: jax.Array, p: dict, s: Step) -> jax.Array: 
 
 def embed(params: dict, inputs: PackedInputs, cfg: ModelConfig) -> jax.Array:  # f32[T, E]
     """Word (+ token-type, + position) embeddings, normed. Token ids come coded as
-    `type * vocab_size + id` when the model has several token types (`engine.pairs`)."""
+    `type * vocab_size + id` when the model has several token types (`engine.host.pairs`)."""
     tokens = inputs.tokens
     coded = cfg.type_vocab_size > 1  # one type (XLM-RoBERTa): its row is added to every token
     ids = tokens % cfg.vocab_size if coded else tokens

@@ -1,6 +1,6 @@
 """A batch's outputs at its real score rows alone, `HEAD_ROWS` rows at a time.
 
-A batch pads its score rows to its bucket (`engine.buckets`). What is computed per row (the
+A batch pads its score rows to its bucket (`engine.host.buckets`). What is computed per row (the
 last layer past its attention, the final norm, the head or the pooling) runs over chunks of
 `HEAD_ROWS` rows, as many as the batch's real rows fill (`PackedInputs.row_count`), so padding
 rows cost no compute. That is why one row bucket per token bucket suffices, and the compiled

@@ -13,9 +13,10 @@ kernel below the device's peak.
 
 from collections.abc import Sequence
 
-from engine.buckets import DEFAULT_BLOCK_SIZE, DEFAULT_TOKEN_BUDGET, make_buckets
 from engine.capabilities import Ability
-from engine.kv_pool import default_kv_cache_bytes
+from engine.device.kv_pool import default_kv_cache_bytes
+from engine.device.program import DTYPES, DeviceProgram
+from engine.host.buckets import DEFAULT_BLOCK_SIZE, DEFAULT_TOKEN_BUDGET, make_buckets
 from engine.loaders import Checkpoint
 from engine.models import ModelConfig
 from engine.plan import workloads
@@ -27,7 +28,6 @@ from engine.plan.devices import (
     device,
     kinds_for_this_host,
 )
-from engine.program import DTYPES, DeviceProgram
 from score_kernels import devices
 
 __all__ = [

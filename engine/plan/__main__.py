@@ -8,10 +8,10 @@ import argparse
 import json
 import sys
 
-from engine.buckets import DEFAULT_TOKEN_BUDGET
+from engine.device.program import DTYPES
+from engine.host.buckets import DEFAULT_TOKEN_BUDGET
 from engine.loaders import default_model_path, load_checkpoint
 from engine.plan import KINDS, plan
-from engine.program import DTYPES
 
 UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 

@@ -25,11 +25,11 @@ import jax
 import msgspec
 import numpy as np
 
+from engine.device.program import DTYPES, DeviceProgram
+from engine.host.packing import empty_batch
 from engine.loaders import Checkpoint
 from engine.models import ModelConfig, PackedInputs
 from engine.models.rows import HEAD_ROWS, steps
-from engine.packing import empty_batch
-from engine.program import DTYPES, DeviceProgram
 from engine.tasks import task_for
 from score_kernels.dense import XLA
 
@@ -90,7 +90,7 @@ class Analyser:
         return self._shapes[shape]
 
     def batch(self, inputs: PackedInputs) -> Cost:
-        """The cost of one packed batch (numpy inputs, as `engine.packing.pack` makes them)."""
+        """The cost of one packed batch (numpy inputs, as `engine.host.packing.pack` makes them)."""
         t, s, labels = len(inputs.tokens), len(inputs.score_rows), inputs.label_ids.shape[1]
         parts = self.shape((t, s, labels))
         cost = parts.outside.plus(parts.layer, self.config.num_layers)

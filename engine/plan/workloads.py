@@ -6,11 +6,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from engine import batching
-from engine.buckets import Buckets
-from engine.kv_cache import KVCache
-from engine.kv_pool import DEFAULT_PAGE_SIZE, DEFAULT_POOL_TOKENS
-from engine.packing import PackedBatch
+from engine.device.kv_pool import DEFAULT_PAGE_SIZE, DEFAULT_POOL_TOKENS
+from engine.host import batching
+from engine.host.buckets import Buckets
+from engine.host.kv_cache import KVCache
+from engine.host.packing import PackedBatch
 
 LABELS = 2  # " yes" / " no"
 

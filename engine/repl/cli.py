@@ -19,8 +19,8 @@ import trio
 
 from engine.capabilities import Ability
 from engine.config import EngineConfig
+from engine.device.program import DTYPES
 from engine.engine import Engine, open_engine
-from engine.program import DTYPES
 from engine.repl.loop import serve
 from engine.repl.session import Session
 from engine.repl.terminal import enable_history, interactive, read_pipe, read_tty, say, warn

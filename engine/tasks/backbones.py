@@ -4,12 +4,13 @@ and texts), how they are laid out in a batch, and the forward and weight layout 
 
 from collections.abc import Callable, Sequence
 
-from engine import templates, truncation
+from engine import templates
 from engine.capabilities import Ability
+from engine.host import truncation
+from engine.host.pairs import PairOptions
 from engine.kinds import Layout
 from engine.models import decoder, encoder
 from engine.models.layout import place_decoder, place_encoder
-from engine.pairs import PairOptions
 
 
 class Backbone:

@@ -16,9 +16,9 @@ import numpy as np
 import tokenizers
 
 from engine.capabilities import Ability
+from engine.host.pairs import PairEncoder
 from engine.kinds import Layout, Output
 from engine.models import FAMILIES, ModelConfig
-from engine.pairs import PairEncoder
 from engine.tasks.backbones import Backbone
 from engine.tasks.head import Head
 
@@ -100,7 +100,7 @@ class Task:
         self, tokenizer: tokenizers.Tokenizer, *, native: bool = True
     ) -> PairEncoder | None:
         """How requests with pairs are tokenised: an encoder's pairs, an embedder's texts alone
-        (natively where `native` and the tokenizer allow, `engine.native_tokenizer`); None:
+        (natively where `native` and the tokenizer allow, `engine.text.native_tokenizer`); None:
         they are refused."""
         if not (self.backbone.reads_pairs or self.head.embeds_texts):
             return None

@@ -21,7 +21,7 @@ class Head:
     # what it answers (`engine.kinds.Output`), the first being the one its programs are compiled
     # for at start
     outputs: ClassVar[tuple[Output, ...]]
-    embeds_texts: ClassVar[bool] = False  # its texts are encoded alone (`engine.pairs`)
+    embeds_texts: ClassVar[bool] = False  # its texts are encoded alone (`engine.host.pairs`)
 
     def __init__(self, config: ModelConfig, backbone: Backbone):
         self.config = config

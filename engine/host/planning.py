@@ -1,6 +1,6 @@
 """Which sequences go in which batch (DESIGN §3): sequences grouped by shared token prefix, the
 groups split into batches under a token budget and a row limit, and the last batch split in two
-when that costs less. `engine.packing` lays each batch out."""
+when that costs less. `engine.host.packing` lays each batch out."""
 
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
@@ -9,7 +9,7 @@ import numpy as np
 
 import _native
 from _native import pick_bucket
-from engine.buckets import Buckets
+from engine.host.buckets import Buckets
 from engine.kinds import Layout
 
 Tokens = Sequence[int]

@@ -8,8 +8,8 @@ import functools
 import jax
 from jax import export
 
-from engine.packing import empty_batch
-from engine.program import DeviceProgram
+from engine.device.program import DeviceProgram
+from engine.host.packing import empty_batch
 from score_kernels.dense import XLA
 from score_kernels.mosaic_gpu import attention_mosaic_gpu
 from score_kernels.pallas import attention_pallas

@@ -12,7 +12,7 @@ from the cache, so they cost only their suffixes. Each piece and the members tha
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from engine.planning import Chunk, Tokens
+from engine.host.planning import Chunk, Tokens
 
 
 class Planned(NamedTuple):

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import tokenizers
 from tokenizers import Regex, pre_tokenizers
 
-from engine.byte_level import BYTE_ALPHABET, LLAMA3_SPLIT, QWEN2_SPLIT
+from engine.text.byte_level import BYTE_ALPHABET, LLAMA3_SPLIT, QWEN2_SPLIT
 
 try:
     from _native import _byte_bpe

@@ -1,5 +1,5 @@
 """Host side of the packed prefix batch (DESIGN §3): the flat arrays of one planned batch
-(`engine.planning` says which sequences it holds).
+(`engine.host.planning` says which sequences it holds).
 
 Layout of one batch: for each chunk, the shared prefix once, then each member's suffix; padding
 at the end. Positions restart at 0 for every sequence, so RoPE sees what one-by-one scoring sees.
@@ -13,15 +13,15 @@ from typing import NamedTuple
 import numpy as np
 
 import _native
-from engine.buckets import Buckets
+from engine.host.buckets import Buckets
+from engine.host.planning import Chunk, Tokens, real_tokens
 from engine.kinds import Layout
 from engine.models import PackedInputs
-from engine.planning import Chunk, Tokens, real_tokens
 from score_kernels import make_meta
 
 
 class Context(NamedTuple):
-    """How one chunk of a batch uses the KV pool (made by `engine.kv_cache.KVCache`).
+    """How one chunk of a batch uses the KV pool (made by `engine.host.kv_cache.KVCache`).
 
     Its members share tokens [0, prefix). The first `cached` of them (whole pages) are read from
     `read_pages`, which also hold the tokens the batch writes; the batch computes the rest of the

@@ -1,13 +1,13 @@
 """The KV pool on the device (DESIGN §3b): how many pages of K/V it holds, their arrays, and
 losing them to a failed step. Which pages hold which token prefixes is the host's business
-(`engine.kv_cache`); the forward reads and writes the arrays (`score_kernels.paging`)."""
+(`engine.host.kv_cache`); the forward reads and writes the arrays (`score_kernels.paging`)."""
 
 import jax
 import numpy as np
 
+from engine.device.placement import Placement, put
 from engine.errors import InvalidInput
 from engine.models import ModelConfig
-from engine.placement import Placement, put
 from engine.results import KVPoolInfo
 from score_kernels import devices
 from score_kernels.paging import LayerPool, empty_pool

@@ -2,7 +2,7 @@
 each packed as it is taken, so a caller can dispatch one batch while the next is built.
 
 With a KV cache, what is cached shortens the plan, work longer than a batch is chunked
-(`engine.chunking`), and each chunk's context is made against the cache as its batch is packed.
+(`engine.host.chunking`), and each chunk's context is made against the cache as its batch is packed.
 A batch whose chunks expect pages that a running batch is still writing is not packed yet: the
 generator yields None, and the caller asks again once its running batches are done, sending
 True when none is running (the pages it waited for were lost or never fit: the batch is then
@@ -11,12 +11,12 @@ packed with what is cached, computing the rest).
 
 from collections.abc import Iterator, Sequence
 
-from engine import chunking, packing, planning
-from engine.buckets import Buckets
+from engine.host import chunking, packing, planning
+from engine.host.buckets import Buckets
+from engine.host.kv_cache import KVCache
+from engine.host.packing import PackedBatch
+from engine.host.planning import Tokens
 from engine.kinds import Layout
-from engine.kv_cache import KVCache
-from engine.packing import PackedBatch
-from engine.planning import Tokens
 
 
 def batches(

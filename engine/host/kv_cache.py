@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 
 import _native
-from engine.chunking import cacheable
-from engine.packing import Context
-from engine.planning import Chunk, Tokens
+from engine.host.chunking import cacheable
+from engine.host.packing import Context
+from engine.host.planning import Chunk, Tokens
 
 ROOT = 0  # the tree's root node: pinning it pins nothing that can be evicted
 

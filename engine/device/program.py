@@ -8,15 +8,15 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from engine.buckets import DEFAULT_BLOCK_SIZE
 from engine.capabilities import Ability
+from engine.device.kv_pool import DEFAULT_PAGE_SIZE, KVPool
+from engine.device.placement import Placement
 from engine.errors import InvalidInput
+from engine.host.buckets import DEFAULT_BLOCK_SIZE
+from engine.host.packing import empty_batch
 from engine.kinds import Output
-from engine.kv_pool import DEFAULT_PAGE_SIZE, KVPool
 from engine.loaders import Checkpoint
 from engine.models import Dense, ModelConfig, PackedInputs
-from engine.packing import empty_batch
-from engine.placement import Placement
 from score_kernels import devices, select_attention, select_dense
 from score_kernels.dense_choice import DenseChoice
 from score_kernels.paging import write
@@ -49,9 +49,9 @@ class DeviceProgram:
     `dense` name the implementations (None: the backend's default for the batches' attention
     `block_size`; see `score_kernels.select_attention` and `score_kernels.select_dense`). The
     pool holds as many pages of `page_size` tokens as `kv_cache_bytes` pays for (none: no pool,
-    and batches may not name context pages; `engine.kv_pool`). In float32 every dot runs at full
-    f32 precision on every backend. `placement` puts the weights and pool on one device or
-    shards them over several (`engine.placement`); None is the first local device. Several
+    and batches may not name context pages; `engine.device.kv_pool`). In float32 every dot runs
+    at full f32 precision on every backend. `placement` puts the weights and pool on one device or
+    shards them over several (`engine.device.placement`); None is the first local device. Several
     devices need the "xla" dense path (None picks it). The default pool is divided by `share`:
     the runners whose devices share one memory (a CPU's host devices). The measured dense
     strategy keeps its choices under `dense_cache_dir` (None: measured once per process).

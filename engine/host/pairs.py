@@ -6,7 +6,7 @@ tokens and separators, token type ids), truncated "longest_first" to the model's
 A model with several token types gets ids coded `type * vocab_size + id`, which the encoder's
 embedding splits again (`engine.models.encoder.embed`): the packed batch carries one id per
 token, whatever the model. An embedder's texts, each alone, are encoded natively where the
-tokenizer allows (`engine.native_tokenizer`); those over the limit are cut by `tokenizers`.
+tokenizer allows (`engine.text.native_tokenizer`); those over the limit are cut by `tokenizers`.
 """
 
 from collections.abc import Sequence
@@ -15,8 +15,9 @@ from typing import NamedTuple
 import msgspec
 import tokenizers
 
-from engine import inputs, native_tokenizer
 from engine.errors import InputTooLarge, InvalidInput
+from engine.host import inputs
+from engine.text import native_tokenizer
 
 MAX_CUTTERS = 16  # truncating tokenizers kept, by limit and side
 
