@@ -66,17 +66,6 @@ def inputs(given, field: str) -> list:
     return given
 
 
-def truncation(truncate: bool, keep_last: int | None = None) -> dict:
-    """`Engine.embed`'s truncation options: cut at the end when `truncate`, or keep the last
-    `keep_last` tokens (vLLM's `truncate_prompt_tokens`; -1: the model's limit)."""
-    if keep_last is None or keep_last == -1:
-        return {"truncate": truncate or keep_last == -1}
-    if keep_last < 1:
-        field = "truncate_prompt_tokens"
-        raise ApiError(400, f"{field}: must be -1 or positive", param=field)
-    return {"truncate": True, "truncation_side": "left", "max_tokens": keep_last}
-
-
 def formatted(vectors: np.ndarray, kind: str) -> np.ndarray:
     """The vectors f32[N, D] in format `kind` (one of FORMATS): f32[N, D], i8/u8[N, D], or
     i8/u8[N, ceil(D / 8)] for the bit formats."""

@@ -17,7 +17,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from api import embed_answers
+from api import embed_answers, truncation
 from api.errors import ApiError
 from api.schemas import Usage, documented, usage_of
 from api.scoring import json_response, timing_headers
@@ -77,9 +77,7 @@ async def embeddings(service: Service, request: Request) -> Response:
         input_type=req.input_type,
         dimensions=_dimensions(req),
         normalize=req.normalize,
-        **embed_answers.truncation(
-            bool(req.truncation or req.truncate), req.truncate_prompt_tokens
-        ),
+        **truncation.vllm_embed(bool(req.truncation or req.truncate), req.truncate_prompt_tokens),
     )
     vectors = embed_answers.formatted(result.embeddings, req.output_dtype or "float")
     encode = embed_answers.as_base64 if req.encoding_format == "base64" else embed_answers.as_lists

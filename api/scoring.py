@@ -6,7 +6,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from api import rerank_answers, schemas, vllm_score
+from api import rerank_answers, schemas, truncation, vllm_score
 from api.errors import ApiError, TeiError
 from api.service import Service
 from engine import Timings
@@ -49,7 +49,7 @@ async def _vllm_score(service: Service, request: Request, body: bytes) -> Respon
             pairs.documents,
             max_tokens_per_doc=req.max_tokens_per_doc or None,
             raw_scores=vllm_score.raw_scores(req),
-            **_prompt_limit(req.truncate_prompt_tokens),
+            **truncation.vllm_rerank(req.truncate_prompt_tokens),
         ),
         renames={"documents": pairs.names[1], "max_prompt_tokens": "truncate_prompt_tokens"},
     )
@@ -110,7 +110,7 @@ async def _rerank(service, request, req: schemas.RerankRequest, shape, path: str
         )
     voyage_default = shape == "voyage" and req.truncation is msgspec.UNSET
     truncate = bool(req.truncate) or req.truncation is True or voyage_default
-    limit = _prompt_limit(req.truncate_prompt_tokens)
+    limit = truncation.vllm_rerank(req.truncate_prompt_tokens)
     result = await service.call(
         request,
         lambda engine: engine.rerank(
@@ -130,13 +130,6 @@ async def _rerank(service, request, req: schemas.RerankRequest, shape, path: str
     model = req.model or service.model_name
     body = rerank_answers.answer(shape, req, docs, result, model=model, path=path)
     return json_response(body, headers=timing_headers(result.timings))
-
-
-def _prompt_limit(truncate_prompt_tokens: int | None) -> dict:
-    """vLLM's `truncate_prompt_tokens` as the engine's options: -1 fits the context, k > 0 at
-    most k tokens a prompt (0 or None: no cut)."""
-    k = truncate_prompt_tokens
-    return {"truncate": k == -1, "max_prompt_tokens": k if k is not None and k > 0 else None}
 
 
 async def invocations(service: Service, request: Request) -> Response:

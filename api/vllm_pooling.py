@@ -9,7 +9,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from api import embed_answers
+from api import embed_answers, truncation
 from api.embeddings import KeepLast, Text, TokenId
 from api.schemas import Usage, documented, usage_of
 from api.scoring import json_response, timing_headers
@@ -57,7 +57,7 @@ async def pooling(service: Service, request: Request) -> Response:
         {"max_tokens": "truncate_prompt_tokens"},
         dimensions=req.dimensions,
         normalize=req.normalize,
-        **embed_answers.truncation(False, req.truncate_prompt_tokens),
+        **truncation.vllm_embed(False, req.truncate_prompt_tokens),
     )
     encode = embed_answers.as_base64 if req.encoding_format == "base64" else embed_answers.as_lists
     body = PoolingResponse(

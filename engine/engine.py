@@ -224,7 +224,10 @@ class Engine:
             )
         except InvalidInput as e:
             raise e.renamed(DOCUMENTS) from None
-        return reranker.relevance(outputs, raw), result
+        truncated = result.truncated_tokens + call.truncated
+        return reranker.relevance(outputs, raw), msgspec.structs.replace(
+            result, truncated_tokens=truncated
+        )
 
     async def embed(
         self,

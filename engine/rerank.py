@@ -22,8 +22,9 @@ DOCUMENTS = {"items": "documents"}  # rerank's name for the items of its score c
 
 
 class RerankOptions(NamedTuple):
-    """How a rerank's documents are cut: to `max_tokens_per_doc` tokens, and so that each
-    prompt has at most `fit` tokens, at `truncation_side`."""
+    """How a rerank's documents are cut, on token ids (`engine.host.truncation`): each to
+    `max_tokens_per_doc` of its own tokens, and so that each sequence has at most `fit` tokens,
+    keeping the first ("right") or the last ("left") at `truncation_side`."""
 
     instruction: str | None = None
     max_tokens_per_doc: int | None = None
@@ -42,6 +43,7 @@ class RerankCall(NamedTuple):
     label_token_ids: list[int]
     output: Output  # what each row answers (`templates.RerankLabels`)
     pairs: PairOptions | None  # a cross-encoder's pairs; None: items follow the query
+    truncated: int = 0  # tokens the documents' cut took off (pairs count theirs as they encode)
 
 
 def check_rerank(query, documents, top_n=None, max_tokens_per_doc=None, side="right") -> None:
@@ -113,29 +115,10 @@ class Reranker:
             inputs.normalize_items(documents, self.max_items)
         except InvalidInput as e:
             raise e.renamed(DOCUMENTS) from None
-        if options.cuts():
-            documents = self._cut(query, documents, options)
-        prompt, items, pairs = self.task.rerank_inputs(
-            self.template,
-            self.tokenizer,
-            query,
-            documents,
-            options.instruction,
-            options.fit,
-            options.truncation_side,
+        prompt, items, pairs, cut = self.task.rerank_inputs(
+            self.template, self.tokenizer, query, documents, options
         )
-        return RerankCall(prompt, items, self.labels.ids, self.labels.output, pairs)
-
-    def _cut(self, query: str, documents: Sequence[str], options: RerankOptions) -> list[str]:
-        limit = options.max_tokens_per_doc or self.max_sequence_tokens
-        if options.fit is not None:
-            room = self.task.document_room(
-                self.template, self.tokenizer, query, options.instruction, options.fit
-            )
-            limit = limit if room is None else min(limit, room)
-        return truncation.cut_documents(
-            self.tokenizer, documents, limit, side=options.truncation_side
-        )
+        return RerankCall(prompt, items, self.labels.ids, self.labels.output, pairs, cut)
 
     def relevance(self, outputs: np.ndarray, raw: bool) -> list[float]:
         """Each document's relevance, in document order, from its score row's outputs."""

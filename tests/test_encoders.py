@@ -238,11 +238,13 @@ def test_prompt_limit_and_document_limit(encoder):
         scores(short), hf_logits(encoder, QUERY, docs, max_length=40)[:, -1], atol=1e-5
     )
     assert short.prompt_tokens <= 40 * len(docs) and short.truncated_tokens > 0
-    # documents cut to 12 tokens first (as text), then paired whole: nothing left to truncate
+    # each document's own token ids cut to their first 12 (counted), then paired: nothing
+    # left for the pair's own truncation
     tok = load_checkpoint(encoder, progress=False).tokenizer
-    texts = [tok.decode(tok.encode(d, add_special_tokens=False).ids[:12]) for d in docs]
-    assert cut.truncated_tokens == 0
-    assert max(len(tok.encode(QUERY, t).ids) for t in texts) <= MAX_LENGTH
+    own = [len(tok.encode(d, add_special_tokens=False).ids) for d in docs]
+    assert cut.truncated_tokens == sum(max(0, n - 12) for n in own) > 0
+    pair = len(tok.encode(QUERY, "x").ids) - len(tok.encode("x", add_special_tokens=False).ids)
+    assert cut.prompt_tokens == sum(pair + min(n, 12) for n in own)
 
 
 def test_the_service_reranks_as_the_engine_and_refuses_label_scores(encoder):

@@ -10,6 +10,7 @@ from engine.capabilities import Ability
 from engine.kinds import Layout, Output
 from engine.models import ModelConfig, decoder, encoder
 from engine.models.config import Pooling
+from engine.rerank import RerankOptions
 from engine.tasks import HEADS, Classifier, Decoder, Encoder, LabelScores, Pooler, task_for
 from engine.tasks.base import exactly
 from tests.conftest import tiny_tokenizer
@@ -107,11 +108,12 @@ def test_an_exact_forward_traces_every_dot_at_highest_precision():
 
 def test_cross_encoder_pairs_are_cut_to_the_shorter_limit():
     enc = task_for(ENCODER)
-    query, items, pairs = enc.rerank_inputs(None, None, "q", ("a", "b"), None, None, "left")
+    cut = lambda fit, side="right", per_doc=None: RerankOptions(None, per_doc, fit, side)
+    query, items, pairs, _ = enc.rerank_inputs(None, None, "q", ("a", "b"), cut(None, "left"))
     assert (query, items, pairs.limit, pairs.side) == ("q", ["a", "b"], 96, "left")
-    assert enc.rerank_inputs(None, None, "q", ["a"], None, 40, "right")[2].limit == 40
-    assert enc.rerank_inputs(None, None, "q", ["a"], None, 500, "right")[2].limit == 96
-    assert enc.document_room(None, None, "q", None, 40) is None
+    assert enc.rerank_inputs(None, None, "q", ["a"], cut(40))[2].limit == 40
+    assert enc.rerank_inputs(None, None, "q", ["a"], cut(500))[2].limit == 96
+    assert enc.rerank_inputs(None, None, "q", ["a"], cut(None, per_doc=7))[2].item_limit == 7
 
 
 def test_relevance_formulas():

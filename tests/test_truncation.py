@@ -1,10 +1,15 @@
-"""Cutting rerank documents to a token limit at whole characters."""
+"""Truncation on token ids (`engine.host.truncation`): a recipe rerank's document keeps exactly
+its first (or last) k tokens of the sequence it was tokenised into, everything around it as it
+was; never a cut text tokenised again."""
 
 import pytest
 
-from engine.host.truncation import TRUNCATION_MARGIN, cut_documents, room_for_document
-from engine.templates import PLAIN
+from engine.host.truncation import kept
+from engine.templates import MXBAI_RERANK_V2, PLAIN
 from tests.conftest import tiny_tokenizer
+
+DOCS = ["The quick brown fox jumps over the lazy dog.", "short", "", "東京東京 river"]
+QUERY = "Where does the fox jump?"
 
 
 @pytest.fixture(scope="module")
@@ -12,47 +17,56 @@ def tok():
     return tiny_tokenizer()
 
 
-def test_documents_are_cut_to_their_first_tokens(tok):
-    docs = ["The quick brown fox jumps over the lazy dog.", "short", ""]
-    cut = cut_documents(tok, docs, 3)
-    for doc, got in zip(docs, cut, strict=True):
-        ids = tok.encode(doc, add_special_tokens=False).ids
-        assert doc.startswith(got)
-        assert tok.encode(got, add_special_tokens=False).ids == ids[:3]
-    assert cut[0] != docs[0] and cut[2] == ""
-    assert cut_documents(tok, docs, 0) == ["", "", ""]
+def test_a_limit_keeps_the_first_or_the_last_tokens():
+    assert list(kept(5, 3, "right")) == [0, 1, 2]
+    assert list(kept(5, 3, "left")) == [2, 3, 4]
+    assert list(kept(2, 3, "left")) == [0, 1] and list(kept(4, 0, "right")) == []
 
 
-def test_a_character_split_over_tokens_is_kept_whole_or_dropped(tok):
-    text = "東京東京"  # byte-level: each character spans several tokens
-    ids = tok.encode(text, add_special_tokens=False).ids
-    assert len(ids) > len(text)
-    for limit in range(len(ids) + 1):
-        (got,) = cut_documents(tok, [text], limit)
-        assert text.startswith(got)  # whole characters only
-        assert len(tok.encode(got, add_special_tokens=False).ids) <= limit
+def whole(tok, doc: str) -> tuple[list[int], list[int]]:
+    """The plain recipe's sequence of `doc`, and the positions of the document's own tokens."""
+    text = PLAIN.query_text(QUERY, None)
+    enc = tok.encode(text + PLAIN.document_text(doc))
+    start, end = len(text), len(text) + len(doc)
+    return enc.ids, [i for i, (a, b) in enumerate(enc.offsets) if a < end and b > start and b > a]
 
 
-def test_the_left_side_keeps_the_last_tokens(tok):
-    docs = ["The quick brown fox jumps over the lazy dog.", "short", ""]
-    cut = cut_documents(tok, docs, 3, side="left")
-    for doc, got in zip(docs, cut, strict=True):
-        ids = tok.encode(doc, add_special_tokens=False).ids
-        assert doc.endswith(got)
-        assert tok.encode(got, add_special_tokens=False).ids == ids[-3:] if ids else got == ""
-    assert cut[0] == " lazy dog." or len(cut[0]) < len(docs[0])
-    text = "東京東京"
-    ids = tok.encode(text, add_special_tokens=False).ids
-    for limit in range(len(ids) + 1):
-        (got,) = cut_documents(tok, [text], limit, side="left")
-        assert text.endswith(got)  # whole characters only
-        assert len(tok.encode(got, add_special_tokens=False).ids) <= limit
-    assert cut_documents(tok, [text], len(ids), side="left") == [text]
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_a_joined_recipe_drops_the_documents_own_tokens_past_the_limit(tok, side):
+    prompt, items, cut = recipe_ids(tok, DOCS, side=side, limit=3)
+    assert prompt == []  # each item is its whole sequence
+    removed = 0
+    for doc, item in zip(DOCS, items, strict=True):
+        ids, own = whole(tok, doc)
+        gone = own[3:] if side == "right" else own[:-3]
+        assert item == [t for i, t in enumerate(ids) if i not in gone]  # the ids themselves
+        removed += len(gone)
+    assert cut == removed > 0
 
 
-def test_room_leaves_the_prompt_and_a_margin(tok):
-    prompt = tok.encode(PLAIN.query_text("q?", None)).ids
-    suffix = tok.encode(PLAIN.document_text(""), add_special_tokens=False).ids
-    room = room_for_document(tok, PLAIN, "q?", None, 500)
-    assert room == 500 - len(prompt) - len(suffix) - TRUNCATION_MARGIN
-    assert room_for_document(tok, PLAIN, "q?", None, 3) == 0
+def test_fitting_keeps_the_rest_of_the_sequence_whole(tok):
+    ids, own = whole(tok, DOCS[0])
+    fit = len(ids) - len(own) + 4  # room for four of the document's tokens
+    _, (item,), cut = recipe_ids(tok, DOCS[:1], side="right", fit=fit)
+    assert len(item) == fit and cut == len(own) - 4
+    assert item == [t for i, t in enumerate(ids) if i not in own[4:]]
+    _, (none,), _ = recipe_ids(tok, DOCS[:1], side="right", fit=len(ids) - len(own) - 5)
+    assert none == [t for i, t in enumerate(ids) if i not in own]  # no room: the document goes
+
+
+def test_a_piecewise_recipe_cuts_the_documents_part_alone(tok):
+    prompt, items, _ = recipe_ids(tok, DOCS[:1], side="left", limit=2, template=MXBAI_RERANK_V2)
+    assert prompt == MXBAI_RERANK_V2.query_ids(tok, QUERY, None)
+    parts = MXBAI_RERANK_V2.document_parts(DOCS[0])
+    encoded = [tok.encode(p, add_special_tokens=False) for p in parts]
+    own = [t for t, (a, b) in zip(encoded[1].ids, encoded[1].offsets, strict=True) if b > 10]
+    body = [t for t, (a, b) in zip(encoded[1].ids, encoded[1].offsets, strict=True) if b <= 10]
+    want = [*encoded[0].ids, *body, *own[-2:], *(i for e in encoded[2:] for i in e.ids)]
+    assert items == [want]
+
+
+def recipe_ids(tok, docs, *, side, limit=None, fit=None, template=PLAIN):
+    from engine.host import truncation
+
+    args = (template, tok, QUERY, docs, None)
+    return truncation.recipe_ids(*args, limit=limit, fit=fit, side=side)

@@ -31,6 +31,9 @@ class PairOptions(msgspec.Struct, frozen=True, kw_only=True):
     limit: int
     side: str = "right"
     truncate: bool = True
+    # a pair's item keeps at most this many of its own tokens (its first, or with side "left"
+    # its last) before the pair is held to `limit`; None: all (a rerank's `max_tokens_per_doc`)
+    item_limit: int | None = None
 
 
 class Encoded(NamedTuple):
@@ -73,15 +76,27 @@ class PairEncoder:
         `items[i]` for a token outside the model's vocabulary, InputTooLarge naming it for a
         pair over the limit when not cut."""
         pairs = [(query, item) for item in items]
-        return self._cut(pairs, self.whole.encode_batch_fast(pairs), options)
+        if options.item_limit is None:
+            return self._cut(pairs, self.whole.encode_batch_fast(pairs), options)
+        # each text encoded alone, the item's tokens cut, then the pair made of them exactly as
+        # encoding the pair makes it (`post_process`: its truncation, special tokens, types)
+        first = self.whole.encode(query, add_special_tokens=False)
+        second = self.whole.encode_batch_fast(list(items), add_special_tokens=False)
+        cut = sum(max(0, len(e.ids) - options.item_limit) for e in second)
+        for e in second:
+            e.truncate(options.item_limit, direction=options.side)
+        join = lambda tok, rows: [tok.post_process(first, second[i]) for i in rows]
+        encoded = self._cut(pairs, join(self.whole, range(len(pairs))), options, join)
+        return encoded._replace(truncated=encoded.truncated + cut)
 
     def encode_texts(self, texts: Sequence[str], options: PairOptions) -> Encoded:
         """Each text's coded ids, encoded alone; as `encode` otherwise."""
         encodings = [_Alone(ids) for ids in self.texts.encode_batch(list(texts))]
         return self._cut(texts, encodings, options)
 
-    def _cut(self, inputs: Sequence, encodings: list, options: PairOptions) -> Encoded:
-        """The `encodings` of `inputs` (pairs, or texts), those over the limit cut again."""
+    def _cut(self, inputs: Sequence, encodings: list, options: PairOptions, encode=None) -> Encoded:
+        """The `encodings` of `inputs` (pairs, or texts), those over the limit encoded again by
+        `encode(truncating tokenizer, indices)` (by default of `inputs` themselves)."""
         over = [i for i, e in enumerate(encodings) if len(e.ids) > options.limit]
         truncated = 0
         if over:
@@ -99,8 +114,9 @@ class PairEncoder:
                 raise InvalidInput(
                     "max_prompt_tokens", f"{what} needs at least {least} tokens for this model"
                 )
-            cut = self._cutter(options).encode_batch_fast([inputs[i] for i in over])
-            for i, e in zip(over, cut, strict=True):
+            if encode is None:
+                encode = lambda tok, rows: tok.encode_batch_fast([inputs[i] for i in rows])
+            for i, e in zip(over, encode(self._cutter(options), over), strict=True):
                 truncated += len(encodings[i].ids) - len(e.ids)
                 encodings[i] = e
         return Encoded([self._coded(i, e) for i, e in enumerate(encodings)], truncated)

@@ -33,25 +33,12 @@ class Backbone:
         return {}
 
     def rerank_inputs(
-        self,
-        config,
-        template,
-        tokenizer,
-        query: str,
-        documents: Sequence[str],
-        instruction,
-        fit,
-        side,
+        self, config, template, tokenizer, query: str, documents: Sequence[str], options
     ) -> tuple:
-        """A rerank's score call: its query, items, and how they pair (`PairOptions`, None when
-        the items follow the query as one sequence). `fit` bounds a pair's tokens (None: the
-        model's own limit), cut at `side`."""
+        """A rerank's score call under `options` (`engine.rerank.RerankOptions`): its query,
+        its items, how they pair (`PairOptions`, None when the items follow the query as one
+        sequence), and the tokens its cut took off (pairs count theirs as they encode)."""
         raise NotImplementedError
-
-    def document_room(self, template, tokenizer, query: str, instruction, fit: int) -> int | None:
-        """Tokens a rerank's document may keep so that its prompt has at most `fit` tokens; None
-        when the documents are not cut for it (pairs are truncated as they are encoded)."""
-        return None
 
 
 class Decoder(Backbone):
@@ -64,12 +51,23 @@ class Decoder(Backbone):
         # but each of its sequences would need its states (and a cached one's are not computed)
         return Layout.ALONE if every_token else Layout.SHARED
 
-    def rerank_inputs(self, config, template, tokenizer, query, documents, instruction, fit, side):
-        prompt, items = templates.rerank_inputs(template, tokenizer, query, documents, instruction)
-        return prompt, items, None
-
-    def document_room(self, template, tokenizer, query, instruction, fit):
-        return truncation.room_for_document(tokenizer, template, query, instruction, fit)
+    def rerank_inputs(self, config, template, tokenizer, query, documents, options):
+        """The recipe's texts; with a cut, its sequences' token ids, each document's own tokens
+        cut on them (`engine.host.truncation.recipe_ids`)."""
+        if options.max_tokens_per_doc is None and options.fit is None:
+            args = (template, tokenizer, query, documents, options.instruction)
+            return (*templates.rerank_inputs(*args), None, 0)
+        prompt, items, cut = truncation.recipe_ids(
+            template,
+            tokenizer,
+            query,
+            documents,
+            options.instruction,
+            limit=options.max_tokens_per_doc,
+            fit=options.fit,
+            side=options.truncation_side,
+        )
+        return prompt, items, None, cut
 
 
 class Encoder(Backbone):
@@ -88,11 +86,18 @@ class Encoder(Backbone):
             Ability.ROOFLINE: "the plan models decoders; this is a cross-encoder",
         }
 
-    def rerank_inputs(self, config, template, tokenizer, query, documents, instruction, fit, side):
+    def rerank_inputs(self, config, template, tokenizer, query, documents, options):
         """The texts themselves as pairs, truncated to the model's max length (CrossEncoder's),
-        or to `fit` when that is shorter."""
-        limit = min(config.max_length, fit or config.max_length)
-        return query, list(documents), PairOptions(limit=limit, side=side)
+        or to `fit` when that is shorter, each document first to `max_tokens_per_doc` of its own
+        tokens."""
+        limit = min(config.max_length, options.fit or config.max_length)
+        side, per_document = options.truncation_side, options.max_tokens_per_doc
+        return (
+            query,
+            list(documents),
+            PairOptions(limit=limit, side=side, item_limit=per_document),
+            0,
+        )
 
 
 def backbone_for(config) -> Backbone:

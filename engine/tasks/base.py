@@ -122,16 +122,12 @@ class Task:
         return self.head.rerank_labels(template, tokenizer)
 
     def rerank_inputs(
-        self, template, tokenizer, query: str, documents: Sequence[str], instruction, fit, side
+        self, template, tokenizer, query: str, documents: Sequence[str], options
     ) -> tuple:
-        """A rerank's score call: its query, items, and how they pair (`Backbone.rerank_inputs`)."""
-        args = (template, tokenizer, query, documents, instruction, fit, side)
+        """A rerank's score call under `options` (`engine.rerank.RerankOptions`): its query,
+        items, how they pair, and the tokens cut (`Backbone.rerank_inputs`)."""
+        args = (template, tokenizer, query, documents, options)
         return self.backbone.rerank_inputs(self.config, *args)
-
-    def document_room(self, template, tokenizer, query: str, instruction, fit: int) -> int | None:
-        """Tokens a rerank's document may keep so that its prompt has at most `fit` tokens
-        (`Backbone.document_room`)."""
-        return self.backbone.document_room(template, tokenizer, query, instruction, fit)
 
     def relevance(self, outputs: np.ndarray, raw: bool) -> np.ndarray:
         """Each document's relevance f64[N] from the outputs f32[N, L] of its score row."""
