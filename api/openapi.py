@@ -1,15 +1,19 @@
-"""The OpenAPI 3.1 document, generated from the route table (`api.routes.ENDPOINTS`): each
-`Endpoint` names its handler and its request, answer and error bodies, msgspec Structs of
-`api.schemas` whose JSON Schemas become the document's components."""
+"""What is built from the route table (`api.routes.ENDPOINTS`): each `Endpoint`'s Starlette
+route (`route`), and the OpenAPI 3.1 document (`openapi`), where each names its handler and its
+request, answer and error bodies, msgspec Structs of `api.schemas` whose JSON Schemas become the
+document's components."""
 
+import functools
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Route
 
 from api import schemas
+from api.errors import ApiError, internal_error
 from api.service import Service
 from engine.capabilities import Ability
 
@@ -142,3 +146,29 @@ def _operation(e: Endpoint, schema_of: dict) -> dict:
     if e.open_access:
         operation["security"] = []
     return operation
+
+
+def route(e: Endpoint) -> Route:
+    """The Starlette route of `e`: authorisation first (unless open; a refusal is answered by
+    `e.unauthorized` when it gives an answer), and an unexpected exception logged and answered
+    as a 500."""
+
+    @functools.wraps(e.handler)
+    async def handle(request: Request) -> Response:
+        service: Service = request.app.state.service
+        if not e.open_access:
+            try:
+                service.authorize(request)
+            except ApiError:
+                answer = e.unauthorized(request) if e.unauthorized else None
+                if answer is None:
+                    raise
+                return answer
+        try:
+            return await e.handler(service, request)
+        except ApiError:
+            raise
+        except Exception as error:
+            raise internal_error(error) from error
+
+    return Route(e.path, handle, methods=[e.method])

@@ -1,5 +1,5 @@
 """The rerank request read in every client's spelling, and the answer in the shape that client
-parses: which shape a request gets follows from its path and fields (`shape_of`).
+parses: which shape a request gets follows from its route's dialect and its fields (`shape_of`).
 
     cohere      {id, model, results: [{index, relevance_score, document?}], usage, meta}
                 Cohere v1/v2, Jina, vLLM: /v1/rerank, /v2/rerank, /rerank
@@ -12,7 +12,7 @@ parses: which shape a request gets follows from its path and fields (`shape_of`)
 
 import math
 import uuid
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import msgspec
 from msgspec import UNSET
@@ -33,15 +33,33 @@ ECHO_BY_DEFAULT = {
 }
 
 
-def shape_of(path: str, req: RerankRequest, sglang_v1: bool) -> Shape:
-    """The answer's shape for a request at `path` (docs/clients.md)."""
-    if path == "/v1/reranking":
+class Dialect(NamedTuple):
+    """Which answers a rerank route gives (each route's row in `api.routes` names its own):
+    Cohere's, of `version`; Mixedbread's always; TEI's for a body with `texts`; Voyage's for a
+    body with Voyage's fields, and SGLang's list when the server is configured so (`shared`:
+    the route Cohere v1, Jina, Voyage and SGLang share)."""
+
+    version: str = "1"  # Cohere's `meta.api_version`
+    mixedbread: bool = False
+    tei: bool = False
+    shared: bool = False
+
+
+COHERE_V1 = Dialect(shared=True)
+COHERE_V2 = Dialect(version="2")
+TEI_RERANK = Dialect(tei=True)
+MIXEDBREAD = Dialect(mixedbread=True)
+
+
+def shape_of(dialect: Dialect, req: RerankRequest, sglang_v1: bool) -> Shape:
+    """The answer's shape for a request to a route of `dialect` (docs/clients.md)."""
+    if dialect.mixedbread:
         return "mixedbread"
-    if req.texts is not None and path in ("/rerank", "/invocations"):
+    if req.texts is not None and dialect.tei:
         return "tei"
-    if path == "/v1/rerank" and (req.top_k is not UNSET or req.truncation is not UNSET):
+    if dialect.shared and (req.top_k is not UNSET or req.truncation is not UNSET):
         return "voyage"
-    if sglang_v1 and path == "/v1/rerank":
+    if sglang_v1 and dialect.shared:
         return "sglang"
     return "cohere"
 
@@ -195,9 +213,9 @@ def answer(
     result: RerankResult,
     *,
     model: str,
-    path: str,
+    version: str = "1",
 ) -> msgspec.Struct | list:
-    """The answer body for `result` in `shape`, to a request at `path`."""
+    """The answer body for `result` in `shape` (Cohere's of `version`)."""
     hits, with_docs = result.results, echo(req, shape)
     texts = [docs.texts[h.index] if with_docs else None for h in hits]
     if shape == "tei":
@@ -239,7 +257,7 @@ def answer(
         for h in hits
     ]
     meta = Meta(
-        api_version=ApiVersion(version="2" if path == "/v2/rerank" else "1"),
+        api_version=ApiVersion(version=version),
         billed_units=BilledUnits(search_units=math.ceil(len(docs.texts) / SEARCH_UNIT_DOCUMENTS)),
         tokens=MetaTokens(input_tokens=usage.prompt_tokens),
     )

@@ -9,7 +9,6 @@ import msgspec
 import sniffio
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
 from api import (
     cohere_embed,
@@ -24,9 +23,9 @@ from api import (
     vllm_pooling,
     vllm_score,
 )
-from api.errors import ApiError, internal_error
+from api.errors import ApiError
 from api.metrics import CONTENT_TYPE
-from api.openapi import ANY_JSON, HTML, NO_BODY, PLAIN_TEXT, Answer, Endpoint, openapi
+from api.openapi import ANY_JSON, HTML, NO_BODY, PLAIN_TEXT, Answer, Endpoint, openapi, route
 from api.profiling import start_profile, stop_profile
 from api.scoring import invocations, json_response, rerank, score, vllm_score_route
 from api.service import Service
@@ -168,43 +167,18 @@ def _version() -> str:
         return "0+unknown"
 
 
-def route(e: Endpoint) -> Route:
-    """The Starlette route of `e`: authorisation first (unless open; a refusal is answered by
-    `e.unauthorized` when it gives an answer), and an unexpected exception logged and answered
-    as a 500."""
-
-    @functools.wraps(e.handler)
-    async def handle(request: Request) -> Response:
-        service: Service = request.app.state.service
-        if not e.open_access:
-            try:
-                service.authorize(request)
-            except ApiError:
-                answer = e.unauthorized(request) if e.unauthorized else None
-                if answer is None:
-                    raise
-                return answer
-        try:
-            return await e.handler(service, request)
-        except ApiError:
-            raise
-        except Exception as error:
-            raise internal_error(error) from error
-
-    return Route(e.path, handle, methods=[e.method])
-
-
 SCORING_ERRORS = (400, 401, 413, 499, 500, 503)
 PROFILE_ERRORS = (400, 401, 409, 413)
 
 
-def _rerank_at(path: str, response, summary: str, tei: bool = False) -> Endpoint:
+def _rerank_at(path: str, response, summary: str, dialect: rerank_answers.Dialect) -> Endpoint:
     request = schemas.RerankRequest
+    tei = dialect.tei
     errors, body = (TEI_ERRORS, EITHER_ERROR) if tei else (SCORING_ERRORS, schemas.ErrorResponse)
     return Endpoint(
         path,
         "POST",
-        rerank,
+        rerank(dialect),
         summary,
         response,
         request,
@@ -257,10 +231,23 @@ ENDPOINTS = (
         "/v1/rerank",
         (COHERE, list[rerank_answers.SglangHit], rerank_answers.VoyageResponse),
         "Rerank documents (Cohere v1, Jina, vLLM, Voyage; SGLang's list when configured)",
+        rerank_answers.COHERE_V1,
     ),
-    _rerank_at("/v2/rerank", COHERE, "Rerank documents (Cohere v2, vLLM)"),
-    _rerank_at("/rerank", (COHERE, TEI), "Rerank documents (TEI's list for `texts`, vLLM)", True),
-    _rerank_at("/v1/reranking", rerank_answers.MixedbreadResponse, "Rerank documents (Mixedbread)"),
+    _rerank_at(
+        "/v2/rerank", COHERE, "Rerank documents (Cohere v2, vLLM)", rerank_answers.COHERE_V2
+    ),
+    _rerank_at(
+        "/rerank",
+        (COHERE, TEI),
+        "Rerank documents (TEI's list for `texts`, vLLM)",
+        rerank_answers.TEI_RERANK,
+    ),
+    _rerank_at(
+        "/v1/reranking",
+        rerank_answers.MixedbreadResponse,
+        "Rerank documents (Mixedbread)",
+        rerank_answers.MIXEDBREAD,
+    ),
     Endpoint(
         "/score",
         "POST",

@@ -79,26 +79,31 @@ async def _score(service: Service, request: Request, req: schemas.ScoreRequest) 
     return json_response(body, headers=timing_headers(result.timings))
 
 
-async def rerank(service: Service, request: Request) -> Response:
-    """Rerank in the spelling and answer shape of the client that asks (`api.rerank_answers`):
-    Cohere v1/v2, Jina, vLLM, SGLang, Voyage, TEI, Mixedbread."""
-    req = await service.decode(request, schemas.rerank_decoder)
-    return await rerank_as(service, request, req, request.url.path)
+def rerank(dialect: rerank_answers.Dialect):
+    """The handler of a rerank route of `dialect`: rerank in the spelling and answer shape of
+    the client that asks (`api.rerank_answers`): Cohere v1/v2, Jina, vLLM, SGLang, Voyage, TEI,
+    Mixedbread."""
+
+    async def handle(service: Service, request: Request) -> Response:
+        req = await service.decode(request, schemas.rerank_decoder)
+        return await rerank_as(service, request, req, dialect)
+
+    return handle
 
 
 async def rerank_as(
-    service: Service, request: Request, req: schemas.RerankRequest, path: str
+    service: Service, request: Request, req: schemas.RerankRequest, dialect
 ) -> Response:
-    """The answer to a decoded rerank request, shaped as for `path`."""
+    """The answer to a decoded rerank request, shaped as a route of `dialect` answers it."""
     sglang = service.settings.server.rerank_format == "sglang"
-    shape = rerank_answers.shape_of(path, req, sglang)
+    shape = rerank_answers.shape_of(dialect, req, sglang)
     try:
-        return await _rerank(service, request, req, shape, path)
+        return await _rerank(service, request, req, shape, dialect.version)
     except ApiError as e:
         raise TeiError(e) if shape == "tei" else e from None
 
 
-async def _rerank(service, request, req: schemas.RerankRequest, shape, path: str) -> Response:
+async def _rerank(service, request, req: schemas.RerankRequest, shape, version) -> Response:
     docs = rerank_answers.documents_of(req)
     if not req.query and shape != "tei":  # TEI alone scores documents against no query
         raise ApiError(400, "query: must not be empty", param="query")
@@ -126,9 +131,9 @@ async def _rerank(service, request, req: schemas.RerankRequest, shape, path: str
         ),
         renames={"documents": docs.field, "max_prompt_tokens": "truncate_prompt_tokens"},
     )
-    service.metrics.observe(path, result.timings, len(docs.texts))
+    service.metrics.observe(request.url.path, result.timings, len(docs.texts))
     model = req.model or service.model_name
-    body = rerank_answers.answer(shape, req, docs, result, model=model, path=path)
+    body = rerank_answers.answer(shape, req, docs, result, model=model, version=version)
     return json_response(body, headers=timing_headers(result.timings))
 
 
@@ -141,9 +146,8 @@ async def invocations(service: Service, request: Request) -> Response:
         return await _score(service, request, service.parse(body, schemas.score_decoder))
     if keys & vllm_score.KEYS - {"documents"}:
         return await _vllm_score(service, request, body)
-    return await rerank_as(
-        service, request, service.parse(body, schemas.rerank_decoder), "/invocations"
-    )
+    req = service.parse(body, schemas.rerank_decoder)
+    return await rerank_as(service, request, req, rerank_answers.TEI_RERANK)
 
 
 _KEYS = msgspec.json.Decoder(dict[str, msgspec.Raw])
