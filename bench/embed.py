@@ -34,6 +34,7 @@ from bench.peak import measure_peaks
 from bench.workloads import text_lengths, text_of_tokens
 from engine import open_engine
 from engine.embed import embed_request
+from engine.kinds import Output
 
 QUICK = dict(texts=16, batch_sizes=[8], repeats=1, gemm=[512])
 MINILM = "all-MiniLM-L6-v2"
@@ -152,7 +153,7 @@ async def run_engine(config, args) -> dict:
 def sequences(engine, texts: list[str], prompt_name: str | None) -> list[list[int]]:
     """The token sequences the engine embeds for the texts (prompt put before, cut as asked)."""
     call = embed_request(engine.task, texts, prompt_name=prompt_name, truncate=True)
-    return engine.sequences("", call.inputs, [], pairs=call.pairs)
+    return engine.sequences("", call.inputs, [], output=Output.POOLED, pairs=call.pairs)
 
 
 def flops(cfg, seqs, shared: bool) -> float:

@@ -377,13 +377,20 @@ class Engine:
         )
 
     def sequences(
-        self, query, items, label_token_ids, *, item_first: bool = False, pairs=None
+        self,
+        query,
+        items,
+        label_token_ids,
+        *,
+        item_first: bool = False,
+        output: Output = Output.LOGPROBS,
+        pairs=None,
     ) -> list[list[int]]:
-        """The token sequences a score request of these fields runs, one per item, exactly as
-        the engine's tokenizer builds them (`pairs`: a cross-encoder's `PairOptions`);
-        InvalidInput naming the field for bad input."""
+        """The token sequences a request of these fields runs, one per item, exactly as the
+        engine's tokenizer builds them (`pairs`: how an encoder's pairs, or an `output`'s texts,
+        are encoded); InvalidInput naming the field for bad input."""
         tokenized = self.tokenization.tokenize(
-            query, items, label_token_ids, item_first=item_first, pairs=pairs
+            query, items, label_token_ids, item_first=item_first, output=output, pairs=pairs
         )
         return inputs.as_lists(tokenized.sequences)
 

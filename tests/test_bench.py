@@ -501,6 +501,7 @@ def test_snapshot_records_every_path_and_finds_a_changed_score(tiny, tmp_path, c
     assert f"{len(scores)} arrays" in capsys.readouterr().out
     kinds = ("w1", "w2", "rerank", "minilm-l6-rerank", "minilm-l6-pairs", "minilm-l6-offline")
     kinds += ("qwen3-cls-tiny-rerank", "qwen3-cls-tiny-pairs", "qwen3-cls-tiny-offline")
+    kinds += ("embed", "embed-cut", "embed-tokens", "embed-offline", "embed-tokens-offline")
     assert sorted(scores) == sorted(f"{k}-{d}" for k in kinds for d in ("float32", "bfloat16"))
     assert scores["w1-float32"].shape == (8, 2) and scores["w2-bfloat16"].shape == (8, 2)
     assert np.isfinite(scores["qwen3-cls-tiny-offline-float32"]).all()

@@ -6,13 +6,15 @@ import numpy as np
 import pytest
 
 import engine.__main__ as cli
+import engine.engine
+from engine.device.program import default_compile_cache_dir
 
 
 def test_prints_one_line_per_item_with_the_offline_scores(
     tiny_path, reference, monkeypatch, capsys
 ):
     cache_dirs = []  # the engine's compile cache is asked for; not switched on in the tests
-    monkeypatch.setattr(cli, "enable_compile_cache", cache_dirs.append)
+    monkeypatch.setattr(engine.engine, "enable_compile_cache", cache_dirs.append)
     labels = ["a", "e"]
     ids = cli.label_ids(reference.tokenizer, labels)
     cli.main(
@@ -24,7 +26,7 @@ def test_prints_one_line_per_item_with_the_offline_scores(
     assert [line["item"] for line in lines] == [" a cat", " the dog"]
     got = [[line["scores"][label] for label in labels] for line in lines]
     np.testing.assert_allclose(np.log(got), np.log(want), atol=1e-6)
-    assert cache_dirs == [cli.default_compile_cache_dir()]  # kept for the next run
+    assert cache_dirs == [default_compile_cache_dir()]  # kept for the next run
 
 
 def test_a_label_of_several_tokens_is_refused(reference):

@@ -185,8 +185,8 @@ def device_fault(engine, monkeypatch) -> None:
 
 # how each failure is planted in the engine (undone by monkeypatch)
 FAILURES = {
-    "engine call": failing("_submit", RuntimeError(leaky_text())),  # under score and rerank
-    "engine call, own class": failing("_submit", LeakyError(leaky_text())),
+    "engine call": failing("outputs", RuntimeError(leaky_text())),  # under score and rerank
+    "engine call, own class": failing("outputs", LeakyError(leaky_text())),
     "device step": device_fault,
     "handler": failing("stats", KeyError(SITE_PACKAGES)),
 }
