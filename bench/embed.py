@@ -153,7 +153,7 @@ async def run_engine(config, args) -> dict:
 def sequences(engine, texts: list[str], prompt_name: str | None) -> list[list[int]]:
     """The token sequences the engine embeds for the texts (prompt put before, cut as asked)."""
     call = embed_request(engine.task, texts, prompt_name=prompt_name, truncate=True)
-    return engine.sequences("", call.inputs, [], output=Output.POOLED, pairs=call.pairs)
+    return engine.sequences(call.request(Output.POOLED))
 
 
 def flops(cfg, seqs, shared: bool) -> float:

@@ -25,6 +25,7 @@ from bench.baseline import hf_label_logprobs, load_transformers
 from bench.flops import Cost, plan_flops
 from engine import EngineConfig, open_engine
 from engine.host import planning
+from engine.messages import ScoreRequest
 
 
 def engine_config(args, path) -> EngineConfig:
@@ -102,7 +103,7 @@ async def _run_engine(config, build, repeats) -> dict:
 
 def engine_sequences(engine, query, items, labels) -> list[list[int]]:
     """The token sequences the engine's tokenizer makes of a score request."""
-    return engine.sequences(query, items, labels)
+    return engine.sequences(ScoreRequest(query=query, items=items, label_token_ids=labels))
 
 
 def run_padded_baseline(

@@ -33,6 +33,7 @@ from bench.peak import measure_peaks
 from bench.workloads import rerank_pairs
 from engine import open_engine
 from engine.host.pairs import PairOptions
+from engine.messages import ScoreRequest
 from engine.models import ENCODERS, MODEL_TYPES
 
 KIND = "cross-encoder"  # the report's "kind": how `bench.w1` tells its reports apart
@@ -206,7 +207,8 @@ def pair_sequences(engine, query: str, docs: list[str]) -> list[list[int]]:
     """The token sequences the engine's tokenizer makes of the pairs, truncated as rerank's."""
     cfg = engine.model_config
     labels, pairs = list(range(cfg.num_labels)), PairOptions(limit=cfg.max_length)
-    return engine.sequences(query, docs, labels, pairs=pairs)
+    request = ScoreRequest(query=query, items=docs, label_token_ids=labels, pairs=pairs)
+    return engine.sequences(request)
 
 
 def load_cross_encoder(path: Path, dtype: str, device: str = "cpu"):

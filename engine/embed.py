@@ -9,6 +9,8 @@ import numpy as np
 from engine.errors import InvalidInput
 from engine.host import truncation
 from engine.host.pairs import PairOptions
+from engine.kinds import Output
+from engine.messages import ScoreRequest
 
 # the embed call's names for the fields of the score request it makes
 INPUT = {"items": "input", "max_prompt_tokens": "max_tokens"}
@@ -22,6 +24,12 @@ class EmbedCall(msgspec.Struct, frozen=True, kw_only=True):
     pairs: PairOptions
     dimensions: int | None = None  # the vectors' first components kept (None: all)
     normalize: bool | None = None  # None: as the model's directory says
+
+    def request(self, output: Output) -> ScoreRequest:
+        """The request embedding the call's inputs for `output`."""
+        return ScoreRequest(
+            query="", items=self.inputs, label_token_ids=[], output=output, pairs=self.pairs
+        )
 
     def vectors(self, task, outputs: np.ndarray) -> np.ndarray:
         """The call's vectors f32[N, D] from the pooled outputs f32[N, E] of `task`."""

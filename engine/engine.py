@@ -24,9 +24,9 @@ from engine.device.program import DeviceProgram, enable_compile_cache
 from engine.embed import INPUT, embed_request
 from engine.errors import InvalidInput
 from engine.host import inputs, kv_cache
-from engine.host.pairs import PairOptions
 from engine.kinds import Output
 from engine.loaders import load_checkpoint
+from engine.messages import ScoreRequest
 from engine.models import ModelConfig
 from engine.pipeline import Pipeline
 from engine.rerank import DOCUMENTS, Reranker, RerankOptions, by_query, check_rerank
@@ -110,31 +110,21 @@ class Engine:
         fails, EngineClosed on shutdown.
         """
         self.capabilities.require(Ability.SCORE)
-        logprobs, result = await self.outputs(
-            query, items, label_token_ids, Output.LOGPROBS, item_first=item_first
+        request = ScoreRequest(
+            query=query, items=items, label_token_ids=label_token_ids, item_first=item_first
         )
+        logprobs, result = await self.outputs(request)
         scores = scores_from_logprobs(logprobs, apply_softmax=apply_softmax).tolist()
         return msgspec.structs.replace(result, scores=scores)
 
-    async def outputs(
-        self,
-        query: inputs.Query,
-        items: inputs.Items,
-        label_token_ids: Sequence[int],
-        output: Output,
-        *,
-        item_first: bool = False,
-        pairs: PairOptions | None = None,
-    ) -> tuple[np.ndarray, ScoreResult]:
-        """The score rows' answers f32[N, L] to `output` (label log-probs, logits, or an
-        embedder's pooled vectors) and the result (scores empty) carrying the usage; with
-        `pairs` each item is a cross-encoder's pair with the query, or (an output of texts) a
-        text alone. What `score`, `rerank` and `embed` are made of."""
+    async def outputs(self, request: ScoreRequest) -> tuple[np.ndarray, ScoreResult]:
+        """The score rows' answers f32[N, L] to the request's output (label log-probs, logits,
+        or an embedder's pooled vectors) and the result (scores empty) carrying the usage. What
+        `score`, `rerank` and `embed` are made of."""
         start = trio.current_time()
-        request = (query, items, label_token_ids, output)
-        scored = await self.pipeline.submit(*request, item_first=item_first, pairs=pairs)
+        scored = await self.pipeline.submit(request)
         timings = msgspec.structs.replace(scored.timings, total=trio.current_time() - start)
-        width = self.task.row_width(output, len(label_token_ids))
+        width = self.task.row_width(request.output, len(request.label_token_ids))
         rows = scored.outputs  # f32[N, W >= width], or [] for no items
         outputs = rows[:, :width] if len(rows) else np.zeros((0, width), np.float32)
         result = ScoreResult(
@@ -219,9 +209,7 @@ class Engine:
         else:
             call = reranker.call(query, documents, options)
         try:
-            outputs, result = await self.outputs(
-                call.query, call.items, call.label_token_ids, call.output, pairs=call.pairs
-            )
+            outputs, result = await self.outputs(call.request())
         except InvalidInput as e:
             raise e.renamed(DOCUMENTS) from None
         truncated = result.truncated_tokens + call.truncated
@@ -273,9 +261,7 @@ class Engine:
             max_tokens=max_tokens,
         )
         try:
-            outputs, result = await self.outputs(
-                "", call.inputs, [], Output.POOLED, pairs=call.pairs
-            )
+            outputs, result = await self.outputs(call.request(Output.POOLED))
         except InvalidInput as e:
             raise e.renamed(INPUT) from None
         return EmbedResult(
@@ -316,9 +302,7 @@ class Engine:
         )
         start = trio.current_time()
         try:
-            scored = await self.pipeline.submit(
-                "", call.inputs, [], Output.TOKENS, pairs=call.pairs
-            )
+            scored = await self.pipeline.submit(call.request(Output.TOKENS))
         except InvalidInput as e:
             raise e.renamed(INPUT) from None
         timings = msgspec.structs.replace(scored.timings, total=trio.current_time() - start)
@@ -376,23 +360,11 @@ class Engine:
             capabilities={a.value: why for a, why in self.capabilities.refusals.items()},
         )
 
-    def sequences(
-        self,
-        query,
-        items,
-        label_token_ids,
-        *,
-        item_first: bool = False,
-        output: Output = Output.LOGPROBS,
-        pairs=None,
-    ) -> list[list[int]]:
-        """The token sequences a request of these fields runs, one per item, exactly as the
-        engine's tokenizer builds them (`pairs`: how an encoder's pairs, or an `output`'s texts,
-        are encoded); InvalidInput naming the field for bad input."""
-        tokenized = self.tokenization.tokenize(
-            query, items, label_token_ids, item_first=item_first, output=output, pairs=pairs
-        )
-        return inputs.as_lists(tokenized.sequences)
+    def sequences(self, request: ScoreRequest) -> list[list[int]]:
+        """The token sequences `request` runs, one per item, exactly as the engine's tokenizer
+        builds them; InvalidInput naming the field for bad input. Call it in the engine's
+        thread (the tokenizer's cache is not shared across threads)."""
+        return inputs.as_lists(self.tokenization.tokenize(request).sequences)
 
 
 def warn_if_host_paths_uncompiled() -> None:

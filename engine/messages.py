@@ -33,9 +33,10 @@ class Timings(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ScoreRequest(msgspec.Struct, frozen=True, kw_only=True):
-    """A caller's score call, as received (validated by the tokenizer actor)."""
+    """A caller's request, built once by the `Engine` verb that makes it (validated by the
+    tokenizer actor); the pipeline gives it its `id` and `arrived` as it hands it in."""
 
-    id: int
+    id: int = 0
     query: str | list[int]
     items: str | list[str] | list[list[int]]
     label_token_ids: list[int]
@@ -45,7 +46,7 @@ class ScoreRequest(msgspec.Struct, frozen=True, kw_only=True):
     # (query, item) pairs, or (an `Output.of_texts`) each text alone; None: query and item
     # joined (sglang's semantics)
     pairs: PairOptions | None = None
-    arrived: float
+    arrived: float = 0.0
 
 
 class Tokenized(msgspec.Struct, frozen=True, kw_only=True):

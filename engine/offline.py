@@ -19,6 +19,7 @@ from engine.device.program import DeviceProgram
 from engine.engine import Engine
 from engine.engine_thread import EngineThread
 from engine.host import inputs
+from engine.messages import ScoreRequest
 from engine.models import ModelConfig
 
 # where `load_model` starts from other than `EngineConfig()`: no bucket grid compiled ahead (a
@@ -124,8 +125,8 @@ class ScoringModel:
     ) -> list[list[int]]:
         """The validated token sequences `score` runs, one per item, exactly as the engine's
         tokenizer builds them; InvalidInput (a ValueError) naming the field otherwise."""
-        sequences = self.engine.sequences
-        return self._thread.call_sync(sequences, query, items, [0], item_first=item_first)
+        request = ScoreRequest(query=query, items=items, label_token_ids=[0], item_first=item_first)
+        return self._thread.call_sync(self.engine.sequences, request)
 
     def row_outputs(
         self, seqs: Sequence[Sequence[int]], labels: Sequence[Sequence[int]]
@@ -142,7 +143,8 @@ class ScoringModel:
 
         async def run(lab: tuple[int, ...], rows: list[int]) -> None:
             items = [list(seqs[i]) for i in rows]
-            answers, _ = await self.engine.outputs([], items, list(lab), output)
+            request = ScoreRequest(query=[], items=items, label_token_ids=list(lab), output=output)
+            answers, _ = await self.engine.outputs(request)
             out[rows, : len(lab)] = answers
 
         async def every() -> None:

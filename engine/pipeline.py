@@ -10,6 +10,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import msgspec
 import tokenizers
 import trio
 
@@ -17,10 +18,8 @@ from engine import runner, scheduler, tokenizer_actor
 from engine.config import EngineConfig
 from engine.device.program import DeviceProgram
 from engine.errors import EngineClosed, EngineOverloaded, RejectKind, rejection_error
-from engine.host import inputs, kv_cache
+from engine.host import kv_cache
 from engine.host.buckets import Buckets
-from engine.host.pairs import PairOptions
-from engine.kinds import Output
 from engine.messages import Cancel, Rejected, Scored, ScoreRequest
 from engine.results import EngineStats
 from score_kernels import devices
@@ -134,16 +133,7 @@ class Pipeline:
             waiter.done.set()
         self._waiters.clear()
 
-    async def submit(
-        self,
-        query: inputs.Query,
-        items: inputs.Items,
-        label_token_ids: Sequence[int],
-        output: Output,
-        *,
-        item_first: bool = False,
-        pairs: PairOptions | None = None,
-    ) -> Scored:
+    async def submit(self, request: ScoreRequest) -> Scored:
         """One request through the actors: its items' outputs and usage, or the error it was
         rejected with (InvalidInput naming the field, EngineOverloaded, EngineError,
         EngineClosed). Cancelling the caller drops whatever is left of its work."""
@@ -155,18 +145,7 @@ class Pipeline:
             )
         request_id = next(self._ids)
         waiter = self._waiters[request_id] = _Waiter()
-        self._send(
-            ScoreRequest(
-                id=request_id,
-                query=query,
-                items=items,
-                label_token_ids=label_token_ids,
-                item_first=item_first,
-                output=output,
-                pairs=pairs,
-                arrived=trio.current_time(),
-            )
-        )
+        self._send(msgspec.structs.replace(request, id=request_id, arrived=trio.current_time()))
         try:
             await waiter.done.wait()
         except BaseException:  # cancelled: drop whatever is left of the work

@@ -14,7 +14,7 @@ from engine.errors import InvalidInput
 from engine.host import inputs, truncation
 from engine.host.pairs import PairOptions
 from engine.kinds import Output
-from engine.messages import Timings
+from engine.messages import ScoreRequest, Timings
 from engine.results import ScoreResult
 from engine.tasks import Task
 
@@ -44,6 +44,15 @@ class RerankCall(NamedTuple):
     output: Output  # what each row answers (`templates.RerankLabels`)
     pairs: PairOptions | None  # a cross-encoder's pairs; None: items follow the query
     truncated: int = 0  # tokens the documents' cut took off (pairs count theirs as they encode)
+
+    def request(self) -> ScoreRequest:
+        return ScoreRequest(
+            query=self.query,
+            items=self.items,
+            label_token_ids=self.label_token_ids,
+            output=self.output,
+            pairs=self.pairs,
+        )
 
 
 def check_rerank(query, documents, top_n=None, max_tokens_per_doc=None, side="right") -> None:

@@ -126,28 +126,9 @@ class TokenizerState:
             row_labels=task.row_labels,
         )
 
-    def tokenize(
-        self,
-        query,
-        items,
-        label_token_ids,
-        *,
-        item_first: bool = False,
-        output: Output = Output.LOGPROBS,
-        pairs=None,
-    ) -> Tokenized:
-        """`process` of one request of these `ScoreRequest` fields, in the caller's thread; its
-        rejection raised as the error it names (InvalidInput naming the field, ...)."""
-        request = ScoreRequest(
-            id=0,
-            query=query,
-            items=items,
-            label_token_ids=label_token_ids,
-            item_first=item_first,
-            output=output,
-            pairs=pairs,
-            arrived=0.0,
-        )
+    def tokenize(self, request: ScoreRequest) -> Tokenized:
+        """`process` of one request, in the caller's thread; its rejection raised as the error
+        it names (InvalidInput naming the field, ...)."""
         (out,) = self.process([request])
         if isinstance(out, Rejected):
             raise rejection_error(out.kind, out.message, out.field)

@@ -2,10 +2,11 @@
 
 import numpy as np
 import pytest
+import trio
 
 from bench.baseline import hf_label_logprobs, load_transformers
 from bench.workloads import PAIRS, SUFFIX
-from engine import CheckpointError, load_model
+from engine import CheckpointError, EngineConfig, InvalidInput, load_model
 from engine.loaders import default_model_path
 from engine.tasks import scores_from_logprobs
 
@@ -160,3 +161,26 @@ def test_rerank_scores_as_the_engine_does(tiny, tiny_checkpoints):
         want = [{h.index: h.relevance_score for h in result.results}[i] for i in range(3)]
         np.testing.assert_allclose(tiny.rerank(query, docs, raw_scores=raw), want, atol=1e-5)
     assert tiny.rerank(query, []) == []
+
+
+def test_load_model_takes_engine_config_fields_and_is_the_engines_front(tiny_checkpoints):
+    """`load_model` runs the very engine `open_engine` runs, configured by the same struct: its
+    options are `EngineConfig` fields (a name that is none is refused), the engine's answers are
+    the model's, a call from inside a trio loop works, and a closed model refuses calls."""
+    with pytest.raises(TypeError, match="'flash' is not an EngineConfig field"):
+        load_model(tiny_checkpoints["qwen2"], flash=True)
+    config = EngineConfig(dtype="float32", token_budget=256, progress=False)
+    with load_model(tiny_checkpoints["qwen2"], config=config) as model:
+        assert model.config.token_budget == 256 and model.engine.config is model.config
+        assert model.engine.buckets.tokens[-1] >= 256 and model.program is model.engine.program
+        want = model.score("q", ["a", "b"], [3, 9])
+        assert trio.run(trio.to_thread.run_sync, model.score, "q", ["a", "b"], [3, 9]) == want
+
+        async def blocking_inside_a_loop():
+            return model.score("q", ["a", "b"], [3, 9])
+
+        assert trio.run(blocking_inside_a_loop) == want
+        with pytest.raises(InvalidInput, match=r"^label_token_ids: Token ID 999"):
+            model.score("q", ["a"], [999])  # the engine's own check, raised here
+    with pytest.raises(RuntimeError, match="the model is closed"):
+        model.score("q", ["a"], [3])
