@@ -341,13 +341,14 @@ def test_rerank_truncates_in_the_engine_and_names_documents(tiny_path, reference
     assert field == "documents[1]"
     t, tok = engine.template, engine.tokenizer
     yes_no = [tok.encode(x, add_special_tokens=False).ids[0] for x in (t.yes, t.no)]
-    short = [tok.decode(tok.encode(d, add_special_tokens=False).ids[:5]) for d in docs]
-    want = reference.score(
-        t.query_text("where?", None),
-        [t.document_text(d) for d in short],
-        yes_no,
-        apply_softmax=True,
-    )
+    text = t.query_text("where?", None)
+    cut_ids = []  # each sequence's own ids, its document's tokens past the first 5 dropped
+    for d in docs:
+        enc = tok.encode(text + t.document_text(d))
+        start, end = len(text), len(text) + len(d)
+        own = [i for i, (a, b) in enumerate(enc.offsets) if a < end and b > start and b > a]
+        cut_ids.append([x for i, x in enumerate(enc.ids) if i not in own[5:]])
+    want = reference.score([], cut_ids, yes_no, apply_softmax=True)
     got = {h.index: h.relevance_score for h in cut.results}
     np.testing.assert_allclose([got[0], got[1]], [w[0] for w in want], rtol=1e-4)
     assert fit.prompt_tokens <= 2 * engine.max_sequence_tokens and len(fit.results) == 2

@@ -114,7 +114,7 @@ def test_the_last_layer_goes_on_past_attention_at_the_score_rows_alone(
     whole = compiled(
         exactly(
             functools.partial(
-                program.task.forward,
+                program.task.backbone.forward,
                 cfg=cfg,
                 family=FAMILIES[cfg.family],
                 attention=program.attention,
