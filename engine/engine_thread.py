@@ -69,14 +69,29 @@ class EngineThread:
             except BaseException as e:  # the caller's to handle
                 answer.put(outcome.Error(e))
 
-        self._soon(lambda: self._calls.start_soon(run))
-        return answer.get().unwrap()
+        def start() -> None:
+            try:
+                self._calls.start_soon(run)
+            except RuntimeError:  # the calls' nursery closed meanwhile
+                answer.put(outcome.Error(EngineClosed("engine shut down")))
+
+        self._soon(start)
+        return self._wait(answer)
 
     def call_sync(self, fn: Callable[..., T], *args, **kwargs) -> T:
         """`fn(*args, **kwargs)` in the engine's loop (state only its thread may touch)."""
         answer: queue.SimpleQueue = queue.SimpleQueue()
         self._soon(lambda: answer.put(outcome.capture(fn, *args, **kwargs)))
-        return answer.get().unwrap()
+        return self._wait(answer)
+
+    def _wait(self, answer: queue.SimpleQueue):
+        """The call's result, or EngineClosed if the engine's thread ends without answering."""
+        while True:
+            try:
+                return answer.get(timeout=1.0).unwrap()
+            except queue.Empty:
+                if not self._thread.is_alive():
+                    raise EngineClosed("engine shut down") from None
 
     def _soon(self, fn: Callable[[], object]) -> None:
         if self.engine is None:
