@@ -20,7 +20,7 @@ from starlette.requests import Request
 
 from api.errors import ApiError
 from api.service import Service
-from engine import EmbedResult, TokenEmbedResult
+from engine import EmbedResult, SparseEmbedResult, TokenEmbedResult
 from engine.embed import prompt_named
 
 FORMATS = ("float", "int8", "uint8", "binary", "ubinary")
@@ -32,17 +32,18 @@ async def embed(
     inputs: list,
     renames: dict[str, str],
     input_type: str | None = None,
-    tokens: bool = False,
+    verb: str = "embed",
     **options,
-) -> EmbedResult | TokenEmbedResult:
-    """`Engine.embed(inputs, **options)` (with `tokens`, `Engine.embed_tokens`) where the engine
-    runs, recorded in the metrics; engine errors as HTTP answers naming the request's fields
-    (`renames`: the engine's name -> the request's). `input_type` ("query", "document", ...)
-    picks the model's prompt of that name, where it has one."""
+) -> EmbedResult | TokenEmbedResult | SparseEmbedResult:
+    """`Engine.embed(inputs, **options)` (or the engine's other embedding `verb`:
+    "embed_tokens", "embed_sparse") where the engine runs, recorded in the metrics; engine
+    errors as HTTP answers naming the request's fields (`renames`: the engine's name -> the
+    request's). `input_type` ("query", "document", ...) picks the model's prompt of that name,
+    where it has one."""
 
     async def call(engine):
         named = prompt_named(engine.task, input_type)
-        method = engine.embed_tokens if tokens else engine.embed
+        method = getattr(engine, verb)
         return await method(inputs, **options, **({"prompt_name": named} if named else {}))
 
     result = await service.call(request, call, renames=renames)

@@ -301,6 +301,17 @@ ENDPOINTS = (
         needs=(Ability.EMBED_TOKENS,),
     ),
     Endpoint(
+        "/embed_sparse",
+        "POST",
+        tei_embed.embed_sparse,
+        "Each input's sparse vector, its non-zero vocabulary entries (TEI; a SPLADE model's)",
+        tei_embed.TEI_SPARSE_VECTORS,
+        tei_embed.TeiEmbedSparseRequest,
+        errors=TEI_ERRORS,
+        error_body=schemas.TeiErrorResponse,
+        needs=(Ability.EMBED_SPARSE,),
+    ),
+    Endpoint(
         "/similarity",
         "POST",
         tei_embed.similarity,

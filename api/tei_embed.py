@@ -1,7 +1,8 @@
 """TEI's embedding routes: `/embed` (one vector per input, TEI's bare list of lists),
-`/embed_all` (every token's vector of each input, before pooling) and `/similarity` (the cosine
-similarity of a source sentence to each of several). Errors are TEI's `{"error", "error_type"}`
-bodies with its statuses, as on TEI's other routes."""
+`/embed_all` (every token's vector of each input, before pooling), `/embed_sparse` (a SPLADE
+model's sparse vector of each input, its non-zero `{index, value}` entries by index) and
+`/similarity` (the cosine similarity of a source sentence to each of several). Errors are
+TEI's `{"error", "error_type"}` bodies with its statuses, as on TEI's other routes."""
 
 from typing import Annotated, Literal
 
@@ -41,6 +42,22 @@ class TeiEmbedAllRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
     prompt_name: str | None = None
 
 
+class TeiEmbedSparseRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """TEI's `/embed_sparse` body, and `max_active_dims` (sentence-transformers' option: each
+    vector's that many largest entries; absent: all)."""
+
+    inputs: Text | Annotated[list[Text | TokenId | list[TokenId]], documented(minItems=1)]
+    truncate: bool | None = None
+    truncation_direction: Direction = "right"
+    prompt_name: str | None = None
+    max_active_dims: Annotated[int, msgspec.Meta(ge=1)] | None = None
+
+
+class SparseValue(msgspec.Struct, kw_only=True):
+    index: int  # a vocabulary id
+    value: float  # its weight, > 0
+
+
 class SimilarityInput(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     source_sentence: Text
     sentences: Annotated[list[Text], documented(minItems=1)]  # each compared to source_sentence
@@ -61,10 +78,12 @@ class SimilarityRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
 
 TEI_VECTORS = list[list[float]]
 TEI_TOKEN_VECTORS = list[list[list[float]]]  # per input, per token
+TEI_SPARSE_VECTORS = list[list[SparseValue]]  # per input, its non-zero entries by index
 SIMILARITIES = list[float]
 embed_decoder = msgspec.json.Decoder(TeiEmbedRequest)
 embed_all_decoder = msgspec.json.Decoder(TeiEmbedAllRequest)
 similarity_decoder = msgspec.json.Decoder(SimilarityRequest)
+embed_sparse_decoder = msgspec.json.Decoder(TeiEmbedSparseRequest)
 
 
 async def embed(service: Service, request: Request) -> Response:
@@ -97,7 +116,7 @@ async def embed_all(service: Service, request: Request) -> Response:
             request,
             embed_answers.inputs(req.inputs, "inputs"),
             {"input": "inputs"},
-            tokens=True,
+            verb="embed_tokens",
             truncate=bool(req.truncate),
             truncation_side=req.truncation_direction.lower(),
             prompt_name=req.prompt_name,
@@ -105,6 +124,30 @@ async def embed_all(service: Service, request: Request) -> Response:
     except ApiError as e:
         raise TeiError(e) from None
     vectors = [v.tolist() for v in result.embeddings]
+    return json_response(vectors, headers=timing_headers(result.timings))
+
+
+async def embed_sparse(service: Service, request: Request) -> Response:
+    """TEI's `/embed_sparse`: each input's non-zero entries, in input order."""
+    try:
+        req = await service.decode(request, embed_sparse_decoder)
+        result = await embed_answers.embed(
+            service,
+            request,
+            embed_answers.inputs(req.inputs, "inputs"),
+            {"input": "inputs"},
+            verb="embed_sparse",
+            truncate=bool(req.truncate),
+            truncation_side=req.truncation_direction.lower(),
+            prompt_name=req.prompt_name,
+            max_active_dims=req.max_active_dims,
+        )
+    except ApiError as e:
+        raise TeiError(e) from None
+    vectors = [
+        [{"index": i, "value": v} for i, v in zip(ids.tolist(), values.tolist(), strict=True)]
+        for ids, values in result.embeddings
+    ]
     return json_response(vectors, headers=timing_headers(result.timings))
 
 

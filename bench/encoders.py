@@ -54,7 +54,7 @@ _SPECIALS = {
     "xlm-roberta": (["<s>", "<pad>", "</s>", "<unk>", "<mask>"], "XLMRobertaTokenizer"),
     "modernbert": (["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"], "PreTrainedTokenizerFast"),
 }
-_ROLES = {  # tokenizer_config.json's names of the special tokens
+ROLES = {  # tokenizer_config.json's names of the special tokens
     "bert": {"unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "pad": "[PAD]", "mask": "[MASK]"},
     "xlm-roberta": {
         **{"bos": "<s>", "eos": "</s>", "unk": "<unk>", "cls": "<s>", "sep": "</s>"},
@@ -128,6 +128,13 @@ def train_pair_tokenizer(kind: str, corpus: Iterable[str], vocab_size: int):
     return tok
 
 
+def special_ids(tok, kind: str) -> dict[str, int]:
+    """The `*_token_id` fields of a transformers config for the tokenizer `tok` of `kind`."""
+    specials = {r: tok.token_to_id(t) for r, t in ROLES[kind].items()}
+    roles = ("pad", "bos", "eos", "cls", "sep")
+    return {f"{r}_token_id": specials[r] for r in roles if r in specials}
+
+
 def save_pair_tokenizer(tok, kind: str, path: Path, model_max_length: int) -> None:
     """tokenizer.json and the tokenizer_config.json transformers' AutoTokenizer reads."""
     path.mkdir(parents=True, exist_ok=True)
@@ -136,7 +143,7 @@ def save_pair_tokenizer(tok, kind: str, path: Path, model_max_length: int) -> No
     config = {
         "tokenizer_class": cls_name,
         "model_max_length": model_max_length,
-        **{f"{role}_token": token for role, token in _ROLES[kind].items()},
+        **{f"{role}_token": token for role, token in ROLES[kind].items()},
     }
     if kind == "bert":
         config["do_lower_case"] = True
@@ -165,10 +172,7 @@ def write_encoder(
     import transformers
 
     tok = train_pair_tokenizer(kind, corpus, vocab)
-    specials = {r: tok.token_to_id(t) for r, t in _ROLES[kind].items()}
-    ids = {
-        f"{r}_token_id": specials[r] for r in ("pad", "bos", "eos", "cls", "sep") if r in specials
-    }
+    ids = special_ids(tok, kind)
     cfg = getattr(transformers, config_class)(
         **{**ids, **fields, "num_labels": fields.get("num_labels", 1)}
     )

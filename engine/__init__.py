@@ -22,6 +22,8 @@ from engine.results import (
     RerankHit,
     RerankResult,
     ScoreResult,
+    SparseEmbedResult,
+    SparseVector,
     TokenEmbedResult,
 )
 
@@ -45,6 +47,8 @@ __all__ = [
     "RerankResult",
     "ScoreResult",
     "ScoringModel",
+    "SparseEmbedResult",
+    "SparseVector",
     "Timings",
     "TokenEmbedResult",
     "Unsupported",

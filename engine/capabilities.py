@@ -17,12 +17,19 @@ class Ability(enum.Enum):
     RERANK = "rerank"  # documents by relevance (`Engine.rerank`, every rerank route)
     EMBED = "embed"  # one vector per text (`Engine.embed`)
     EMBED_TOKENS = "embed_tokens"  # every token's vector of a text (`Engine.embed_tokens`)
+    EMBED_SPARSE = "embed_sparse"  # a sparse vocabulary vector per text (`Engine.embed_sparse`)
     RECIPE = "reranker"  # a rerank recipe named by `EngineConfig.reranker`
     TENSOR_PARALLEL = "tensor_parallel"  # weights sharded over devices
     ROOFLINE = "roofline"  # `engine.plan`'s model of its compute
 
 
-VERBS = (Ability.SCORE, Ability.RERANK, Ability.EMBED, Ability.EMBED_TOKENS)
+VERBS = (
+    Ability.SCORE,
+    Ability.RERANK,
+    Ability.EMBED,
+    Ability.EMBED_TOKENS,
+    Ability.EMBED_SPARSE,
+)
 
 
 class Capabilities(msgspec.Struct, frozen=True):

@@ -69,6 +69,14 @@ def embed_request(
     )
 
 
+def check_active_dims(keep: int | None) -> int | None:
+    """A sparse vector's entries kept (`max_active_dims`), checked: None (all), or a positive
+    integer; InvalidInput naming `max_active_dims` otherwise."""
+    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
+        raise InvalidInput("max_active_dims", "must be a positive integer")
+    return keep
+
+
 def embed_options(inputs, limit: int, truncate: bool, side: str) -> tuple[list, PairOptions]:
     """The inputs as a list (all texts, or all token-id sequences), and how they are encoded:
     each alone, refused over `limit` tokens unless `truncate` (then cut at `side`);
@@ -100,8 +108,7 @@ def _is(x, kind) -> bool:
 def prompt_named(task, kind: str | None) -> str | None:
     """`kind` ("query", "document", ...) where the embedder `task` has a prompt of that name,
     else None: what a peer's `input_type` picks."""
-    pooling = task.config.embedding
-    return kind if pooling is not None and kind in dict(pooling.prompts) else None
+    return kind if kind in task.head.prompts else None
 
 
 def with_prompt(inputs: list, task, name: str | None, prompt: str | None) -> list:

@@ -21,12 +21,12 @@ from engine.capabilities import Ability, capabilities_of
 from engine.config import EngineConfig
 from engine.device.placement import Placement, device_groups
 from engine.device.program import DeviceProgram, enable_compile_cache
-from engine.embed import INPUT, embed_request
+from engine.embed import INPUT, check_active_dims, embed_request
 from engine.errors import InvalidInput
 from engine.host import inputs, kv_cache
 from engine.kinds import Output
 from engine.loaders import load_checkpoint
-from engine.messages import ScoreRequest
+from engine.messages import Scored, ScoreRequest
 from engine.models import ModelConfig
 from engine.pipeline import Pipeline
 from engine.rerank import DOCUMENTS, Reranker, RerankOptions, by_query, check_rerank
@@ -37,9 +37,12 @@ from engine.results import (
     RerankHit,
     RerankResult,
     ScoreResult,
+    SparseEmbedResult,
+    SparseVector,
     TokenEmbedResult,
 )
 from engine.tasks import scores_from_logprobs
+from engine.tasks.splade import pruned
 from score_kernels import devices
 
 log = logging.getLogger("engine")
@@ -300,17 +303,63 @@ class Engine:
             side=truncation_side,
             max_tokens=max_tokens,
         )
-        start = trio.current_time()
-        try:
-            scored = await self.pipeline.submit(call.request(Output.TOKENS))
-        except InvalidInput as e:
-            raise e.renamed(INPUT) from None
-        timings = msgspec.structs.replace(scored.timings, total=trio.current_time() - start)
+        scored = await self._per_item(call.request(Output.TOKENS))
         return TokenEmbedResult(
             embeddings=scored.outputs,
             prompt_tokens=scored.prompt_tokens,
-            timings=timings,
+            timings=scored.timings,
             truncated_tokens=scored.truncated_tokens,
+        )
+
+    async def embed_sparse(
+        self,
+        texts: Sequence[str] | Sequence[Sequence[int]],
+        *,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
+        truncate: bool = False,
+        truncation_side: str = "right",
+        max_tokens: int | None = None,
+        max_active_dims: int | None = None,
+    ) -> SparseEmbedResult:
+        """A SPLADE model's sparse vector of each text, in order: its non-zero vocabulary
+        entries (ids ascending, weights > 0), exactly as `SparseEncoder.encode` computes them
+        on the model's directory. `max_active_dims` keeps each vector's that many largest
+        entries (sentence-transformers' option of that name; None: all).
+
+        Only the non-zero entries leave the device. The options and errors are `embed`'s;
+        Unsupported when the model is not a sparse encoder.
+        """
+        self.capabilities.require(Ability.EMBED_SPARSE)
+        keep = check_active_dims(max_active_dims)
+        call = embed_request(
+            self.task,
+            texts,
+            prompt_name=prompt_name,
+            prompt=prompt,
+            truncate=truncate,
+            side=truncation_side,
+            max_tokens=max_tokens,
+        )
+        scored = await self._per_item(call.request(Output.SPARSE))
+        return SparseEmbedResult(
+            embeddings=[SparseVector(*pruned(i, v, keep)) for i, v in scored.outputs],
+            prompt_tokens=scored.prompt_tokens,
+            timings=scored.timings,
+            truncated_tokens=scored.truncated_tokens,
+        )
+
+    async def _per_item(self, request: ScoreRequest) -> Scored:
+        """The answer to an embed call's `request` of a ragged output (`Output.ragged`), each
+        item's of its own, its timings' total counted; errors name `input`."""
+        start = trio.current_time()
+        try:
+            scored = await self.pipeline.submit(request)
+        except InvalidInput as e:
+            raise e.renamed(INPUT) from None
+        total = trio.current_time() - start
+        return msgspec.structs.replace(
+            scored, timings=msgspec.structs.replace(scored.timings, total=total)
         )
 
     async def grid_compiled(self) -> None:

@@ -21,6 +21,9 @@ class Output(enum.Enum):
     LOGITS = "logits"
     POOLED = "pooled"  # f32[E] per text: its pooled final state (before projection)
     TOKENS = "tokens"  # f32[n, E] per text: every token's final state
+    # per text its non-zero vocabulary weights, (i32[k] token ids ascending, f32[k] > 0): a
+    # SPLADE head's pooled log-saturated MLM logits, of which only the non-zero leave the device
+    SPARSE = "sparse"
 
     @property
     def title(self) -> str:
@@ -36,7 +39,13 @@ class Output(enum.Enum):
     def of_texts(self) -> bool:
         """Whether it embeds texts, each encoded alone and reading no labels (else it reads
         labels of a query/item sequence or pair)."""
-        return self in (Output.POOLED, Output.TOKENS)
+        return self in (Output.POOLED, Output.TOKENS, Output.SPARSE)
+
+    @property
+    def ragged(self) -> bool:
+        """Whether each item's answer is an array (or arrays) of its own size, kept per item;
+        else its answer is one row of a request's f32[N, W]."""
+        return self in (Output.TOKENS, Output.SPARSE)
 
 
 _TITLES = {
@@ -44,6 +53,7 @@ _TITLES = {
     Output.LOGITS: "logits",
     Output.POOLED: "pooled vectors",
     Output.TOKENS: "token vectors",
+    Output.SPARSE: "sparse vectors",
 }
 
 

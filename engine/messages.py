@@ -94,7 +94,8 @@ class BatchDone(msgspec.Struct, frozen=True, kw_only=True):
     stopped it."""
 
     id: int
-    outputs: np.ndarray | None = None  # f32[S, L], or f32[T, E]
+    # f32[S, L], f32[T, E], or a sparse output's non-zero entries (`engine.device.sparse`)
+    outputs: np.ndarray | tuple | None = None
     error: str | None = None
     device_s: float = 0.0
     dispatch_s: float = 0.0  # of `device_s`: until the program was launched
@@ -108,7 +109,8 @@ class Scored(msgspec.Struct, frozen=True, kw_only=True):
 
     id: int
     # its score rows f32[N, L] (what the caller reads of each is its first columns), or (a
-    # per-token output) per item its tokens' states f32[n, E]; [] for no items
+    # ragged output, `Output.ragged`) per item its answer: its tokens' states f32[n, E], or its
+    # sparse vector (i32[k], f32[k]); [] for no items
     outputs: np.ndarray | list[np.ndarray]
     prompt_tokens: int
     cached_tokens: int = 0  # of the prompt tokens, those read from the KV cache

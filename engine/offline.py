@@ -21,6 +21,7 @@ from engine.engine_thread import EngineThread
 from engine.host import inputs
 from engine.messages import ScoreRequest
 from engine.models import ModelConfig
+from engine.results import SparseVector
 
 # where `load_model` starts from other than `EngineConfig()`: no bucket grid compiled ahead (a
 # program compiles when a batch first needs it), no KV pool (no prefix reuse across calls, no
@@ -119,6 +120,14 @@ class ScoringModel:
         """Every token's vector f32[n, E] of each text, as `Engine.embed_tokens` computes it
         with the same `options`."""
         return self._thread.call(self.engine.embed_tokens, texts, **options).embeddings
+
+    def embed_sparse(
+        self, texts: Sequence[str] | Sequence[Sequence[int]], **options
+    ) -> list[SparseVector]:
+        """A SPLADE model's sparse vector `(indices i32[k], values f32[k])` of each text, as
+        `Engine.embed_sparse` computes it with the same `options` (`max_active_dims` keeps each
+        one's largest entries)."""
+        return self._thread.call(self.engine.embed_sparse, texts, **options).embeddings
 
     def sequences(
         self, query: inputs.Query, items: inputs.Items, *, item_first: bool = False

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from engine.kinds import Output
 from engine.messages import Scored, Timings, Tokenized
 
 
@@ -15,8 +16,8 @@ class Progress:
     msg: Tokenized
     queued_at: float
     # its score rows' outputs f32[n, W] (from its first batch answered on; W is the narrowest
-    # label width of its batches so far, each of which holds the request's outputs), or a list
-    # of each item's token states f32[n_i, E]
+    # label width of its batches so far, each of which holds the request's outputs), or (a
+    # ragged output) a list of each item's answer
     outputs: np.ndarray | list | None = None
     remaining: int = 0
     first_batch_at: float | None = None
@@ -57,6 +58,7 @@ class InFlight:
     rows: list[tuple[int, int]]  # (request id, item index) per score row
     contexts: list  # engine.host.packing.Context | None per chunk: committed or aborted when done
     cached: list[int]  # tokens of each row read from the KV cache
+    output: Output = Output.LOGPROBS  # what its rows answer
     runner: int = 0
     # a per-token output's: each row's sequence's tokens [start, end) in the batch; None: a
     # row's output is its answer
@@ -86,11 +88,18 @@ def store_rows(live: dict[int, Progress], rows, outputs: np.ndarray) -> None:
         req.remaining -= end - start
 
 
-def store_tokens(live: dict[int, Progress], rows, outputs: np.ndarray, spans) -> None:
-    """Each live request's rows' token vectors f32[n, E], copied out of the batch's f32[T, E]
-    (which is let go)."""
-    for (rid, idx), (start, end) in zip(rows, spans, strict=True):
+def store(live: dict[int, Progress], flight: InFlight, output: Output, outputs) -> None:
+    """Each live request's answers to `output` out of a batch's `outputs` (`BatchDone`): its
+    score rows, or each item's answer of its own (`Output.ragged`)."""
+    if not output.ragged:
+        store_rows(live, flight.rows, outputs)
+        return
+    if output is Output.SPARSE:  # engine.device.sparse.SparseRows
+        answers = (outputs.row(r) for r in range(len(flight.rows)))
+    else:  # f32[T, E], which is let go: each item's tokens copied out
+        answers = (outputs[start:end].copy() for start, end in flight.spans)
+    for (rid, idx), answer in zip(flight.rows, answers, strict=False):
         req = live.get(rid)
         if req is not None:
-            req.outputs[idx] = outputs[start:end].copy()
+            req.outputs[idx] = answer
             req.remaining -= 1

@@ -1,6 +1,8 @@
 """What the engine's calls answer: scores, rerank hits, embeddings, and the counters of
 `Engine.stats`."""
 
+from typing import NamedTuple
+
 import msgspec
 import numpy as np
 
@@ -26,6 +28,20 @@ class EmbedResult(msgspec.Struct, frozen=True, kw_only=True):
 
 class TokenEmbedResult(msgspec.Struct, frozen=True, kw_only=True):
     embeddings: list[np.ndarray]  # per text, in text order, f32[n, E]: each of its n tokens' state
+    prompt_tokens: int
+    timings: Timings
+    truncated_tokens: int = 0  # tokens cut off texts over the model's limit (asked for)
+
+
+class SparseVector(NamedTuple):
+    """A text's sparse vector: its non-zero entries' vocabulary ids, ascending, and weights."""
+
+    indices: np.ndarray  # i32[k]
+    values: np.ndarray  # f32[k], each > 0
+
+
+class SparseEmbedResult(msgspec.Struct, frozen=True, kw_only=True):
+    embeddings: list[SparseVector]  # per text, in text order
     prompt_tokens: int
     timings: Timings
     truncated_tokens: int = 0  # tokens cut off texts over the model's limit (asked for)

@@ -32,7 +32,7 @@ from engine.host.buckets import Buckets
 from engine.host.kv_cache import KVCache
 from engine.kinds import Layout, Output
 from engine.messages import Batch, BatchDone, Cancel, Rejected, Scored, Timings, Tokenized
-from engine.progress import InFlight, Progress, store_rows, store_tokens
+from engine.progress import InFlight, Progress, store
 
 WINDOW_ITEMS = 4096  # queued items considered for one batch: bounds host work per batch
 HANDED_AHEAD = 1  # batches a runner is handed beyond the one it runs
@@ -134,8 +134,8 @@ class SchedulerState:
             ]
         n = len(msg.sequences)
         self._replan()
-        per_token = msg.output.per_token
-        self.requests[msg.id] = req = Progress(msg, now, [None] * n if per_token else None, n)
+        ragged = msg.output.ragged
+        self.requests[msg.id] = req = Progress(msg, now, [None] * n if ragged else None, n)
         prefix = msg.sequences[0][:-1]  # what it finds cached stays cached until it runs
         shares = self.layouts[msg.output].shares
         caches = [c if shares else None for c in self.caches]
@@ -326,7 +326,8 @@ class SchedulerState:
             output=self._window_output,
         )
         self.next_batch_id += 1
-        flight = InFlight(rows, packed.contexts, packed.cached, runner, spans)
+        output = self._window_output
+        flight = InFlight(rows, packed.contexts, packed.cached, output, runner, spans)
         self.in_flight[batch.id] = flight
         self.assigned[runner] += 1
         self.runner_batches[runner] += 1
@@ -349,10 +350,7 @@ class SchedulerState:
         for req in live.values():  # cancelled or failed requests are no longer in the table
             req.device_s += done.device_s
             req.dispatch_s += done.dispatch_s
-        if flight.spans is None:
-            store_rows(live, rows, done.outputs)
-        else:
-            store_tokens(live, rows, done.outputs, flight.spans)
+        store(live, flight, flight.output, done.outputs)
         finished = [self._forget(rid).scored(rid) for rid, req in live.items() if not req.remaining]
         self.last_done_at = now
         self.cohort = len(self.queue) + len(finished)

@@ -184,6 +184,9 @@ class FaultyProgram:
     def shape_key(self, shape, output):
         return self.program.shape_key(shape, output)
 
+    def fetch(self, outputs, output):
+        return self.program.fetch(outputs, output)
+
     @property
     def kv(self):
         return self.program.kv

@@ -8,6 +8,7 @@ from api.app import create_app
 from api.routes import ENDPOINTS, scoring_endpoints
 from api.settings import settings_from_env
 from bench.encoders import write_encoder
+from bench.retrieval_models import write_splade
 from engine import InvalidInput, Unsupported, load_model, open_engine
 from engine.capabilities import VERBS, Ability, capabilities_of
 from engine.loaders import load_checkpoint
@@ -20,6 +21,7 @@ OFFERS = {  # the verbs each kind serves
     "classifier": {Ability.RERANK},
     "cross-encoder": {Ability.RERANK},
     "embedder": {Ability.EMBED, Ability.EMBED_TOKENS},
+    "sparse encoder": {Ability.EMBED_SPARSE},
 }
 # each verb's Python call (on an `Engine` or a `ScoringModel`) and its HTTP request
 CALLS = {
@@ -27,12 +29,14 @@ CALLS = {
     Ability.RERANK: (lambda m: m.rerank(QUERY, TEXTS), "/v1/rerank"),
     Ability.EMBED: (lambda m: m.embed(TEXTS), "/v1/embeddings"),
     Ability.EMBED_TOKENS: (lambda m: m.embed_tokens(TEXTS), "/embed_all"),
+    Ability.EMBED_SPARSE: (lambda m: m.embed_sparse(TEXTS), "/embed_sparse"),
 }
 BODIES = {
     "/v1/score": {"query": QUERY, "items": TEXTS, "label_token_ids": [1]},
     "/v1/rerank": {"query": QUERY, "documents": TEXTS},
     "/v1/embeddings": {"input": TEXTS},
     "/embed_all": {"inputs": TEXTS},
+    "/embed_sparse": {"inputs": TEXTS},
 }
 
 
@@ -49,6 +53,10 @@ def model(request, tiny_checkpoints, minilm, tmp_path_factory):
         fields = dict(TINY_ENCODER, type_vocab_size=2)
         options = dict(seed=1, corpus=CORPUS, model_max_length=96, vocab=300, perturb=0.3)
         return kind, write_encoder(root / "bert", "BertConfig", fields, "bert", **options)
+    if kind == "sparse encoder":
+        fields = dict(TINY_ENCODER, type_vocab_size=2)
+        options = dict(seed=1, corpus=CORPUS, model_max_length=96, vocab=300)
+        return kind, write_splade(root / "splade", "BertConfig", fields, "bert", **options)
     return kind, minilm
 
 

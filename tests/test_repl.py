@@ -32,6 +32,7 @@ def test_default_labels_are_yes_and_no_where_those_are_single_tokens():
             num_labels=num_labels,
             encoder=False,
             embedding=embedding,
+            splade=None,
             family="llama",
         )
         task = task_for(config)

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from engine.capabilities import Ability
+from engine.device import sparse
 from engine.device.kv_pool import DEFAULT_PAGE_SIZE, KVPool
 from engine.device.placement import Placement
 from engine.errors import InvalidInput
@@ -181,3 +183,11 @@ class DeviceProgram:
         program = self._program(output or self.output)
         outputs, self.kv.arrays = program(self.params, batch, self.kv.arrays)
         return outputs
+
+    @staticmethod
+    def fetch(outputs: jax.Array, output: Output) -> np.ndarray | sparse.SparseRows:
+        """The outputs of `run` on the host, once computed: f32[S, L] (f32[T, E]), or of a
+        sparse output each row's non-zero entries alone (`engine.device.sparse`)."""
+        if output is Output.SPARSE:
+            return sparse.fetch(outputs)
+        return np.asarray(outputs)

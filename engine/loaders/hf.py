@@ -47,7 +47,8 @@ _SANDWICH_NAMES = {
 
 def load_hf_dir(path: str | Path, *, progress: bool = True) -> Checkpoint:
     """Load a Hugging Face model directory of family llama, qwen2, qwen3, gemma, gemma2 or
-    gemma3 (text), or a cross-encoder of family bert, xlm-roberta or modernbert."""
+    gemma3 (text), or a cross-encoder, embedder or SPLADE model of family bert, xlm-roberta,
+    modernbert or distilbert."""
     root = Path(path)
     hf = _read_json(root / "config.json")
     family = FAMILIES.get(MODEL_TYPES.get(hf.get("model_type")))
@@ -90,12 +91,17 @@ def _head_config(cfg: ModelConfig, root: Path) -> ModelConfig:
     to."""
     if cfg.encoder:
         cfg = with_max_length(cfg, root)
+    if cfg.encoder and not cfg.num_labels and sentence_transformers.is_sparse_encoder(root):
+        splade, limit = sentence_transformers.read_splade(root)
+        return msgspec.structs.replace(
+            cfg, splade=splade, max_length=min(limit or cfg.max_length, cfg.max_length)
+        )
     if cfg.num_labels or not sentence_transformers.is_embedder(root):
         if cfg.encoder and not cfg.num_labels:
             raise CheckpointError(
-                f"{root}: an encoder is served as a cross-encoder (*ForSequenceClassification) "
-                "or as a sentence-transformers embedder (modules.json with a Pooling module); "
-                "this has neither"
+                f"{root}: an encoder is served as a cross-encoder (*ForSequenceClassification), "
+                "a sentence-transformers embedder (modules.json with a Pooling module) or a "
+                "sparse encoder (with SpladePooling); this is none of them"
             )
         return cfg
     pooling, limit = sentence_transformers.read_embedder(root, cfg.encoder)

@@ -1,6 +1,7 @@
 """Encoder weights of Hugging Face directories (`*ForSequenceClassification` cross-encoders of
-BERT, XLM-RoBERTa and ModernBERT, or the bare model of a sentence-transformers embedder), mapped
-to the layout of `engine.models.encoder`; biases and norm biases a checkpoint does not have
+BERT, XLM-RoBERTa and ModernBERT, the bare model of a sentence-transformers embedder, or the
+`*ForMaskedLM` of a SPLADE model, DistilBERT's too), mapped to the layout of
+`engine.models.encoder`; biases and norm biases a checkpoint does not have
 (ModernBERT's) are zeros. And the pair length CrossEncoder truncates to by default."""
 
 import json
@@ -53,7 +54,62 @@ _HEADS = {
         "classifier_b": "classifier.out_proj.bias",
     },
 }
-_BASES = {"bert": "bert", "xlm-roberta": "roberta"}
+_BASES = {"bert": "bert", "xlm-roberta": "roberta", "distilbert": "distilbert"}
+# DistilBERT: BERT's post-norm layer under `distilbert.transformer.layer.{i}.`, no token types
+_DISTILBERT_LAYER = {
+    "wq": "attention.q_lin.weight",
+    "bq": "attention.q_lin.bias",
+    "wk": "attention.k_lin.weight",
+    "bk": "attention.k_lin.bias",
+    "wv": "attention.v_lin.weight",
+    "bv": "attention.v_lin.bias",
+    "wo": "attention.out_lin.weight",
+    "bo": "attention.out_lin.bias",
+    "attn_norm": "sa_layer_norm.weight",
+    "attn_norm_b": "sa_layer_norm.bias",
+    "w_up": "ffn.lin1.weight",
+    "b_up": "ffn.lin1.bias",
+    "w_down": "ffn.lin2.weight",
+    "b_down": "ffn.lin2.bias",
+    "mlp_norm": "output_layer_norm.weight",
+    "mlp_norm_b": "output_layer_norm.bias",
+}
+# a `*ForMaskedLM`'s head (a SPLADE model's): our name -> theirs, at the top; the vocabulary
+# rows ("mlm_decoder") are absent where they are the embedding table
+_MLM_HEADS = {
+    "bert": {
+        "mlm_dense": "cls.predictions.transform.dense.weight",
+        "mlm_dense_b": "cls.predictions.transform.dense.bias",
+        "mlm_norm": "cls.predictions.transform.LayerNorm.weight",
+        "mlm_norm_b": "cls.predictions.transform.LayerNorm.bias",
+        "mlm_decoder": "cls.predictions.decoder.weight",
+        "mlm_decoder_b": "cls.predictions.bias",
+    },
+    "distilbert": {
+        "mlm_dense": "vocab_transform.weight",
+        "mlm_dense_b": "vocab_transform.bias",
+        "mlm_norm": "vocab_layer_norm.weight",
+        "mlm_norm_b": "vocab_layer_norm.bias",
+        "mlm_decoder": "vocab_projector.weight",
+        "mlm_decoder_b": "vocab_projector.bias",
+    },
+    "xlm-roberta": {
+        "mlm_dense": "lm_head.dense.weight",
+        "mlm_dense_b": "lm_head.dense.bias",
+        "mlm_norm": "lm_head.layer_norm.weight",
+        "mlm_norm_b": "lm_head.layer_norm.bias",
+        "mlm_decoder": "lm_head.decoder.weight",
+        "mlm_decoder_b": "lm_head.bias",
+    },
+    "modernbert": {
+        "mlm_dense": "head.dense.weight",
+        "mlm_dense_b": "head.dense.bias",
+        "mlm_norm": "head.norm.weight",
+        "mlm_norm_b": "head.norm.bias",
+        "mlm_decoder": "decoder.weight",
+        "mlm_decoder_b": "decoder.bias",
+    },
+}
 # ModernBERT (the `model.` prefix is dropped by the tensor index), under `layers.{i}.`
 _MODERN_LAYER = {
     "attn_norm": "attn_norm.weight",
@@ -84,7 +140,8 @@ _MODERN_HEAD = {
     "head": "classifier.weight",
     "classifier_b": "classifier.bias",
 }
-_ONES = ("attn_norm", "mlp_norm", "embed_norm", "final_norm", "pool_norm")  # absent: identity
+# absent: identity
+_ONES = ("attn_norm", "mlp_norm", "embed_norm", "final_norm", "pool_norm", "mlm_norm")
 
 
 def encoder_params(tensors, cfg: ModelConfig, progress: bool = True) -> dict:
@@ -94,19 +151,35 @@ def encoder_params(tensors, cfg: ModelConfig, progress: bool = True) -> dict:
     base = _BASES[cfg.family]
     get = _Lookup(tensors, cfg, (f"{base}.", ""))
     head = _HEADS[cfg.family] if cfg.num_labels else {}  # an embedder has none
-    top = {ours: get(theirs, ours) for ours, theirs in {**_BERT_TOP, **head}.items()}
-    names = tqdm(_BERT_LAYER.items(), desc="loading weights", leave=False, disable=not progress)
+    distil = cfg.family == "distilbert"
+    names = {o: t for o, t in {**_BERT_TOP, **head}.items() if not (distil and o == "token_types")}
+    top = {ours: get(theirs, ours) for ours, theirs in names.items()}
+    layer, at = (_DISTILBERT_LAYER, "transformer") if distil else (_BERT_LAYER, "encoder")
+    names = tqdm(layer.items(), desc="loading weights", leave=False, disable=not progress)
     stacks = {
-        ours: _stack(get, f"encoder.layer.{{i}}.{theirs}", ours, cfg.num_layers)
+        ours: _stack(get, f"{at}.layer.{{i}}.{theirs}", ours, cfg.num_layers)
         for ours, theirs in names
     }
-    return {**top, "layers": stacks}
+    return {**top, **_mlm_head(get, cfg), "layers": stacks}
+
+
+def _mlm_head(get: "_Lookup", cfg: ModelConfig) -> dict:
+    """A SPLADE model's masked-language-model head; none for other encoders."""
+    if cfg.splade is None:
+        return {}
+    names = dict(_MLM_HEADS[cfg.family])
+    rows = names.pop("mlm_decoder")
+    head = {ours: get(theirs, ours) for ours, theirs in names.items()}
+    if get.has(rows):  # untied: the head's own vocabulary rows
+        head["mlm_decoder"] = get(rows, "mlm_decoder")
+    return head
 
 
 def _modernbert(tensors, cfg: ModelConfig, progress: bool) -> dict:
     get = _Lookup(tensors, cfg, ("",))
     head = _MODERN_HEAD if cfg.num_labels else {}  # an embedder has none
     top = {ours: get(theirs, ours) for ours, theirs in {**_MODERN_TOP, **head}.items()}
+    top |= _mlm_head(get, cfg)
     names = tqdm(_MODERN_LAYER.items(), desc="loading weights", leave=False, disable=not progress)
     layers = {ours: _stack(get, f"layers.{{i}}.{t}", ours, cfg.num_layers) for ours, t in names}
     e, i = cfg.hidden_size, cfg.intermediate_size
@@ -127,6 +200,9 @@ class _Lookup:
     def __init__(self, tensors, cfg: ModelConfig, prefixes: tuple[str, ...]):
         self.tensors, self.cfg, self.prefixes = tensors, cfg, prefixes
 
+    def has(self, name: str) -> bool:
+        return any(prefix + name in self.tensors for prefix in self.prefixes)
+
     def __call__(self, name: str, ours: str) -> np.ndarray:
         for prefix in self.prefixes:
             if prefix + name in self.tensors:
@@ -143,12 +219,14 @@ class _Lookup:
             "wi_b": 2 * c.intermediate_size,
             "b_up": c.intermediate_size,
             "classifier_b": c.num_labels,
+            "mlm_decoder_b": c.vocab_size,
         }.get(ours, c.hidden_size)
         fill = np.ones if ours in _ONES else np.zeros
         return fill(width, np.float32)
 
 
-_TABLES = ("embed", "positions", "token_types", "head")  # kept [rows, E], not transposed
+# kept [rows, E], not transposed
+_TABLES = ("embed", "positions", "token_types", "head", "mlm_decoder")
 
 
 def _stack(get: _Lookup, pattern: str, ours: str, layers: int) -> np.ndarray:

@@ -4,7 +4,11 @@ Normalize), `1_Pooling/config.json` how token states become one vector, each Den
 `config.json` and `model.safetensors` its projection, `sentence_bert_config.json` the
 `max_seq_length` texts are cut to, and `config_sentence_transformers.json` the prompts put
 before texts (a query instruction). Read here into the model's `Pooling` and length; a module or
-pooling mode this engine does not run is refused by name, never skipped."""
+pooling mode this engine does not run is refused by name, never skipped.
+
+A SparseEncoder (SPLADE) directory names a masked-language-model transformer (`MLMTransformer`,
+or since sentence-transformers 5.4 a `Transformer` of task "fill-mask") and then SpladePooling,
+whose `config.json` gives its pooling and activation: read into the model's `Splade`."""
 
 import json
 from pathlib import Path
@@ -12,7 +16,7 @@ from pathlib import Path
 from safetensors import safe_open
 
 from engine.loaders.checkpoint import CheckpointError
-from engine.models.config import DenseLayer, Pooling
+from engine.models.config import DenseLayer, Pooling, Splade
 
 MODULES = "modules.json"
 # modules by class name: sentence-transformers names them `sentence_transformers.models.Pooling`,
@@ -37,6 +41,9 @@ _UNSUPPORTED_MODES = (
 )
 _TANH = "torch.nn.modules.activation.Tanh"  # a Dense module's default activation
 _SENTENCE = "sentence_embedding"
+_MLM, _SPLADE = ("MLMTransformer", "Transformer"), "SpladePooling"
+_SPLADE_POOLING = ("max", "sum")
+_SPLADE_ACTIVATIONS = ("relu", "log1p_relu")
 MODES_OF = {
     True: ("cls", "mean", "max"),
     False: ("last", "mean"),
@@ -47,6 +54,43 @@ def is_embedder(root: Path) -> bool:
     """Whether `root` is a sentence-transformers directory with a Pooling module."""
     path = root / MODULES
     return path.is_file() and _POOLING in _kinds(_read(path))
+
+
+def is_sparse_encoder(root: Path) -> bool:
+    """Whether `root` is a sentence-transformers directory with a SpladePooling module."""
+    path = root / MODULES
+    return path.is_file() and _SPLADE in _kinds(_read(path))
+
+
+def read_splade(root: Path) -> tuple[Splade, int | None]:
+    """The SPLADE pooling of the SparseEncoder directory `root` and its `max_seq_length` (None:
+    not set); CheckpointError naming the file for what is not supported."""
+    modules = _read(root / MODULES)
+    kinds = _kinds(modules)
+    if len(kinds) != 2 or kinds[0] not in _MLM or kinds[1] != _SPLADE:
+        raise CheckpointError(
+            f"{root / MODULES}: a sparse encoder here is a masked-language-model Transformer "
+            f"then SpladePooling; got {kinds}"
+        )
+    if modules[0].get("path", "") != "":
+        raise CheckpointError(f"{root / MODULES}: the Transformer module must be the directory")
+    bert_config = root / "sentence_bert_config.json"
+    settings = _read(bert_config) if bert_config.is_file() else {}
+    if settings.get("transformer_task", "fill-mask") != "fill-mask":
+        raise CheckpointError(f"{bert_config}: SpladePooling needs transformer_task fill-mask")
+    path = root / modules[1]["path"] / "config.json"
+    config = _read(path)
+    pooling = config.get("pooling_strategy", "max")
+    activation = config.get("activation_function", "relu")
+    if pooling not in _SPLADE_POOLING or activation not in _SPLADE_ACTIVATIONS:
+        raise CheckpointError(
+            f"{path}: pooling_strategy is one of {', '.join(_SPLADE_POOLING)} and "
+            f"activation_function one of {', '.join(_SPLADE_ACTIVATIONS)} here; got "
+            f"{pooling!r}, {activation!r}"
+        )
+    prompts, default = _prompts(root / "config_sentence_transformers.json")
+    splade = Splade(pooling=pooling, activation=activation, prompts=prompts, default_prompt=default)
+    return splade, settings.get("max_seq_length")
 
 
 def read_embedder(root: Path, encoder: bool) -> tuple[Pooling, int | None]:

@@ -62,6 +62,18 @@ class Pooling(msgspec.Struct, frozen=True, kw_only=True):
     dense: tuple[DenseLayer, ...] = ()  # applied in order after the pooling, before Normalize
 
 
+class Splade(msgspec.Struct, frozen=True, kw_only=True):
+    """How a SPLADE model makes a sparse vector of a text (sentence-transformers' SparseEncoder:
+    a masked-language-model head, then SpladePooling): every token's MLM logits over the
+    vocabulary, log(1 + relu(x)) of each ("log1p_relu": log(1 + log(1 + relu(x)))), pooled
+    over the text's tokens by their `pooling` ("max" or "sum")."""
+
+    pooling: str = "max"
+    activation: str = "relu"
+    prompts: tuple[tuple[str, str], ...] = ()  # as `Pooling.prompts`
+    default_prompt: str | None = None
+
+
 class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Everything the forward needs to know about an architecture; immutable and hashable."""
 
@@ -109,6 +121,10 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     # an embedder (no classifier): each sequence pooled into one vector; its texts are cut to
     # `max_length` tokens only when asked (sentence-transformers' max_seq_length)
     embedding: Pooling | None = None
+    # a SPLADE model (no classifier, no pooling): each text's sparse vector over the vocabulary
+    # from its masked-language-model head (`mlm_*` parameters of `engine.models.encoder`)
+    splade: Splade | None = None
+    mlm_activation: str = "gelu"  # of the MLM head's transform (dense, activation, LayerNorm)
 
     @property
     def attention_scale(self) -> float:

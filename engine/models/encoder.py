@@ -18,6 +18,8 @@ Host parameters, beyond the decoder's layout (`engine.models.config`), `[in, out
             w_up [N, E, I], b_up [N, I], w_gate, b_gate (gated_mlp); w_down [N, I, E], b_down
     pool_dense [E, E], pool_dense_b [E], pool_norm(_b) [E] ("gelu_norm")
     classifier [num_labels, E], classifier_b [num_labels]
+    a SPLADE model's masked-language-model head (`splade`): mlm_dense [E, E], mlm_dense_b [E],
+    mlm_norm(_b) [E], mlm_decoder [V, E] (the embedding table where tied), mlm_decoder_b [V]
 """
 
 from collections.abc import Callable
@@ -60,6 +62,7 @@ def config_from_hf(hf: dict, *, family: str, **flags) -> ModelConfig:
         norm_eps=eps,
         tie_word_embeddings=False,
         mlp_activation=HF_ACTIVATIONS[act],
+        mlm_activation=HF_ACTIVATIONS[act],
         encoder=True,
         **flags,
     )
@@ -212,8 +215,8 @@ def forward(
 
     if not _reads_first_tokens(output, cfg):  # the output reads every token's final state
         x = final(run_layers(layer, x, xs, unroll))
-        if output is states:
-            return x, None
+        if output in (states, splade):  # of the whole batch at once
+            return output(x, inputs, params, cfg, dense), None
         at_rows = lambda rows, labels: output(x, _at(inputs, rows, labels), params, cfg, dense)
         return over_score_rows(at_rows, inputs), None
     stack, last = split_last(xs)
@@ -245,6 +248,50 @@ def _reads_first_tokens(output: Callable, cfg: ModelConfig) -> bool:
 def states(x: jax.Array, inputs: PackedInputs, params: dict, cfg: ModelConfig, dense: Dense):
     """f32[T, E]: every token's final state (an embedder's token vectors, before pooling)."""
     return x
+
+
+# tokens per step of a SPLADE head: their f32[C, V] logits stay small where the whole batch's
+# would be f32[T, V] (480 MB for 4,096 tokens of a 30k vocabulary)
+SPLADE_TOKENS = 256
+
+
+def splade(x: jax.Array, inputs: PackedInputs, params: dict, cfg: ModelConfig, dense: Dense):
+    """f32[S, V]: each score row's text's SPLADE vector, its tokens' log-saturated MLM logits
+    (`cfg.splade.activation`) pooled by their max or sum (`cfg.splade.pooling`), from x
+    f32[T, E] every token's final state. The MLM head runs over `SPLADE_TOKENS` tokens a step,
+    as many steps as the real tokens fill; each step's weights are folded into their texts'
+    rows at once."""
+    t, c, v = x.shape[0], SPLADE_TOKENS, cfg.vocab_size
+    span, at, count = _token_spans(t, inputs)  # padding tokens: span count - 1, dropped
+    n = -(-t // c)
+    x = jnp.pad(x, ((0, n * c - t), (0, 0)))
+    span = jnp.pad(span, (0, n * c - t), constant_values=count - 1)
+    most = cfg.splade.pooling == "max"
+
+    def step(i, pooled):  # f32[count, V]
+        h = jax.lax.dynamic_slice_in_dim(x, i * c, c)
+        w = _log_saturated(_mlm_logits(h, params, cfg, dense), cfg.splade.activation)
+        rows = jax.lax.dynamic_slice_in_dim(span, i * c, c)
+        return pooled.at[rows].max(w) if most else pooled.at[rows].add(w)
+
+    steps = (jnp.asarray(inputs.token_count, jnp.int32) + c - 1) // c
+    pooled = jax.lax.fori_loop(0, steps, step, jnp.zeros((count, v), jnp.float32))
+    return pooled[at]
+
+
+def _mlm_logits(h: jax.Array, params: dict, cfg: ModelConfig, dense: Dense) -> jax.Array:
+    """f32[C, V]: the masked-language-model head's logits of token states h f32[C, E]: dense,
+    activation, LayerNorm, then the vocabulary's rows."""
+    h = dense.matmul(h, params["mlm_dense"], jnp.int32(0)) + params["mlm_dense_b"]
+    h = activations.apply(cfg.mlm_activation, h)
+    h = layer_norm(h, params["mlm_norm"], params["mlm_norm_b"], cfg.norm_eps)
+    return dense.head(h, params["mlm_decoder"]) + params["mlm_decoder_b"]
+
+
+def _log_saturated(logits: jax.Array, activation: str) -> jax.Array:
+    """log(1 + relu(x)), and for "log1p_relu" log(1 + that)."""
+    w = jnp.log1p(jnp.maximum(logits, 0.0))
+    return jnp.log1p(w) if activation == "log1p_relu" else w
 
 
 def pair_logits(x: jax.Array, inputs: PackedInputs, params: dict, cfg: ModelConfig, dense: Dense):

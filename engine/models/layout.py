@@ -47,6 +47,7 @@ ENCODER_VECTORS = (  # kept in f32
 ENCODER_TOP_VECTORS = (
     *("embed_norm", "embed_norm_b", "final_norm", "final_norm_b"),
     *("pool_dense_b", "pool_norm", "pool_norm_b", "classifier_b"),
+    *("mlm_dense_b", "mlm_norm", "mlm_norm_b", "mlm_decoder_b"),
 )
 
 
@@ -68,6 +69,7 @@ def place_encoder(params: dict, cfg: ModelConfig, dtype, dense) -> dict:
         **{n: to_device(params[n], dtype) for n in tables},
         **{n: to_device(params[n], jnp.float32) for n in ENCODER_TOP_VECTORS if n in params},
         **_classifier(params, dtype, dense),
+        **_mlm_head(params, dtype, dense),
         "layers": vectors | b_qkv,
         "matrices": {
             "qkv": qkv,
@@ -116,6 +118,18 @@ def _classifier(params: dict, dtype, dense) -> dict:
     return {
         "pool_dense": dense.prepare(params["pool_dense"][None], dtype),
         "head": dense.prepare_head(params["head"], dtype),
+    }
+
+
+def _mlm_head(params: dict, dtype, dense) -> dict:
+    """A SPLADE model's masked-language-model transform and vocabulary rows (the embedding
+    table where they are tied), prepared; none for other encoders."""
+    if "mlm_dense" not in params:
+        return {}
+    rows = params.get("mlm_decoder", params["embed"])  # [V, E]
+    return {
+        "mlm_dense": dense.prepare(params["mlm_dense"][None], dtype),
+        "mlm_decoder": dense.prepare_head(rows, dtype),
     }
 
 

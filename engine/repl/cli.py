@@ -40,7 +40,8 @@ def make_session(engine: Engine) -> Session:
         session.set_labels(DEFAULT_LABELS)
     # a model without label-token scores (a classification head) reranks: that is what it does
     session.rerank = not engine.capabilities.offers(Ability.SCORE)
-    session.embed = engine.capabilities.offers(Ability.EMBED)
+    caps = engine.capabilities
+    session.embed = caps.offers(Ability.EMBED) or caps.offers(Ability.EMBED_SPARSE)
     return session
 
 

@@ -7,6 +7,7 @@ from collections.abc import Callable
 import numpy as np
 import trio
 
+from engine.capabilities import Ability
 from engine.embed import prompt_named
 from engine.engine import Engine
 from engine.errors import EngineError
@@ -55,7 +56,10 @@ async def _rerank(engine: Engine, action: Rerank, columns: int) -> str:
 
 async def _embed(engine: Engine, action: Embed, columns: int) -> str:
     """The documents by the cosine similarity of their vectors to the query's (the query given
-    the model's "query" prompt where it has one), best first."""
+    the model's "query" prompt where it has one), best first; a sparse encoder's by
+    `_embed_sparse`."""
+    if engine.capabilities.offers(Ability.EMBED_SPARSE):
+        return await _embed_sparse(engine, action, columns)
     query = await engine.embed([action.query], prompt_name=prompt_named(engine.task, "query"))
     docs = await engine.embed(action.documents)
     vectors, q = docs.embeddings, query.embeddings[0]
@@ -69,6 +73,42 @@ async def _embed(engine: Engine, action: Embed, columns: int) -> str:
     seconds = query.timings.total + docs.timings.total
     foot = format_footer(len(action.documents), "documents", tokens, cached, seconds)
     return f"{format_rerank(action.documents, hits, columns, 'cosine')}\n{foot}"
+
+
+TERMS = 8  # a sparse vector's terms shown
+
+
+async def _embed_sparse(engine: Engine, action: Embed, columns: int) -> str:
+    """The documents by the dot product of their sparse vectors with the query's (each given
+    the model's "query" or "document" prompt where it has one), best first, and under the
+    table each text's heaviest terms as tokens."""
+    query = await engine.embed_sparse(
+        [action.query], prompt_name=prompt_named(engine.task, "query")
+    )
+    docs = await engine.embed_sparse(
+        action.documents, prompt_name=prompt_named(engine.task, "document")
+    )
+    q = dict(zip(*map(np.ndarray.tolist, query.embeddings[0]), strict=True))
+    dots = [
+        sum(q.get(i, 0.0) * w for i, w in zip(*map(np.ndarray.tolist, v), strict=True))
+        for v in docs.embeddings
+    ]
+    order = np.argsort(-np.asarray(dots), kind="stable")[: action.top_n]
+    hits = [RerankHit(index=int(i), relevance_score=float(dots[i])) for i in order]
+    table = format_rerank(action.documents, hits, columns, "dot")
+    terms = [f"query: {_terms(engine, query.embeddings[0])}"]
+    terms += [f"{h.index}: {_terms(engine, docs.embeddings[h.index])}" for h in hits]
+    tokens = query.prompt_tokens + docs.prompt_tokens
+    seconds = query.timings.total + docs.timings.total
+    foot = format_footer(len(action.documents), "documents", tokens, 0, seconds)
+    return "\n".join([table, *terms, foot])
+
+
+def _terms(engine: Engine, vector) -> str:
+    """A sparse vector's `TERMS` heaviest entries as "token weight", heaviest first."""
+    top = np.argsort(-vector.values, kind="stable")[:TERMS]
+    token = engine.tokenizer.id_to_token
+    return "  ".join(f"{token(int(vector.indices[i]))} {vector.values[i]:.2f}" for i in top)
 
 
 async def serve(

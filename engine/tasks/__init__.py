@@ -10,8 +10,9 @@ from engine.tasks.head import Head
 from engine.tasks.label_scores import LabelScores
 from engine.tasks.outputs import scores_from_logprobs
 from engine.tasks.pooler import Pooler
+from engine.tasks.splade import Splade
 
-HEADS: tuple[type[Head], ...] = (LabelScores, Classifier, Pooler)  # exactly one fits a config
+HEADS: tuple[type[Head], ...] = (LabelScores, Classifier, Pooler, Splade)  # one fits a config
 
 
 def task_for(config: ModelConfig) -> Task:
@@ -30,6 +31,7 @@ __all__ = [
     "Head",
     "LabelScores",
     "Pooler",
+    "Splade",
     "Task",
     "scores_from_logprobs",
     "task_for",

@@ -21,7 +21,8 @@ class Classifier(Head):
 
     @classmethod
     def fits(cls, config) -> bool:
-        return config.embedding is None and (config.encoder or config.num_labels > 0)
+        splade = config.splade is not None
+        return config.embedding is None and not splade and (config.encoder or config.num_labels > 0)
 
     @property
     def name(self) -> str:

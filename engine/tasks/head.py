@@ -8,6 +8,7 @@ from typing import ClassVar
 import numpy as np
 
 from engine.capabilities import Ability
+from engine.errors import InvalidInput
 from engine.kinds import Output
 from engine.models import ModelConfig
 from engine.tasks.backbones import Backbone
@@ -71,7 +72,35 @@ class Head:
         """What this head refuses, and why (over its backbone's: `Task.refusal`): by default
         it answers no vectors."""
         not_embedder = f"this model is a {self.name} ({self.describe()}), not an embedder"
-        return {Ability.EMBED: not_embedder, Ability.EMBED_TOKENS: not_embedder}
+        not_sparse = (
+            f"this model is a {self.name} ({self.describe()}), not a sparse encoder (SPLADE)"
+        )
+        return {
+            Ability.EMBED: not_embedder,
+            Ability.EMBED_TOKENS: not_embedder,
+            Ability.EMBED_SPARSE: not_sparse,
+        }
+
+    @property
+    def prompts(self) -> dict[str, str]:
+        """The named prompts its texts may be given (sentence-transformers'); none but an
+        embedder's."""
+        return {}
+
+    @property
+    def default_prompt(self) -> str | None:
+        """The prompt name a text gets when none is asked for."""
+        return None
+
+    def prompt(self, name: str | None) -> str:
+        """The text put before texts given prompt `name` (None: the default one, or none);
+        InvalidInput naming `prompt_name` for a prompt this model does not have."""
+        prompts = self.prompts
+        if name is not None and name not in prompts:
+            have = ", ".join(prompts) or "none"
+            raise InvalidInput("prompt_name", f"unknown prompt {name!r} (this model has: {have})")
+        name = name or self.default_prompt
+        return prompts[name] if name else ""
 
     def describe(self) -> str:
         """The model's kind in a few words, for people."""

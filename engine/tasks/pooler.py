@@ -66,6 +66,7 @@ class Pooler(Head):
     def refusals(self) -> dict[Ability, str]:
         embedder = f"this model is an embedder ({self.describe()})"
         return {
+            Ability.EMBED_SPARSE: f"{embedder} of dense vectors, not a sparse encoder (SPLADE)",
             Ability.SCORE: f"{embedder}: it has no language-model head, so label-token scores "
             "are unavailable (it answers /v1/embeddings)",
             Ability.RERANK: f"{embedder}: it does not rerank",
@@ -99,15 +100,13 @@ class Pooler(Head):
             out.append((weight, bias, ACTIVATIONS[layer.activation]))
         return out
 
-    def prompt(self, name: str | None) -> str:
-        """The text put before texts given prompt `name` (None: the default one, or none);
-        InvalidInput naming `prompt_name` for a prompt this model does not have."""
-        prompts = dict(self.config.embedding.prompts)
-        if name is not None and name not in prompts:
-            have = ", ".join(prompts) or "none"
-            raise InvalidInput("prompt_name", f"unknown prompt {name!r} (this model has: {have})")
-        name = name or self.config.embedding.default_prompt
-        return prompts[name] if name else ""
+    @property
+    def prompts(self) -> dict[str, str]:
+        return dict(self.config.embedding.prompts)
+
+    @property
+    def default_prompt(self) -> str | None:
+        return self.config.embedding.default_prompt
 
     def embeddings(
         self, outputs: np.ndarray, dimensions: int | None = None, normalize: bool | None = None
