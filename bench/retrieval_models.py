@@ -126,3 +126,46 @@ def _write_sparse_modules(
     (path / "sentence_bert_config.json").write_text(json.dumps(settings, indent=2))
     st_config = {"model_type": "SparseEncoder", "prompts": prompts, "default_prompt_name": None}
     (path / "config_sentence_transformers.json").write_text(json.dumps(st_config, indent=2))
+
+
+def write_m3(
+    path: Path,
+    fields: dict,
+    *,
+    seed: int,
+    corpus: Iterable[str],
+    model_max_length: int,
+    vocab: int,
+    colbert_dim: int | None = None,
+    max_seq_length: int | None = None,
+) -> Path:
+    """A random BGE-M3 of XLM-RoBERTa `fields`: the sentence-transformers embedder (CLS pooling,
+    normalised) with FlagEmbedding's `colbert_linear.pt` (to `colbert_dim`, by default the
+    hidden size) and `sparse_linear.pt` beside it, saved with `torch.save` as FlagEmbedding
+    saves them."""
+    import torch
+
+    from bench.encoders import write_encoder
+
+    write_encoder(
+        path,
+        "XLMRobertaConfig",
+        fields,
+        "xlm-roberta",
+        seed=seed,
+        corpus=corpus,
+        model_max_length=model_max_length,
+        vocab=vocab,
+        perturb=0.3,
+        embedder=("cls", True, max_seq_length),
+    )
+    hidden = fields["hidden_size"]
+    torch.manual_seed(seed + 1)
+    colbert = torch.nn.Linear(hidden, colbert_dim or hidden)
+    sparse = torch.nn.Linear(hidden, 1)
+    with torch.no_grad():  # about half the tokens weigh above 0
+        sparse.weight.normal_(0.0, 0.2)
+        sparse.bias.fill_(0.0)
+    torch.save(colbert.state_dict(), path / "colbert_linear.pt")
+    torch.save(sparse.state_dict(), path / "sparse_linear.pt")
+    return path

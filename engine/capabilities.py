@@ -18,6 +18,9 @@ class Ability(enum.Enum):
     EMBED = "embed"  # one vector per text (`Engine.embed`)
     EMBED_TOKENS = "embed_tokens"  # every token's vector of a text (`Engine.embed_tokens`)
     EMBED_SPARSE = "embed_sparse"  # a sparse vocabulary vector per text (`Engine.embed_sparse`)
+    EMBED_MULTI = "embed_multi"  # late-interaction multi-vectors per text (`Engine.embed_multi`)
+    # any of dense, sparse and multi-vectors from one forward (`Engine.embed_hybrid`)
+    EMBED_HYBRID = "embed_hybrid"
     RECIPE = "reranker"  # a rerank recipe named by `EngineConfig.reranker`
     TENSOR_PARALLEL = "tensor_parallel"  # weights sharded over devices
     ROOFLINE = "roofline"  # `engine.plan`'s model of its compute
@@ -29,6 +32,8 @@ VERBS = (
     Ability.EMBED,
     Ability.EMBED_TOKENS,
     Ability.EMBED_SPARSE,
+    Ability.EMBED_MULTI,
+    Ability.EMBED_HYBRID,
 )
 
 

@@ -26,7 +26,7 @@ from engine.errors import InvalidInput
 from engine.host import inputs, kv_cache
 from engine.kinds import Output
 from engine.loaders import load_checkpoint
-from engine.messages import Scored, ScoreRequest
+from engine.messages import HybridRow, Scored, ScoreRequest
 from engine.models import ModelConfig
 from engine.pipeline import Pipeline
 from engine.rerank import DOCUMENTS, Reranker, RerankOptions, by_query, check_rerank
@@ -34,6 +34,8 @@ from engine.results import (
     EmbedResult,
     EngineInfo,
     EngineStats,
+    HybridEmbedResult,
+    MultiVectorResult,
     RerankHit,
     RerankResult,
     ScoreResult,
@@ -263,10 +265,14 @@ class Engine:
             normalize=normalize,
             max_tokens=max_tokens,
         )
-        try:
-            outputs, result = await self.outputs(call.request(Output.POOLED))
-        except InvalidInput as e:
-            raise e.renamed(INPUT) from None
+        if self.task.head.output_for(Ability.EMBED) is Output.HYBRID:
+            result = await self._per_item(call.request(Output.HYBRID))
+            outputs = self.task.head.pooled(result.outputs)
+        else:
+            try:
+                outputs, result = await self.outputs(call.request(Output.POOLED))
+            except InvalidInput as e:
+                raise e.renamed(INPUT) from None
         return EmbedResult(
             embeddings=call.vectors(self.task, outputs),
             prompt_tokens=result.prompt_tokens,
@@ -341,9 +347,95 @@ class Engine:
             side=truncation_side,
             max_tokens=max_tokens,
         )
-        scored = await self._per_item(call.request(Output.SPARSE))
+        head = self.task.head
+        scored = await self._per_item(call.request(head.output_for(Ability.EMBED_SPARSE)))
+        if scored.outputs and isinstance(scored.outputs[0], HybridRow):
+            vectors = [head.lexical(row) for row in scored.outputs]
+        else:
+            vectors = scored.outputs
         return SparseEmbedResult(
-            embeddings=[SparseVector(*pruned(i, v, keep)) for i, v in scored.outputs],
+            embeddings=[SparseVector(*pruned(i, v, keep)) for i, v in vectors],
+            prompt_tokens=scored.prompt_tokens,
+            timings=scored.timings,
+            truncated_tokens=scored.truncated_tokens,
+        )
+
+    async def embed_multi(
+        self,
+        texts: Sequence[str] | Sequence[Sequence[int]],
+        *,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
+        truncate: bool = False,
+        truncation_side: str = "right",
+        max_tokens: int | None = None,
+    ) -> MultiVectorResult:
+        """Each text's multi-vectors f32[n, D], for late interaction (MaxSim): BGE-M3's, the
+        normalised colbert projection of each of its tokens after the first, as
+        `BGEM3FlagModel.encode(..., return_colbert_vecs=True)` computes them. The options and
+        errors are `embed`'s; Unsupported for a model without a multi-vector head."""
+        self.capabilities.require(Ability.EMBED_MULTI)
+        hybrid = await self.embed_hybrid(
+            texts,
+            dense=False,
+            sparse=False,
+            prompt_name=prompt_name,
+            prompt=prompt,
+            truncate=truncate,
+            truncation_side=truncation_side,
+            max_tokens=max_tokens,
+        )
+        return MultiVectorResult(
+            embeddings=hybrid.multi,
+            prompt_tokens=hybrid.prompt_tokens,
+            timings=hybrid.timings,
+            truncated_tokens=hybrid.truncated_tokens,
+        )
+
+    async def embed_hybrid(
+        self,
+        texts: Sequence[str] | Sequence[Sequence[int]],
+        *,
+        dense: bool = True,
+        sparse: bool = True,
+        multi: bool = True,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
+        truncate: bool = False,
+        truncation_side: str = "right",
+        dimensions: int | None = None,
+        normalize: bool | None = None,
+        max_tokens: int | None = None,
+        max_active_dims: int | None = None,
+    ) -> HybridEmbedResult:
+        """Any of each text's dense vector (`embed`'s), sparse lexical weights (`embed_sparse`'s)
+        and multi-vectors (`embed_multi`'s), all from ONE forward of each text: BGE-M3's three
+        outputs, as `BGEM3FlagModel.encode(..., return_dense=dense, return_sparse=sparse,
+        return_colbert_vecs=multi)` computes them. Those not asked for are None. The options and
+        errors are `embed`'s and `embed_sparse`'s; InvalidInput naming `dense` when none is
+        asked for, Unsupported for a model without these heads."""
+        self.capabilities.require(Ability.EMBED_HYBRID)
+        if not (dense or sparse or multi):
+            raise InvalidInput("dense", "ask for at least one of dense, sparse and multi")
+        keep = check_active_dims(max_active_dims)
+        call = embed_request(
+            self.task,
+            texts,
+            prompt_name=prompt_name,
+            prompt=prompt,
+            truncate=truncate,
+            side=truncation_side,
+            dimensions=dimensions,
+            normalize=normalize,
+            max_tokens=max_tokens,
+        )
+        head, scored = self.task.head, await self._per_item(call.request(Output.HYBRID))
+        rows = scored.outputs
+        lexical = (head.lexical(r) for r in rows)
+        return HybridEmbedResult(
+            dense=call.vectors(self.task, head.pooled(rows)) if dense else None,
+            sparse=[SparseVector(*pruned(i, v, keep)) for i, v in lexical] if sparse else None,
+            multi=[head.multi(r) for r in rows] if multi else None,
             prompt_tokens=scored.prompt_tokens,
             timings=scored.timings,
             truncated_tokens=scored.truncated_tokens,

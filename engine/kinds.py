@@ -24,6 +24,9 @@ class Output(enum.Enum):
     # per text its non-zero vocabulary weights, (i32[k] token ids ascending, f32[k] > 0): a
     # SPLADE head's pooled log-saturated MLM logits, of which only the non-zero leave the device
     SPARSE = "sparse"
+    # per text, from one forward: its pooled state f32[E], each token's lexical weight f32[n]
+    # and each token's multi-vector f32[n, D] (BGE-M3's three heads: `engine.tasks.m3`)
+    HYBRID = "hybrid"
 
     @property
     def title(self) -> str:
@@ -33,19 +36,19 @@ class Output(enum.Enum):
     @property
     def per_token(self) -> bool:
         """Whether a sequence answers a row per token (else one row, at its score row)."""
-        return self is Output.TOKENS
+        return self in (Output.TOKENS, Output.HYBRID)
 
     @property
     def of_texts(self) -> bool:
         """Whether it embeds texts, each encoded alone and reading no labels (else it reads
         labels of a query/item sequence or pair)."""
-        return self in (Output.POOLED, Output.TOKENS, Output.SPARSE)
+        return self in (Output.POOLED, Output.TOKENS, Output.SPARSE, Output.HYBRID)
 
     @property
     def ragged(self) -> bool:
         """Whether each item's answer is an array (or arrays) of its own size, kept per item;
         else its answer is one row of a request's f32[N, W]."""
-        return self in (Output.TOKENS, Output.SPARSE)
+        return self in (Output.TOKENS, Output.SPARSE, Output.HYBRID)
 
 
 _TITLES = {
@@ -54,6 +57,7 @@ _TITLES = {
     Output.POOLED: "pooled vectors",
     Output.TOKENS: "token vectors",
     Output.SPARSE: "sparse vectors",
+    Output.HYBRID: "dense, sparse and multi-vectors",
 }
 
 

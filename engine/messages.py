@@ -7,6 +7,7 @@ A `Cancel` travels the same way as its request, so it always arrives after it.
 """
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import msgspec
 import numpy as np
@@ -103,14 +104,23 @@ class BatchDone(msgspec.Struct, frozen=True, kw_only=True):
     retry: bool = False  # not run: planned against a pool lost since; its rows go back in line
 
 
+class HybridRow(NamedTuple):
+    """One text's answer to `Output.HYBRID`, as the device computed it for its tokens."""
+
+    pooled: np.ndarray  # f32[E]: its first token's final state
+    weights: np.ndarray  # f32[n]: each token's lexical weight
+    vectors: np.ndarray  # f32[n, D]: each token's multi-vector
+    ids: np.ndarray  # i32[n]: its token ids
+
+
 class Scored(msgspec.Struct, frozen=True, kw_only=True):
     """A finished request: its items' outputs (label log-probs, logits, or token states) and its
     timings."""
 
     id: int
     # its score rows f32[N, L] (what the caller reads of each is its first columns), or (a
-    # ragged output, `Output.ragged`) per item its answer: its tokens' states f32[n, E], or its
-    # sparse vector (i32[k], f32[k]); [] for no items
+    # ragged output, `Output.ragged`) per item its answer: its tokens' states f32[n, E], its
+    # sparse vector (i32[k], f32[k]), or its `HybridRow`; [] for no items
     outputs: np.ndarray | list[np.ndarray]
     prompt_tokens: int
     cached_tokens: int = 0  # of the prompt tokens, those read from the KV cache

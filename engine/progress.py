@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.kinds import Output
-from engine.messages import Scored, Timings, Tokenized
+from engine.messages import HybridRow, Scored, Timings, Tokenized
 
 
 @dataclass
@@ -96,6 +96,8 @@ def store(live: dict[int, Progress], flight: InFlight, output: Output, outputs) 
         return
     if output is Output.SPARSE:  # engine.device.sparse.SparseRows
         answers = (outputs.row(r) for r in range(len(flight.rows)))
+    elif output is Output.HYBRID:  # f32[S, E], f32[T], f32[T, D]
+        answers = _hybrid_rows(live, flight, *outputs)
     else:  # f32[T, E], which is let go: each item's tokens copied out
         answers = (outputs[start:end].copy() for start, end in flight.spans)
     for (rid, idx), answer in zip(flight.rows, answers, strict=False):
@@ -103,3 +105,12 @@ def store(live: dict[int, Progress], flight: InFlight, output: Output, outputs) 
         if req is not None:
             req.outputs[idx] = answer
             req.remaining -= 1
+
+
+def _hybrid_rows(live, flight: InFlight, pooled, weights, vectors):
+    """Each row's `HybridRow`: its pooled state, and its tokens' weights, vectors and ids."""
+    for r, ((rid, idx), (start, end)) in enumerate(zip(flight.rows, flight.spans, strict=True)):
+        req = live.get(rid)
+        ids = np.asarray(req.msg.sequences[idx], np.int32) if req is not None else None
+        span = slice(start, end)
+        yield HybridRow(pooled[r].copy(), weights[span].copy(), vectors[span].copy(), ids)

@@ -47,6 +47,24 @@ class SparseEmbedResult(msgspec.Struct, frozen=True, kw_only=True):
     truncated_tokens: int = 0  # tokens cut off texts over the model's limit (asked for)
 
 
+class MultiVectorResult(msgspec.Struct, frozen=True, kw_only=True):
+    embeddings: list[np.ndarray]  # per text, in text order, f32[n, D]: its multi-vectors
+    prompt_tokens: int
+    timings: Timings
+    truncated_tokens: int = 0
+
+
+class HybridEmbedResult(msgspec.Struct, frozen=True, kw_only=True):
+    """What `Engine.embed_hybrid` answers, per text in text order; None: not asked for."""
+
+    dense: np.ndarray | None  # f32[N, D]
+    sparse: list[SparseVector] | None
+    multi: list[np.ndarray] | None  # f32[n, D] each
+    prompt_tokens: int
+    timings: Timings
+    truncated_tokens: int = 0
+
+
 class RerankHit(msgspec.Struct, frozen=True, kw_only=True):
     index: int
     relevance_score: float

@@ -13,6 +13,8 @@ from typing import NamedTuple
 
 import pytest
 
+from bench.retrieval_models import write_splade
+from tests.conftest import CORPUS, TINY_ENCODER
 from tests.test_api_support import BASE_ENV, hypercorn_server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,7 +59,8 @@ def test_the_site_builds_strictly(tmp_path):
 
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 MARK = re.compile(r"<!-- (not run|run against): (.+?) -->\s*$")
-PLACEHOLDERS = {"path/to/all-MiniLM-L6-v2": "minilm"}  # a path in an example -> the fixture's
+# a path in an example -> the fixture's
+PLACEHOLDERS = {"path/to/all-MiniLM-L6-v2": "minilm", "path/to/splade-model": "splade"}
 
 
 class Example(NamedTuple):
@@ -100,15 +103,24 @@ RUN = [ex for ex in EXAMPLES if not (ex.mark and ex.mark[0] == "not run")]
 
 
 @pytest.fixture(scope="module")
-def servers(minilm, tmp_path_factory):
+def splade(tmp_path_factory) -> Path:
+    """A tiny random SPLADE model (BERT, max pooling), for the sparse-vector examples."""
+    fields = dict(TINY_ENCODER, type_vocab_size=2)
+    options = dict(seed=5, corpus=CORPUS, model_max_length=96, vocab=300)
+    root = tmp_path_factory.mktemp("splade")
+    return write_splade(root / "splade", "BertConfig", fields, "bert", **options)
+
+
+@pytest.fixture(scope="module")
+def servers(minilm, splade, tmp_path_factory):
     """A server per model the examples are run against, started when first asked for."""
     started, stack = {}, contextlib.ExitStack()
 
     def url(model: str) -> str:
         if model not in started:
             env = dict(BASE_ENV, SCORING_DTYPE="bfloat16")
-            if model == "minilm":
-                env["SCORING_MODEL"] = str(minilm)
+            if model in ("minilm", "splade"):
+                env["SCORING_MODEL"] = str({"minilm": minilm, "splade": splade}[model])
             log = tmp_path_factory.mktemp("docs") / f"{model}.log"
             started[model] = stack.enter_context(hypercorn_server("asyncio", env, log)).url
         return started[model]
@@ -125,10 +137,10 @@ def home(tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("ex", RUN, ids=[ex.where for ex in RUN])
-def test_the_example_runs(ex, servers, minilm, home, tmp_path):
+def test_the_example_runs(ex, servers, minilm, splade, home, tmp_path):
     code = ex.code
     for placeholder, fixture in PLACEHOLDERS.items():
-        code = code.replace(placeholder, str({"minilm": minilm}[fixture]))
+        code = code.replace(placeholder, str({"minilm": minilm, "splade": splade}[fixture]))
     if ex.mark and ex.mark[0] == "run against":
         url = servers(ex.mark[1].strip())
         for written in ("http://127.0.0.1:8000", "127.0.0.1:8000", "localhost:8000"):

@@ -190,4 +190,6 @@ class DeviceProgram:
         sparse output each row's non-zero entries alone (`engine.device.sparse`)."""
         if output is Output.SPARSE:
             return sparse.fetch(outputs)
+        if output is Output.HYBRID:  # (f32[S, E], f32[T], f32[T, D])
+            return tuple(np.asarray(part) for part in outputs)
         return np.asarray(outputs)

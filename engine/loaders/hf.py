@@ -13,7 +13,7 @@ import tokenizers
 from safetensors import safe_open
 from tqdm import tqdm
 
-from engine.loaders import sentence_transformers
+from engine.loaders import bge_m3, sentence_transformers
 from engine.loaders.checkpoint import Checkpoint, CheckpointError
 from engine.loaders.hf_encoder import encoder_params, with_max_length
 from engine.models import FAMILIES, MODEL_TYPES, ModelConfig, gemma
@@ -64,12 +64,17 @@ def load_hf_dir(path: str | Path, *, progress: bool = True) -> Checkpoint:
     except ValueError as e:
         raise CheckpointError(f"{root / 'config.json'}: {e}") from e
     tensors = _TensorFiles(root)
+    tokenizer = _tokenizer(root)
     cfg = _head_config(cfg, root)
+    if cfg.encoder and cfg.embedding is not None and bge_m3.is_m3(root):
+        cfg = msgspec.structs.replace(cfg, m3=bge_m3.read_m3(root, cfg, tokenizer))
     if cfg.encoder:
         params = encoder_params(tensors, cfg, progress)
     else:
         params = _params(tensors, cfg, progress)
-    return Checkpoint(cfg, params, _tokenizer(root), str(root))
+    if cfg.m3 is not None:
+        params |= bge_m3.m3_params(root, cfg)
+    return Checkpoint(cfg, params, tokenizer, str(root))
 
 
 def _tokenizer(root: Path) -> tokenizers.Tokenizer:

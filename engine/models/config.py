@@ -74,6 +74,15 @@ class Splade(msgspec.Struct, frozen=True, kw_only=True):
     default_prompt: str | None = None
 
 
+class M3Heads(msgspec.Struct, frozen=True, kw_only=True):
+    """BGE-M3's two heads beside its dense vector (FlagEmbedding's `BGEM3FlagModel`): a lexical
+    weight per token, relu(h . w + b), and a multi-vector per token, normalize(h W + b)."""
+
+    colbert_dim: int  # the multi-vectors' width
+    # token ids whose lexical weights are dropped: the tokenizer's cls, eos, pad and unk
+    unused: tuple[int, ...] = ()
+
+
 class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Everything the forward needs to know about an architecture; immutable and hashable."""
 
@@ -125,6 +134,8 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     # from its masked-language-model head (`mlm_*` parameters of `engine.models.encoder`)
     splade: Splade | None = None
     mlm_activation: str = "gelu"  # of the MLM head's transform (dense, activation, LayerNorm)
+    # BGE-M3 (an embedder with a lexical and a multi-vector head): its `m3_*` parameters
+    m3: M3Heads | None = None
 
     @property
     def attention_scale(self) -> float:

@@ -20,6 +20,7 @@ Host parameters, beyond the decoder's layout (`engine.models.config`), `[in, out
     classifier [num_labels, E], classifier_b [num_labels]
     a SPLADE model's masked-language-model head (`splade`): mlm_dense [E, E], mlm_dense_b [E],
     mlm_norm(_b) [E], mlm_decoder [V, E] (the embedding table where tied), mlm_decoder_b [V]
+    BGE-M3's heads (`m3`): m3_colbert [E, D], m3_colbert_b [D], m3_sparse [E], m3_sparse_b []
 """
 
 from collections.abc import Callable
@@ -215,7 +216,7 @@ def forward(
 
     if not _reads_first_tokens(output, cfg):  # the output reads every token's final state
         x = final(run_layers(layer, x, xs, unroll))
-        if output in (states, splade):  # of the whole batch at once
+        if output in (states, splade, m3):  # of the whole batch at once
             return output(x, inputs, params, cfg, dense), None
         at_rows = lambda rows, labels: output(x, _at(inputs, rows, labels), params, cfg, dense)
         return over_score_rows(at_rows, inputs), None
@@ -277,6 +278,17 @@ def splade(x: jax.Array, inputs: PackedInputs, params: dict, cfg: ModelConfig, d
     steps = (jnp.asarray(inputs.token_count, jnp.int32) + c - 1) // c
     pooled = jax.lax.fori_loop(0, steps, step, jnp.zeros((count, v), jnp.float32))
     return pooled[at]
+
+
+def m3(x: jax.Array, inputs: PackedInputs, params: dict, cfg: ModelConfig, dense: Dense):
+    """BGE-M3's three outputs of one forward, from x f32[T, E] every token's final state: each
+    score row's first token's state f32[S, E] (the dense vector, before normalisation), each
+    token's lexical weight relu(x . w + b) f32[T], and each token's multi-vector, the colbert
+    projection normalised (as torch's `normalize`, norms at least 1e-12) f32[T, D]."""
+    weights = jnp.maximum(x @ params["m3_sparse"] + params["m3_sparse_b"], 0.0)
+    vectors = dense.matmul(x, params["m3_colbert"], jnp.int32(0)) + params["m3_colbert_b"]
+    norms = jnp.sqrt(jnp.sum(jnp.square(vectors), axis=-1, keepdims=True))
+    return x[inputs.score_rows], weights, vectors / jnp.maximum(norms, 1e-12)
 
 
 def _mlm_logits(h: jax.Array, params: dict, cfg: ModelConfig, dense: Dense) -> jax.Array:

@@ -8,11 +8,13 @@ from engine.tasks.base import Task
 from engine.tasks.classifier import Classifier
 from engine.tasks.head import Head
 from engine.tasks.label_scores import LabelScores
+from engine.tasks.m3 import M3
 from engine.tasks.outputs import scores_from_logprobs
 from engine.tasks.pooler import Pooler
 from engine.tasks.splade import Splade
 
-HEADS: tuple[type[Head], ...] = (LabelScores, Classifier, Pooler, Splade)  # one fits a config
+# exactly one fits a config
+HEADS: tuple[type[Head], ...] = (LabelScores, Classifier, Pooler, Splade, M3)
 
 
 def task_for(config: ModelConfig) -> Task:
@@ -24,6 +26,7 @@ def task_for(config: ModelConfig) -> Task:
 
 __all__ = [
     "HEADS",
+    "M3",
     "Backbone",
     "Classifier",
     "Decoder",

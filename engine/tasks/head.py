@@ -13,6 +13,12 @@ from engine.kinds import Output
 from engine.models import ModelConfig
 from engine.tasks.backbones import Backbone
 
+_OUTPUTS = {
+    Ability.EMBED: Output.POOLED,
+    Ability.EMBED_TOKENS: Output.TOKENS,
+    Ability.EMBED_SPARSE: Output.SPARSE,
+}
+
 
 class Head:
     """What a kind of head decides, on its `backbone`; `fits` says which configs it serves
@@ -75,11 +81,21 @@ class Head:
         not_sparse = (
             f"this model is a {self.name} ({self.describe()}), not a sparse encoder (SPLADE)"
         )
+        not_hybrid = (
+            f"this model is a {self.name} ({self.describe()}), not a multi-vector or hybrid "
+            "embedder (BGE-M3)"
+        )
         return {
             Ability.EMBED: not_embedder,
             Ability.EMBED_TOKENS: not_embedder,
             Ability.EMBED_SPARSE: not_sparse,
+            Ability.EMBED_MULTI: not_hybrid,
+            Ability.EMBED_HYBRID: not_hybrid,
         }
+
+    def output_for(self, ability: Ability) -> Output:
+        """What a request of the verb `ability` asks this model for."""
+        return _OUTPUTS[ability]
 
     @property
     def prompts(self) -> dict[str, str]:

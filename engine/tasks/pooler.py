@@ -37,7 +37,7 @@ class Pooler(Head):
 
     @classmethod
     def fits(cls, config) -> bool:
-        return config.embedding is not None
+        return config.embedding is not None and config.m3 is None
 
     @property
     def name(self) -> str:
@@ -65,7 +65,9 @@ class Pooler(Head):
 
     def refusals(self) -> dict[Ability, str]:
         embedder = f"this model is an embedder ({self.describe()})"
-        return {
+        return super().refusals() | {
+            Ability.EMBED: None,
+            Ability.EMBED_TOKENS: None,
             Ability.EMBED_SPARSE: f"{embedder} of dense vectors, not a sparse encoder (SPLADE)",
             Ability.SCORE: f"{embedder}: it has no language-model head, so label-token scores "
             "are unavailable (it answers /v1/embeddings)",

@@ -46,7 +46,8 @@ class Splade(Head):
     def refusals(self) -> dict[Ability, str]:
         sparse = f"this model is a sparse encoder ({self.describe()})"
         not_dense = f"{sparse}: it answers sparse vectors (embed_sparse, /embed_sparse)"
-        return {
+        return super().refusals() | {
+            Ability.EMBED_SPARSE: None,
             Ability.SCORE: f"{sparse}: it has no language-model head for label-token scores",
             Ability.RERANK: f"{sparse}: it does not rerank",
             Ability.RECIPE: f"{sparse}: it does not rerank",
