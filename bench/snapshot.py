@@ -109,7 +109,7 @@ async def _reranker(args, shape: str, dtype: str, out: dict) -> None:
 
 
 async def _embedder(args, dtype: str, out: dict) -> None:
-    path = embedder_dir(argparse.Namespace(model=None, shape=None))  # the real one
+    path = embedder_dir(argparse.Namespace(model=None, shape=None, kind="dense"))  # the real one
     model = load_model(str(path), dtype=dtype, dense=args.dense, progress=False)
     texts = texts_of(model.tokenizer, 24, seed=2)
     async with open_engine(_config(args, path, dtype)) as engine:

@@ -87,6 +87,10 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # "chatml" | "plain"; None detects it from the checkpoint (engine.templates.template_for); a
     # cross-encoder takes none (naming one is an error)
     reranker: str | None = None
+    # a BGE-M3 rerank's weights of its dense, sparse (lexical) and multi-vector (ColBERT) scores,
+    # FlagEmbedding's `weights_for_different_modes`: the relevance is their weighted mean
+    # (engine.late_interaction)
+    hybrid_weights: tuple[float, float, float] = (1.0, 1.0, 1.0)
     # device runners, each with its own weights, programs and KV pool; None: as many as the
     # local devices make in groups of tensor_parallel
     data_parallel: int | None = None

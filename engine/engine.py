@@ -16,41 +16,34 @@ import tokenizers
 import trio
 
 import _native
-from engine import runner, templates
+from engine import late_interaction, runner, templates
 from engine.capabilities import Ability, capabilities_of
 from engine.config import EngineConfig
 from engine.device.placement import Placement, device_groups
 from engine.device.program import DeviceProgram, enable_compile_cache
-from engine.embed import INPUT, check_active_dims, embed_request
+from engine.embedding_verbs import EmbeddingVerbs
 from engine.errors import InvalidInput
 from engine.host import inputs, kv_cache
 from engine.kinds import Output
 from engine.loaders import load_checkpoint
-from engine.messages import HybridRow, Scored, ScoreRequest
+from engine.messages import ScoreRequest
 from engine.models import ModelConfig
 from engine.pipeline import Pipeline
 from engine.rerank import DOCUMENTS, Reranker, RerankOptions, by_query, check_rerank
 from engine.results import (
-    EmbedResult,
     EngineInfo,
     EngineStats,
-    HybridEmbedResult,
-    MultiVectorResult,
     RerankHit,
     RerankResult,
     ScoreResult,
-    SparseEmbedResult,
-    SparseVector,
-    TokenEmbedResult,
 )
 from engine.tasks import scores_from_logprobs
-from engine.tasks.splade import pruned
 from score_kernels import devices
 
 log = logging.getLogger("engine")
 
 
-class Engine:
+class Engine(EmbeddingVerbs):
     """Scores and reranks through the actors; create it with `open_engine`.
 
     `tokenizer` is the model's Hugging Face tokenizer, `programs` the device programs, one per
@@ -208,6 +201,8 @@ class Engine:
         self, query: str, documents: Sequence[str], options: RerankOptions, raw: bool
     ) -> tuple[list[float], ScoreResult]:
         """Each document's relevance to `query`, in document order, and the score result."""
+        if self.task.head.output_for(Ability.RERANK) is Output.HYBRID:
+            return await self._vector_relevance(query, documents, options)
         reranker = self.reranker
         if reranker.slow(options):  # it tokenises: off the event loop
             call = await trio.to_thread.run_sync(reranker.call, query, documents, options)
@@ -220,238 +215,6 @@ class Engine:
         truncated = result.truncated_tokens + call.truncated
         return reranker.relevance(outputs, raw), msgspec.structs.replace(
             result, truncated_tokens=truncated
-        )
-
-    async def embed(
-        self,
-        texts: Sequence[str] | Sequence[Sequence[int]],
-        *,
-        prompt_name: str | None = None,
-        prompt: str | None = None,
-        truncate: bool = False,
-        truncation_side: str = "right",
-        dimensions: int | None = None,
-        normalize: bool | None = None,
-        max_tokens: int | None = None,
-    ) -> EmbedResult:
-        """One vector f32[D] per text, in order, exactly as the model's sentence-transformers
-        directory computes it (its pooling, its normalisation).
-
-        `texts` may instead be token-id sequences, embedded as given (no special tokens added,
-        no prompt). `prompt_name` puts that prompt of the directory before each text (a query
-        instruction; None: its default prompt, if it names one), `prompt` the text given
-        instead, as `SentenceTransformer.encode` does. Texts sharing a prompt compute it once
-        (decoders).
-
-        `dimensions` keeps each vector's first components (a Matryoshka-trained model's shorter
-        embedding; InvalidInput naming `dimensions` for a width it is not trained for), then
-        normalises them if the model does; `normalize` overrides whether it does.
-
-        A text over the model's limit (its `max_seq_length`; `max_tokens` when lower) is refused
-        with InputTooLarge naming `input[i]`, or with `truncate` cut at `truncation_side`
-        ("right": its end, "left": its start) and the tokens cut counted in `truncated_tokens`.
-        Unsupported when the model is not an embedder; other errors as `score`'s, naming
-        `input`.
-        """
-        self.capabilities.require(Ability.EMBED)
-        call = embed_request(
-            self.task,
-            texts,
-            prompt_name=prompt_name,
-            prompt=prompt,
-            truncate=truncate,
-            side=truncation_side,
-            dimensions=dimensions,
-            normalize=normalize,
-            max_tokens=max_tokens,
-        )
-        if self.task.head.output_for(Ability.EMBED) is Output.HYBRID:
-            result = await self._per_item(call.request(Output.HYBRID))
-            outputs = self.task.head.pooled(result.outputs)
-        else:
-            try:
-                outputs, result = await self.outputs(call.request(Output.POOLED))
-            except InvalidInput as e:
-                raise e.renamed(INPUT) from None
-        return EmbedResult(
-            embeddings=call.vectors(self.task, outputs),
-            prompt_tokens=result.prompt_tokens,
-            timings=result.timings,
-            cached_tokens=result.cached_tokens,
-            truncated_tokens=result.truncated_tokens,
-        )
-
-    async def embed_tokens(
-        self,
-        texts: Sequence[str] | Sequence[Sequence[int]],
-        *,
-        prompt_name: str | None = None,
-        prompt: str | None = None,
-        truncate: bool = False,
-        truncation_side: str = "right",
-        max_tokens: int | None = None,
-    ) -> TokenEmbedResult:
-        """Every token's vector f32[n, E] of each text, in order: the final hidden state of each
-        of its n tokens (special and prompt tokens included), before pooling, projection or
-        normalisation, as `SentenceTransformer.encode(..., output_value="token_embeddings")`
-        computes it (TEI's `/embed_all`).
-
-        Each text is computed whole and alone (nothing shared with other texts or read from
-        the KV cache). The options and errors are `embed`'s.
-        """
-        self.capabilities.require(Ability.EMBED_TOKENS)
-        call = embed_request(
-            self.task,
-            texts,
-            prompt_name=prompt_name,
-            prompt=prompt,
-            truncate=truncate,
-            side=truncation_side,
-            max_tokens=max_tokens,
-        )
-        scored = await self._per_item(call.request(Output.TOKENS))
-        return TokenEmbedResult(
-            embeddings=scored.outputs,
-            prompt_tokens=scored.prompt_tokens,
-            timings=scored.timings,
-            truncated_tokens=scored.truncated_tokens,
-        )
-
-    async def embed_sparse(
-        self,
-        texts: Sequence[str] | Sequence[Sequence[int]],
-        *,
-        prompt_name: str | None = None,
-        prompt: str | None = None,
-        truncate: bool = False,
-        truncation_side: str = "right",
-        max_tokens: int | None = None,
-        max_active_dims: int | None = None,
-    ) -> SparseEmbedResult:
-        """A SPLADE model's sparse vector of each text, in order: its non-zero vocabulary
-        entries (ids ascending, weights > 0), exactly as `SparseEncoder.encode` computes them
-        on the model's directory. `max_active_dims` keeps each vector's that many largest
-        entries (sentence-transformers' option of that name; None: all).
-
-        Only the non-zero entries leave the device. The options and errors are `embed`'s;
-        Unsupported when the model is not a sparse encoder.
-        """
-        self.capabilities.require(Ability.EMBED_SPARSE)
-        keep = check_active_dims(max_active_dims)
-        call = embed_request(
-            self.task,
-            texts,
-            prompt_name=prompt_name,
-            prompt=prompt,
-            truncate=truncate,
-            side=truncation_side,
-            max_tokens=max_tokens,
-        )
-        head = self.task.head
-        scored = await self._per_item(call.request(head.output_for(Ability.EMBED_SPARSE)))
-        if scored.outputs and isinstance(scored.outputs[0], HybridRow):
-            vectors = [head.lexical(row) for row in scored.outputs]
-        else:
-            vectors = scored.outputs
-        return SparseEmbedResult(
-            embeddings=[SparseVector(*pruned(i, v, keep)) for i, v in vectors],
-            prompt_tokens=scored.prompt_tokens,
-            timings=scored.timings,
-            truncated_tokens=scored.truncated_tokens,
-        )
-
-    async def embed_multi(
-        self,
-        texts: Sequence[str] | Sequence[Sequence[int]],
-        *,
-        prompt_name: str | None = None,
-        prompt: str | None = None,
-        truncate: bool = False,
-        truncation_side: str = "right",
-        max_tokens: int | None = None,
-    ) -> MultiVectorResult:
-        """Each text's multi-vectors f32[n, D], for late interaction (MaxSim): BGE-M3's, the
-        normalised colbert projection of each of its tokens after the first, as
-        `BGEM3FlagModel.encode(..., return_colbert_vecs=True)` computes them. The options and
-        errors are `embed`'s; Unsupported for a model without a multi-vector head."""
-        self.capabilities.require(Ability.EMBED_MULTI)
-        hybrid = await self.embed_hybrid(
-            texts,
-            dense=False,
-            sparse=False,
-            prompt_name=prompt_name,
-            prompt=prompt,
-            truncate=truncate,
-            truncation_side=truncation_side,
-            max_tokens=max_tokens,
-        )
-        return MultiVectorResult(
-            embeddings=hybrid.multi,
-            prompt_tokens=hybrid.prompt_tokens,
-            timings=hybrid.timings,
-            truncated_tokens=hybrid.truncated_tokens,
-        )
-
-    async def embed_hybrid(
-        self,
-        texts: Sequence[str] | Sequence[Sequence[int]],
-        *,
-        dense: bool = True,
-        sparse: bool = True,
-        multi: bool = True,
-        prompt_name: str | None = None,
-        prompt: str | None = None,
-        truncate: bool = False,
-        truncation_side: str = "right",
-        dimensions: int | None = None,
-        normalize: bool | None = None,
-        max_tokens: int | None = None,
-        max_active_dims: int | None = None,
-    ) -> HybridEmbedResult:
-        """Any of each text's dense vector (`embed`'s), sparse lexical weights (`embed_sparse`'s)
-        and multi-vectors (`embed_multi`'s), all from ONE forward of each text: BGE-M3's three
-        outputs, as `BGEM3FlagModel.encode(..., return_dense=dense, return_sparse=sparse,
-        return_colbert_vecs=multi)` computes them. Those not asked for are None. The options and
-        errors are `embed`'s and `embed_sparse`'s; InvalidInput naming `dense` when none is
-        asked for, Unsupported for a model without these heads."""
-        self.capabilities.require(Ability.EMBED_HYBRID)
-        if not (dense or sparse or multi):
-            raise InvalidInput("dense", "ask for at least one of dense, sparse and multi")
-        keep = check_active_dims(max_active_dims)
-        call = embed_request(
-            self.task,
-            texts,
-            prompt_name=prompt_name,
-            prompt=prompt,
-            truncate=truncate,
-            side=truncation_side,
-            dimensions=dimensions,
-            normalize=normalize,
-            max_tokens=max_tokens,
-        )
-        head, scored = self.task.head, await self._per_item(call.request(Output.HYBRID))
-        rows = scored.outputs
-        lexical = (head.lexical(r) for r in rows)
-        return HybridEmbedResult(
-            dense=call.vectors(self.task, head.pooled(rows)) if dense else None,
-            sparse=[SparseVector(*pruned(i, v, keep)) for i, v in lexical] if sparse else None,
-            multi=[head.multi(r) for r in rows] if multi else None,
-            prompt_tokens=scored.prompt_tokens,
-            timings=scored.timings,
-            truncated_tokens=scored.truncated_tokens,
-        )
-
-    async def _per_item(self, request: ScoreRequest) -> Scored:
-        """The answer to an embed call's `request` of a ragged output (`Output.ragged`), each
-        item's of its own, its timings' total counted; errors name `input`."""
-        start = trio.current_time()
-        try:
-            scored = await self.pipeline.submit(request)
-        except InvalidInput as e:
-            raise e.renamed(INPUT) from None
-        total = trio.current_time() - start
-        return msgspec.structs.replace(
-            scored, timings=msgspec.structs.replace(scored.timings, total=total)
         )
 
     async def grid_compiled(self) -> None:
@@ -529,6 +292,7 @@ async def open_engine(config: EngineConfig | None = None) -> AsyncIterator[Engin
         raise ValueError(
             f"reranker: {config.reranker!r} is not one of {', '.join(templates.RECIPES)}"
         )
+    late_interaction.check_weights(config.hybrid_weights)
     warn_if_host_paths_uncompiled()
     enable_compile_cache(config.compile_cache_dir)
     checkpoint = await trio.to_thread.run_sync(

@@ -21,7 +21,7 @@ from engine.engine_thread import EngineThread
 from engine.host import inputs
 from engine.messages import ScoreRequest
 from engine.models import ModelConfig
-from engine.results import SparseVector
+from engine.results import HybridEmbedResult, SparseVector
 
 # where `load_model` starts from other than `EngineConfig()`: no bucket grid compiled ahead (a
 # program compiles when a batch first needs it), no KV pool (no prefix reuse across calls, no
@@ -128,6 +128,19 @@ class ScoringModel:
         `Engine.embed_sparse` computes it with the same `options` (`max_active_dims` keeps each
         one's largest entries)."""
         return self._thread.call(self.engine.embed_sparse, texts, **options).embeddings
+
+    def embed_multi(
+        self, texts: Sequence[str] | Sequence[Sequence[int]], **options
+    ) -> list[np.ndarray]:
+        """Each text's multi-vectors f32[n, D], as `Engine.embed_multi` computes them."""
+        return self._thread.call(self.engine.embed_multi, texts, **options).embeddings
+
+    def embed_hybrid(
+        self, texts: Sequence[str] | Sequence[Sequence[int]], **options
+    ) -> HybridEmbedResult:
+        """Any of each text's dense, sparse and multi-vectors from one forward, as
+        `Engine.embed_hybrid` answers them with the same `options`."""
+        return self._thread.call(self.engine.embed_hybrid, texts, **options)
 
     def sequences(
         self, query: inputs.Query, items: inputs.Items, *, item_first: bool = False

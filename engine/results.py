@@ -31,6 +31,7 @@ class TokenEmbedResult(msgspec.Struct, frozen=True, kw_only=True):
     prompt_tokens: int
     timings: Timings
     truncated_tokens: int = 0  # tokens cut off texts over the model's limit (asked for)
+    cached_tokens: int = 0  # none: each text is computed whole and alone
 
 
 class SparseVector(NamedTuple):
@@ -45,6 +46,7 @@ class SparseEmbedResult(msgspec.Struct, frozen=True, kw_only=True):
     prompt_tokens: int
     timings: Timings
     truncated_tokens: int = 0  # tokens cut off texts over the model's limit (asked for)
+    cached_tokens: int = 0  # none: each text is computed whole and alone
 
 
 class MultiVectorResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -52,6 +54,7 @@ class MultiVectorResult(msgspec.Struct, frozen=True, kw_only=True):
     prompt_tokens: int
     timings: Timings
     truncated_tokens: int = 0
+    cached_tokens: int = 0  # none: each text is computed whole and alone
 
 
 class HybridEmbedResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -63,6 +66,7 @@ class HybridEmbedResult(msgspec.Struct, frozen=True, kw_only=True):
     prompt_tokens: int
     timings: Timings
     truncated_tokens: int = 0
+    cached_tokens: int = 0  # none: each text is computed whole and alone
 
 
 class RerankHit(msgspec.Struct, frozen=True, kw_only=True):

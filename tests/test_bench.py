@@ -16,8 +16,10 @@ import pytest
 from bench import __main__ as entry
 from bench import bench_attention, common, embed, peak, sides, w1, w2, w3
 from bench.flops import Cost, common_prefix, shared_prefix_flops
+from bench.retrieval_models import write_m3, write_splade
 from engine.kinds import Output
 from engine.models import ModelConfig
+from tests.conftest import CORPUS, TINY_ENCODER
 
 QUICK = ["--quick", "--dtype", "float32", "--token-budget", "512", "--no-progress"]
 
@@ -599,6 +601,28 @@ def test_embed_beside_sentence_transformers(minilm, tmp_path, capsys):
     assert report["max_abs_component_diff_vs_baseline"] < 1e-5  # f32, unit vectors
     assert capsys.readouterr().out.count("\n") == 1  # one summary line
     assert out.with_suffix(".png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("kind", ["sparse", "bge-m3"])
+def test_embed_kinds_beside_their_reference(kind, tmp_path, capsys):
+    if kind == "sparse":
+        fields = dict(TINY_ENCODER, type_vocab_size=2)
+        options = dict(seed=2, corpus=CORPUS, model_max_length=96, vocab=300)
+        model = write_splade(tmp_path / "model", "BertConfig", fields, "bert", **options)
+    else:
+        fields = dict(TINY_ENCODER, type_vocab_size=1, max_position_embeddings=130)
+        options = dict(seed=2, corpus=CORPUS, model_max_length=96, vocab=300)
+        model = write_m3(tmp_path / "model", fields, **options)
+    out = tmp_path / "embed.json"
+    embed.main(["--model", str(model), "--kind", kind, *QUICK, "--json", str(out)])
+    report = json.loads(out.read_text())
+    assert (report["kind"], report["items"]) == (kind, 16)
+    positive(report, "engine_items_per_s", "baseline_items_per_s", "ratio")
+    assert report["max_abs_component_diff_vs_baseline"] < 1e-4  # f32
+    assert report["support_mismatches"] == 0 and report["nonzero_terms_median"] > 0
+    if kind == "bge-m3":
+        assert report["max_abs_multi_vector_diff_vs_baseline"] < 1e-5
+    assert capsys.readouterr().out.count("\n") == 1
 
 
 def test_attention_text_packing_is_texts_back_to_back() -> None:

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import pytest
 
-from bench.retrieval_models import write_splade
+from bench.retrieval_models import write_m3, write_splade
 from tests.conftest import CORPUS, TINY_ENCODER
 from tests.test_api_support import BASE_ENV, hypercorn_server
 
@@ -60,7 +60,11 @@ def test_the_site_builds_strictly(tmp_path):
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 MARK = re.compile(r"<!-- (not run|run against): (.+?) -->\s*$")
 # a path in an example -> the fixture's
-PLACEHOLDERS = {"path/to/all-MiniLM-L6-v2": "minilm", "path/to/splade-model": "splade"}
+PLACEHOLDERS = {
+    "path/to/all-MiniLM-L6-v2": "minilm",
+    "path/to/splade-model": "splade",
+    "path/to/bge-m3": "m3",
+}
 
 
 class Example(NamedTuple):
@@ -112,6 +116,14 @@ def splade(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def m3(tmp_path_factory) -> Path:
+    """A tiny random BGE-M3, for the hybrid examples."""
+    fields = dict(TINY_ENCODER, type_vocab_size=1, max_position_embeddings=130)
+    options = dict(seed=5, corpus=CORPUS, model_max_length=96, vocab=300)
+    return write_m3(tmp_path_factory.mktemp("m3") / "m3", fields, **options)
+
+
+@pytest.fixture(scope="module")
 def servers(minilm, splade, tmp_path_factory):
     """A server per model the examples are run against, started when first asked for."""
     started, stack = {}, contextlib.ExitStack()
@@ -137,10 +149,11 @@ def home(tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("ex", RUN, ids=[ex.where for ex in RUN])
-def test_the_example_runs(ex, servers, minilm, splade, home, tmp_path):
+def test_the_example_runs(ex, servers, minilm, splade, m3, home, tmp_path):
     code = ex.code
+    paths = {"minilm": minilm, "splade": splade, "m3": m3}
     for placeholder, fixture in PLACEHOLDERS.items():
-        code = code.replace(placeholder, str({"minilm": minilm, "splade": splade}[fixture]))
+        code = code.replace(placeholder, str(paths[fixture]))
     if ex.mark and ex.mark[0] == "run against":
         url = servers(ex.mark[1].strip())
         for written in ("http://127.0.0.1:8000", "127.0.0.1:8000", "localhost:8000"):

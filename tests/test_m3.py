@@ -4,16 +4,20 @@ sentence-transformers embedder with `colbert_linear.pt` and `sparse_linear.pt` b
 FlagEmbedding saves them. Dense vectors, lexical weights and multi-vectors from one forward of
 each text, equal to each asked alone, packed equal to alone."""
 
+import msgspec
 import numpy as np
 import pytest
 import trio
 from FlagEmbedding import BGEM3FlagModel
 
+from api.app import create_app
+from api.settings import settings_from_env
 from bench.retrieval_models import write_m3
-from engine import EngineConfig, InvalidInput, Unsupported, open_engine
+from engine import EngineConfig, InputTooLarge, InvalidInput, Unsupported, open_engine
 from engine.capabilities import Ability
 from engine.loaders.torch_pickle import read_state_dict
 from tests.conftest import CORPUS, TINY_ENCODER
+from tests.test_api_support import serving, tiny_env
 from tests.test_embed import varied_texts
 
 FIELDS = dict(TINY_ENCODER, type_vocab_size=1, max_position_embeddings=130)
@@ -140,3 +144,122 @@ def test_other_models_refuse_hybrid_outputs(minilm):
                 await call(["a"])
 
     run(minilm, calls)
+
+
+def test_rerank_is_flag_embeddings_compute_score(m3):
+    query, documents = CORPUS[0], [*CORPUS[1:7], "a", "Zürich—São Paulo"]
+    weights = (0.4, 0.2, 0.4)
+
+    async def main():
+        engine_config = msgspec.structs.replace(config(m3), hybrid_weights=weights)
+        async with open_engine(engine_config) as engine:
+            return await engine.rerank(query, documents)
+
+    result = trio.run(main)
+    colbert_dim = read_state_dict(m3 / "colbert_linear.pt")["weight"].shape[0]
+    model = BGEM3FlagModel(str(m3), use_fp16=False, devices="cpu", colbert_dim=colbert_dim)
+    want = [  # one pair a call: no padding, which would count as a zero vector in MaxSim
+        model.compute_score(
+            [(query, d)],
+            batch_size=1,
+            max_query_length=MAX_LENGTH,
+            max_passage_length=MAX_LENGTH,
+            weights_for_different_modes=list(weights),
+        )["colbert+sparse+dense"][0]
+        for d in documents
+    ]
+    got = {h.index: h.relevance_score for h in result.results}
+    assert np.abs(np.array([got[i] for i in range(len(documents))]) - want).max() < 1e-5
+    assert [h.index for h in result.results] == np.argsort(-np.array(want), kind="stable").tolist()
+
+
+def test_rerank_errors_name_the_field(m3):
+    async def main():
+        async with open_engine(config(m3)) as engine:
+            errors = []
+            for query, docs, options in [
+                ("q", ["fine", "word " * 200], {}),
+                ("word " * 200, ["fine"], {}),
+                ("q", [], {}),
+            ]:
+                with pytest.raises(InvalidInput) as e:
+                    await engine.rerank(query, docs, **options)
+                errors.append(e.value.field)
+            cut = await engine.rerank("q", ["fine", "word " * 200], max_tokens_per_doc=8)
+            return errors, cut
+
+    errors, cut = trio.run(main)
+    assert errors == ["documents[1]", "query", "documents"]
+    assert cut.truncated_tokens > 0 and len(cut.results) == 2
+
+
+@pytest.fixture(scope="module")
+def served(m3):
+    yield from serving(create_app(settings_from_env(tiny_env(m3))), "asyncio")
+
+
+def test_the_routes_answer_the_engines_vectors(m3, served):
+    texts = CORPUS[:3]
+    want = run(m3, lambda e: e.embed_hybrid(texts))
+    r = served.post("/embed_hybrid", json={"inputs": texts, "max_active_dims": 5})
+    assert r.status_code == 200, r.text
+    for i, answer in enumerate(r.json()):
+        np.testing.assert_array_equal(np.float32(answer["dense"]), want.dense[i])
+        np.testing.assert_array_equal(np.float32(answer["multi"]), want.multi[i])
+        values = np.float32([e["value"] for e in answer["sparse"]])
+        assert len(values) == min(5, len(want.sparse[i].values))
+        assert set(values) <= set(want.sparse[i].values)
+    only = served.post("/embed_hybrid", json={"inputs": texts[0], "dense": False, "multi": False})
+    assert only.status_code == 200 and list(only.json()[0]) == ["sparse"], only.text
+    r = served.post("/pooling", json={"input": texts, "task": "token_embed"})
+    assert r.status_code == 200, r.text
+    for d, vectors in zip(r.json()["data"], want.multi, strict=True):
+        np.testing.assert_array_equal(np.float32(d["data"]), vectors)
+    r = served.post("/embed_sparse", json={"inputs": texts})
+    assert [[e["index"] for e in v] for v in r.json()] == [v.indices.tolist() for v in want.sparse]
+    r = served.post("/v1/embeddings", json={"input": texts})
+    got = np.float32([d["embedding"] for d in r.json()["data"]])
+    np.testing.assert_array_equal(got, want.dense)
+    endpoints = served.get("/get_model_info").json()["endpoints"]
+    assert {"/embed_hybrid", "/embed_sparse", "/v1/embeddings", "/v1/rerank"} <= set(endpoints)
+
+
+def test_every_rerank_route_ranks_by_the_hybrid_score(m3, served):
+    query, documents = CORPUS[0], CORPUS[1:5]
+    want = run(m3, lambda e: e.rerank(query, documents))
+    r = served.post("/v1/rerank", json={"query": query, "documents": documents})
+    assert r.status_code == 200, r.text
+    got = [(h["index"], h["relevance_score"]) for h in r.json()["results"]]
+    assert got == [(h.index, h.relevance_score) for h in want.results]
+    r = served.post("/rerank", json={"query": query, "texts": documents})  # TEI's
+    assert r.status_code == 200 and [h["index"] for h in r.json()] == [i for i, _ in got]
+
+
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"inputs": ["a"], "dense": False, "sparse": False, "multi": False}, "dense"),
+        ({"inputs": ["a"], "max_active_dims": 0}, "max_active_dims"),
+        ({"inputs": ["a"], "colbert": True}, "colbert"),
+        ({"inputs": ["a", "word " * 200]}, "inputs[1]"),
+    ],
+)
+def test_embed_hybrid_errors_name_the_field(served, body, field):
+    r = served.post("/embed_hybrid", json=body)
+    assert r.status_code == 422 and r.json()["error_type"] == "Validation", r.text
+    assert field in r.json()["error"], r.text
+
+
+def test_the_bound_on_returned_vectors_covers_multi_vectors(m3):
+    bounded = msgspec.structs.replace(config(m3), max_token_vectors_per_request=20)
+
+    async def main():
+        async with open_engine(bounded) as engine:
+            fits = await engine.embed_multi(["a fox"])
+            with pytest.raises(InputTooLarge) as e:  # each text fits the model, not all three
+                await engine.embed_hybrid(CORPUS[:3])
+            return fits, e.value
+
+    fits, error = trio.run(main)
+    assert len(fits.embeddings) == 1
+    assert error.field == "input" and "vectors exceed the limit of 20" in str(error)

@@ -253,10 +253,10 @@ def test_the_repl_ranks_by_dot_product_and_shows_top_terms(tmp_path):
             shown = await perform(engine, Embed(CORPUS[0], docs, None), 120)
             q = (await engine.embed_sparse([CORPUS[0]])).embeddings[0]
             d = (await engine.embed_sparse(docs)).embeddings
-            return shown, q, d, engine.tokenizer
+            return shown, q, d, engine.tokenizer, engine.model_config.vocab_size
 
-    shown, q, d, tokenizer = trio.run(main)
-    dense = np.zeros((4, tokenizer.get_vocab_size()), np.float64)
+    shown, q, d, tokenizer, vocab = trio.run(main)
+    dense = np.zeros((4, vocab), np.float64)
     for row, (ids, values) in zip(dense, [q, *d], strict=True):
         row[ids] = values
     dots = dense[1:] @ dense[0]
@@ -264,7 +264,8 @@ def test_the_repl_ranks_by_dot_product_and_shows_top_terms(tmp_path):
     assert "dot" in lines[0]
     ranked = [int(line.split()[1]) for line in lines[1:4]]
     assert ranked == np.argsort(-dots, kind="stable").tolist()
-    heaviest = tokenizer.id_to_token(int(q.indices[np.argmax(q.values)]))
+    top = int(q.indices[np.argmax(q.values)])
+    heaviest = tokenizer.id_to_token(top) or f"[{top}]"
     assert lines[4].startswith(f"query: {heaviest} ")
 
 

@@ -107,8 +107,9 @@ async def _embed_sparse(engine: Engine, action: Embed, columns: int) -> str:
 def _terms(engine: Engine, vector) -> str:
     """A sparse vector's `TERMS` heaviest entries as "token weight", heaviest first."""
     top = np.argsort(-vector.values, kind="stable")[:TERMS]
-    token = engine.tokenizer.id_to_token
-    return "  ".join(f"{token(int(vector.indices[i]))} {vector.values[i]:.2f}" for i in top)
+    ids = [int(vector.indices[i]) for i in top]  # one past the tokenizer's: shown by number
+    tokens = [engine.tokenizer.id_to_token(i) or f"[{i}]" for i in ids]
+    return "  ".join(f"{t} {vector.values[i]:.2f}" for t, i in zip(tokens, top, strict=True))
 
 
 async def serve(

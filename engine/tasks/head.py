@@ -93,9 +93,10 @@ class Head:
             Ability.EMBED_HYBRID: not_hybrid,
         }
 
-    def output_for(self, ability: Ability) -> Output:
-        """What a request of the verb `ability` asks this model for."""
-        return _OUTPUTS[ability]
+    def output_for(self, ability: Ability) -> Output | None:
+        """What a request of the verb `ability` asks this model for (None: a rerank or score
+        of its own kind, `rerank_labels`)."""
+        return _OUTPUTS.get(ability)
 
     @property
     def prompts(self) -> dict[str, str]:

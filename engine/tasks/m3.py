@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from engine import templates
 from engine.capabilities import Ability
 from engine.kinds import Output
 from engine.messages import HybridRow
@@ -39,12 +40,17 @@ class M3(Pooler):
 
     def refusals(self) -> dict[Ability, str]:
         refused = super().refusals()
-        for offered in (Ability.EMBED_SPARSE, Ability.EMBED_MULTI, Ability.EMBED_HYBRID):
-            refused.pop(offered, None)
+        offered = (Ability.EMBED_SPARSE, Ability.EMBED_MULTI, Ability.EMBED_HYBRID, Ability.RERANK)
+        for ability in offered:
+            refused.pop(ability, None)
         why = f"this model is a hybrid embedder ({self.describe()})"
         return refused | {
             Ability.EMBED_TOKENS: f"{why}: its token vectors are its multi-vectors (embed_multi)",
         }
+
+    def rerank_labels(self, template, tokenizer):
+        """A rerank reads no labels: it scores vectors (`engine.late_interaction`)."""
+        return templates.RerankLabels([], Output.HYBRID)
 
     def describe(self) -> str:
         return f"{self.config.family} BGE-M3: dense, lexical and multi-vectors"

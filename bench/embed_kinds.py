@@ -1,0 +1,151 @@
+"""What `python -m bench embed --kind` measures: for each kind of embedding, the model it runs
+by default, the engine's verb, the reference library's encoder (built once, then called per
+batch size) and how the two sides' answers are compared.
+
+    dense    Engine.embed          SentenceTransformer.encode
+    sparse   Engine.embed_sparse   SparseEncoder.encode          (a SPLADE model)
+    bge-m3   Engine.embed_hybrid   BGEM3FlagModel.encode with return_dense, return_sparse and
+                                   return_colbert_vecs (all three from one forward each side)
+"""
+
+import itertools
+from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+
+class Kind(NamedTuple):
+    shape: str | None  # the default `--shape` (None: the real all-MiniLM-L6-v2)
+    verb: str  # the `Engine` method timed
+    baseline: str  # the reference's name in the report
+    encoder: Callable  # (path, args, prompt_name) -> encode(texts, batch_size)
+    compare: Callable  # (engine's answer, baseline's answer) -> report fields
+    terms: Callable  # engine's answer -> each text's non-zero sparse terms
+
+
+def _dense_encoder(path: Path, args, prompt_name):
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(
+        str(path), device=args.baseline_device, model_kwargs={"dtype": getattr(torch, args.dtype)}
+    )
+    return lambda texts, bs: model.encode(
+        texts, batch_size=bs, prompt_name=prompt_name, convert_to_numpy=True
+    )
+
+
+def _sparse_encoder(path: Path, args, prompt_name):
+    import torch
+    from sentence_transformers import SparseEncoder
+
+    model = SparseEncoder(
+        str(path), device=args.baseline_device, model_kwargs={"dtype": getattr(torch, args.dtype)}
+    )
+
+    def encode(texts, bs):
+        coo = model.encode(texts, batch_size=bs, prompt_name=prompt_name, convert_to_tensor=True)
+        return as_pairs(coo, len(texts))
+
+    return encode
+
+
+def _m3_encoder(path: Path, args, prompt_name):
+    from FlagEmbedding import BGEM3FlagModel
+
+    model = BGEM3FlagModel(
+        str(path),
+        use_fp16=False,
+        use_bf16=args.dtype == "bfloat16",
+        devices=args.baseline_device,
+    )
+    return lambda texts, bs: model.encode(
+        texts,
+        batch_size=bs,
+        max_length=8192,
+        return_dense=True,
+        return_sparse=True,
+        return_colbert_vecs=True,
+    )
+
+
+def as_pairs(coo, n: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """A sparse COO tensor [N, V]'s rows as (ids, values) pairs."""
+    coo = coo.coalesce()
+    rows, cols = coo.indices().numpy()
+    values = coo.values().float().numpy()
+    starts = np.searchsorted(rows, np.arange(n + 1))
+    return [(cols[a:b], values[a:b]) for a, b in itertools.pairwise(starts)]
+
+
+def sparse_diff(ours, theirs) -> tuple[float, int]:
+    """The largest difference of a weight (a term one side lacks counted as 0) and the texts
+    whose non-zero terms differ, between two lists of (ids, values)."""
+    diff, mismatches = 0.0, 0
+    for (ids, got), (their_ids, their_values) in zip(ours, theirs, strict=True):
+        mine = dict(zip(np.asarray(ids).tolist(), got, strict=True))
+        other = dict(zip(np.asarray(their_ids).tolist(), their_values, strict=True))
+        mismatches += mine.keys() != other.keys()
+        for i in mine.keys() | other.keys():
+            diff = max(diff, abs(float(mine.get(i, 0.0)) - float(other.get(i, 0.0))))
+    return diff, mismatches
+
+
+def _compare_dense(ours, theirs) -> dict:
+    return {"max_abs_component_diff_vs_baseline": float(np.abs(ours - theirs).max())}
+
+
+def _compare_sparse(ours, theirs) -> dict:
+    diff, mismatches = sparse_diff(ours, theirs)
+    return {"max_abs_component_diff_vs_baseline": diff, "support_mismatches": mismatches}
+
+
+def _compare_m3(ours, theirs) -> dict:
+    lexical = [
+        (np.array([int(k) for k in w], np.int64), np.float32(list(w.values())))
+        for w in theirs["lexical_weights"]
+    ]
+    diff, mismatches = sparse_diff(ours.sparse, lexical)
+    pairs = zip(ours.multi, theirs["colbert_vecs"], strict=True)
+    multi = max(float(np.abs(a - b).max()) for a, b in pairs)
+    dense = float(np.abs(ours.dense - theirs["dense_vecs"]).max())
+    return {
+        "max_abs_component_diff_vs_baseline": dense,
+        "max_abs_sparse_diff_vs_baseline": diff,
+        "max_abs_multi_vector_diff_vs_baseline": multi,
+        "support_mismatches": mismatches,
+    }
+
+
+def _no_terms(answer) -> list[int]:
+    return [0]
+
+
+KINDS = {
+    "dense": Kind(
+        None,
+        "embed",
+        "sentence-transformers SentenceTransformer.encode",
+        _dense_encoder,
+        _compare_dense,
+        _no_terms,
+    ),
+    "sparse": Kind(
+        "splade-bert-base",
+        "embed_sparse",
+        "sentence-transformers SparseEncoder.encode",
+        _sparse_encoder,
+        _compare_sparse,
+        lambda answer: [len(v.indices) for v in answer],
+    ),
+    "bge-m3": Kind(
+        "bge-m3",
+        "embed_hybrid",
+        "FlagEmbedding BGEM3FlagModel.encode (dense, sparse, colbert)",
+        _m3_encoder,
+        _compare_m3,
+        lambda answer: [len(v.indices) for v in answer.sparse],
+    ),
+}

@@ -1,0 +1,53 @@
+"""Relevance from vectors: a BGE-M3 rerank, FlagEmbedding's `compute_score`. The query and the
+documents are each encoded once (`Engine.embed_hybrid`: dense, lexical and multi-vectors from one
+forward; the query once for all its documents), then each document scores
+
+    dense    its dense vector's dot product with the query's (both unit vectors)
+    sparse   the sum over the terms both have of their lexical weights' products
+    multi    MaxSim: for each query multi-vector its largest dot product with the document's,
+             summed and divided by the query's count
+
+and its relevance is their weighted mean (FlagEmbedding's "colbert+sparse+dense"), with the
+weights of `EngineConfig.hybrid_weights`."""
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from engine.results import HybridEmbedResult, SparseVector
+
+
+def maxsim(query: np.ndarray, document: np.ndarray) -> float:
+    """Sum over query vectors f32[n, D] of the largest dot product with the document's
+    f32[m, D], over n (f64)."""
+    if len(query) == 0 or len(document) == 0:
+        return 0.0
+    dots = query.astype(np.float64) @ document.astype(np.float64).T  # [n, m]
+    return float(dots.max(axis=1).sum() / len(query))
+
+
+def lexical(a: SparseVector, b: SparseVector) -> float:
+    """The sum over the ids both vectors have of their weights' products (f64)."""
+    _, i, j = np.intersect1d(a.indices, b.indices, assume_unique=True, return_indices=True)
+    return float(np.dot(a.values[i].astype(np.float64), b.values[j].astype(np.float64)))
+
+
+def relevance(
+    query: HybridEmbedResult, documents: HybridEmbedResult, weights: Sequence[float]
+) -> np.ndarray:
+    """Each document's weighted mean f64[N] of its dense, sparse and multi-vector scores
+    against the query (the first and only text of `query`)."""
+    dense = documents.dense.astype(np.float64) @ query.dense[0].astype(np.float64)
+    sparse = np.array([lexical(query.sparse[0], d) for d in documents.sparse])
+    multi = np.array([maxsim(query.multi[0], d) for d in documents.multi])
+    w = np.asarray(weights, np.float64)
+    return (w[0] * dense + w[1] * sparse + w[2] * multi) / w.sum()
+
+
+def check_weights(weights: Sequence[float]) -> None:
+    """ValueError naming `hybrid_weights` unless they are three non-negative numbers, not all
+    0."""
+    w = list(weights)
+    if len(w) != 3 or any(x < 0 for x in w) or sum(w) <= 0:
+        why = "three non-negative weights (dense, sparse, multi), not all 0"
+        raise ValueError(f"hybrid_weights: {why}; got {w}")
