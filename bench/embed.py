@@ -198,7 +198,7 @@ def run_sentence_transformers(path: Path, eng: dict, args) -> dict:
     import torch
 
     torch.set_num_threads(os.cpu_count())
-    encode = KINDS[args.kind].encoder(path, args, eng["prompt_name"])
+    encode = KINDS[args.kind].encoder(path, args, eng)
     texts, progress = eng["texts"], not args.no_progress
     out = {}
     for bs in args.batch_sizes:

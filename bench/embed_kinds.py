@@ -20,12 +20,14 @@ class Kind(NamedTuple):
     shape: str | None  # the default `--shape` (None: the real all-MiniLM-L6-v2)
     verb: str  # the `Engine` method timed
     baseline: str  # the reference's name in the report
-    encoder: Callable  # (path, args, prompt_name) -> encode(texts, batch_size)
+    # (path, args, the engine side's facts) -> encode(texts, batch_size); texts cut where the
+    # engine cuts them (its `max_seq_length`)
+    encoder: Callable
     compare: Callable  # (engine's answer, baseline's answer) -> report fields
     terms: Callable  # engine's answer -> each text's non-zero sparse terms
 
 
-def _dense_encoder(path: Path, args, prompt_name):
+def _dense_encoder(path: Path, args, eng: dict):
     import torch
     from sentence_transformers import SentenceTransformer
 
@@ -33,11 +35,11 @@ def _dense_encoder(path: Path, args, prompt_name):
         str(path), device=args.baseline_device, model_kwargs={"dtype": getattr(torch, args.dtype)}
     )
     return lambda texts, bs: model.encode(
-        texts, batch_size=bs, prompt_name=prompt_name, convert_to_numpy=True
+        texts, batch_size=bs, prompt_name=eng["prompt_name"], convert_to_numpy=True
     )
 
 
-def _sparse_encoder(path: Path, args, prompt_name):
+def _sparse_encoder(path: Path, args, eng: dict):
     import torch
     from sentence_transformers import SparseEncoder
 
@@ -46,13 +48,14 @@ def _sparse_encoder(path: Path, args, prompt_name):
     )
 
     def encode(texts, bs):
-        coo = model.encode(texts, batch_size=bs, prompt_name=prompt_name, convert_to_tensor=True)
+        given = dict(batch_size=bs, prompt_name=eng["prompt_name"], convert_to_tensor=True)
+        coo = model.encode(texts, **given)
         return as_pairs(coo, len(texts))
 
     return encode
 
 
-def _m3_encoder(path: Path, args, prompt_name):
+def _m3_encoder(path: Path, args, eng: dict):
     from FlagEmbedding import BGEM3FlagModel
 
     model = BGEM3FlagModel(
@@ -64,7 +67,7 @@ def _m3_encoder(path: Path, args, prompt_name):
     return lambda texts, bs: model.encode(
         texts,
         batch_size=bs,
-        max_length=8192,
+        max_length=eng["config"].max_length,
         return_dense=True,
         return_sparse=True,
         return_colbert_vecs=True,

@@ -619,9 +619,12 @@ def test_embed_kinds_beside_their_reference(kind, tmp_path, capsys):
     assert (report["kind"], report["items"]) == (kind, 16)
     positive(report, "engine_items_per_s", "baseline_items_per_s", "ratio")
     assert report["max_abs_component_diff_vs_baseline"] < 1e-4  # f32
-    assert report["support_mismatches"] == 0 and report["nonzero_terms_median"] > 0
+    assert report["support_mismatches"] == 0
     if kind == "bge-m3":
         assert report["max_abs_multi_vector_diff_vs_baseline"] < 1e-5
+        assert report["max_abs_sparse_diff_vs_baseline"] < 1e-4
+    else:
+        assert report["nonzero_terms_median"] > 0
     assert capsys.readouterr().out.count("\n") == 1
 
 
