@@ -715,6 +715,8 @@ def test_openapi_is_generated_from_the_route_table(client):
         "/v2/embed",
         "/embed",
         "/embed_all",
+        "/embed_sparse",
+        "/embed_hybrid",
         "/similarity",
         "/pooling",
         "/invocations",

@@ -21,6 +21,8 @@ from starlette.testclient import TestClient
 from api.app import create_app
 from api.routes import document
 from api.settings import settings_from_env
+from bench.retrieval_models import write_m3, write_splade
+from tests.conftest import CORPUS, TINY_ENCODER
 from tests.test_api_support import tiny_env, wait_until
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "40"))
@@ -36,7 +38,9 @@ BEYOND_SCHEMA = re.compile(
     r"give the documents as one of|give the two sides|^output_dir: must be|no tokens|"
     r"cannot be empty|must not be empty|^Input lengths|^At least one|required \(or name the|"
     r"has none of the rank_fields|must be a string|queries are never cut|has no prompts|"
-    r"select a smaller truncation size|not an embedder|differs from dimensions \(give one\)|"
+    r"select a smaller truncation size|not an embedder|not a sparse encoder|"
+    r"not a multi-vector or hybrid embedder|ask for at least one of dense, sparse and multi|"
+    r"differs from dimensions \(give one\)|"
     r"dimensions?: this model (answers \d+ dimensions and is not|is) trained for|as input\[0\]$|"
     r"needs at least \d+ tokens for this model|^prompt_name: unknown prompt|"
     r"all items are texts or all token ids|applies to texts; token ids are embedded as given|"
@@ -161,3 +165,45 @@ def embedder_app(minilm):
 @FUZZ
 def test_every_embedding_operation_answers_an_embedder_as_documented(embedder_app, case):
     answers_as_documented(embedder_app, case)
+
+
+HYBRID_OPERATIONS = {  # the routes a sparse encoder and a hybrid embedder answer
+    "sparse": schema.include(path_regex=r"^/embed_sparse$"),
+    "hybrid": schema.include(path_regex=r"^/(embed_hybrid|embed_sparse|pooling|v1/rerank)$"),
+}
+
+
+@pytest.fixture(scope="module")
+def retrieval_apps(tmp_path_factory):
+    """The service on a tiny SPLADE model and on a tiny BGE-M3, each started when first asked
+    for; their lifespans end with the module."""
+    root, apps = tmp_path_factory.mktemp("retrieval"), {}
+    options = dict(seed=3, corpus=CORPUS, model_max_length=96, vocab=300)
+
+    def app(kind: str):
+        if kind not in apps:
+            if kind == "sparse":
+                fields = dict(TINY_ENCODER, type_vocab_size=2)
+                path = write_splade(root / kind, "BertConfig", fields, "bert", **options)
+            else:
+                fields = dict(TINY_ENCODER, type_vocab_size=1, max_position_embeddings=130)
+                path = write_m3(root / kind, fields, **options)
+            apps[kind] = create_app(settings_from_env(tiny_env(path)))
+            with asgi.get_client(apps[kind]) as client:
+                wait_ready(client)
+        return apps[kind]
+
+    yield app
+    asgi.shutdown_lifespans()
+
+
+@HYBRID_OPERATIONS["sparse"].parametrize()
+@FUZZ
+def test_the_sparse_route_answers_a_splade_model_as_documented(retrieval_apps, case):
+    answers_as_documented(retrieval_apps("sparse"), case)
+
+
+@HYBRID_OPERATIONS["hybrid"].parametrize()
+@FUZZ
+def test_the_hybrid_routes_answer_bge_m3_as_documented(retrieval_apps, case):
+    answers_as_documented(retrieval_apps("hybrid"), case)
