@@ -318,7 +318,7 @@ def test_an_encoder_without_a_classification_head_is_refused(tmp_path):
     hf = json.loads((path / "config.json").read_text())
     hf["architectures"] = ["BertModel"]
     (path / "config.json").write_text(json.dumps(hf))
-    with pytest.raises(CheckpointError, match=r"a sentence-transformers embedder .* has neither"):
+    with pytest.raises(CheckpointError, match=r"a sentence-transformers embedder .* none of them"):
         load_checkpoint(path, progress=False)
 
 
