@@ -230,7 +230,9 @@ def test_every_rerank_route_ranks_by_the_hybrid_score(m3, served):
     r = served.post("/v1/rerank", json={"query": query, "documents": documents})
     assert r.status_code == 200, r.text
     got = [(h["index"], h["relevance_score"]) for h in r.json()["results"]]
-    assert got == [(h.index, h.relevance_score) for h in want.results]
+    assert [i for i, _ in got] == [h.index for h in want.results]
+    # the server's token budget batches otherwise: f32 sums in another order
+    assert np.allclose([s for _, s in got], [h.relevance_score for h in want.results], atol=1e-6)
     r = served.post("/rerank", json={"query": query, "texts": documents})  # TEI's
     assert r.status_code == 200 and [h["index"] for h in r.json()] == [i for i, _ in got]
 
