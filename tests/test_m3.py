@@ -265,3 +265,16 @@ def test_the_bound_on_returned_vectors_covers_multi_vectors(m3):
     fits, error = trio.run(main)
     assert len(fits.embeddings) == 1
     assert error.field == "input" and "vectors exceed the limit of 20" in str(error)
+
+
+def test_vllm_score_pairs_each_query_with_its_document(m3, served):
+    queries, documents = [CORPUS[0], CORPUS[0], CORPUS[2]], CORPUS[3:6]
+    r = served.post("/score", json={"queries": queries, "documents": documents})
+    assert r.status_code == 200, r.text
+    got = [d["score"] for d in r.json()["data"]]
+    want = [
+        {h.index: h.relevance_score for h in run(m3, lambda e, q=q: e.rerank(q, documents)).results}
+        for q in (CORPUS[0], CORPUS[2])
+    ]
+    expected = [want[0][0], want[0][1], want[1][2]]  # pair i: queries[i] with documents[i]
+    assert np.allclose(got, expected, atol=1e-6), (got, expected)
