@@ -88,9 +88,10 @@ def store_rows(live: dict[int, Progress], rows, outputs: np.ndarray) -> None:
         req.remaining -= end - start
 
 
-def store(live: dict[int, Progress], flight: InFlight, output: Output, outputs) -> None:
-    """Each live request's answers to `output` out of a batch's `outputs` (`BatchDone`): its
-    score rows, or each item's answer of its own (`Output.ragged`)."""
+def store(live: dict[int, Progress], flight: InFlight, outputs) -> None:
+    """Each live request's answers out of a batch's `outputs` (`BatchDone`): its score rows, or
+    each item's answer of its own (`Output.ragged`)."""
+    output = flight.output
     if not output.ragged:
         store_rows(live, flight.rows, outputs)
         return

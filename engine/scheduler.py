@@ -350,7 +350,7 @@ class SchedulerState:
         for req in live.values():  # cancelled or failed requests are no longer in the table
             req.device_s += done.device_s
             req.dispatch_s += done.dispatch_s
-        store(live, flight, flight.output, done.outputs)
+        store(live, flight, done.outputs)
         finished = [self._forget(rid).scored(rid) for rid, req in live.items() if not req.remaining]
         self.last_done_at = now
         self.cohort = len(self.queue) + len(finished)
