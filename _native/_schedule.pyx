@@ -59,12 +59,12 @@ def block_lists(prefix_start, prefix_end, own_start, own_end, int block_size, in
     for i in range(t):
         pos = context + i
         oe = pos + 1 if causal else oe_given[i]
-        if os_[i] < 0 or os_[i] > pos or oe <= pos or oe > end:
+        if os_[i] < 0 or os_[i] > pos or oe <= os_[i] or oe > end:
             own_bad = 1
         if ps[i] < 0 or ps[i] > pe[i] or pe[i] > end:
             prefix_bad = 1
     if own_bad:
-        raise ValueError("own spans must satisfy 0 <= own_start[t] <= C + t < own_end[t] <= C + T")
+        raise ValueError("own spans must satisfy 0 <= own_start[t] <= C + t, own_start[t] < own_end[t] <= C + T")
     if prefix_bad:
         raise ValueError("prefix spans must satisfy 0 <= prefix_start <= prefix_end <= C + T")
 

@@ -36,15 +36,18 @@ async def embed(
     **options,
 ) -> EmbedResult | TokenEmbedResult | SparseEmbedResult:
     """`Engine.embed(inputs, **options)` (or the engine's other embedding `verb`:
-    "embed_tokens", "embed_sparse") where the engine runs, recorded in the metrics; engine
-    errors as HTTP answers naming the request's fields (`renames`: the engine's name -> the
-    request's). `input_type` ("query", "document", ...) picks the model's prompt of that name,
-    where it has one."""
+    "embed_tokens", "embed_sparse", "embed_multi") where the engine runs, recorded in the
+    metrics; engine errors as HTTP answers naming the request's fields (`renames`: the engine's
+    name -> the request's). `input_type` ("query", "document", ...) picks the model's prompt of
+    that name, where it has one, and multi-vectors' encoding (a ColBERT query's or
+    document's)."""
 
     async def call(engine):
         named = prompt_named(engine.task, input_type)
-        method = getattr(engine, verb)
-        return await method(inputs, **options, **({"prompt_name": named} if named else {}))
+        given = {"prompt_name": named} if named else {}
+        if verb == "embed_multi" and input_type is not None:
+            given["input_type"] = input_type
+        return await getattr(engine, verb)(inputs, **options, **given)
 
     result = await service.call(request, call, renames=renames)
     service.metrics.observe(request.url.path, result.timings, len(inputs))

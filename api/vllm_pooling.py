@@ -1,7 +1,9 @@
 """vLLM's `POST /pooling` for an embedding model: each input's pooled vector, in vLLM's answer
 (`data[i].data`), or with `task: "token_embed"` its token vectors as lists: a multi-vector
-model's multi-vectors (BGE-M3's, as vLLM's `token_embed` answers them), else each token's final
-state. The inputs and options are `/v1/embeddings`' (vLLM's fields)."""
+model's multi-vectors (BGE-M3's or a ColBERT model's, as vLLM's `token_embed` answers them),
+else each token's final state. `embedding_mode` ("query" or "document", the name vLLM's
+late-interaction proposal gives it; by default "document") says how a ColBERT model encodes
+the inputs. The inputs and options are `/v1/embeddings`' (vLLM's fields)."""
 
 import time
 import uuid
@@ -13,6 +15,7 @@ from starlette.responses import Response
 
 from api import embed_answers, truncation
 from api.embeddings import KeepLast, Text, TokenId
+from api.errors import ApiError
 from api.schemas import Usage, documented, usage_of
 from api.scoring import json_response, timing_headers
 from api.service import Service
@@ -29,6 +32,8 @@ class PoolingRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     truncate_prompt_tokens: KeepLast | None = None  # keep the last k tokens
     normalize: bool | None = None  # None: as the model's directory says
     task: Literal["embed", "token_embed"] | None = None  # None: "embed"
+    # token_embed: a ColBERT model's query or document encoding (None: a document's)
+    embedding_mode: Literal["query", "document"] | None = None
     user: str | None = None  # accepted
 
 
@@ -55,9 +60,13 @@ async def pooling(service: Service, request: Request) -> Response:
     """vLLM's `/pooling`."""
     req = await service.decode(request, decoder)
     options = {}
+    if req.embedding_mode is not None and req.task != "token_embed":
+        why = "applies to task token_embed (multi-vectors)"
+        raise ApiError(400, f"embedding_mode: {why}", param="embedding_mode")
     if req.task == "token_embed":
         multi = service.engine().capabilities.offers(Ability.EMBED_MULTI)
         options["verb"] = "embed_multi" if multi else "embed_tokens"
+        options["input_type"] = req.embedding_mode
     else:
         options = {"dimensions": req.dimensions, "normalize": req.normalize}
     result = await embed_answers.embed(

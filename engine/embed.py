@@ -47,16 +47,19 @@ def embed_request(
     dimensions: int | None = None,
     normalize: bool | None = None,
     max_tokens: int | None = None,
+    role: str | None = None,
 ) -> EmbedCall:
     """An embed call of `inputs` (texts, or token-id sequences) to the embedder `task`, each
-    text after its prompt and held to `max_tokens` tokens (None: the model's limit);
-    InvalidInput naming the field."""
-    limit = task.config.max_length
+    text after its prompt, encoded as a text of `role` ("query", "document"; None: the
+    model's one way, `Head.text_encoding`) and held to `max_tokens` tokens (None: the model's
+    limit); InvalidInput naming the field."""
+    limit, framing = task.head.text_encoding(role)
     if max_tokens is not None:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise InvalidInput("max_tokens", "must be a positive integer")
         limit = min(limit, max_tokens)
     inputs, pairs = embed_options(inputs, limit, truncate, side)
+    pairs = msgspec.structs.replace(pairs, framing=framing)
     if dimensions is not None:
         task.head.check_dimensions(dimensions)
     if normalize is not None and not isinstance(normalize, bool):

@@ -1,8 +1,8 @@
 """The `Engine`'s embedding verbs: one vector per text (`embed`), every token's (`embed_tokens`),
 a sparse vector (`embed_sparse`), multi-vectors (`embed_multi`) and any of the three from one
 forward (`embed_hybrid`), each a request of the output kind the model answers it with
-(`Head.output_for`); and a hybrid model's rerank, scored from its vectors
-(`engine.late_interaction`). A mixin of `Engine`, which holds the state they use."""
+(`Head.output_for`); and the rerank of a model that scores vectors (BGE-M3, ColBERT:
+`engine.late_interaction`). A mixin of `Engine`, which holds the state they use."""
 
 import functools
 from collections.abc import Sequence
@@ -26,6 +26,7 @@ from engine.results import (
     SparseVector,
     TokenEmbedResult,
 )
+from engine.tasks.colbert import check_role
 from engine.tasks.splade import pruned
 
 
@@ -174,32 +175,48 @@ class EmbeddingVerbs:
         self,
         texts: Sequence[str] | Sequence[Sequence[int]],
         *,
+        input_type: str = "document",
         prompt_name: str | None = None,
         prompt: str | None = None,
         truncate: bool = False,
         truncation_side: str = "right",
         max_tokens: int | None = None,
     ) -> MultiVectorResult:
-        """Each text's multi-vectors f32[n, D], for late interaction (MaxSim): BGE-M3's, the
-        normalised colbert projection of each of its tokens after the first, as
-        `BGEM3FlagModel.encode(..., return_colbert_vecs=True)` computes them. The options and
-        errors are `embed`'s; Unsupported for a model without a multi-vector head."""
+        """Each text's multi-vectors f32[n, D], for late interaction (MaxSim).
+
+        A ColBERT model's (`engine.tasks.colbert`) encode each text as `input_type` says, as
+        PyLate's `ColBERT.encode(..., is_query=input_type == "query")` does: a "query" with
+        its marker and expanded to the query length, every token's vector; a "document" with
+        its marker, its skiplist tokens' vectors left out. Its limit is that role's length.
+        BGE-M3's are the normalised colbert projection of each token after the first, as
+        `BGEM3FlagModel.encode(..., return_colbert_vecs=True)` computes them, the same for
+        either role. Token-id inputs are encoded as given (no marker, no expansion).
+
+        The options and errors are `embed`'s; InvalidInput naming `input_type` for another
+        role; Unsupported for a model without a multi-vector head."""
         self.capabilities.require(Ability.EMBED_MULTI)
-        hybrid = await self.embed_hybrid(
-            texts,
-            dense=False,
-            sparse=False,
+        check_role(input_type)
+        given = dict(
             prompt_name=prompt_name,
             prompt=prompt,
             truncate=truncate,
             truncation_side=truncation_side,
             max_tokens=max_tokens,
         )
+        head = self.task.head
+        if head.output_for(Ability.EMBED_MULTI) is Output.HYBRID:
+            answer = await self.embed_hybrid(texts, dense=False, sparse=False, **given)
+            vectors = answer.multi
+        else:
+            side = given.pop("truncation_side")
+            call = embed_request(self.task, texts, side=side, role=input_type, **given)
+            answer = await self._per_item(call.request(Output.MULTI))
+            vectors = [head.multi(row, input_type) for row in answer.outputs]
         return MultiVectorResult(
-            embeddings=hybrid.multi,
-            prompt_tokens=hybrid.prompt_tokens,
-            timings=hybrid.timings,
-            truncated_tokens=hybrid.truncated_tokens,
+            embeddings=vectors,
+            prompt_tokens=answer.prompt_tokens,
+            timings=answer.timings,
+            truncated_tokens=answer.truncated_tokens,
         )
 
     async def embed_hybrid(
@@ -267,16 +284,23 @@ class EmbeddingVerbs:
     async def _vector_relevance(
         self, query: str, documents: Sequence[str], options: RerankOptions
     ) -> tuple[list[float], ScoreResult]:
-        """A BGE-M3 rerank (`engine.late_interaction`): the query (after the instruction, if
-        any) and the documents encoded by `embed_hybrid` at once, each document cut to
-        `max_tokens_per_doc` and every text to `fit` where asked."""
+        """A rerank by vectors (`engine.late_interaction`): BGE-M3's weighted relevance, or a
+        ColBERT model's MaxSim. The query (after the instruction, if any) and the documents
+        are encoded at once, the query once for all of them; each document cut to
+        `max_tokens_per_doc` and every text to `fit` where asked, and a ColBERT model's texts
+        always to their role's length (as PyLate reranks)."""
+        hybrid = self.task.head.output_for(Ability.RERANK) is Output.HYBRID
         limits = [n for n in (options.max_tokens_per_doc, options.fit) if n is not None]
-        cut = dict(truncate=bool(limits), truncation_side=options.truncation_side)
+        cut = dict(truncate=bool(limits) or not hybrid, truncation_side=options.truncation_side)
         answers, failed = {}, []
 
         async def encode(name: str, texts: list[str], cancel: trio.CancelScope, **given) -> None:
             try:
-                answers[name] = await self.embed_hybrid(texts, **cut, **given)
+                if hybrid:
+                    answers[name] = await self.embed_hybrid(texts, **cut, **given)
+                else:
+                    role = "query" if name == "query" else "document"
+                    answers[name] = await self.embed_multi(texts, input_type=role, **cut, **given)
             except InvalidInput as e:  # named as the rerank names its fields
                 failed.append(e if name == "documents" else type(e)(name, e.detail))
                 cancel.cancel()
@@ -297,7 +321,10 @@ class EmbeddingVerbs:
                 error.renamed({"input": "documents"}) if isinstance(error, InvalidInput) else error
             )
         q, d = answers["query"], answers["documents"]
-        scores = late_interaction.relevance(q, d, self.config.hybrid_weights).tolist()
+        if hybrid:
+            scores = late_interaction.relevance(q, d, self.config.hybrid_weights).tolist()
+        else:
+            scores = [late_interaction.colbert(q.embeddings[0], v) for v in d.embeddings]
         timings = msgspec.structs.replace(d.timings, total=max(q.timings.total, d.timings.total))
         result = ScoreResult(
             scores=[],

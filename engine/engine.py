@@ -201,7 +201,7 @@ class Engine(EmbeddingVerbs):
         self, query: str, documents: Sequence[str], options: RerankOptions, raw: bool
     ) -> tuple[list[float], ScoreResult]:
         """Each document's relevance to `query`, in document order, and the score result."""
-        if self.task.head.output_for(Ability.RERANK) is Output.HYBRID:
+        if self.task.head.output_for(Ability.RERANK) in (Output.HYBRID, Output.MULTI):
             return await self._vector_relevance(query, documents, options)
         reranker = self.reranker
         if reranker.slow(options):  # it tokenises: off the event loop

@@ -27,6 +27,9 @@ class Output(enum.Enum):
     # per text, from one forward: its pooled state f32[E], each token's lexical weight f32[n]
     # and each token's multi-vector f32[n, D] (BGE-M3's three heads: `engine.tasks.m3`)
     HYBRID = "hybrid"
+    # per text each token's multi-vector f32[n, D] with its token ids i32[n] (a late-interaction
+    # head's, ColBERT's: `engine.tasks.colbert`)
+    MULTI = "multi"
 
     @property
     def title(self) -> str:
@@ -36,19 +39,19 @@ class Output(enum.Enum):
     @property
     def per_token(self) -> bool:
         """Whether a sequence answers a row per token (else one row, at its score row)."""
-        return self in (Output.TOKENS, Output.HYBRID)
+        return self in (Output.TOKENS, Output.HYBRID, Output.MULTI)
 
     @property
     def of_texts(self) -> bool:
         """Whether it embeds texts, each encoded alone and reading no labels (else it reads
         labels of a query/item sequence or pair)."""
-        return self in (Output.POOLED, Output.TOKENS, Output.SPARSE, Output.HYBRID)
+        return self in (Output.POOLED, Output.TOKENS, Output.SPARSE, Output.HYBRID, Output.MULTI)
 
     @property
     def ragged(self) -> bool:
         """Whether each item's answer is an array (or arrays) of its own size, kept per item;
         else its answer is one row of a request's f32[N, W]."""
-        return self in (Output.TOKENS, Output.SPARSE, Output.HYBRID)
+        return self in (Output.TOKENS, Output.SPARSE, Output.HYBRID, Output.MULTI)
 
 
 _TITLES = {
@@ -58,6 +61,7 @@ _TITLES = {
     Output.TOKENS: "token vectors",
     Output.SPARSE: "sparse vectors",
     Output.HYBRID: "dense, sparse and multi-vectors",
+    Output.MULTI: "multi-vectors",
 }
 
 

@@ -1,4 +1,6 @@
-"""Relevance from vectors: a BGE-M3 rerank, FlagEmbedding's `compute_score`. The query and the
+"""Relevance from vectors: a ColBERT rerank, PyLate's MaxSim (`colbert`: for each query vector
+its largest dot product with the document's, summed), and a BGE-M3 rerank, FlagEmbedding's
+`compute_score`. The query and the
 documents are each encoded once (`Engine.embed_hybrid`: dense, lexical and multi-vectors from one
 forward; the query once for all its documents), then each document scores
 
@@ -19,11 +21,23 @@ from engine.results import HybridEmbedResult, SparseVector
 
 def maxsim(query: np.ndarray, document: np.ndarray) -> float:
     """Sum over query vectors f32[n, D] of the largest dot product with the document's
-    f32[m, D], over n (f64)."""
+    f32[m, D], over n (f64): BGE-M3's colbert score."""
+    best = _best(query, document)
+    return float(best.sum() / len(query)) if len(best) else 0.0
+
+
+def colbert(query: np.ndarray, document: np.ndarray) -> float:
+    """PyLate's MaxSim: the sum over query vectors f32[n, D] of the largest dot product with
+    the document's f32[m, D] (f64); 0 for a document with no vectors."""
+    return float(_best(query, document).sum())
+
+
+def _best(query: np.ndarray, document: np.ndarray) -> np.ndarray:
+    """f64[n]: each query vector's largest dot product with the document's (none without
+    vectors on either side)."""
     if len(query) == 0 or len(document) == 0:
-        return 0.0
-    dots = query.astype(np.float64) @ document.astype(np.float64).T  # [n, m]
-    return float(dots.max(axis=1).sum() / len(query))
+        return np.zeros(0)
+    return (query.astype(np.float64) @ document.astype(np.float64).T).max(axis=1)
 
 
 def lexical(a: SparseVector, b: SparseVector) -> float:

@@ -60,6 +60,9 @@ class Tokenized(msgspec.Struct, frozen=True, kw_only=True):
     tokenize_s: float
     truncated: int = 0  # tokens pair truncation took off (`engine.host.pairs`)
     output: Output = Output.LOGPROBS  # `ScoreRequest.output`
+    # per sequence its first tokens, the keys every token of it sees (the rest: a ColBERT
+    # query's hidden expansion, `engine.host.pairs.Framing`); None: all
+    visible: list[int] | None = None
 
 
 class Rejected(msgspec.Struct, frozen=True, kw_only=True):
@@ -110,6 +113,13 @@ class HybridRow(NamedTuple):
     pooled: np.ndarray  # f32[E]: its first token's final state
     weights: np.ndarray  # f32[n]: each token's lexical weight
     vectors: np.ndarray  # f32[n, D]: each token's multi-vector
+    ids: np.ndarray  # i32[n]: its token ids
+
+
+class TokenVectors(NamedTuple):
+    """One text's answer to `Output.MULTI`: each of its tokens' multi-vector."""
+
+    vectors: np.ndarray  # f32[n, D]
     ids: np.ndarray  # i32[n]: its token ids
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.kinds import Output
-from engine.messages import HybridRow, Scored, Timings, Tokenized
+from engine.messages import HybridRow, Scored, Timings, Tokenized, TokenVectors
 
 
 @dataclass
@@ -99,6 +99,8 @@ def store(live: dict[int, Progress], flight: InFlight, outputs) -> None:
         answers = (outputs.row(r) for r in range(len(flight.rows)))
     elif output is Output.HYBRID:  # f32[S, E], f32[T], f32[T, D]
         answers = _hybrid_rows(live, flight, *outputs)
+    elif output is Output.MULTI:  # f32[T, D]
+        answers = _token_vectors(live, flight, outputs)
     else:  # f32[T, E], which is let go: each item's tokens copied out
         answers = (outputs[start:end].copy() for start, end in flight.spans)
     for (rid, idx), answer in zip(flight.rows, answers, strict=False):
@@ -110,8 +112,20 @@ def store(live: dict[int, Progress], flight: InFlight, outputs) -> None:
 
 def _hybrid_rows(live, flight: InFlight, pooled, weights, vectors):
     """Each row's `HybridRow`: its pooled state, and its tokens' weights, vectors and ids."""
-    for r, ((rid, idx), (start, end)) in enumerate(zip(flight.rows, flight.spans, strict=True)):
+    for r, (ids, span) in enumerate(_token_spans(live, flight)):
+        yield HybridRow(pooled[r].copy(), weights[span].copy(), vectors[span].copy(), ids)
+
+
+def _token_vectors(live, flight: InFlight, vectors):
+    """Each row's `TokenVectors`: its tokens' vectors and ids."""
+    for ids, span in _token_spans(live, flight):
+        yield TokenVectors(vectors[span].copy(), ids)
+
+
+def _token_spans(live, flight: InFlight):
+    """Each row's token ids i32[n] (None: its request is gone) and its tokens' slice of the
+    batch."""
+    for (rid, idx), (start, end) in zip(flight.rows, flight.spans, strict=True):
         req = live.get(rid)
         ids = np.asarray(req.msg.sequences[idx], np.int32) if req is not None else None
-        span = slice(start, end)
-        yield HybridRow(pooled[r].copy(), weights[span].copy(), vectors[span].copy(), ids)
+        yield ids, slice(start, end)

@@ -255,6 +255,7 @@ class SchedulerState:
         self._window = window = self._head()
         self._window_sequences = [self.requests[r].msg.sequences[i] for r, i in window]
         labels = [self.requests[r].msg.labels for r, _ in window]
+        visible = _visible([self.requests[r].msg for r, _ in window], window)
         # its requests all answer one output (`_head`)
         self._window_output = output = self.requests[window[0][0]].msg.output
         layout = self.layouts[output]
@@ -266,6 +267,7 @@ class SchedulerState:
             buckets=self.buckets,
             cache=self.caches[self._planned_for] if layout.shares else None,
             layout=layout,
+            visible=visible,
         )
 
     def fail_waiting(self, error: Exception) -> list[Rejected]:
@@ -446,3 +448,14 @@ async def run(
                     results.send_nowait(out)
             work.set()
             on_change()
+
+
+def _visible(msgs: list[Tokenized], window: list[tuple[int, int]]) -> list[int] | None:
+    """Each windowed sequence's tokens its tokens see (`Tokenized.visible`), or None where all
+    of every one's do."""
+    if all(m.visible is None for m in msgs):
+        return None
+    return [
+        len(m.sequences[i]) if m.visible is None else m.visible[i]
+        for m, (_, i) in zip(msgs, window, strict=True)
+    ]

@@ -206,8 +206,9 @@ class TokenizerState:
         if isinstance(staged, Rejected | Cancel):
             return staged
         truncated, id_space = 0, None if self.text_ids_fit else self.vocab_size
+        visible = None
         if isinstance(staged, Encoded):
-            (staged, truncated), id_space = staged, self.pairs.id_space
+            (staged, truncated, visible), id_space = staged, self.pairs.id_space
         elif staged and not isinstance(staged[0], str):
             id_space = None  # ids the caller gave, checked before they were joined (`_stage`)
         seqs = [encoded[s] if isinstance(s, str) else s for s in staged]
@@ -225,6 +226,7 @@ class TokenizerState:
             tokenize_s=time.perf_counter() - start,
             truncated=truncated,
             output=r.output,
+            visible=visible,
         )
 
 

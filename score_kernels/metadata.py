@@ -8,7 +8,10 @@ two key spans: `[prefix_start[t], prefix_end[t])` (the shared prefix of its grou
 region or the batch; empty when `prefix_start == prefix_end`) and `[own_start[t], own_end[t])`
 (its own sequence in this batch). A decoder's own span is causal, `own_end[t] = C + t + 1`: its
 sequence so far. An encoder's is the whole sequence, keys after the token's own included
-(bidirectional), with no prefix span. Every own span holds the token's own key C + t. A sequence
+(bidirectional), with no prefix span; or its first tokens alone, where the rest are padding
+no token of it sees (a ColBERT query's hidden expansion: `engine.host.packing`), so the padding's
+own span need not hold its own key. Every own span starts at or before the token's key C + t
+and is not empty. A sequence
 computed in chunks sees its earlier chunks as its prefix span, in the context region.
 Padding tokens attend only to themselves, so no row is ever fully masked. Without a cache C = 0
 and the key space is the batch.

@@ -189,8 +189,10 @@ def _validated_spans(
         raise ValueError(f"context {context} is not a multiple of block size {block_size}")
     pos = context + np.arange(t)
     oe = spans[3] if own_end is not None else pos + 1
-    if np.any((os_ < 0) | (os_ > pos) | (oe <= pos) | (oe > context + t)):
-        raise ValueError("own spans must satisfy 0 <= own_start[t] <= C + t < own_end[t] <= C + T")
+    if np.any((os_ < 0) | (os_ > pos) | (oe <= os_) | (oe > context + t)):
+        raise ValueError(
+            "own spans must satisfy 0 <= own_start[t] <= C + t, own_start[t] < own_end[t] <= C + T"
+        )
     if np.any((ps < 0) | (ps > pe) | (pe > context + t)):
         raise ValueError("prefix spans must satisfy 0 <= prefix_start <= prefix_end <= C + T")
     return ps, pe, os_, oe

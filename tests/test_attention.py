@@ -247,6 +247,56 @@ def test_bidirectional_reference_matches_brute_force() -> None:
     assert not np.allclose(want[0], first, atol=1e-3)
 
 
+def hidden_tail_meta(
+    lengths: Sequence[int], hidden: Sequence[int], block_size: int
+) -> AttentionMeta:
+    """Encoder sequences back to back whose last `hidden[i]` tokens no token sees (a ColBERT
+    query's expansion): each token's own span ends after its sequence's visible tokens, so a
+    hidden token's does not hold its own key."""
+    prefix_start, prefix_end, own_start, own_end = bidirectional_spans(lengths, block_size)
+    start = 0
+    for n, h in zip(lengths, hidden, strict=True):
+        own_end[start : start + n] = start + n - h
+        start += n
+    width = (len(own_start) // block_size,)
+    return make_meta(
+        prefix_start,
+        prefix_end,
+        own_start,
+        block_size=block_size,
+        width_buckets=width,
+        own_end=own_end,
+    )
+
+
+HIDDEN_TAILS = ([7, 12, 1, 30], [5, 0, 0, 17])  # lengths, hidden tokens of each
+
+
+def test_hidden_tails_are_seen_by_no_token() -> None:
+    """The reference, the XLA kernel and brute force agree on sequences with hidden tails; the
+    visible tokens' outputs are those of the sequences cut to them."""
+    lengths, hidden = HIDDEN_TAILS
+    meta = hidden_tail_meta(lengths, hidden, 16)
+    q, k, v = random_qkv(meta.prefix_start.shape[0], 4, 2, 32, jnp.float32, seed=6)
+    want = brute_force_attention(q, k, v, meta, 0.3)
+    np.testing.assert_allclose(
+        np.asarray(attention_reference(q, k, v, meta, scale=0.3)), want, atol=1e-5
+    )
+    assert_matches_reference(q, k, v, meta)
+    visible = [n - h for n, h in zip(lengths, hidden, strict=True)]
+    cut = bidirectional_spans(visible, 16)
+    starts = np.cumsum([0, *lengths[:-1]])
+    rows = np.concatenate([s + np.arange(n) for s, n in zip(starts, visible, strict=True)])
+    cut_meta = make_meta(
+        *cut[:3], block_size=16, width_buckets=(len(cut[0]) // 16,), own_end=cut[3]
+    )
+    qc, kc, vc = (np.zeros((len(cut[0]), *x.shape[1:]), np.float32) for x in (q, k, v))
+    for x, xc in ((q, qc), (k, kc), (v, vc)):
+        xc[: len(rows)] = np.asarray(x)[rows]
+    alone = np.asarray(attention_reference(qc, kc, vc, cut_meta, scale=0.3))[: len(rows)]
+    np.testing.assert_allclose(want[rows], alone, atol=1e-5)
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     lengths=st.lists(st.integers(1, 60), min_size=1, max_size=6),

@@ -18,8 +18,10 @@ from score_kernels import (
     select_attention,
 )
 from tests.test_attention import (
+    HIDDEN_TAILS,
     SCENARIOS,
     TOLERANCE,
+    hidden_tail_meta,
     layout_meta,
     layout_spans,
     random_qkv,
@@ -193,6 +195,13 @@ def test_random_encoder_packings(isa: str, lengths, layout, seed: int) -> None:
     meta = layout_meta([(0, kept)], t, extra_pad=1, bidirectional=True)
     q, k, v = random_qkv(t, *layout, jnp.float32, seed=seed)
     assert_matches_reference(q, k, v, meta)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_hidden_tails_match_reference(isa: str, dtype) -> None:
+    # a ColBERT query's expansion: tokens whose own span ends before them
+    meta = hidden_tail_meta(*HIDDEN_TAILS, 16)
+    assert_matches_reference(*random_qkv(meta.own_start.shape[0], 6, 2, 64, dtype, seed=8), meta)
 
 
 def test_concurrent_calls_match_their_own_results() -> None:

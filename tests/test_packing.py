@@ -11,6 +11,7 @@ from engine import load_model
 from engine.host import packing, planning
 from engine.host.buckets import Buckets, default_buckets
 from engine.host.planning import Chunk
+from engine.kinds import Layout
 
 BUCKETS = Buckets(block_size=4, tokens=(8, 16, 32), row_divisors=(4,), label_widths=(2, 4))
 
@@ -83,6 +84,23 @@ def test_pack_lays_out_prefix_then_suffixes_then_padding():
     np.testing.assert_array_equal(batch.meta.own_start, [0, 0, 0, 3, 4, 4, 6, 6, 6] + pad)
     np.testing.assert_array_equal(batch.score_rows, [3, 5, 8, 0])
     np.testing.assert_array_equal(batch.label_ids, [[0, 0], [1, 0], [2, 3], [0, 0]])
+
+
+def test_whole_sequences_see_their_visible_tokens():
+    """An encoder's sequences see all of themselves, or their first `visible` tokens: a
+    ColBERT query's expansion (the last two of sequence 1) is seen by no token."""
+    seqs, labels = [[5, 6, 7], [2, 8, 9, 4, 4]], [[], []]
+    chunks = [Chunk(0, (0,)), Chunk(0, (1,))]
+    whole = dict(layout=Layout.WHOLE)
+    batch, order, *_ = packing.pack(seqs, labels, chunks, BUCKETS, visible=[3, 3], **whole)
+    assert order == [0, 1]
+    np.testing.assert_array_equal(batch.meta.own_start, [0, 0, 0, 3, 3, 3, 3, 3])
+    np.testing.assert_array_equal(batch.meta.own_end, [3, 3, 3, 6, 6, 6, 6, 6])
+    np.testing.assert_array_equal(batch.score_rows[:2], [0, 3])
+    seen = packing.pack(seqs, labels, chunks, BUCKETS, **whole).inputs.meta.own_end
+    np.testing.assert_array_equal(seen[:8], [3, 3, 3, 8, 8, 8, 8, 8])
+    with pytest.raises(ValueError, match="laid out whole"):
+        packing.pack(seqs, labels, chunks, BUCKETS, visible=[3, 3])
 
 
 def test_too_long_for_every_bucket_is_an_error():

@@ -87,6 +87,20 @@ def test_malformed_spans(build_block_schedule) -> None:
         build_block_schedule(ps[:4], pe, own, block_size=2, width_buckets=(8,))
 
 
+def test_own_spans_that_end_before_their_token(build_block_schedule) -> None:
+    """A sequence's hidden tail (tokens 6-7, a ColBERT query's expansion) sees its first six
+    tokens alone; an empty own span is refused."""
+    ps = pe = own = np.zeros(8, np.int32)
+    own_end = np.full(8, 6, np.int32)
+    block_kv, block_count = build_block_schedule(
+        ps, pe, own, block_size=2, width_buckets=(4,), own_end=own_end
+    )
+    np.testing.assert_array_equal(block_count, [3, 3, 3, 3])
+    np.testing.assert_array_equal(block_kv[:, :3], [[0, 1, 2]] * 4)
+    with pytest.raises(ValueError, match="own_start"):
+        build_block_schedule(ps, pe, own, block_size=2, width_buckets=(4,), own_end=own_end * 0)
+
+
 def test_make_meta_is_int32_numpy() -> None:
     meta = make_meta(*(c.astype(np.int64) for c in GAP), block_size=2, width_buckets=(3,))
     assert isinstance(meta, AttentionMeta)

@@ -27,15 +27,17 @@ def batches(
     buckets: Buckets,
     cache: KVCache | None = None,
     layout: Layout = Layout.SHARED,
+    visible: Sequence[int] | None = None,
 ) -> Iterator[PackedBatch | None]:
     """Every sequence scored once. Without `cache` this never yields None. With it, the caller
     commits or aborts each batch's contexts when the batch is done, and answers a None with
     `send(idle)` once its running batches are done (see the module docstring). `layout`: how
-    the sequences are laid out (`planning.plan`); only a shared one is cached."""
+    the sequences are laid out (`planning.plan`); only a shared one is cached. `visible`: each
+    sequence's tokens its tokens see (`packing.pack`; None: all)."""
     if cache is None:
         plan = planning.plan(seqs, token_budget=token_budget, buckets=buckets, layout=layout)
         for chunks in plan:
-            yield packing.pack(seqs, labels, chunks, buckets, layout=layout)
+            yield packing.pack(seqs, labels, chunks, buckets, layout=layout, visible=visible)
         return
     if not layout.shares:
         raise ValueError("sequences packed alone are not cached: nothing is shared")

@@ -68,6 +68,7 @@ def pack(
     *,
     scored: int | None = None,
     layout: Layout = Layout.SHARED,
+    visible: Sequence[int] | None = None,
 ) -> PackedBatch:
     """Flat numpy arrays for one batch, and the sequence index behind each real score row.
 
@@ -76,7 +77,8 @@ def pack(
     rows of the others (chunked-prefill pieces) follow theirs and are not in `order`. The shape
     (T, S, L) and the context region C come from `buckets`; ValueError when the batch fits no
     bucket. `Layout.WHOLE` sequences (an encoder's) have every token see all of its sequence,
-    and are scored at their first token.
+    or its first `visible[i]` tokens where given (the rest are padding no token sees), and are
+    scored at their first token.
     """
     start = time.perf_counter()
     cached = cached or Cached([None] * len(chunks), 1)
@@ -101,8 +103,10 @@ def pack(
         page_size=cached.page_size,
     )
     if layout is Layout.WHOLE:
-        own_end, rows = _whole_sequences(view, view_chunks, ostart, rows)
+        own_end, rows = _whole_sequences(view, view_chunks, ostart, rows, visible)
         shape["own_end"] = np.concatenate([own_end + region.c, pad + 1])
+    elif visible is not None:
+        raise ValueError("only sequences laid out whole see part of themselves")
     meta = make_meta(*spans, **shape)
     window_meta = make_meta(*spans, **shape, window=buckets.window) if buckets.window else None
     score_rows = np.zeros(s, np.int32)  # i32[S]
@@ -192,13 +196,18 @@ def _whole_sequences(
     chunks: Sequence[Chunk],
     ostart: np.ndarray,  # i32[N]
     rows: np.ndarray,  # i32[R]: each sequence's last token
+    visible: Sequence[int] | None,
 ) -> tuple[np.ndarray, np.ndarray]:  # own_end i32[N], rows i32[R]
-    """An encoder's layout: each token's own span ends with its sequence, and a sequence is
-    scored at its first token."""
+    """An encoder's layout: each token's own span ends with its sequence (or after its
+    sequence's `visible` first tokens), and a sequence is scored at its first token."""
     if any(c.prefix_len or len(c.members) != 1 for c in chunks):
         raise ValueError("an encoder's sequences are laid out alone, with no shared prefix")
-    lengths = np.array([len(view[c.members[0]]) for c in chunks], np.int32)
-    return np.repeat(np.cumsum(lengths, dtype=np.int32), lengths), ostart[rows]
+    members = [c.members[0] for c in chunks]
+    lengths = np.array([len(view[m]) for m in members], np.int32)
+    ends = np.cumsum(lengths, dtype=np.int32)
+    if visible is not None:
+        ends = ends - lengths + np.array([visible[m] for m in members], np.int32)
+    return np.repeat(ends, lengths), ostart[rows]
 
 
 def laid_out(

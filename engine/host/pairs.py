@@ -22,6 +22,25 @@ from engine.text import native_tokenizer
 MAX_CUTTERS = 16  # truncating tokenizers kept, by limit and side
 
 
+class Framing(msgspec.Struct, frozen=True, kw_only=True):
+    """How each text encoded alone is framed once tokenised (a ColBERT query's or document's):
+    `marker` put after its first token, within the limit; then padded with `pad_id` to
+    `pad_to` tokens (0: not), the pads seen by no token where `hide_pads`."""
+
+    marker: int | None = None
+    pad_to: int = 0
+    pad_id: int = 0
+    hide_pads: bool = False
+
+    def frame(self, ids: Sequence[int]) -> tuple[list[int], int]:
+        """A text's framed ids, and how many of them are not padding."""
+        ids = list(ids)
+        if self.marker is not None:
+            ids = ids[:1] + [self.marker] + ids[1:]
+        real = len(ids)
+        return ids + [self.pad_id] * (self.pad_to - real), real
+
+
 class PairOptions(msgspec.Struct, frozen=True, kw_only=True):
     """How a score request's items are encoded for an encoder: as pairs with its query (a
     cross-encoder's), or each by itself (an embedder's texts: `engine.kinds.Output.of_texts`);
@@ -34,11 +53,14 @@ class PairOptions(msgspec.Struct, frozen=True, kw_only=True):
     # a pair's item keeps at most this many of its own tokens (its first, or with side "left"
     # its last) before the pair is held to `limit`; None: all (a rerank's `max_tokens_per_doc`)
     item_limit: int | None = None
+    framing: Framing | None = None  # texts alone: how each is framed (None: as tokenised)
 
 
 class Encoded(NamedTuple):
     sequences: list[list[int]]  # coded ids, one per pair
     truncated: int  # tokens the truncation took off, all pairs together
+    # per sequence, its first tokens every token sees (the rest are hidden padding); None: all
+    visible: list[int] | None = None
 
 
 class _Alone(NamedTuple):
@@ -90,9 +112,18 @@ class PairEncoder:
         return encoded._replace(truncated=encoded.truncated + cut)
 
     def encode_texts(self, texts: Sequence[str], options: PairOptions) -> Encoded:
-        """Each text's coded ids, encoded alone; as `encode` otherwise."""
+        """Each text's coded ids, encoded alone and framed as `options` say (its marker counted
+        in the limit); as `encode` otherwise."""
         encodings = [_Alone(ids) for ids in self.texts.encode_batch(list(texts))]
-        return self._cut(texts, encodings, options)
+        framing = options.framing
+        if framing is None:
+            return self._cut(texts, encodings, options)
+        reserved = int(framing.marker is not None)
+        cut = msgspec.structs.replace(options, limit=options.limit - reserved)
+        sequences, truncated, _ = self._cut(texts, encodings, cut)
+        framed = [framing.frame(ids) for ids in sequences]
+        visible = [real for _, real in framed] if framing.hide_pads else None
+        return Encoded([ids for ids, _ in framed], truncated, visible)
 
     def _cut(self, inputs: Sequence, encodings: list, options: PairOptions, encode=None) -> Encoded:
         """The `encodings` of `inputs` (pairs, or texts), those over the limit encoded again by

@@ -4,13 +4,13 @@ with FlagEmbedding's two heads beside it, `colbert_linear.pt` (the multi-vector 
 `M3Heads` and its `m3_*` parameters. The lexical weights of the tokenizer's cls, eos, pad and
 unk tokens are dropped, as FlagEmbedding drops them."""
 
-import json
 from pathlib import Path
 
 import numpy as np
 import tokenizers
 
 from engine.loaders.checkpoint import CheckpointError
+from engine.loaders.tokenizer_config import special_ids
 from engine.loaders.torch_pickle import read_state_dict
 from engine.models.config import M3Heads, ModelConfig
 
@@ -66,11 +66,4 @@ def _linear(path: Path, width: int, out: int | None = None) -> tuple[np.ndarray,
 
 def _special_ids(root: Path, tokenizer: tokenizers.Tokenizer) -> tuple[int, ...]:
     """The ids of the cls, eos, pad and unk tokens the tokenizer's configuration names."""
-    named = {}
-    for name in ("tokenizer_config.json", "special_tokens_map.json"):
-        path = root / name
-        if path.is_file():
-            named |= {k: v for k, v in json.loads(path.read_text()).items() if k in _UNUSED}
-    tokens = [v["content"] if isinstance(v, dict) else v for v in named.values() if v]
-    ids = {tokenizer.token_to_id(t) for t in tokens}
-    return tuple(sorted(i for i in ids if i is not None))
+    return tuple(sorted(set(special_ids(root, tokenizer, _UNUSED).values())))

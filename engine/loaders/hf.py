@@ -13,7 +13,7 @@ import tokenizers
 from safetensors import safe_open
 from tqdm import tqdm
 
-from engine.loaders import bge_m3, sentence_transformers
+from engine.loaders import bge_m3, colbert, sentence_transformers
 from engine.loaders.checkpoint import Checkpoint, CheckpointError
 from engine.loaders.hf_encoder import encoder_params, with_max_length
 from engine.models import FAMILIES, MODEL_TYPES, ModelConfig, gemma
@@ -66,6 +66,10 @@ def load_hf_dir(path: str | Path, *, progress: bool = True) -> Checkpoint:
     tensors = _TensorFiles(root)
     tokenizer = _tokenizer(root)
     cfg = _head_config(cfg, root)
+    architectures = hf.get("architectures")
+    if cfg.encoder and not cfg.num_labels and colbert.is_colbert(root, architectures):
+        late = colbert.read_colbert(root, cfg, tokenizer, architectures)
+        cfg = msgspec.structs.replace(cfg, colbert=late)
     if cfg.encoder and cfg.embedding is not None and bge_m3.is_m3(root):
         cfg = msgspec.structs.replace(cfg, m3=bge_m3.read_m3(root, cfg, tokenizer))
     if cfg.encoder:
@@ -74,6 +78,8 @@ def load_hf_dir(path: str | Path, *, progress: bool = True) -> Checkpoint:
         params = _params(tensors, cfg, progress)
     if cfg.m3 is not None:
         params |= bge_m3.m3_params(root, cfg)
+    if cfg.colbert is not None:
+        params |= colbert.colbert_params(root, cfg, architectures)
     return Checkpoint(cfg, params, tokenizer, str(root))
 
 
@@ -102,11 +108,13 @@ def _head_config(cfg: ModelConfig, root: Path) -> ModelConfig:
             cfg, splade=splade, max_length=min(limit or cfg.max_length, cfg.max_length)
         )
     if cfg.num_labels or not sentence_transformers.is_embedder(root):
-        if cfg.encoder and not cfg.num_labels:
+        late = colbert.is_colbert(root, _read_json(root / "config.json").get("architectures"))
+        if cfg.encoder and not cfg.num_labels and not late:
             raise CheckpointError(
                 f"{root}: an encoder is served as a cross-encoder (*ForSequenceClassification), "
-                "a sentence-transformers embedder (modules.json with a Pooling module) or a "
-                "sparse encoder (with SpladePooling); this is none of them"
+                "a sentence-transformers embedder (modules.json with a Pooling module), a "
+                "sparse encoder (with SpladePooling) or a ColBERT model (PyLate's or "
+                "colbert-ir's); this is none of them"
             )
         return cfg
     pooling, limit = sentence_transformers.read_embedder(root, cfg.encoder)

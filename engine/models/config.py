@@ -83,6 +83,27 @@ class M3Heads(msgspec.Struct, frozen=True, kw_only=True):
     unused: tuple[int, ...] = ()
 
 
+class ColBERT(msgspec.Struct, frozen=True, kw_only=True):
+    """A late-interaction (ColBERT) model's encoding, as PyLate's `ColBERT` (and the older
+    colbert-ir checkpoints) make it: each token's state projected to `dim` (`colbert_proj`) and
+    normalised. A text is encoded as a query or a document: its marker's id put after its first
+    token, the whole held to that role's length; a query padded with `pad_id` to
+    `query_length` (`expand`; the pads seen by no token unless `attend_expansion`), a
+    document's `skiplist` tokens dropped from its vectors."""
+
+    dim: int  # the multi-vectors' width
+    query_marker: int | None = None  # None: no marker
+    document_marker: int | None = None
+    query_length: int = 32
+    document_length: int = 180
+    expand: bool = True
+    attend_expansion: bool = False
+    pad_id: int = 0  # the expansion token (the tokenizer's mask token)
+    skiplist: tuple[int, ...] = ()  # token ids whose vectors a document leaves out
+    prompts: tuple[tuple[str, str], ...] = ()  # as `Pooling.prompts`
+    default_prompt: str | None = None
+
+
 class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Everything the forward needs to know about an architecture; immutable and hashable."""
 
@@ -136,6 +157,8 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     mlm_activation: str = "gelu"  # of the MLM head's transform (dense, activation, LayerNorm)
     # BGE-M3 (an embedder with a lexical and a multi-vector head): its `m3_*` parameters
     m3: M3Heads | None = None
+    # a late-interaction (ColBERT) model: its `colbert_proj*` parameters
+    colbert: ColBERT | None = None
 
     @property
     def attention_scale(self) -> float:

@@ -21,6 +21,7 @@ Host parameters, beyond the decoder's layout (`engine.models.config`), `[in, out
     a SPLADE model's masked-language-model head (`splade`): mlm_dense [E, E], mlm_dense_b [E],
     mlm_norm(_b) [E], mlm_decoder [V, E] (the embedding table where tied), mlm_decoder_b [V]
     BGE-M3's heads (`m3`): m3_colbert [E, D], m3_colbert_b [D], m3_sparse [E], m3_sparse_b []
+    a ColBERT model's projection (`colbert`): colbert_proj [E, D], colbert_proj_b [D]
 """
 
 from collections.abc import Callable
@@ -216,7 +217,7 @@ def forward(
 
     if not _reads_first_tokens(output, cfg):  # the output reads every token's final state
         x = final(run_layers(layer, x, xs, unroll))
-        if output in (states, splade, m3):  # of the whole batch at once
+        if output in (states, splade, m3, colbert):  # of the whole batch at once
             return output(x, inputs, params, cfg, dense), None
         at_rows = lambda rows, labels: output(x, _at(inputs, rows, labels), params, cfg, dense)
         return over_score_rows(at_rows, inputs), None
@@ -286,9 +287,22 @@ def m3(x: jax.Array, inputs: PackedInputs, params: dict, cfg: ModelConfig, dense
     token's lexical weight relu(x . w + b) f32[T], and each token's multi-vector, the colbert
     projection normalised (as torch's `normalize`, norms at least 1e-12) f32[T, D]."""
     weights = jnp.maximum(x @ params["m3_sparse"] + params["m3_sparse_b"], 0.0)
-    vectors = dense.matmul(x, params["m3_colbert"], jnp.int32(0)) + params["m3_colbert_b"]
+    vectors = _multi_vectors(x, params["m3_colbert"], params["m3_colbert_b"], dense)
+    return x[inputs.score_rows], weights, vectors
+
+
+def colbert(x: jax.Array, inputs: PackedInputs, params: dict, cfg: ModelConfig, dense: Dense):
+    """f32[T, D]: a ColBERT model's multi-vector of every token, from x f32[T, E] every token's
+    final state: its projection, normalised."""
+    return _multi_vectors(x, params["colbert_proj"], params["colbert_proj_b"], dense)
+
+
+def _multi_vectors(x: jax.Array, weight, bias: jax.Array, dense: Dense) -> jax.Array:
+    """f32[T, D]: x f32[T, E] projected (weight prepared by `dense`, bias f32[D]) and divided
+    by its norms (at least 1e-12, as torch's `normalize`)."""
+    vectors = dense.matmul(x, weight, jnp.int32(0)) + bias
     norms = jnp.sqrt(jnp.sum(jnp.square(vectors), axis=-1, keepdims=True))
-    return x[inputs.score_rows], weights, vectors / jnp.maximum(norms, 1e-12)
+    return vectors / jnp.maximum(norms, 1e-12)
 
 
 def _mlm_logits(h: jax.Array, params: dict, cfg: ModelConfig, dense: Dense) -> jax.Array:

@@ -48,7 +48,7 @@ ENCODER_TOP_VECTORS = (
     *("embed_norm", "embed_norm_b", "final_norm", "final_norm_b"),
     *("pool_dense_b", "pool_norm", "pool_norm_b", "classifier_b"),
     *("mlm_dense_b", "mlm_norm", "mlm_norm_b", "mlm_decoder_b"),
-    *("m3_colbert_b", "m3_sparse", "m3_sparse_b"),
+    *("m3_colbert_b", "m3_sparse", "m3_sparse_b", "colbert_proj_b"),
 )
 
 
@@ -71,7 +71,7 @@ def place_encoder(params: dict, cfg: ModelConfig, dtype, dense) -> dict:
         **{n: to_device(params[n], jnp.float32) for n in ENCODER_TOP_VECTORS if n in params},
         **_classifier(params, dtype, dense),
         **_mlm_head(params, dtype, dense),
-        **_m3_heads(params, dtype, dense),
+        **_multi_vector_heads(params, dtype, dense),
         "layers": vectors | b_qkv,
         "matrices": {
             "qkv": qkv,
@@ -123,12 +123,11 @@ def _classifier(params: dict, dtype, dense) -> dict:
     }
 
 
-def _m3_heads(params: dict, dtype, dense) -> dict:
-    """BGE-M3's multi-vector projection, prepared; none for other encoders (its lexical head
-    is a vector, kept in f32)."""
-    if "m3_colbert" not in params:
-        return {}
-    return {"m3_colbert": dense.prepare(params["m3_colbert"][None], dtype)}
+def _multi_vector_heads(params: dict, dtype, dense) -> dict:
+    """BGE-M3's or a ColBERT model's multi-vector projection, prepared; none for other
+    encoders (BGE-M3's lexical head is a vector, kept in f32)."""
+    names = [n for n in ("m3_colbert", "colbert_proj") if n in params]
+    return {n: dense.prepare(params[n][None], dtype) for n in names}
 
 
 def _mlm_head(params: dict, dtype, dense) -> dict:

@@ -6,6 +6,7 @@ from engine.models import ModelConfig
 from engine.tasks.backbones import Backbone, Decoder, Encoder, backbone_for
 from engine.tasks.base import Task
 from engine.tasks.classifier import Classifier
+from engine.tasks.colbert import ColBERT
 from engine.tasks.head import Head
 from engine.tasks.label_scores import LabelScores
 from engine.tasks.m3 import M3
@@ -14,7 +15,7 @@ from engine.tasks.pooler import Pooler
 from engine.tasks.splade import Splade
 
 # exactly one fits a config
-HEADS: tuple[type[Head], ...] = (LabelScores, Classifier, Pooler, Splade, M3)
+HEADS: tuple[type[Head], ...] = (LabelScores, Classifier, Pooler, Splade, M3, ColBERT)
 
 
 def task_for(config: ModelConfig) -> Task:
@@ -29,6 +30,7 @@ __all__ = [
     "M3",
     "Backbone",
     "Classifier",
+    "ColBERT",
     "Decoder",
     "Encoder",
     "Head",

@@ -21,8 +21,8 @@ class Classifier(Head):
 
     @classmethod
     def fits(cls, config) -> bool:
-        splade = config.splade is not None
-        return config.embedding is None and not splade and (config.encoder or config.num_labels > 0)
+        other = config.splade is not None or config.colbert is not None
+        return config.embedding is None and not other and (config.encoder or config.num_labels > 0)
 
     @property
     def name(self) -> str:

@@ -9,6 +9,7 @@ import numpy as np
 
 from engine.capabilities import Ability
 from engine.errors import InvalidInput
+from engine.host.pairs import Framing
 from engine.kinds import Output
 from engine.models import ModelConfig
 from engine.tasks.backbones import Backbone
@@ -118,6 +119,12 @@ class Head:
             raise InvalidInput("prompt_name", f"unknown prompt {name!r} (this model has: {have})")
         name = name or self.default_prompt
         return prompts[name] if name else ""
+
+    def text_encoding(self, role: str | None) -> tuple[int, Framing | None]:
+        """How a text embedded as `role` ("query", "document"; None: not said) is encoded: the
+        tokens it is held to, and how it is framed once tokenised (None: as tokenised). The
+        same for every role but a late-interaction model's (`engine.tasks.colbert`)."""
+        return self.config.max_length, None
 
     def describe(self) -> str:
         """The model's kind in a few words, for people."""
