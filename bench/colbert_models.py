@@ -27,8 +27,36 @@ PIECES = ["##s", "##ing", "##ed", "##er", "##ly"]
 MARKERS = ["[Q] ", "[D] "]  # PyLate's added tokens
 
 
-def vocabulary() -> list[str]:
-    return SPECIAL + PUNCTUATION + WORDS + PIECES
+# colbert-ir/colbertv2.0's shape (BERT-base, 128-dimensional vectors) with PyLate's lengths of
+# answerai-colbert and GTE-ModernColBERT documents, weights aside
+COLBERT_SHAPES = {
+    "colbert-bert-base": dict(
+        hidden=768,
+        layers=12,
+        heads=12,
+        intermediate=3072,
+        positions=512,
+        dim=128,
+        query_length=32,
+        document_length=300,
+        scale=0.02,
+    ),
+}
+
+
+def vocabulary(words: list[str]) -> list[str]:
+    return SPECIAL + PUNCTUATION + list(dict.fromkeys(words)) + PIECES
+
+
+def write_colbert_shape(path: Path, name: str, seed: int) -> None:
+    """The ColBERT model of shape `name` (`COLBERT_SHAPES`) at `path`, in PyLate's format, its
+    vocabulary the bench corpus's words."""
+    import re
+
+    from bench.workloads import bench_corpus
+
+    corpus = {w for text in bench_corpus(seed) for w in re.findall(r"[a-z]+", text.lower())}
+    write_colbert(path, seed=seed, words=WORDS + sorted(corpus), **COLBERT_SHAPES[name])
 
 
 def write_colbert(
@@ -48,11 +76,13 @@ def write_colbert(
     bias: bool = False,
     format: str = "pylate",
     scale: float = 0.2,
+    words: list[str] = WORDS,
 ) -> Path:
     """A ColBERT directory at `path` of `format` ("pylate" or "stanford"), its weights drawn
-    from `seed`; returns `path`."""
+    from `seed`, its vocabulary `words` besides special tokens and punctuation; returns
+    `path`."""
     path.mkdir(parents=True, exist_ok=True)
-    vocab = vocabulary()
+    vocab = vocabulary(words)
     stanford = format == "stanford"
     size = len(vocab) + (0 if stanford else len(MARKERS))
     rng = np.random.default_rng(seed)

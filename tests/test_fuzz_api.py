@@ -21,6 +21,7 @@ from starlette.testclient import TestClient
 from api.app import create_app
 from api.routes import document
 from api.settings import settings_from_env
+from bench.colbert_models import write_colbert
 from bench.retrieval_models import write_m3, write_splade
 from tests.conftest import CORPUS, TINY_ENCODER
 from tests.test_api_support import tiny_env, wait_until
@@ -170,13 +171,14 @@ def test_every_embedding_operation_answers_an_embedder_as_documented(embedder_ap
 HYBRID_OPERATIONS = {  # the routes a sparse encoder and a hybrid embedder answer
     "sparse": schema.include(path_regex=r"^/embed_sparse$"),
     "hybrid": schema.include(path_regex=r"^/(embed_hybrid|embed_sparse|pooling|v1/rerank)$"),
+    "colbert": schema.include(path_regex=r"^/(pooling|v1/rerank|score)$"),
 }
 
 
 @pytest.fixture(scope="module")
 def retrieval_apps(tmp_path_factory):
-    """The service on a tiny SPLADE model and on a tiny BGE-M3, each started when first asked
-    for; their lifespans end with the module."""
+    """The service on a tiny SPLADE model, a tiny BGE-M3 and a tiny ColBERT model, each started
+    when first asked for; their lifespans end with the module."""
     root, apps = tmp_path_factory.mktemp("retrieval"), {}
     options = dict(seed=3, corpus=CORPUS, model_max_length=96, vocab=300)
 
@@ -185,6 +187,8 @@ def retrieval_apps(tmp_path_factory):
             if kind == "sparse":
                 fields = dict(TINY_ENCODER, type_vocab_size=2)
                 path = write_splade(root / kind, "BertConfig", fields, "bert", **options)
+            elif kind == "colbert":
+                path = write_colbert(root / kind, seed=3)
             else:
                 fields = dict(TINY_ENCODER, type_vocab_size=1, max_position_embeddings=130)
                 path = write_m3(root / kind, fields, **options)
@@ -207,3 +211,9 @@ def test_the_sparse_route_answers_a_splade_model_as_documented(retrieval_apps, c
 @FUZZ
 def test_the_hybrid_routes_answer_bge_m3_as_documented(retrieval_apps, case):
     answers_as_documented(retrieval_apps("hybrid"), case)
+
+
+@HYBRID_OPERATIONS["colbert"].parametrize()
+@FUZZ
+def test_the_late_interaction_routes_answer_colbert_as_documented(retrieval_apps, case):
+    answers_as_documented(retrieval_apps("colbert"), case)
