@@ -134,6 +134,16 @@ def tiny_config(path) -> EngineConfig:
     )
 
 
+def on_engine(path, calls):
+    """`calls(engine)`'s answer on an in-process engine of `path` (`tiny_config`)."""
+
+    async def main():
+        async with open_engine(tiny_config(path)) as engine:
+            return await calls(engine)
+
+    return trio.run(main)
+
+
 def rerank_references(path) -> list[RerankResult]:
     """`Engine.rerank` on each case, from an engine of its own; documents over a token limit
     are cut to their first tokens (decoded) first."""

@@ -10,15 +10,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import trio
 
 from api.app import create_app
 from api.settings import settings_from_env
 from bench.colbert_models import write_colbert
-from engine import EngineConfig, InputTooLarge, InvalidInput, Unsupported, open_engine
+from engine import InputTooLarge, InvalidInput, Unsupported
 from engine.capabilities import Ability
 from tests.reference.pylate_colbert import DOCUMENTS, QUERIES, VARIANTS
-from tests.test_api_support import serving, tiny_env
+from tests.test_api_support import on_engine, serving, tiny_env
 
 REFERENCE = json.loads((Path(__file__).parent / "reference" / "pylate_colbert.json").read_text())
 
@@ -32,22 +31,6 @@ def variant(request, tmp_path_factory) -> tuple[str, Path]:
 @pytest.fixture(scope="module")
 def colbert(tmp_path_factory) -> Path:
     return write_colbert(tmp_path_factory.mktemp("colbert") / "pylate", **VARIANTS["pylate"])
-
-
-def config(path) -> EngineConfig:
-    return EngineConfig(
-        model=str(path), dtype="float32", progress=False, precompile=False, compile_cache_dir=None
-    )
-
-
-def run(path, calls):
-    """`calls(engine)`'s answer on an engine of `path`."""
-
-    async def main():
-        async with open_engine(config(path)) as engine:
-            return await calls(engine)
-
-    return trio.run(main)
 
 
 def close(got: list[np.ndarray], want: list[list], atol: float = 1e-5) -> None:
@@ -66,7 +49,7 @@ def test_encodings_and_maxsim_equal_pylate(variant):
         ranked = [await engine.rerank(q, DOCUMENTS) for q in QUERIES]
         return queries, documents, ranked
 
-    queries, documents, ranked = run(path, calls)
+    queries, documents, ranked = on_engine(path, calls)
     close(queries.embeddings, want["queries"])
     close(documents.embeddings, want["documents"])
     assert queries.truncated_tokens > 0 and documents.truncated_tokens > 0  # the long ones
@@ -85,7 +68,7 @@ def test_expansion_is_hidden_from_the_query_unless_the_model_attends_to_it(tmp_p
     bare = write_colbert(tmp_path / "bare", expand=False, **options)
     query = ["the quick brown fox"]  # 7 tokens with [CLS], [Q] and [SEP]: 9 pads
     embed = lambda e: e.embed_multi(query, input_type="query")
-    hidden_v, shown_v, bare_v = (run(p, embed).embeddings[0] for p in (hidden, shown, bare))
+    hidden_v, shown_v, bare_v = (on_engine(p, embed).embeddings[0] for p in (hidden, shown, bare))
     assert hidden_v.shape == shown_v.shape == (16, 16) and bare_v.shape == (7, 16)
     np.testing.assert_allclose(hidden_v[:7], bare_v, atol=1e-6)
     assert np.abs(shown_v[:7] - bare_v).max() > 1e-3
@@ -100,7 +83,7 @@ def test_packed_equals_alone_and_queries_differ_from_documents(colbert):
         as_query = await engine.embed_multi(texts[:1], input_type="query", truncate=True)
         return together, alone, as_query
 
-    together, alone, as_query = run(colbert, calls)
+    together, alone, as_query = on_engine(colbert, calls)
     close(together.embeddings, [a.embeddings[0] for a in alone], atol=1e-6)
     assert len(as_query.embeddings[0]) == 12 != len(together.embeddings[0])
 
@@ -111,7 +94,7 @@ def test_token_ids_are_encoded_as_given(colbert):
     async def calls(engine):
         return await engine.embed_multi(ids), await engine.embed_multi(ids, input_type="query")
 
-    document, query = run(colbert, calls)
+    document, query = on_engine(colbert, calls)
     assert document.embeddings[0].shape == query.embeddings[0].shape == (4, 16)
     np.testing.assert_allclose(document.embeddings[0], query.embeddings[0], atol=1e-6)
 
@@ -133,7 +116,7 @@ def test_refusals_name_the_field(colbert):
             await engine.embed_multi([long_document], input_type="query")
         return bad_type.value, too_long.value, long_query.value
 
-    bad_type, too_long, long_query = run(colbert, calls)
+    bad_type, too_long, long_query = on_engine(colbert, calls)
     assert bad_type.field == "input_type"
     assert too_long.field == "input[1]" and "23" in str(too_long)  # 24 less the marker
     assert long_query.field == "input[0]"
