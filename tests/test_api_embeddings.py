@@ -6,6 +6,7 @@ card names the routes, and every refusal names its field."""
 
 import base64
 import functools
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,9 +17,11 @@ from sentence_transformers.util.quantization import quantize_embeddings
 
 from api.app import create_app
 from api.settings import settings_from_env
+from bench.encoders import write_st_modules
 from engine import open_engine
 from tests.conftest import CORPUS
 from tests.test_api_support import serving, tiny_config, tiny_env
+from tests.test_embed import qwen3_embedding
 
 TEXTS = [*CORPUS[:6], "a", "Zürich—São Paulo—Kraków 🙂"]
 
@@ -277,3 +280,43 @@ def test_vllm_pooling(client, minilm, want, tokenizer):
     assert r.status_code == 400 and r.json()["error"]["param"] == "task"
     r = client.post("/pooling", json={"input": ["a"], "truncate_prompt_tokens": 0})
     assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens"
+
+
+@pytest.fixture(scope="module")
+def prompted(tmp_path_factory) -> Path:
+    """A tiny decoder embedder whose directory has a query and a document prompt, Matryoshka
+    trained."""
+    path = qwen3_embedding(tmp_path_factory.mktemp("prompted"))
+    prompts = {"query": "query: ", "document": "passage: "}
+    write_st_modules(path, 64, "last", True, 40, prompts=prompts)
+    return path
+
+
+def test_input_types_pick_the_directorys_prompts_and_dimensions_cut(prompted):
+    """Voyage's `input_type` and Cohere's search_query/search_document pick the directory's
+    prompts, as `SentenceTransformer.encode(prompt_name=...)` does; a Matryoshka width below
+    full size is `encode(truncate_dim=...)`."""
+    texts = ["The quick fox.", "a", "Numbers 0 1 2", "Zürich 🙂"]  # within its 40 tokens
+    model = SentenceTransformer(str(prompted), device="cpu")
+    want = {name: model.encode(texts, prompt_name=name) for name in ("query", "document")}
+    bare = model.encode(texts)
+    assert np.abs(want["query"] - want["document"]).max() > 1e-3  # the prompts matter
+    narrow = model.encode(texts, prompt_name="query", truncate_dim=16, normalize_embeddings=True)
+    for client in serving(create_app(settings_from_env(tiny_env(prompted))), "asyncio"):
+        for kind in ("query", "document"):
+            r = client.post("/v1/embeddings", json={"input": texts, "input_type": kind})
+            assert r.status_code == 200, r.text
+            got = np.float32([d["embedding"] for d in r.json()["data"]])
+            np.testing.assert_allclose(got, want[kind], atol=1e-5)
+            body = {"texts": texts, "input_type": f"search_{kind}", "embedding_types": ["float"]}
+            r = client.post("/v2/embed", json=body)
+            got = np.float32(r.json()["embeddings"]["float"])
+            np.testing.assert_allclose(got, want[kind], atol=1e-5)
+        r = client.post("/v1/embeddings", json={"input": texts})  # no input_type: no prompt
+        got = np.float32([d["embedding"] for d in r.json()["data"]])
+        np.testing.assert_allclose(got, bare, atol=1e-5)
+        body = {"input": texts, "input_type": "query", "output_dimension": 16}
+        r = client.post("/v1/embeddings", json=body)
+        got = np.float32([d["embedding"] for d in r.json()["data"]])
+        assert got.shape == (len(texts), 16)
+        np.testing.assert_allclose(got, narrow, atol=1e-5)

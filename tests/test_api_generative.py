@@ -12,7 +12,9 @@ from tokenizers import Tokenizer, processors
 
 from api.app import create_app
 from api.settings import settings_from_env
+from bench.encoders import write_encoder
 from engine import load_model
+from tests.conftest import CORPUS, TINY_ENCODER
 from tests.test_api_support import NO, YES, serving, tiny_env
 
 QUERY = "Is Paris the capital of France? Answer Yes or No: "
@@ -149,3 +151,28 @@ def test_the_query_with_and_without_special_tokens(bos_path):
             np.testing.assert_allclose(got[special], want, rtol=1e-5)
             assert r.json()["usage"]["prompt_tokens"] == tokens
         assert np.abs(np.array(got[True]) - got[False]).max() > 1e-4  # the BOS changed them
+
+
+def test_a_prompt_over_the_context_is_refused_not_cut(client):
+    """As docs/http.md says: vLLM cuts a prompt over the model's context; the engine refuses
+    it, naming the item whose sequence is too long."""
+    context = client.get("/v1/models").json()["data"][0]["max_model_len"]
+    long = {"query": [YES] * context, "items": [[NO], [NO, NO]], "label_token_ids": [YES]}
+    r = client.post("/generative_scoring", json=long)
+    assert r.status_code == 400, r.text  # vLLM's status and words for a prompt over it
+    error = r.json()["error"]
+    assert error["param"] == "items[0]" and "exceeds the model context of" in error["message"]
+    fits = long | {"query": [YES] * (context - 2)}
+    assert client.post("/generative_scoring", json=fits).status_code == 200
+
+
+def test_an_embedder_and_a_cross_encoder_refuse_generative_scoring(minilm, tmp_path):
+    fields = dict(TINY_ENCODER, type_vocab_size=2)
+    options = dict(seed=1, corpus=CORPUS, model_max_length=96, vocab=300)
+    cross = write_encoder(tmp_path / "bert", "BertConfig", fields, "bert", **options)
+    body = {"query": QUERY, "items": ITEMS[:2], "label_token_ids": [YES]}
+    for path in (minilm, cross):
+        for client in serving(create_app(settings_from_env(tiny_env(path))), "asyncio"):
+            r = client.post("/generative_scoring", json=body)
+            assert r.status_code == 400, r.text
+            assert "label-token scores" in r.json()["error"]["message"]
