@@ -54,7 +54,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
     app = Starlette(
         routes=routes.ROUTES,
         middleware=middleware,
-        exception_handlers=errors.HANDLERS,
+        exception_handlers=errors.handlers(routes.TEI_PATHS),
         lifespan=lifespan,
     )
     app.state.service = service

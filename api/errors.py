@@ -152,17 +152,17 @@ async def on_api_error(request: Request, error: ApiError) -> Response:
     return error.response()
 
 
-async def on_http_exception(request: Request, error: HTTPException) -> Response:
-    headers = dict(error.headers or {})
-    return ApiError(error.status_code, error.detail, headers=headers).response()
-
-
 async def on_exception(request: Request, error: Exception) -> Response:
     return internal_error(error).response()
 
 
-HANDLERS = {
-    ApiError: on_api_error,
-    HTTPException: on_http_exception,
-    Exception: on_exception,
-}
+def handlers(tei_paths: frozenset[str] = frozenset()) -> dict:
+    """The app's exception handlers; an HTTP error of the router's own (a wrong method) on a
+    path of `tei_paths` is answered in TEI's shape, as that route's other errors are."""
+
+    async def on_http_exception(request: Request, error: HTTPException) -> Response:
+        headers = dict(error.headers or {})
+        answer = ApiError(error.status_code, error.detail, headers=headers)
+        return (TeiError(answer) if request.url.path in tei_paths else answer).response()
+
+    return {ApiError: on_api_error, HTTPException: on_http_exception, Exception: on_exception}

@@ -382,7 +382,7 @@ ENDPOINTS = (
         tokens.TEI_TEXTS,
         tokens.TeiDecodeRequest,
         errors=(400, 401, 413, 422, 503),
-        error_body=EITHER_ERROR,
+        error_body=schemas.TeiErrorResponse,
     ),
     Endpoint(
         "/info",
@@ -453,3 +453,5 @@ ENDPOINTS = (
 ROUTES = [route(e) for e in ENDPOINTS]
 # the routes that serve reranks and nothing else (a cross-encoder's, with `/invocations`)
 RERANK_PATHS = tuple(e.path for e in ENDPOINTS if e.needs == (Ability.RERANK,))
+# the routes that answer in TEI's error shape alone
+TEI_PATHS = frozenset(e.path for e in ENDPOINTS if e.error_body is schemas.TeiErrorResponse)
