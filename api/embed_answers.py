@@ -62,11 +62,11 @@ def inputs(given, field: str) -> list:
     elif given and all(isinstance(t, int) for t in given):
         given = [given]  # one token-id list
     if not given:
-        raise ApiError(400, f"{field}: must not be an empty list", param=field)
+        raise ApiError(400, f"{field}: must not be an empty list", param=field, empty=True)
     empty = next((i for i, t in enumerate(given) if not t), None)
     if empty is not None:
         at = field if len(given) == 1 else f"{field}[{empty}]"
-        raise ApiError(400, f"{at}: must not be empty", param=at)
+        raise ApiError(400, f"{at}: must not be empty", param=at, empty=True)
     return given
 
 

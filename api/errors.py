@@ -49,6 +49,8 @@ class ApiError(Exception):
         param: str | None = None,
         type: str | None = None,
         headers: dict[str, str] | None = None,
+        empty: bool = False,
+        unsupported: bool = False,
     ):
         super().__init__(message)
         self.status = status
@@ -57,6 +59,8 @@ class ApiError(Exception):
         self.type = type or TYPES.get(status, "error")
         self.headers = headers or {}
         self.overloaded = False  # a 503 for too much work, not for a server that is down
+        self.empty = empty  # a 400 for no input at all (TEI's `Empty`)
+        self.unsupported = unsupported  # a 400 for what the model cannot do (TEI's `Backend`)
 
     def response(self) -> Response:
         fields = dict(message=self.message, type=self.type, param=self.param, code=self.status)
@@ -66,15 +70,18 @@ class ApiError(Exception):
 
 class TeiError(ApiError):
     """An error answered as TEI answers it: `{"error", "error_type"}`, with TEI's status for
-    its kind (a bad input is 422 Validation, a full queue 429 Overloaded)."""
+    its kind (a bad input is 422 Validation, no input 400 Empty, a full queue 429 Overloaded, a
+    verb the model does not serve 424 Backend)."""
 
     def __init__(self, error: ApiError):
         other = (error.status, "Validation" if error.status < 500 else "Backend")
         status, kind = TEI_KINDS.get(error.status, other)
         if error.status == 503 and not error.overloaded:
             status, kind = 503, "Unhealthy"
-        if error.type == "empty":
+        if error.empty:
             status, kind = 400, "Empty"
+        if error.unsupported:  # TEI's answer where the model is not of the route's kind
+            status, kind = 424, "Backend"
         super().__init__(status, error.message, param=error.param, headers=error.headers)
         self.kind = kind
 
@@ -128,7 +135,7 @@ def engine_error(
         error = error.renamed(renames or {})
         return ApiError(400, str(error), param=error.field)
     if isinstance(error, Unsupported):  # the served model's limit, as vLLM answers it
-        return ApiError(400, str(error))
+        return ApiError(400, str(error), unsupported=True)
     if isinstance(error, EngineError):
         log.error("engine failure: %s", error)
         return ApiError(500, f"engine failure: {public_message(str(error))}")

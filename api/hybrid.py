@@ -11,7 +11,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from api import embed_answers
+from api import embed_answers, tei
 from api.embeddings import Text, TokenId
 from api.errors import ApiError, TeiError
 from api.schemas import documented
@@ -57,7 +57,7 @@ async def embed_hybrid(service: Service, request: Request) -> Response:
             dense=req.dense,
             sparse=req.sparse,
             multi=req.multi,
-            truncate=bool(req.truncate),
+            truncate=tei.truncates(service, req.truncate),
             truncation_side=req.truncation_direction.lower(),
             prompt_name=req.prompt_name,
             normalize=req.normalize,

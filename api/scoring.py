@@ -6,7 +6,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from api import rerank_answers, schemas, truncation, vllm_score
+from api import rerank_answers, schemas, tei, truncation, vllm_score
 from api.errors import ApiError, TeiError
 from api.service import Service
 from engine import Timings
@@ -108,13 +108,14 @@ async def _rerank(service, request, req: schemas.RerankRequest, shape, version) 
     if not req.query and shape != "tei":  # TEI alone scores documents against no query
         raise ApiError(400, "query: must not be empty", param="query")
     if shape == "tei" and not docs.texts:
-        raise ApiError(400, "`texts` cannot be empty", param="texts", type="empty")
+        raise ApiError(400, "`texts` cannot be empty", param="texts", empty=True)
     if req.instruction is not None and req.instruct is not None:
         raise ApiError(
             400, "instruct: give `instruction` or `instruct`, not both", param="instruct"
         )
     voyage_default = shape == "voyage" and req.truncation is msgspec.UNSET
-    truncate = bool(req.truncate) or req.truncation is True or voyage_default
+    given = tei.truncates(service, req.truncate) if shape == "tei" else bool(req.truncate)
+    truncate = given or req.truncation is True or voyage_default
     limit = truncation.vllm_rerank(req.truncate_prompt_tokens)
     result = await service.call(
         request,

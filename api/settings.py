@@ -35,6 +35,9 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     log_level: str = "INFO"  # the `api` logger's level
     # the answer of /v1/rerank: Cohere's object (Jina's, vLLM's), or SGLang's bare list
     rerank_format: Literal["cohere", "sglang"] = "cohere"
+    # TEI's `--auto-truncate` (its default since 1.9): a TEI request that does not say
+    # `truncate` has its over-long texts cut to the model's limit; false: refused unless it asks
+    tei_auto_truncate: bool = True
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True):

@@ -27,8 +27,8 @@ class TeiInfo(msgspec.Struct, kw_only=True):
     max_input_length: int  # the longest query + document prompt, in tokens
     max_batch_tokens: int  # the token budget of one packed batch
     max_client_batch_size: int  # texts per request
-    # false: an over-long text is an error unless `truncate` is true; a cross-encoder's pairs
-    # are always truncated to its max length
+    # true: a request that does not say `truncate` has its over-long texts cut (the server's
+    # `tei_auto_truncate`); a cross-encoder's pairs are always cut to its max length
     auto_truncate: bool
     tokenization_workers: int
     version: str
@@ -51,14 +51,28 @@ async def info(service: Service, request: Request, version: str) -> Response:
         served_model_name=service.model_name,
         model_type=_model_type(engine),
         max_concurrent_requests=config.max_queued_requests,
-        max_input_length=engine.max_sequence_tokens,
+        max_input_length=max_input_length(engine),
         max_batch_tokens=config.token_budget,
         max_client_batch_size=config.max_items_per_request,
-        auto_truncate=engine.task.reads_pairs,  # pairs are cut as CrossEncoder cuts them
+        # pairs are cut as CrossEncoder cuts them, whatever the setting
+        auto_truncate=service.settings.server.tei_auto_truncate or engine.task.reads_pairs,
         tokenization_workers=1,
         version=version,
     )
     return Response(encode(body), media_type="application/json")
+
+
+def truncates(service: Service, given: bool | None) -> bool:
+    """Whether a TEI request's over-long texts are cut: as its `truncate` says, else as the
+    server's `tei_auto_truncate` (TEI's `--auto-truncate`)."""
+    return service.settings.server.tei_auto_truncate if given is None else given
+
+
+def max_input_length(engine) -> int:
+    """The tokens a text may have, as TEI reads it: an embedder's (or an encoder's) own limit
+    (sentence-transformers' `max_seq_length`, else its positions), within what the engine packs."""
+    limit = engine.model_config.max_length
+    return min(limit, engine.max_sequence_tokens) if limit else engine.max_sequence_tokens
 
 
 def _model_type(engine) -> dict:

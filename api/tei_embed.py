@@ -11,7 +11,7 @@ import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response
 
-from api import embed_answers
+from api import embed_answers, tei
 from api.embeddings import Text, TokenId
 from api.errors import ApiError, TeiError
 from api.schemas import documented
@@ -26,7 +26,7 @@ class TeiEmbedRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     # one text, texts, one token-id list, or token-id lists
     inputs: Text | Annotated[list[Text | TokenId | list[TokenId]], documented(minItems=1)]
-    truncate: bool | None = None  # cut a text over the limit (None, false: refuse it)
+    truncate: bool | None = None  # cut a text over the limit (None: the server's tei_auto_truncate)
     truncation_direction: Direction = "right"  # the end cut
     prompt_name: str | None = None  # a prompt of the model's sentence-transformers directory
     normalize: bool = True  # unit vectors (TEI's default, whatever the model's directory says)
@@ -95,7 +95,7 @@ async def embed(service: Service, request: Request) -> Response:
             request,
             embed_answers.inputs(req.inputs, "inputs"),
             {"input": "inputs"},
-            truncate=bool(req.truncate),
+            truncate=tei.truncates(service, req.truncate),
             truncation_side=req.truncation_direction.lower(),
             prompt_name=req.prompt_name,
             normalize=req.normalize,
@@ -117,7 +117,7 @@ async def embed_all(service: Service, request: Request) -> Response:
             embed_answers.inputs(req.inputs, "inputs"),
             {"input": "inputs"},
             verb="embed_tokens",
-            truncate=bool(req.truncate),
+            truncate=tei.truncates(service, req.truncate),
             truncation_side=req.truncation_direction.lower(),
             prompt_name=req.prompt_name,
         )
@@ -137,7 +137,7 @@ async def embed_sparse(service: Service, request: Request) -> Response:
             embed_answers.inputs(req.inputs, "inputs"),
             {"input": "inputs"},
             verb="embed_sparse",
-            truncate=bool(req.truncate),
+            truncate=tei.truncates(service, req.truncate),
             truncation_side=req.truncation_direction.lower(),
             prompt_name=req.prompt_name,
             max_active_dims=req.max_active_dims,
@@ -165,7 +165,7 @@ async def similarity(service: Service, request: Request) -> Response:
             request,
             embed_answers.inputs(texts, "inputs"),
             {"input": "inputs"},
-            truncate=bool(options.truncate),
+            truncate=tei.truncates(service, options.truncate),
             truncation_side=options.truncation_direction.lower(),
             prompt_name=options.prompt_name,
             normalize=True,

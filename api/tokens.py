@@ -110,7 +110,7 @@ async def _tei_tokenize(service: Service, req: TeiTokenizeRequest) -> Response:
     texts = [req.inputs] if isinstance(req.inputs, str) else req.inputs
     for i, text in enumerate(texts):
         if not text:
-            raise ApiError(400, f"inputs[{i}]: cannot be empty", param=f"inputs[{i}]", type="empty")
+            raise ApiError(400, f"inputs[{i}]: cannot be empty", param=f"inputs[{i}]", empty=True)
     tok: tokenizers.Tokenizer = service.engine().tokenizer
     encodings = await anyio.to_thread.run_sync(
         lambda: tok.encode_batch(texts, add_special_tokens=req.add_special_tokens)
@@ -151,7 +151,7 @@ async def decode(service: Service, request: Request) -> Response:
             raise ApiError(400, "ids: give one id list or a list of id lists", param="ids")
         batch = req.ids if any(lists) else [req.ids]
         if not batch or not all(batch):
-            raise ApiError(400, "ids: cannot be empty", param="ids", type="empty")
+            raise ApiError(400, "ids: cannot be empty", param="ids", empty=True)
         for i, ids in enumerate(batch):
             _check_ids(ids, engine.model_config.vocab_size, f"ids[{i}]")
         tok = engine.tokenizer

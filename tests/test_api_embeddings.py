@@ -112,7 +112,8 @@ def test_an_embedder_refuses_scores_and_a_scorer_refuses_embeddings(client, tiny
         r = scorer.post("/v1/embeddings", json={"input": ["a"]})
         assert r.status_code == 400 and "not an embedder" in r.json()["error"]["message"]
         r = scorer.post("/embed_all", json={"inputs": ["a"]})  # TEI's error body and status
-        assert r.status_code == 422 and "not an embedder" in r.json()["error"], r.text
+        assert r.status_code == 424 and "not an embedder" in r.json()["error"], r.text
+        assert r.json()["error_type"] == "Backend"
         endpoints = scorer.get("/get_model_info").json()["endpoints"]
         assert not {"/v1/embeddings", "/embed_all"} & set(endpoints)
 
@@ -176,15 +177,22 @@ def test_tei_embed(client, minilm, want):
     raw = engine_embeddings(minilm, TEXTS[:1], normalize=False)
     np.testing.assert_array_equal(np.float32(r.json()), raw)
     long = " ".join(CORPUS[:6]) * 8
-    r = client.post("/embed", json={"inputs": ["a", long]})
+    r = client.post("/embed", json={"inputs": ["a", long]})  # TEI's auto-truncate: cut
+    right = engine_embeddings(minilm, ["a", long], truncate=True)
+    np.testing.assert_array_equal(np.float32(r.json()), right)
+    r = client.post("/embed", json={"inputs": ["a", long], "truncate": False})
     assert r.status_code == 422, r.text
     assert r.json()["error_type"] == "Validation" and r.json()["error"].startswith("inputs[1]: ")
+    r = client.post("/embed", json={"inputs": ["a", ""]})
+    assert (r.status_code, r.json()["error_type"]) == (400, "Empty"), r.text
     body = {"inputs": [long], "truncate": True, "truncation_direction": "Left"}
     r = client.post("/embed", json=body)
     left = engine_embeddings(minilm, [long], truncate=True, truncation_side="left")
     np.testing.assert_array_equal(np.float32(r.json()), left)
     r = client.post("/embed", json={"inputs": ["a"], "dimensions": 100})
     assert r.status_code == 422 and r.json()["error"].startswith("dimensions: ")
+    info = client.get("/info").json()  # TEI reads the directory's max_seq_length
+    assert (info["max_input_length"], info["auto_truncate"]) == (256, True)
 
 
 def test_tei_embed_all(client, minilm):
@@ -204,7 +212,7 @@ def test_tei_embed_all(client, minilm):
     (left,) = trio.run(functools.partial(main, truncate=True, truncation_side="left"), [long])
     np.testing.assert_array_equal(np.float32(r.json()[0]), left)
     assert float(r.headers["x-device-time"]) > 0
-    r = client.post("/embed_all", json={"inputs": ["a", long]})
+    r = client.post("/embed_all", json={"inputs": ["a", long], "truncate": False})
     assert r.status_code == 422, r.text
     assert r.json()["error_type"] == "Validation" and r.json()["error"].startswith("inputs[1]: ")
     r = client.post("/embed_all", json={"inputs": ["a"], "normalize": True})

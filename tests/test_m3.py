@@ -243,7 +243,7 @@ def test_every_rerank_route_ranks_by_the_hybrid_score(m3, served):
         ({"inputs": ["a"], "dense": False, "sparse": False, "multi": False}, "dense"),
         ({"inputs": ["a"], "max_active_dims": 0}, "max_active_dims"),
         ({"inputs": ["a"], "colbert": True}, "colbert"),
-        ({"inputs": ["a", "word " * 200]}, "inputs[1]"),
+        ({"inputs": ["a", "word " * 200], "truncate": False}, "inputs[1]"),
     ],
 )
 def test_embed_hybrid_errors_name_the_field(served, body, field):

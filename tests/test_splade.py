@@ -296,11 +296,11 @@ def test_embed_sparse_route_answers_the_engines_vectors(client):
 @pytest.mark.parametrize(
     "body, status, kind, field",
     [
-        ({"inputs": []}, 422, "Validation", "inputs"),
-        ({"inputs": ["fine", ""]}, 422, "Validation", "inputs[1]"),
+        ({"inputs": []}, 400, "Empty", "inputs"),
+        ({"inputs": ["fine", ""]}, 400, "Empty", "inputs[1]"),
         ({"inputs": ["fine"], "max_active_dims": 0}, 422, "Validation", "max_active_dims"),
         ({"inputs": ["fine"], "top_k": 3}, 422, "Validation", "top_k"),
-        ({"inputs": ["fine", "word " * 200]}, 422, "Validation", "inputs[1]"),
+        ({"inputs": ["fine", "word " * 200], "truncate": False}, 422, "Validation", "inputs[1]"),
     ],
 )
 def test_embed_sparse_route_errors_are_teis(client, body, status, kind, field):
@@ -313,4 +313,5 @@ def test_embed_sparse_route_errors_are_teis(client, body, status, kind, field):
 def test_embed_sparse_on_an_embedder_is_refused(minilm):
     for client in serving(create_app(settings_from_env(tiny_env(minilm))), "asyncio"):
         r = client.post("/embed_sparse", json={"inputs": ["a"]})
-        assert r.status_code == 422 and "not a sparse encoder" in r.json()["error"], r.text
+        assert r.status_code == 424 and "not a sparse encoder" in r.json()["error"], r.text
+        assert r.json()["error_type"] == "Backend"  # TEI's for a model without SPLADE pooling
