@@ -17,6 +17,7 @@ from api.errors import ApiError, TeiError
 from api.schemas import documented
 from api.scoring import json_response, timing_headers
 from api.service import Service
+from engine.tasks.pooler import unit
 
 Direction = Literal["right", "left", "Right", "Left"]
 
@@ -87,9 +88,11 @@ embed_sparse_decoder = msgspec.json.Decoder(TeiEmbedSparseRequest)
 
 
 async def embed(service: Service, request: Request) -> Response:
-    """TEI's `/embed`."""
+    """TEI's `/embed`. As TEI, `dimensions` keeps that many components of any model's vectors
+    (then normalised, if asked), Matryoshka-trained or not."""
     try:
         req = await service.decode(request, embed_decoder)
+        cut = _dimensions(service, req.dimensions)
         result = await embed_answers.embed(
             service,
             request,
@@ -98,12 +101,26 @@ async def embed(service: Service, request: Request) -> Response:
             truncate=tei.truncates(service, req.truncate),
             truncation_side=req.truncation_direction.lower(),
             prompt_name=req.prompt_name,
-            normalize=req.normalize,
-            dimensions=req.dimensions,
+            normalize=req.normalize and cut is None,
         )
     except ApiError as e:
         raise TeiError(e) from None
-    return json_response(result.embeddings.tolist(), headers=timing_headers(result.timings))
+    vectors = result.embeddings
+    if cut is not None:
+        vectors = unit(vectors[:, :cut]) if req.normalize else vectors[:, :cut]
+    return json_response(vectors.tolist(), headers=timing_headers(result.timings))
+
+
+def _dimensions(service: Service, dimensions: int | None) -> int | None:
+    """The components `/embed` keeps (None: all); 400 naming `dimensions` past the model's
+    width."""
+    width = getattr(service.engine().task.head, "dimensions", None)
+    if dimensions is None or width is None or dimensions == width:
+        return None
+    if dimensions > width:
+        why = f"dimensions: must be at most {width}, the model's width"
+        raise ApiError(400, why, param="dimensions")
+    return dimensions
 
 
 async def embed_all(service: Service, request: Request) -> Response:

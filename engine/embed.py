@@ -81,25 +81,22 @@ def check_active_dims(keep: int | None) -> int | None:
 
 
 def embed_options(inputs, limit: int, truncate: bool, side: str) -> tuple[list, PairOptions]:
-    """The inputs as a list (all texts, or all token-id sequences), and how they are encoded:
+    """The inputs as a list (texts, token-id sequences, or both), and how they are encoded:
     each alone, refused over `limit` tokens unless `truncate` (then cut at `side`);
     InvalidInput naming the field otherwise."""
     if isinstance(inputs, str) or not isinstance(inputs, Sequence) or not inputs:
         raise InvalidInput("input", "must be a non-empty list of strings or of token-id lists")
-    kind = str if isinstance(inputs[0], str) else list
-    bad = next((i for i, x in enumerate(inputs) if not _is(x, kind)), None)
+    bad = next((i for i, x in enumerate(inputs) if not (isinstance(x, str) or _ids(x))), None)
     if bad is not None:
-        what = "a string" if kind is str else "a non-empty list of token ids, as input[0]"
-        raise InvalidInput(f"input[{bad}]", f"must be {what}")
+        raise InvalidInput(f"input[{bad}]", "must be a string or a non-empty list of token ids")
     if side not in truncation.SIDES:
         raise InvalidInput("truncation_side", f"must be one of {', '.join(truncation.SIDES)}")
-    inputs = list(inputs) if kind is str else [list(x) for x in inputs]
+    inputs = [x if isinstance(x, str) else list(x) for x in inputs]
     return inputs, PairOptions(limit=limit, side=side, truncate=truncate)
 
 
-def _is(x, kind) -> bool:
-    if kind is str:
-        return isinstance(x, str)
+def _ids(x) -> bool:
+    """Whether `x` is a non-empty sequence of token ids."""
     return (
         isinstance(x, Sequence)
         and not isinstance(x, str)
@@ -116,13 +113,14 @@ def prompt_named(task, kind: str | None) -> str | None:
 
 def with_prompt(inputs: list, task, name: str | None, prompt: str | None) -> list:
     """Each text after the prompt `prompt`, or else after the embedder `task`'s prompt `name`
-    (None: its default); InvalidInput naming `prompt_name` for a prompt it does not have, or
-    the field given for token ids (which are embedded as given)."""
-    if inputs and not isinstance(inputs[0], str):
+    (None: its default); token-id inputs as given. InvalidInput naming `prompt_name` for a
+    prompt it does not have, or the field given where there are token ids (which take none)."""
+    if not all(isinstance(x, str) for x in inputs):
         given = "prompt" if prompt is not None else "prompt_name" if name is not None else None
         if given:
             raise InvalidInput(given, "applies to texts; token ids are embedded as given")
-        return inputs
     if prompt is None:
         prompt = task.head.prompt(name)
-    return [prompt + t for t in inputs] if prompt else inputs
+    if not prompt:
+        return inputs
+    return [prompt + x if isinstance(x, str) else x for x in inputs]

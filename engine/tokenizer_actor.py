@@ -167,12 +167,10 @@ class TokenizerState:
         if self.pairs is None:
             raise InvalidInput("query/items", "this model does not score text pairs")
         options = msgspec.structs.replace(r.pairs, limit=min(r.pairs.limit, self.max_len))
-        if r.output.of_texts and all(isinstance(it, list) for it in items):
-            return self.pairs.given(items, options)
+        if r.output.of_texts:
+            return self.pairs.encode_alone(items, options)
         if not (isinstance(r.query, str) and all(isinstance(it, str) for it in items)):
             raise InvalidInput("query/items", "a pair's query and items must be text")
-        if r.output.of_texts:
-            return self.pairs.encode_texts(items, options)
         return self.pairs.encode(r.query, items, options)
 
     def _labels(self, r: ScoreRequest) -> list[int]:

@@ -189,8 +189,16 @@ def test_tei_embed(client, minilm, want):
     r = client.post("/embed", json=body)
     left = engine_embeddings(minilm, [long], truncate=True, truncation_side="left")
     np.testing.assert_array_equal(np.float32(r.json()), left)
-    r = client.post("/embed", json={"inputs": ["a"], "dimensions": 100})
+    # as TEI, any model's first components, normalised: sentence-transformers' truncate_dim
+    r = client.post("/embed", json={"inputs": TEXTS, "dimensions": 100})
+    model = SentenceTransformer(str(minilm), device="cpu")
+    narrow = model.encode(TEXTS, truncate_dim=100, normalize_embeddings=True)
+    np.testing.assert_allclose(np.float32(r.json()), narrow, atol=1e-6)
+    r = client.post("/embed", json={"inputs": ["a"], "dimensions": 385})
     assert r.status_code == 422 and r.json()["error"].startswith("dimensions: ")
+    ids = model.tokenizer(TEXTS[1])["input_ids"]  # TEI's batches mix texts and token ids
+    r = client.post("/embed", json={"inputs": [TEXTS[0], ids]})
+    np.testing.assert_allclose(np.float32(r.json()), want[:2], atol=1e-6)
     info = client.get("/info").json()  # TEI reads the directory's max_seq_length
     assert (info["max_input_length"], info["auto_truncate"]) == (256, True)
 

@@ -161,7 +161,8 @@ def test_over_the_limit_is_refused_unless_truncated(minilm):
         ("one text", {}, "input"),
         (["fine", 3], {}, "input[1]"),
         (["fine"], {"truncation_side": "middle"}, "truncation_side"),
-        (["fine", [1, 2]], {}, "input[1]"),  # texts and ids mixed
+        (["fine", [101, 30522]], {}, "input[1]"),  # mixed: ids outside the vocabulary
+        (["fine", [101, 102]], {"prompt_name": "query"}, "prompt_name"),  # ids take no prompt
         ([[101, 102], []], {}, "input[1]"),
         ([[101, 102], [101, 30522]], {}, "input[1]"),  # outside the vocabulary
         ([[101, 102], [5, -1]], {}, "input[1]"),
@@ -174,6 +175,17 @@ def test_over_the_limit_is_refused_unless_truncated(minilm):
 def test_bad_arguments_name_their_field(minilm, texts, options, field):
     error = embed(minilm, texts, **options)
     assert isinstance(error, InvalidInput) and error.field == field
+
+
+def test_texts_and_token_ids_mix_each_embedded_as_alone(minilm):
+    """A batch may mix texts and token ids (TEI's requests do): each is embedded as it would
+    be in a batch of its own kind, in place."""
+    texts, ids = ["a fine text", "another"], [[101, 2023, 102], [101, 7592, 2088, 102]]
+    mixed = embed(minilm, [texts[0], ids[0], ids[1], texts[1]])
+    apart = embed(minilm, texts).embeddings, embed(minilm, ids).embeddings
+    want = np.stack([apart[0][0], apart[1][0], apart[1][1], apart[0][1]])
+    assert np.abs(mixed.embeddings - want).max() <= 1e-6
+    assert mixed.prompt_tokens == sum(len(i) for i in ids) + embed(minilm, texts).prompt_tokens
 
 
 def test_token_ids_embed_as_their_text(minilm):

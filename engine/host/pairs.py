@@ -111,6 +111,30 @@ class PairEncoder:
         encoded = self._cut(pairs, join(self.whole, range(len(pairs))), options, join)
         return encoded._replace(truncated=encoded.truncated + cut)
 
+    def encode_alone(self, items: Sequence[str | list[int]], options: PairOptions) -> Encoded:
+        """Each item encoded alone: a text as `encode_texts` encodes it, token ids as `given`;
+        errors name the item's own index."""
+        texts = [i for i, x in enumerate(items) if isinstance(x, str)]
+        if len(texts) == len(items):
+            return self.encode_texts(items, options)
+        if not texts:
+            return self.given(items, options)
+        ids = [i for i, x in enumerate(items) if not isinstance(x, str)]
+        parts = []
+        for index, encode in ((texts, self.encode_texts), (ids, self.given)):
+            try:
+                parts.append(encode([items[i] for i in index], options))
+            except InvalidInput as e:
+                raise e.reindexed(index) from None
+        sequences: list = [None] * len(items)
+        visible: list = [None] * len(items)
+        for index, part in zip((texts, ids), parts, strict=True):
+            for j, i in enumerate(index):
+                sequences[i] = part.sequences[j]
+                visible[i] = len(part.sequences[j]) if part.visible is None else part.visible[j]
+        hidden = any(p.visible is not None for p in parts)
+        return Encoded(sequences, sum(p.truncated for p in parts), visible if hidden else None)
+
     def encode_texts(self, texts: Sequence[str], options: PairOptions) -> Encoded:
         """Each text's coded ids, encoded alone and framed as `options` say (its marker counted
         in the limit); as `encode` otherwise."""

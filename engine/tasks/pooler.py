@@ -122,8 +122,7 @@ class Pooler(Head):
         vectors = outputs[:, :dimensions] if dimensions else outputs
         if not (self.config.embedding.normalize if normalize is None else normalize):
             return vectors
-        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-        return vectors / np.maximum(norms, np.float32(1e-12))
+        return unit(vectors)
 
     def check_dimensions(self, dimensions: int) -> None:
         """InvalidInput naming `dimensions` unless the model answers vectors that wide: its
@@ -143,3 +142,9 @@ class Pooler(Head):
         else:
             return
         raise InvalidInput("dimensions", why)
+
+
+def unit(vectors: np.ndarray) -> np.ndarray:
+    """Vectors f32[N, D] divided by their L2 norms (at least 1e-12, as torch's `normalize`)."""
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return vectors / np.maximum(norms, np.float32(1e-12))
