@@ -17,11 +17,12 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from api import embed_answers, truncation
+from api import embed_answers, truncation, vllm_encoding
 from api.errors import ApiError
 from api.schemas import Usage, documented, usage_of
 from api.scoring import json_response, timing_headers
 from api.service import Service
+from api.vllm_encoding import EmbedDType, Endianness
 
 Text = Annotated[str, documented(minLength=1)]
 TokenId = Annotated[int, msgspec.Meta(ge=0)]
@@ -45,7 +46,11 @@ class EmbeddingRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     truncation: bool | None = None  # Voyage's: cut a text over the limit (None: refuse it)
     truncate: bool = False  # the same, as an extension of OpenAI's body
     truncate_prompt_tokens: KeepLast | None = None  # vLLM's
-    normalize: bool | None = None  # vLLM's (None: as the model's directory says)
+    truncation_side: Literal["left", "right"] | None = None  # vLLM's: None keeps the last k
+    use_activation: bool | None = None  # vLLM's: normalise (None: as the model's directory says)
+    normalize: bool | None = None  # older vLLM's `use_activation`
+    embed_dtype: EmbedDType = "float32"  # vLLM's: the type of base64's components
+    endianness: Endianness = "native"  # vLLM's: their byte order
 
 
 class Embedding(msgspec.Struct, kw_only=True):
@@ -76,11 +81,16 @@ async def embeddings(service: Service, request: Request) -> Response:
         _renames(req),
         input_type=req.input_type,
         dimensions=_dimensions(req),
-        normalize=req.normalize,
-        **truncation.vllm_embed(bool(req.truncation or req.truncate), req.truncate_prompt_tokens),
+        normalize=vllm_encoding.activation(req.use_activation, req.normalize),
+        **truncation.vllm_embed(
+            bool(req.truncation or req.truncate), req.truncate_prompt_tokens, req.truncation_side
+        ),
     )
-    vectors = embed_answers.formatted(result.embeddings, req.output_dtype or "float")
-    encode = embed_answers.as_base64 if req.encoding_format == "base64" else embed_answers.as_lists
+    output = req.output_dtype or "float"
+    vectors = embed_answers.formatted(result.embeddings, output)
+    encode = embed_answers.as_lists
+    if req.encoding_format == "base64":
+        encode = vllm_encoding.encoder(req.embed_dtype, req.endianness, output)
     data = [Embedding(index=i, embedding=v) for i, v in enumerate(encode(vectors))]
     body = EmbeddingResponse(
         data=data, model=req.model or service.model_name, usage=usage_of(Usage, result)

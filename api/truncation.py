@@ -45,11 +45,11 @@ PEER_FIELDS = (
     ),
     PeerField(
         "vLLM",
-        "truncate_prompt_tokens: k > 0 (-1: the model's limit)",
+        "truncate_prompt_tokens: k > 0 (-1: the model's limit), truncation_side",
         "/v1/embeddings, /pooling",
         "each text",
-        "last k",
-        "max_tokens=k, truncation_side='left'",
+        "last k (truncation_side 'left', the default); 'right': first k",
+        "max_tokens=k, truncation_side='left' | 'right'",
     ),
     PeerField(
         "TEI",
@@ -93,13 +93,17 @@ def vllm_rerank(truncate_prompt_tokens: int | None) -> dict:
     return {"truncate": k == -1, "max_prompt_tokens": k if k is not None and k > 0 else None}
 
 
-def vllm_embed(truncate: bool, truncate_prompt_tokens: int | None = None) -> dict:
-    """`Engine.embed`'s truncation options: cut at the end when `truncate`, or keep the last
-    k tokens of vLLM's `truncate_prompt_tokens` (-1: the model's limit)."""
+def vllm_embed(
+    truncate: bool, truncate_prompt_tokens: int | None = None, side: str | None = None
+) -> dict:
+    """`Engine.embed`'s truncation options: cut at the end when `truncate`, or keep k tokens
+    of vLLM's `truncate_prompt_tokens` (-1: the model's limit), the last k unless vLLM's
+    `truncation_side` says "right" (the first k)."""
     k = truncate_prompt_tokens
     if k is None or k == -1:
-        return {"truncate": truncate or k == -1}
+        cut = {"truncate": truncate or k == -1}
+        return cut | ({"truncation_side": side} if side and cut["truncate"] else {})
     if k < 1:
         field = "truncate_prompt_tokens"
         raise ApiError(400, f"{field}: must be -1 or positive", param=field)
-    return {"truncate": True, "truncation_side": "left", "max_tokens": k}
+    return {"truncate": True, "truncation_side": side or "left", "max_tokens": k}

@@ -13,12 +13,13 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from api import embed_answers, truncation
+from api import embed_answers, truncation, vllm_encoding
 from api.embeddings import KeepLast, Text, TokenId
 from api.errors import ApiError
 from api.schemas import Usage, documented, usage_of
 from api.scoring import json_response, timing_headers
 from api.service import Service
+from api.vllm_encoding import EmbedDType, Endianness
 from engine.capabilities import Ability
 
 
@@ -30,7 +31,11 @@ class PoolingRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Annotated[int, msgspec.Meta(ge=1)] | None = None
     truncate_prompt_tokens: KeepLast | None = None  # keep the last k tokens
-    normalize: bool | None = None  # None: as the model's directory says
+    truncation_side: Literal["left", "right"] | None = None  # None: keep the last k
+    use_activation: bool | None = None  # normalise (None: as the model's directory says)
+    normalize: bool | None = None  # older vLLM's `use_activation`
+    embed_dtype: EmbedDType = "float32"  # the type of base64's components
+    endianness: Endianness = "native"  # their byte order
     task: Literal["embed", "token_embed"] | None = None  # None: "embed"
     # token_embed: a ColBERT model's query or document encoding (None: a document's)
     embedding_mode: Literal["query", "document"] | None = None
@@ -39,7 +44,7 @@ class PoolingRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 class Pooled(msgspec.Struct, kw_only=True):
     index: int
-    # floats (lists of them per token: token_embed), or base64 of little-endian f32
+    # floats (lists of them per token: token_embed), or base64 of them (`embed_dtype`)
     data: list[float | list[float]] | str
     object: str = "pooling"
 
@@ -68,18 +73,21 @@ async def pooling(service: Service, request: Request) -> Response:
         options["verb"] = "embed_multi" if multi else "embed_tokens"
         options["input_type"] = req.embedding_mode
     else:
-        options = {"dimensions": req.dimensions, "normalize": req.normalize}
+        normalize = vllm_encoding.activation(req.use_activation, req.normalize)
+        options = {"dimensions": req.dimensions, "normalize": normalize}
     result = await embed_answers.embed(
         service,
         request,
         embed_answers.inputs(req.input, "input"),
         {"max_tokens": "truncate_prompt_tokens"},
         **options,
-        **truncation.vllm_embed(False, req.truncate_prompt_tokens),
+        **truncation.vllm_embed(False, req.truncate_prompt_tokens, req.truncation_side),
     )
-    encode = embed_answers.as_base64 if req.encoding_format == "base64" else embed_answers.as_lists
-    if req.task == "token_embed":
-        encode = _token_vectors(req.encoding_format)
+    encode = embed_answers.as_lists
+    if req.encoding_format == "base64":
+        encode = vllm_encoding.encoder(req.embed_dtype, req.endianness, "float")
+    elif req.task == "token_embed":
+        encode = _token_lists
     body = PoolingResponse(
         id=f"pool-{uuid.uuid4().hex}",
         created=int(time.time()),
@@ -90,8 +98,6 @@ async def pooling(service: Service, request: Request) -> Response:
     return json_response(body, headers=timing_headers(result.timings))
 
 
-def _token_vectors(encoding_format: str):
-    """Each input's token vectors f32[n, D] as lists of lists, or base64 of their f32 bytes."""
-    if encoding_format == "base64":
-        return lambda vectors: [embed_answers.as_base64(v.reshape(1, -1))[0] for v in vectors]
-    return lambda vectors: [v.tolist() for v in vectors]
+def _token_lists(vectors) -> list:
+    """Each input's token vectors f32[n, D] as lists of lists."""
+    return [v.tolist() for v in vectors]

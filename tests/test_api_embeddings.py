@@ -8,6 +8,7 @@ import base64
 import functools
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 import trio
@@ -296,6 +297,43 @@ def test_vllm_pooling(client, minilm, want, tokenizer):
     assert r.status_code == 400 and r.json()["error"]["param"] == "task"
     r = client.post("/pooling", json={"input": ["a"], "truncate_prompt_tokens": 0})
     assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens"
+
+
+@pytest.mark.parametrize("route", ["/v1/embeddings", "/pooling"])
+def test_vllm_base64_dtypes_byte_orders_activation_and_truncation_side(client, minilm, route):
+    """vLLM's current fields: each `embed_dtype` in each `endianness` holds the float answer
+    rounded to that type; `use_activation` (the new name of `normalize`); `truncation_side`
+    with `truncate_prompt_tokens`."""
+    field = "input"
+    floats = np.float32(
+        [d[_data(route)] for d in client.post(route, json={field: TEXTS}).json()["data"]]
+    )
+    types = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+    types |= {"fp8_e4m3": ml_dtypes.float8_e4m3fn, "fp8_e5m2": ml_dtypes.float8_e5m2}
+    for name, kind in types.items():
+        for order, mark in (("little", "<"), ("big", ">"), ("native", "=")):
+            body = {field: TEXTS, "encoding_format": "base64", "embed_dtype": name}
+            r = client.post(route, json=body | {"endianness": order})
+            assert r.status_code == 200, r.text
+            raw = [base64.b64decode(d[_data(route)]) for d in r.json()["data"]]
+            size = np.dtype(kind).itemsize
+            got = np.stack([np.frombuffer(b, f"{mark}u{size}") for b in raw])
+            want = floats.astype(kind).view(f"u{size}")
+            np.testing.assert_array_equal(got, want, err_msg=f"{name} {order}")
+    raw = client.post(route, json={field: TEXTS, "use_activation": False}).json()["data"]
+    unnormalised = engine_embeddings(minilm, TEXTS, normalize=False)
+    np.testing.assert_array_equal(np.float32([d[_data(route)] for d in raw]), unnormalised)
+    r = client.post(route, json={field: ["a"], "use_activation": False, "normalize": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "use_activation"
+    long = " ".join(CORPUS[:6]) * 8
+    body = {field: [long], "truncate_prompt_tokens": 12, "truncation_side": "right"}
+    got = client.post(route, json=body).json()["data"][0][_data(route)]
+    first = engine_embeddings(minilm, [long], truncate=True, max_tokens=12)
+    np.testing.assert_array_equal(np.float32(got), first[0])
+
+
+def _data(route: str) -> str:
+    return "embedding" if route == "/v1/embeddings" else "data"
 
 
 @pytest.fixture(scope="module")
