@@ -1,5 +1,6 @@
 """Cohere's `POST /v2/embed`: texts to vectors in each of the number formats asked for
-(`embedding_types`), in Cohere's answer (`embeddings` by type, `meta.billed_units`).
+(`embedding_types`), in Cohere's answer (`embeddings` by type, `meta.billed_units` and
+`meta.tokens`).
 
 `input_type` picks the model's prompt of that kind (`search_query`: its "query" prompt,
 `search_document`: its "document" one, `classification` and `clustering` by name) where it has
@@ -16,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from api import embed_answers
-from api.rerank_answers import ApiVersion
+from api.rerank_answers import ApiVersion, MetaTokens
 from api.schemas import documented
 from api.scoring import json_response, timing_headers
 from api.service import Service
@@ -57,6 +58,7 @@ class EmbedBilledUnits(msgspec.Struct, kw_only=True):
 class EmbedMeta(msgspec.Struct, kw_only=True):
     api_version: ApiVersion
     billed_units: EmbedBilledUnits
+    tokens: MetaTokens  # as vLLM's Cohere route answers (and Cohere's SDK reads) it
 
 
 class CohereEmbedResponse(msgspec.Struct, kw_only=True):
@@ -99,6 +101,7 @@ async def embed(service: Service, request: Request) -> Response:
         meta=EmbedMeta(
             api_version=ApiVersion(version="2"),
             billed_units=EmbedBilledUnits(input_tokens=result.prompt_tokens),
+            tokens=MetaTokens(input_tokens=result.prompt_tokens),
         ),
     )
     return json_response(body, headers=timing_headers(result.timings))

@@ -25,10 +25,11 @@ from api import (
     vllm_score,
 )
 from api.errors import ApiError
+from api.invocations import invocations
 from api.metrics import CONTENT_TYPE
 from api.openapi import ANY_JSON, HTML, NO_BODY, PLAIN_TEXT, Answer, Endpoint, openapi, route
 from api.profiling import start_profile, stop_profile
-from api.scoring import invocations, json_response, rerank, score, vllm_score_route
+from api.scoring import json_response, rerank, score, vllm_score_route
 from api.service import Service
 from api.settings import model_path
 from engine import Engine
@@ -348,12 +349,29 @@ ENDPOINTS = (
         "/invocations",
         "POST",
         invocations,
-        "SageMaker: rerank (TEI's answer for `texts`), or score a body with `label_token_ids`",
-        (COHERE, TEI, schemas.ScoreResponse, vllm_score.VllmScoreResponse),
-        (schemas.RerankRequest, schemas.ScoreRequest, vllm_score.VllmScoreRequest),
+        "SageMaker: each body kind answered as its route answers it (embeddings for `input`, "
+        "TEI's for `inputs`, a score for `label_token_ids`, else a rerank)",
+        (
+            COHERE,
+            TEI,
+            schemas.ScoreResponse,
+            vllm_score.VllmScoreResponse,
+            embeddings.EmbeddingResponse,
+            vllm_pooling.PoolingResponse,
+            tei_embed.TEI_VECTORS,
+            tei_embed.TEI_SPARSE_VECTORS,
+        ),
+        (
+            schemas.RerankRequest,
+            schemas.ScoreRequest,
+            vllm_score.VllmScoreRequest,
+            embeddings.EmbeddingRequest,
+            vllm_pooling.PoolingRequest,
+            tei_embed.TeiEmbedRequest,
+        ),
         errors=TEI_ERRORS,
         error_body=EITHER_ERROR,
-        needs=(Ability.SCORE, Ability.RERANK),
+        needs=(Ability.SCORE, Ability.RERANK, Ability.EMBED, Ability.EMBED_SPARSE),
     ),
     Endpoint(
         "/tokenize",

@@ -1,6 +1,6 @@
-"""The scoring endpoints: SGLang's and vLLM's score, every client's rerank, SageMaker's
-invocations. Each reads its body, calls the engine where it runs, and answers in the shape the
-client that asked parses (`api.rerank_answers`, `api.vllm_score`)."""
+"""The scoring endpoints: SGLang's and vLLM's score, every client's rerank, and SageMaker's
+scoring bodies (`api.invocations`). Each reads its body, calls the engine where it runs, and
+answers in the shape the client that asked parses (`api.rerank_answers`, `api.vllm_score`)."""
 
 import msgspec
 from starlette.requests import Request
@@ -26,7 +26,7 @@ def timing_headers(t: Timings) -> dict[str, str]:
 async def score(service: Service, request: Request) -> Response:
     """SGLang's `/v1/score`, or vLLM's for a body with vLLM's fields (`api.vllm_score`)."""
     body = await service.body(request)
-    if _keys(body) & vllm_score.KEYS:
+    if keys_of(body) & vllm_score.KEYS:
         return await _vllm_score(service, request, body)
     return await _score(service, request, service.parse(body, schemas.score_decoder))
 
@@ -138,11 +138,11 @@ async def _rerank(service, request, req: schemas.RerankRequest, shape, version) 
     return json_response(body, headers=timing_headers(result.timings))
 
 
-async def invocations(service: Service, request: Request) -> Response:
-    """SageMaker's inference path: SGLang's score body (with `label_token_ids`) or vLLM's
-    (`queries`, `text_1`, `data_1`) is scored, any other reranked (`texts` as TEI's `/rerank`)."""
-    body = await service.body(request)
-    keys = _keys(body)
+async def score_or_rerank(service: Service, request: Request, body: bytes) -> Response:
+    """SageMaker's scoring bodies (`api.invocations`): SGLang's score body (with
+    `label_token_ids`) or vLLM's (`queries`, `text_1`, `data_1`) scored, any other reranked
+    (`texts` as TEI's `/rerank`)."""
+    keys = keys_of(body)
     if "label_token_ids" in keys:
         return await _score(service, request, service.parse(body, schemas.score_decoder))
     if keys & vllm_score.KEYS - {"documents"}:
@@ -154,7 +154,7 @@ async def invocations(service: Service, request: Request) -> Response:
 _KEYS = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
 
-def _keys(body: bytes) -> set[str]:
+def keys_of(body: bytes) -> set[str]:
     """The top-level keys of a JSON object body; none for anything else (its decoder will say
     what is wrong)."""
     try:

@@ -253,6 +253,7 @@ def test_cohere_embed(client, minilm, want):
     out = r.json()
     assert (out["response_type"], out["texts"]) == ("embeddings_by_type", TEXTS)
     assert out["meta"]["billed_units"]["input_tokens"] > 2 * len(TEXTS)
+    assert out["meta"]["tokens"]["input_tokens"] == out["meta"]["billed_units"]["input_tokens"]
     by_type = out["embeddings"]
     assert set(by_type) == set(types)
     np.testing.assert_array_equal(np.float32(by_type["float"]), want)
@@ -334,6 +335,27 @@ def test_vllm_base64_dtypes_byte_orders_activation_and_truncation_side(client, m
 
 def _data(route: str) -> str:
     return "embedding" if route == "/v1/embeddings" else "data"
+
+
+def test_invocations_answer_each_embedding_body_as_its_route(client, want):
+    """SageMaker's `/invocations` answers whatever body kind it is sent as the route of that
+    kind does: OpenAI's and vLLM's `input`, vLLM's pooling `task`, TEI's `inputs`."""
+    bodies = [
+        ("/v1/embeddings", {"input": TEXTS}),
+        ("/pooling", {"input": TEXTS, "task": "embed"}),
+        ("/embed", {"inputs": TEXTS}),
+    ]
+    for route, body in bodies:
+        direct, via = client.post(route, json=body), client.post("/invocations", json=body)
+        assert via.status_code == 200, via.text
+        strip = lambda answer: {k: v for k, v in answer.items() if k not in ("id", "created")}
+        got, expected = via.json(), direct.json()
+        assert (strip(got) if isinstance(got, dict) else got) == (
+            strip(expected) if isinstance(expected, dict) else expected
+        )
+    r = client.post("/invocations", json={"inputs": ["a", ""]})  # TEI's errors for TEI's body
+    assert (r.status_code, r.json()["error_type"]) == (400, "Empty")
+    assert "/invocations" in client.get("/get_model_info").json()["endpoints"]
 
 
 @pytest.fixture(scope="module")

@@ -199,6 +199,7 @@ def test_cohere_embed_client(embedder_server, embedded):
     unit = embedded / np.linalg.norm(embedded, axis=1, keepdims=True)
     np.testing.assert_array_equal(np.array(res.embeddings.int8), np.rint(unit * 127))
     assert res.meta.billed_units.input_tokens > len(EMBED_TEXTS)
+    assert res.meta.tokens.input_tokens == res.meta.billed_units.input_tokens
     with pytest.raises(cohere.errors.BadRequestError, match="texts\\[1\\]"):
         client.embed(model="m", texts=["a", "b " * 400], input_type="search_query", truncate="NONE")
 

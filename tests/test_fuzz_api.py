@@ -46,6 +46,9 @@ BEYOND_SCHEMA = re.compile(
     r"needs at least \d+ tokens for this model|^prompt_name: unknown prompt|"
     r"all items are texts or all token ids|applies to texts; token ids are embedded as given|"
     r"give one id list or a list of id lists|"
+    r"^embedding_mode: applies to task token_embed|is its older name; give one of them|"
+    r"vLLM's encoding applies to float vectors|must be at most \d+, the model's width|"
+    r"late-interaction model|"
     r"^Expected `int[^`]*`, got `float`"
 )
 

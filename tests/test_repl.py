@@ -34,6 +34,7 @@ def test_default_labels_are_yes_and_no_where_those_are_single_tokens():
             embedding=embedding,
             splade=None,
             m3=None,
+            colbert=None,
             family="llama",
         )
         task = task_for(config)
