@@ -11,6 +11,8 @@ tokens) cut it instead, and the tokens cut are reported in
 components of a Matryoshka-trained model's vectors (its own width on any model).
 """
 
+import time
+import uuid
 from typing import Annotated, Literal
 
 import msgspec
@@ -64,6 +66,8 @@ class EmbeddingResponse(msgspec.Struct, kw_only=True):
     data: list[Embedding]  # in input order
     model: str
     usage: Usage
+    id: str  # vLLM's: `embd-` and the request's id
+    created: int  # vLLM's: when it was answered, in seconds
     object: str = "list"
 
 
@@ -93,7 +97,11 @@ async def embeddings(service: Service, request: Request) -> Response:
         encode = vllm_encoding.encoder(req.embed_dtype, req.endianness, output)
     data = [Embedding(index=i, embedding=v) for i, v in enumerate(encode(vectors))]
     body = EmbeddingResponse(
-        data=data, model=req.model or service.model_name, usage=usage_of(Usage, result)
+        data=data,
+        model=req.model or service.model_name,
+        usage=usage_of(Usage, result),
+        id=f"embd-{uuid.uuid4().hex}",
+        created=int(time.time()),
     )
     return json_response(body, headers=timing_headers(result.timings))
 

@@ -22,6 +22,8 @@ from api.service import Service
 from api.vllm_encoding import EmbedDType, Endianness
 from engine.capabilities import Ability
 
+TASKS = ("embed", "token_embed")
+
 
 class PoolingRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """vLLM's pooling body for completions-style input."""
@@ -36,7 +38,8 @@ class PoolingRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     normalize: bool | None = None  # older vLLM's `use_activation`
     embed_dtype: EmbedDType = "float32"  # the type of base64's components
     endianness: Endianness = "native"  # their byte order
-    task: Literal["embed", "token_embed"] | None = None  # None: "embed"
+    # "embed" (the default) or "token_embed"; another is vLLM's "Unsupported task" 400
+    task: Annotated[str, documented(enum=list(TASKS))] | None = None
     # token_embed: a ColBERT model's query or document encoding (None: a document's)
     embedding_mode: Literal["query", "document"] | None = None
     user: str | None = None  # accepted
@@ -65,6 +68,10 @@ async def pooling(service: Service, request: Request) -> Response:
     """vLLM's `/pooling`."""
     req = await service.decode(request, decoder)
     options = {}
+    if req.task is not None and req.task not in TASKS:
+        supported = ", ".join(map(repr, TASKS))
+        why = f"Unsupported task: {req.task!r}. Supported tasks: {supported}"
+        raise ApiError(400, why, param="task")
     if req.embedding_mode is not None and req.task != "token_embed":
         why = "applies to task token_embed (multi-vectors)"
         raise ApiError(400, f"embedding_mode: {why}", param="embedding_mode")

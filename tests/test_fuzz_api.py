@@ -48,7 +48,7 @@ BEYOND_SCHEMA = re.compile(
     r"give one id list or a list of id lists|"
     r"^embedding_mode: applies to task token_embed|is its older name; give one of them|"
     r"vLLM's encoding applies to float vectors|must be at most \d+, the model's width|"
-    r"late-interaction model|"
+    r"late-interaction model|^Unsupported task: |"
     r"^Expected `int[^`]*`, got `float`"
 )
 
