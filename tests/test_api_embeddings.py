@@ -69,6 +69,7 @@ def test_the_model_card_names_the_embedding_route(client):
     assert (info["head"], info["architecture"]) == ("embedding", "encoder")
     assert client.get("/info").json()["model_type"] == {"embedding": {"pooling": "mean"}}  # TEI's
     routes = ["/v1/embeddings", "/v2/embed", "/embed", "/embed_all", "/similarity", "/pooling"]
+    routes += ["/invocations"]  # SageMaker's, for each of those bodies
     assert info["endpoints"] == routes
     assert client.get("/v1/models").json()["data"][0]["endpoints"] == routes
     assert set(routes) <= set(client.get("/openapi.json").json()["paths"])
