@@ -60,7 +60,7 @@ async def models(service: Service, request: Request) -> Response:
     card = schemas.ModelCard(
         id=service.model_name,
         created=int(service.started),
-        max_model_len=engine.max_sequence_tokens if engine else None,
+        max_model_len=engine.max_input_tokens if engine else None,  # as vLLM reads it
         **facts,
     )
     return json_response(schemas.ModelList(data=[card]))

@@ -167,7 +167,7 @@ class ModelCard(msgspec.Struct, kw_only=True):
 
     id: str
     created: int  # when the server started, Unix seconds
-    max_model_len: int | None  # the longest query + item sequence accepted, in tokens
+    max_model_len: int | None  # the tokens one input may have (an embedder's max_seq_length)
     family: str | None = None  # "llama", "qwen2", "qwen3"
     dtype: str | None = None  # the weights' dtype: "bfloat16" or "float32"
     vocab_size: int | None = None

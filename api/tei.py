@@ -51,7 +51,7 @@ async def info(service: Service, request: Request, version: str) -> Response:
         served_model_name=service.model_name,
         model_type=_model_type(engine),
         max_concurrent_requests=config.max_queued_requests,
-        max_input_length=max_input_length(engine),
+        max_input_length=engine.max_input_tokens,  # as TEI reads it: max_seq_length
         max_batch_tokens=config.token_budget,
         max_client_batch_size=config.max_items_per_request,
         # pairs are cut as CrossEncoder cuts them, whatever the setting
@@ -66,13 +66,6 @@ def truncates(service: Service, given: bool | None) -> bool:
     """Whether a TEI request's over-long texts are cut: as its `truncate` says, else as the
     server's `tei_auto_truncate` (TEI's `--auto-truncate`)."""
     return service.settings.server.tei_auto_truncate if given is None else given
-
-
-def max_input_length(engine) -> int:
-    """The tokens a text may have, as TEI reads it: an embedder's (or an encoder's) own limit
-    (sentence-transformers' `max_seq_length`, else its positions), within what the engine packs."""
-    limit = engine.model_config.max_length
-    return min(limit, engine.max_sequence_tokens) if limit else engine.max_sequence_tokens
 
 
 def _model_type(engine) -> dict:

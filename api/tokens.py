@@ -29,7 +29,7 @@ class TokenizeRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 class TokenizeResponse(msgspec.Struct, kw_only=True):
     count: int
-    max_model_len: int  # the longest query + item sequence accepted
+    max_model_len: int  # the tokens one input may have (an embedder's max_seq_length)
     tokens: TokenIds
     token_strs: list[str] | None = None
 
@@ -97,7 +97,7 @@ async def _vllm_tokenize(service: Service, req: TokenizeRequest) -> Response:
     return json_response(
         TokenizeResponse(
             count=len(enc.ids),
-            max_model_len=engine.max_sequence_tokens,
+            max_model_len=engine.max_input_tokens,
             tokens=enc.ids,
             token_strs=enc.tokens if req.return_token_strs else None,
         )

@@ -66,6 +66,13 @@ class Engine(EmbeddingVerbs):
         context = program.config.max_position_embeddings
         self.buckets = config.buckets(context, program.config.window)
         self.max_sequence_tokens = self.buckets.max_sequence(context)
+        # the tokens one input may have: an encoder's or embedder's own limit (its
+        # sentence-transformers `max_seq_length`, its tokenizer's `model_max_length`) within
+        # the longest sequence packed; a decoder scorer's is that longest sequence
+        own = program.config.max_length
+        self.max_input_tokens = (
+            min(own, self.max_sequence_tokens) if own else self.max_sequence_tokens
+        )
         family = program.config.family
         self.template = templates.template_for(family, tokenizer, source, config.reranker)
         self.reranker = Reranker(

@@ -203,6 +203,12 @@ def test_tei_embed(client, minilm, want):
     np.testing.assert_allclose(np.float32(r.json()), want[:2], atol=1e-6)
     info = client.get("/info").json()  # TEI reads the directory's max_seq_length
     assert (info["max_input_length"], info["auto_truncate"]) == (256, True)
+    card = client.get("/v1/models").json()["data"][0]  # and so does vLLM
+    assert (
+        card["max_model_len"]
+        == 256
+        == client.post("/tokenize", json={"prompt": "a"}).json()["max_model_len"]
+    )
 
 
 def test_tei_embed_all(client, minilm):
