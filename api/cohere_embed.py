@@ -4,19 +4,21 @@
 
 `input_type` picks the model's prompt of that kind (`search_query`: its "query" prompt,
 `search_document`: its "document" one, `classification` and `clustering` by name) where it has
-one. As Cohere, a text over the model's limit is cut at its end unless `truncate` says "START"
-or "NONE" (an error); `max_tokens` lowers the limit; `output_dimension` keeps the first
-components of a Matryoshka-trained model's vectors.
+one; any other value is vLLM's 400 "Unsupported input_type", listing these four. As Cohere, a
+text over the model's limit is cut at its end unless `truncate` says "START" or "NONE" (an
+error); `max_tokens` lowers the limit; `output_dimension` keeps the first components of a
+Matryoshka-trained model's vectors.
 """
 
 import uuid
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
 from api import embed_answers
+from api.errors import ApiError
 from api.rerank_answers import ApiVersion, MetaTokens
 from api.schemas import documented
 from api.scoring import json_response, timing_headers
@@ -32,7 +34,9 @@ class CohereEmbedRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
     """Cohere's v2 embed body, for texts (`images` and `inputs` are unknown fields here)."""
 
     texts: Annotated[list[Annotated[str, documented(minLength=1)]], documented(minItems=1)]
-    input_type: InputType | None = None  # Cohere requires it; None here: no prompt
+    # one of InputType (checked in `embed`, naming what is served); Cohere requires it, None
+    # here: no prompt
+    input_type: Annotated[str, documented(enum=sorted(get_args(InputType)))] | None = None
     model: str | None = None  # accepted
     embedding_types: list[EmbeddingType] | None = None  # None: ["float"]
     output_dimension: Annotated[int, msgspec.Meta(ge=1)] | None = None
@@ -53,6 +57,7 @@ class EmbeddingsByType(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 class EmbedBilledUnits(msgspec.Struct, kw_only=True):
     input_tokens: int
+    image_tokens: int = 0  # as Cohere and vLLM count them; no image is served
 
 
 class EmbedMeta(msgspec.Struct, kw_only=True):
@@ -75,6 +80,10 @@ decoder = msgspec.json.Decoder(CohereEmbedRequest)
 async def embed(service: Service, request: Request) -> Response:
     """Cohere's `/v2/embed`."""
     req = await service.decode(request, decoder)
+    if req.input_type is not None and req.input_type not in get_args(InputType):
+        served = ", ".join(get_args(InputType))
+        why = f"input_type: Unsupported input_type {req.input_type!r}. Supported values: {served}"
+        raise ApiError(400, why, param="input_type")
     truncate = req.truncate != "NONE"
     result = await embed_answers.embed(
         service,

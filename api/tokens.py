@@ -6,6 +6,7 @@ from typing import Annotated
 
 import anyio
 import msgspec
+import numpy as np
 import tokenizers
 from starlette.requests import Request
 from starlette.responses import Response
@@ -53,7 +54,7 @@ class SimpleToken(msgspec.Struct, kw_only=True):
     id: int
     text: str
     special: bool
-    start: int | None  # character offsets in the input; null for a special token
+    start: int | None  # UTF-8 byte offsets in the input, as TEI's; null for a special token
     stop: int | None
 
 
@@ -119,7 +120,10 @@ async def _tei_tokenize(service: Service, req: TeiTokenizeRequest) -> Response:
 
 
 def _simple_tokens(text: str, enc: tokenizers.Encoding) -> list[SimpleToken]:
-    """TEI's tokens: a special token by its string and no offsets, the others by their span."""
+    """TEI's tokens: a special token by its string and no offsets, the others by their span,
+    its offsets in bytes (TEI's Rust tokenizer counts UTF-8 bytes; `tokenizers`' Python
+    encodings count characters)."""
+    at = None if text.isascii() else _byte_offsets(text)
     out = []
     for token_id, token, special, (start, stop) in zip(
         enc.ids, enc.tokens, enc.special_tokens_mask, enc.offsets, strict=True
@@ -128,8 +132,17 @@ def _simple_tokens(text: str, enc: tokenizers.Encoding) -> list[SimpleToken]:
             out.append(SimpleToken(id=token_id, text=token, special=True, start=None, stop=None))
         else:
             span = text[start:stop]
+            if at is not None:
+                start, stop = int(at[start]), int(at[stop])
             out.append(SimpleToken(id=token_id, text=span, special=False, start=start, stop=stop))
     return out
+
+
+def _byte_offsets(text: str) -> np.ndarray:
+    """i64[len(text) + 1]: the UTF-8 byte offset of each character offset of `text`."""
+    points = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), "<u4")
+    sizes = 1 + (points >= 0x80) + (points >= 0x800) + (points >= 0x10000)
+    return np.concatenate([[0], np.cumsum(sizes)])
 
 
 async def detokenize(service: Service, request: Request) -> Response:
