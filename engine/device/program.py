@@ -180,12 +180,14 @@ class DeviceProgram:
         The batch writes its K/V into the pool at `batch.cache_slots` and reads its context
         region from it. After a failure call `kv.recover`.
         """
-        program = self._program(output or self.output)
-        outputs, self.kv.arrays = program(self.params, batch, self.kv.arrays)
+        output = output or self.output
+        outputs, self.kv.arrays = self._program(output)(self.params, batch, self.kv.arrays)
+        if output is Output.SPARSE:  # its fetch reads the real rows alone
+            return sparse.Pending(outputs, int(batch.row_count))
         return outputs
 
     @staticmethod
-    def fetch(outputs: jax.Array, output: Output) -> np.ndarray | sparse.SparseRows:
+    def fetch(outputs, output: Output) -> np.ndarray | sparse.SparseRows:
         """The outputs of `run` on the host, once computed: f32[S, L] (f32[T, E]), or of a
         sparse output each row's non-zero entries alone (`engine.device.sparse`)."""
         if output is Output.SPARSE:
