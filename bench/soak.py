@@ -1,29 +1,39 @@
-"""Soak: many closed-loop clients post mixed `/v1/score` and `/v1/rerank` requests over HTTP for
-a fixed time; every answer is checked and the serving process's memory and descriptors watched.
+"""Soak: many closed-loop clients post a mix of every scoring and embedding route the served
+model answers over HTTP for a fixed time; every answer is checked against the same request sent
+alone, the serving process's memory and descriptors watched, and device faults injected.
 
     python -m bench soak [--clients 256] [--seconds 60] [--url URL [--pid PID] | --model PATH]
+                         [--fault-every N [--fault-seconds 20]]
 
 Without `--url` it starts `hypercorn api.app:app` on 127.0.0.1 (as `bench w3` does: bucket grid
 compiled at start, tokenizer cache off) on `--model`, the default model unless given. The pool is
-`--pool` distinct bodies: 1-32 items (log-uniform), queries of `--query-tokens` (5-60) and items
-of 3-80 tokens,
-as text or token ids, score (with and without softmax, item_first) and rerank (top_n,
-return_documents). Their expected answers come from an in-process engine with the server's own
-configuration (read from `/get_server_info`), each body scored once. A warm-up phase at full
-concurrency (`--warmup` seconds) precedes the measured one (`--seconds`); clients stop issuing
-at the deadline and requests in flight then are awaited (each up to `--timeout` seconds).
+`--pool` distinct bodies spread over the routes of the model's `/v1/models` card that the soak
+knows (`bench.soak_bodies`): label scores, reranks (OpenAI-style, Cohere, TEI), embeddings
+(OpenAI, Cohere, TEI), token vectors, similarity, sparse vectors, BGE-M3's three outputs; 1-32
+items or texts (log-uniform), queries of `--query-tokens` (5-60) and items of 3-80 tokens (token
+vectors, sparse and hybrid outputs: 1-8 texts of 3-40 tokens). Each body is first
+sent alone, one after another: its answer is the reference. A warm-up phase at full concurrency
+(`--warmup` seconds) precedes the measured one (`--seconds`); clients stop issuing at the
+deadline and requests in flight then are awaited (each up to `--timeout` seconds).
 
-Per phase: sent, answered (200), correct (a 200 whose scores equal the reference within
-`--tolerance` in log space; rerank also in order, top_n and echoed documents), errors by status
-or exception, lost = sent - answered - errors (requests cut off by the hard stop; must be 0).
-The serving process (hypercorn's worker, or `--pid`) is sampled from /proc after the warm-up
-and at the end, each time after the clients' connections have closed and the descriptor count
-has settled: VmRSS, VmHWM and open file descriptors, plus the peak VmRSS sampled every 0.5 s
-during the run.
+Per phase, in all and per route: sent, answered (200), correct (a 200 equal to the reference:
+label scores within `bench.parity.TOLERANCE` in log space, every other number within
+`soak_bodies.ABS_TOLERANCE`, 1e-5 in f32; keys, orders, top_n and echoed texts exactly), errors
+by status or exception, lost = sent - answered - errors (requests cut off by the hard stop; must
+be 0). The serving process (hypercorn's worker, or `--pid`) is sampled from /proc after the
+warm-up and at the end, each time after the clients' connections have closed and the descriptor
+count has settled: VmRSS, VmHWM and open file descriptors, plus the peak VmRSS sampled every
+0.5 s during the run.
+
+`--fault-every N` serves `bench.faulty_app` instead, and after the measured run adds a phase of
+`--fault-seconds` in which every N-th batch fails on the device: the report counts the batches
+that failed, the requests they carried, and what the clients saw (only those requests may fail;
+every other answer must still equal its reference).
 """
 
 import contextlib
 import json
+import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -32,15 +42,14 @@ from typing import NamedTuple
 
 import anyio
 import httpx2
-import msgspec
 import numpy as np
-import trio
 
 from bench import common
-from bench.parity import TOLERANCE, label_ids
+from bench.parity import TOLERANCE
+from bench.soak_bodies import ABS_TOLERANCE, ROUTES, Request, request_pool
 from bench.w3 import Server
-from bench.workloads import text_of_tokens
-from engine import EngineConfig, default_model_path, open_engine
+from engine import default_model_path
+from engine.loaders import load_checkpoint
 
 WARMUP_ROUNDS = 10
 # seconds for /get_server_info while the server may be busy compiling: httpx's default 5 s is
@@ -49,141 +58,27 @@ INFO_TIMEOUT = 60.0
 QUICK = dict(clients=16, seconds=3.0, warmup=1.0, pool=16)
 
 
-class Request(NamedTuple):
-    path: str
-    body: dict
-    payload: bytes
-    items: int
-
-
-def item_count(rng: np.random.Generator) -> int:
-    """1 to 32, log-uniform: many small requests and some large ones."""
-    return min(32, int(np.exp(rng.uniform(0, np.log(33)))))
-
-
-def token_ids(rng: np.random.Generator, vocab: int, low: int, high: int) -> list[int]:
-    return [int(t) for t in rng.integers(0, vocab, int(rng.integers(low, high + 1)))]
-
-
-def text(rng: np.random.Generator, tokenizer, low: int, high: int) -> str:
-    return text_of_tokens(rng, tokenizer, int(rng.integers(low, high + 1)))
-
-
-def score_body(rng: np.random.Generator, tokenizer, vocab: int, labels: list[int], query) -> dict:
-    n = item_count(rng)
-    if rng.random() < 0.3:
-        query = token_ids(rng, vocab, *query)
-        items = [token_ids(rng, vocab, 3, 80) for _ in range(n)]
-    else:
-        query = text(rng, tokenizer, *query)
-        items = [text(rng, tokenizer, 3, 80) for _ in range(n)]
-    return {
-        "query": query,
-        "items": items,
-        "label_token_ids": labels,
-        "apply_softmax": bool(rng.random() < 0.5),
-        "item_first": bool(rng.random() < 0.2),
-    }
-
-
-def rerank_body(rng: np.random.Generator, tokenizer, query) -> dict:
-    n = item_count(rng)
-    body = {
-        "query": text(rng, tokenizer, *query),
-        "documents": [text(rng, tokenizer, 3, 80) for _ in range(n)],
-        "return_documents": bool(rng.random() < 0.5),
-    }
-    if rng.random() < 0.5:
-        body["top_n"] = int(rng.integers(1, n + 1))
-    return body
-
-
-def request_pool(
-    tokenizer, vocab: int, count: int, seed: int, query: tuple[int, int] = (5, 60)
-) -> list[Request]:
-    """`count` distinct requests: three in four scores, one in four reranks; queries of
-    `query` tokens (fewest, most)."""
-    rng = np.random.default_rng(seed)
-    labels = label_ids(tokenizer)
+async def references(url: str, requests: list[Request], timeout: float) -> list:
+    """Each body's answer sent alone (the route's `alone` form), one after another."""
     out = []
-    for i in range(count):
-        if i % 4 == 3:
-            path, body = "/v1/rerank", rerank_body(rng, tokenizer, query)
-        else:
-            path, body = "/v1/score", score_body(rng, tokenizer, vocab, labels, query)
-        n = len(body.get("items") or body["documents"])
-        out.append(Request(path, body, json.dumps(body).encode(), n))
+    async with httpx2.AsyncClient(base_url=url, timeout=timeout) as http:
+        for request in requests:
+            body = ROUTES[request.path].alone(request.body)
+            r = await http.post(request.path, json=body)
+            if r.status_code != 200:
+                raise SystemExit(f"{request.path} alone answered {r.status_code}: {r.text[:500]}")
+            out.append(r.json())
     return out
 
 
-async def _expected(engine, request: Request) -> list:
-    """The reference answer: scores per item (score), relevance per document index (rerank)."""
-    b = request.body
-    if request.path == "/v1/score":
-        result = await engine.score(
-            b["query"],
-            b["items"],
-            b["label_token_ids"],
-            apply_softmax=b["apply_softmax"],
-            item_first=b["item_first"],
-        )
-        return result.scores
-    relevance = [0.0] * request.items
-    for hit in (await engine.rerank(b["query"], b["documents"])).results:
-        relevance[hit.index] = hit.relevance_score
-    return relevance
-
-
-async def references(config: EngineConfig, count: int, seed: int, query: tuple[int, int]):
-    """(requests, expected answers, model config) from an in-process engine of `config`."""
-    async with open_engine(config) as engine:
-        model_config = engine.model_config
-        requests = request_pool(engine.tokenizer, model_config.vocab_size, count, seed, query)
-        expected: list = [None] * count
-
-        async def one(i: int) -> None:
-            expected[i] = await _expected(engine, requests[i])
-
-        async with trio.open_nursery() as nursery:
-            for i in range(count):
-                nursery.start_soon(one, i)
-    return requests, expected, model_config
-
-
-def _log_gap(got, want) -> float:
-    with np.errstate(divide="ignore", invalid="ignore"):
-        gap = np.abs(np.log(np.asarray(got, np.float64)) - np.log(np.asarray(want, np.float64)))
-    return float(np.max(np.nan_to_num(gap, nan=np.inf, posinf=np.inf), initial=0.0))
-
-
-def deviation(request: Request, want: list, answer: dict) -> float:
-    """Largest |log got - log reference| of an answer; inf when its shape or order is wrong."""
-    if request.path == "/v1/score":
-        got = answer["scores"]
-        shape_ok = np.shape(got) == np.shape(want)
-        return _log_gap(got, want) if shape_ok else np.inf
-    results = answer["results"]
-    n, top_n = request.items, request.body.get("top_n") or request.items
-    index = [r["index"] for r in results]
-    got = [r["relevance_score"] for r in results]
-    echo = request.body["return_documents"]
-    documents = [r.get("document") for r in results]
-    if len(set(index)) != min(top_n, n) or got != sorted(got, reverse=True):
-        return np.inf
-    if documents != [{"text": request.body["documents"][i]} if echo else None for i in index]:
-        return np.inf
-    kept = [want[i] for i in index]
-    left_out = [w for i, w in enumerate(want) if i not in set(index)]
-    # a left-out document may beat a kept one only in a near tie
-    overtaken = _log_gap([max(left_out)], [min(kept)]) if left_out else 0.0
-    if not left_out or max(left_out) <= min(kept):
-        overtaken = 0.0
-    return max(_log_gap(got, kept), overtaken)
+def deviation(request: Request, want, answer, dtype: str) -> float:
+    """The answer's gap from the reference, in multiples of its route's tolerance."""
+    return ROUTES[request.path].gap(request.body, want, answer, dtype)
 
 
 @dataclass
-class Tally:
-    """What one phase of load did."""
+class Counts:
+    """What one phase of load did on one route (or all of them)."""
 
     sent: int = 0
     answered: int = 0
@@ -191,17 +86,17 @@ class Tally:
     items: int = 0
     errors: Counter = field(default_factory=Counter)
     latencies: list[float] = field(default_factory=list)
-    max_deviation: float = 0.0
+    max_gap: float = 0.0  # multiples of the route's tolerance
 
-    def record(self, status: int | str, seconds: float, request: Request, gap: float, tol):
+    def record(self, status: int | str, seconds: float, request: Request, gap: float) -> None:
         if status != 200:
             self.errors[str(status)] += 1
             return
         self.answered += 1
         self.items += request.items
         self.latencies.append(seconds)
-        self.max_deviation = max(self.max_deviation, gap)
-        self.correct += gap <= tol
+        self.max_gap = max(self.max_gap, gap)
+        self.correct += gap <= 1.0
 
     def report(self, wall: float) -> dict:
         ms = np.array(self.latencies or [np.nan]) * 1e3
@@ -219,8 +114,28 @@ class Tally:
             "items_per_s": self.items / wall,
             "p50_ms": float(np.percentile(ms, 50)),
             "p99_ms": float(np.percentile(ms, 99)),
-            "max_log_deviation": self.max_deviation,
+            "max_gap": self.max_gap,
         }
+
+
+class Tally:
+    """One phase's counts, in all and by route."""
+
+    def __init__(self):
+        self.all = Counts()
+        self.routes: dict[str, Counts] = {}
+
+    def sent(self, request: Request) -> None:
+        self.all.sent += 1
+        self.routes.setdefault(request.path, Counts()).sent += 1
+
+    def record(self, status: int | str, seconds: float, request: Request, gap: float) -> None:
+        self.all.record(status, seconds, request, gap)
+        self.routes[request.path].record(status, seconds, request, gap)
+
+    def report(self, wall: float) -> dict:
+        by_route = {path: c.report(wall) for path, c in sorted(self.routes.items())}
+        return {**self.all.report(wall), "routes": by_route}
 
 
 async def closed_loop(url: str, requests, expected, args, seconds: float) -> dict:
@@ -228,22 +143,23 @@ async def closed_loop(url: str, requests, expected, args, seconds: float) -> dic
     tally = Tally()
     limits = httpx2.Limits(max_connections=args.clients, max_keepalive_connections=args.clients)
     headers = {"content-type": "application/json"}
+    deadline = time.perf_counter() + seconds
+    turn = iter(range(1 << 62))
     start = time.perf_counter()
-    deadline = start + seconds
 
     async def client(http: httpx2.AsyncClient) -> None:
         while time.perf_counter() < deadline:
-            i = tally.sent % len(requests)
-            tally.sent += 1
+            i = next(turn) % len(requests)
             request, t0 = requests[i], time.perf_counter()
+            tally.sent(request)
             try:
                 r = await http.post(request.path, content=request.payload, headers=headers)
                 status, gap = r.status_code, np.inf
                 if status == 200:
-                    gap = deviation(request, expected[i], r.json())
+                    gap = deviation(request, expected[i], r.json(), args.dtype)
             except httpx2.HTTPError as e:
                 status, gap = type(e).__name__, np.inf
-            tally.record(status, time.perf_counter() - t0, request, gap, args.tolerance)
+            tally.record(status, time.perf_counter() - t0, request, gap)
 
     async with httpx2.AsyncClient(base_url=url, limits=limits, timeout=args.timeout) as http:
         with anyio.move_on_after(seconds + args.timeout + 30):  # hard stop
@@ -323,8 +239,14 @@ async def settled_sample(pid: int, timeout: float = 30.0) -> dict:
     return process_sample(pid)
 
 
-async def soak(url: str, pid: int | None, requests, expected, args) -> dict:
-    """Warm-up, sample, measured run (peak RSS sampled), sample; the phases' reports."""
+async def server_stats(url: str) -> dict:
+    async with httpx2.AsyncClient(base_url=url, timeout=INFO_TIMEOUT) as http:
+        return (await http.get("/get_server_info")).json()["stats"]
+
+
+async def soak(url: str, pid: int | None, requests, expected, args, faults) -> dict:
+    """Warm-up, sample, measured run (peak RSS sampled), sample, then with `faults` a phase
+    of injected device faults; the phases' reports."""
     warmup = await warm_up(url, requests, expected, args)
     before = await settled_sample(pid) if pid else None
     peak = [before["rss_mib"] if before else 0.0]
@@ -335,9 +257,8 @@ async def soak(url: str, pid: int | None, requests, expected, args) -> dict:
         tasks.cancel_scope.cancel()
     await until_idle(url)
     after = await settled_sample(pid) if pid else None
-    async with httpx2.AsyncClient(base_url=url, timeout=INFO_TIMEOUT) as http:
-        stats = (await http.get("/get_server_info")).json()["stats"]
-    return {
+    stats = await server_stats(url)
+    report = {
         "warmup": warmup,
         "run": run,
         "process_after_warmup": before,
@@ -348,25 +269,70 @@ async def soak(url: str, pid: int | None, requests, expected, args) -> dict:
         "server_after": {k: stats[k] for k in ("in_flight", "queue_depth", "failed_batches")},
         "kv_cache": {k: v for k, v in stats.items() if k.startswith(("prefix_cache", "kv_"))},
     }
+    if faults:
+        report["faults"] = await fault_phase(url, requests, expected, args, faults, stats)
+    return report
+
+
+async def fault_phase(url: str, requests, expected, args, faults: "Faults", before: dict):
+    """`args.fault_seconds` of load with every `args.fault_every`-th batch failing: what the
+    clients saw, the batches that failed and the requests they carried."""
+    faults.arm.touch()
+    try:
+        phase = await closed_loop(url, requests, expected, args, args.fault_seconds)
+    finally:
+        faults.arm.unlink()
+    await until_idle(url)
+    stats = await server_stats(url)
+    failed = [json.loads(line) for line in faults.log.read_text().splitlines()]
+    return {
+        **phase,
+        "fault_every": args.fault_every,
+        "failed_batches": stats["failed_batches"] - before["failed_batches"],
+        "injected": len(failed),
+        "requests_in_failed_batches": len({r for f in failed for r in f["requests"]}),
+        "server_after": {k: stats[k] for k in ("in_flight", "queue_depth")},
+    }
+
+
+class Faults(NamedTuple):
+    """Where `bench.faulty_app` is told to fail batches and where it says which it failed."""
+
+    arm: Path
+    log: Path
+
+    @classmethod
+    def make(cls) -> "Faults":
+        root = Path(tempfile.mkdtemp(prefix="soak-faults-"))
+        return cls(root / "armed", root / "failed.jsonl")
+
+    def env(self, every: int) -> dict:
+        return {
+            "SOAK_FAULT_EVERY": str(every),
+            "SOAK_FAULT_ARM": str(self.arm),
+            "SOAK_FAULT_LOG": str(self.log),
+        }
 
 
 @contextlib.contextmanager
-def target(args):
-    """(URL, serving pid or None): `--url` (and `--pid`), or a server of our own on `--model`."""
+def target(args, faults: Faults | None):
+    """(URL, serving pid or None): `--url` (and `--pid`), or a server of our own on `--model`
+    (`bench.faulty_app` with `faults`)."""
     if args.url:
         yield args.url.rstrip("/"), serving_pid(args.pid) if args.pid else None
         return
-    with Server(common.model_path(args), args) as server:  # compiles the grid at start
+    app = ("bench.faulty_app:app", faults.env(args.fault_every)) if faults else ("api.app:app",)
+    with Server(common.model_path(args), args, *app) as server:  # compiles the grid at start
         server.wait_ready(args.startup_timeout)
         yield server.url, serving_pid(server.process.pid)
 
 
-def reference_config(url: str) -> EngineConfig:
-    """The server's engine configuration, for an in-process engine that only scores what asks."""
-    info = httpx2.get(f"{url}/get_server_info", timeout=30).json()
-    config = msgspec.convert(info["engine_config"], EngineConfig)
-    model = config.model or str(default_model_path())
-    return msgspec.structs.replace(config, model=model, precompile=False, progress=False)
+def served(url: str) -> tuple[str, str, list[str]]:
+    """(model path, dtype, the card's endpoints) of the server at `url`."""
+    info = httpx2.get(f"{url}/get_server_info", timeout=INFO_TIMEOUT).json()
+    (card,) = httpx2.get(f"{url}/v1/models", timeout=INFO_TIMEOUT).json()["data"]
+    config = info["engine_config"]
+    return config["model"] or str(default_model_path()), config["dtype"], card["endpoints"]
 
 
 def main(argv=None) -> dict:
@@ -381,7 +347,6 @@ def main(argv=None) -> dict:
     )
     p.add_argument("--pool", type=int, default=128, help="distinct request bodies, cycled")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per request, at most")
-    p.add_argument("--tolerance", type=float, default=None, help="log-space; default by dtype")
     p.add_argument("--url", default=None, help="a running server instead of one of our own")
     p.add_argument("--pid", type=int, default=None, help="with --url: the server's process")
     p.add_argument("--worker", choices=["asyncio", "trio"], default="asyncio")
@@ -390,26 +355,44 @@ def main(argv=None) -> dict:
     p.add_argument(
         "--kv-cache-bytes", type=int, default=None, help="the server's KV pool (default: its own)"
     )
+    p.add_argument(
+        "--fault-every",
+        type=int,
+        default=0,
+        help="after the measured run, a phase failing every N-th batch (0: none; not with --url)",
+    )
+    p.add_argument("--fault-seconds", type=float, default=20.0, help="the fault phase")
     args = common.parse_args(p, argv, QUICK)
-    with target(args) as (url, pid):
-        config = reference_config(url)
-        if args.tolerance is None:
-            args.tolerance = TOLERANCE[config.dtype]
-        requests, expected, model_config = trio.run(
-            references, config, args.pool, args.seed, tuple(args.query_tokens)
+    if args.fault_every and args.url:
+        p.error("--fault-every injects faults into a server of its own: not with --url")
+    faults = Faults.make() if args.fault_every else None
+    with target(args, faults) as (url, pid):
+        model, args.dtype, endpoints = served(url)
+        checkpoint = load_checkpoint(model, progress=False)
+        cfg = checkpoint.config
+        requests = request_pool(
+            checkpoint.tokenizer,
+            cfg.vocab_size,
+            endpoints,
+            args.pool,
+            args.seed,
+            args.dtype,
+            tuple(args.query_tokens),
         )
-        report = anyio.run(soak, url, pid, requests, expected, args)
-    args.dtype = config.dtype
-    path = Path(config.model)
+        del checkpoint
+        expected = anyio.run(references, url, requests, args.timeout)
+        report = anyio.run(soak, url, pid, requests, expected, args, faults)
+    path = Path(model)
     tag = common.model_tag(args, path)
     report = {
         "workload": "soak",
-        **common.environment(args, path, model_config),
+        **common.environment(args, path, cfg),
         "url": args.url,
         "clients": args.clients,
         "seconds": args.seconds,
         "pool": args.pool,
-        "tolerance": args.tolerance,
+        "routes": sorted({r.path for r in requests}),
+        "tolerance": {"scores_log": TOLERANCE[args.dtype], "values": ABS_TOLERANCE[args.dtype]},
         **report,
     }
     json_path, _ = common.output_paths(args, "soak", tag)
@@ -418,12 +401,18 @@ def main(argv=None) -> dict:
     return report
 
 
+def _phase(name: str, phase: dict) -> str:
+    return (
+        f"{name}: sent {phase['sent']} answered {phase['answered']} correct {phase['correct']} "
+        f"lost {phase['lost']} errors {phase['errors']}{_kinds(phase['errors_by_kind'])}"
+    )
+
+
 def summary(report: dict, tag: str) -> str:
     run = report["run"]
     line = (
-        f"soak {tag} {report['dtype']}: {report['clients']} clients, {run['wall_s']:.0f} s: "
-        f"sent {run['sent']} answered {run['answered']} correct {run['correct']} "
-        f"lost {run['lost']} errors {run['errors']}{_kinds(run['errors_by_kind'])}; "
+        f"soak {tag} {report['dtype']}: {report['clients']} clients, {run['wall_s']:.0f} s, "
+        f"{len(report['routes'])} routes: {_phase('run', run)}; "
         f"{run['requests_per_s']:.1f} req/s {run['items_per_s']:.1f} items/s "
         f"P50/P99 {run['p50_ms']:.0f}/{run['p99_ms']:.0f} ms"
     )
@@ -432,6 +421,11 @@ def summary(report: dict, tag: str) -> str:
         line += (
             f"; RSS {before['rss_mib']:.0f} -> {after['rss_mib']:.0f} MiB "
             f"(peak {report['peak_rss_mib']:.0f}), FDs {before['fds']} -> {after['fds']}"
+        )
+    if faults := report.get("faults"):
+        line += (
+            f"; {_phase('faults', faults)}, {faults['failed_batches']} batches failed "
+            f"carrying {faults['requests_in_failed_batches']} requests"
         )
     return line
 

@@ -117,9 +117,10 @@ def cpu_seconds(pid: int) -> float:
 
 
 class Server:
-    """`hypercorn api.app:app` on 127.0.0.1 in a child process; stops on exit."""
+    """`hypercorn api.app:app` (or `app`, with `env_added`) on 127.0.0.1 in a child process;
+    stops on exit."""
 
-    def __init__(self, path: Path, args):
+    def __init__(self, path: Path, args, app: str = "api.app:app", env_added: dict | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = Path(tempfile.mkdtemp(prefix="bench-w3-")) / "hypercorn.log"
@@ -134,7 +135,8 @@ class Server:
         }
         if getattr(args, "kv_cache_bytes", None) is not None:
             env["SCORING_KV_CACHE_BYTES"] = str(args.kv_cache_bytes)
-        command = [sys.executable, "-m", "hypercorn", "api.app:app"]
+        env |= env_added or {}
+        command = [sys.executable, "-m", "hypercorn", app]
         command += ["--bind", f"127.0.0.1:{self.port}", "--backlog", "2048"]
         if args.worker == "trio":
             command += ["-k", "trio"]
