@@ -43,7 +43,7 @@ from tqdm import trange
 
 from bench import common, sides
 from bench.embed_kinds import KINDS, Timed
-from bench.flops import Cost, encoder_flops, shared_prefix_flops
+from bench.flops import Cost, encoder_flops, mlm_head_flops, shared_prefix_flops
 from bench.peak import measure_peaks
 from bench.workloads import text_lengths, text_of_tokens
 from engine import open_engine
@@ -193,11 +193,13 @@ def sequences(engine, texts: list[str], prompt_name: str | None) -> list[list[in
 
 
 def flops(cfg, seqs, shared: bool) -> float:
-    """What the model computes for the sequences: an encoder's each whole; a decoder's without
-    a head, each whole or (`shared`: the engine's) with the prefix they all share (the prompt)
-    once."""
+    """What the model computes for the sequences: an encoder's each whole (a SPLADE model's
+    MLM head over every token too); a decoder's without a head, each whole or (`shared`: the
+    engine's) with the prefix they all share (the prompt) once."""
     if cfg.encoder:
-        return encoder_flops(cfg, [len(s) for s in seqs])
+        lengths = [len(s) for s in seqs]
+        head = mlm_head_flops(cfg, sum(lengths)) if cfg.splade else 0.0
+        return encoder_flops(cfg, lengths) + head
     cost = Cost.of(cfg)._replace(per_row=0)
     return shared_prefix_flops(cost, seqs)[0] if shared else cost.sequences(seqs)
 

@@ -69,6 +69,13 @@ def encoder_flops(cfg: ModelConfig, lengths: Sequence[int]) -> float:
     return float(total)
 
 
+def mlm_head_flops(cfg: ModelConfig, tokens: int) -> float:
+    """FLOPs of a SPLADE model's masked-language-model head over `tokens` tokens: its dense
+    E x E layer and its E x V vocabulary rows, every token (a quarter of BERT-base's work)."""
+    e = cfg.hidden_size
+    return 2.0 * tokens * e * (e + cfg.vocab_size)
+
+
 def window_keys(n: int, half: int) -> int:
     """(token, key) pairs of `n` tokens that each see the keys within `half` on either side."""
     i = np.arange(n)

@@ -284,7 +284,8 @@ async def fault_phase(url: str, requests, expected, args, faults: "Faults", befo
         faults.arm.unlink()
     await until_idle(url)
     stats = await server_stats(url)
-    failed = [json.loads(line) for line in faults.log.read_text().splitlines()]
+    log = faults.log.read_text() if faults.log.exists() else ""  # none failed: none written
+    failed = [json.loads(line) for line in log.splitlines()]
     return {
         **phase,
         "fault_every": args.fault_every,
