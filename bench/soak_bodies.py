@@ -104,9 +104,25 @@ def score_gap(body: dict, want: dict, got: dict, dtype: str) -> float:
     return _log_gap(got["scores"], want["scores"]) / TOLERANCE[dtype] if same else np.inf
 
 
+def _sparse(x) -> dict | None:
+    """A sparse vector's {index: value} (TEI's `[{index, value}]`), else None."""
+    pairs = isinstance(x, list) and x and all(isinstance(e, dict) for e in x)
+    if not pairs or any(e.keys() != {"index", "value"} for e in x):
+        return None
+    return {e["index"]: e["value"] for e in x}
+
+
 def json_gap(got, want) -> float:
     """The largest absolute difference of two answers' numbers; inf where anything else
-    differs (keys, lengths, strings, types), `VOLATILE` fields aside."""
+    differs (keys, lengths, strings, types), `VOLATILE` fields aside. A sparse vector's absent
+    entries are zeros: a weight that rounds to zero in one batch and not in another is a
+    difference of its size, not of shape."""
+    sparse = _sparse(want), _sparse(got)
+    if None not in sparse:
+        return max(
+            (abs(sparse[1].get(i, 0.0) - sparse[0].get(i, 0.0)) for i in set().union(*sparse)),
+            default=0.0,
+        )
     if isinstance(want, dict):
         if not isinstance(got, dict) or got.keys() != want.keys():
             return np.inf

@@ -22,6 +22,13 @@ def test_numbers_differ_within_the_tolerance_and_nothing_else_may():
         assert json_gap(wrong, want) == np.inf
 
 
+def test_a_sparse_vector_missing_a_tiny_weight_differs_by_that_weight():
+    want = [{"index": 3, "value": 0.5}, {"index": 9, "value": 2e-6}]
+    got = [{"index": 3, "value": 0.5 + 1e-6}]
+    assert abs(json_gap(got, want) - 2e-6) < 1e-12
+    assert json_gap([{"index": 4, "value": 0.5}], want) == 0.5
+
+
 def test_label_scores_compare_in_log_space():
     want = {"scores": [[0.5, 1e-6]]}
     assert score_gap({}, want, {"scores": [[0.5, 1.00001e-6]]}, "float32") < 1.0
