@@ -4,8 +4,10 @@ over every scoring and embedding route the served model lists (its `/v1/models` 
 reference answer and the gap between an answer under load and that reference.
 
 A gap is a multiple of the route's tolerance: at most 1 is correct. Label-token scores are
-compared in log space (`bench.parity.TOLERANCE`), every other number absolutely
-(`ABS_TOLERANCE`); strings, keys, lengths and orders must be equal, but for `VOLATILE` fields.
+compared in log space (`bench.parity.TOLERANCE`), every other number by its difference over its
+size where that is above 1 (`ABS_TOLERANCE`: absolute for probabilities, cosines and unit
+vectors, relative for BGE-M3's summed relevance or a SPLADE weight of 10); strings, keys,
+lengths and orders must be equal, but for `VOLATILE` fields.
 A rerank is compared by document index against every document's score sent alone (its
 `top_n` dropped), so that a near tie may order two documents either way.
 """
@@ -18,8 +20,8 @@ import numpy as np
 from bench.parity import TOLERANCE, label_ids
 from bench.workloads import text_of_tokens
 
-# absolute tolerance of every number but label-token scores: f32 as the engine's exactness
-# rule asks (packed equals alone), bf16 at its rounding of values of order one
+# tolerance of every number but label-token scores, of its size where above 1: f32 as the
+# engine's exactness rule asks (packed equals alone), bf16 at its rounding of values of order one
 ABS_TOLERANCE = {"float32": 1e-5, "bfloat16": 5e-2}
 VOLATILE = frozenset({"id", "created"})  # fields that differ between any two answers
 
@@ -104,6 +106,11 @@ def score_gap(body: dict, want: dict, got: dict, dtype: str) -> float:
     return _log_gap(got["scores"], want["scores"]) / TOLERANCE[dtype] if same else np.inf
 
 
+def scaled(got: float, want: float) -> float:
+    """|got - want| over want's size where that is above 1."""
+    return abs(got - want) / max(1.0, abs(want))
+
+
 def _sparse(x) -> dict | None:
     """A sparse vector's {index: value} (TEI's `[{index, value}]`), else None."""
     pairs = isinstance(x, list) and x and all(isinstance(e, dict) for e in x)
@@ -113,14 +120,14 @@ def _sparse(x) -> dict | None:
 
 
 def json_gap(got, want) -> float:
-    """The largest absolute difference of two answers' numbers; inf where anything else
+    """The largest `scaled` difference of two answers' numbers; inf where anything else
     differs (keys, lengths, strings, types), `VOLATILE` fields aside. A sparse vector's absent
     entries are zeros: a weight that rounds to zero in one batch and not in another is a
     difference of its size, not of shape."""
     sparse = _sparse(want), _sparse(got)
     if None not in sparse:
         return max(
-            (abs(sparse[1].get(i, 0.0) - sparse[0].get(i, 0.0)) for i in set().union(*sparse)),
+            (scaled(sparse[1].get(i, 0.0), sparse[0].get(i, 0.0)) for i in set().union(*sparse)),
             default=0.0,
         )
     if isinstance(want, dict):
@@ -135,7 +142,7 @@ def json_gap(got, want) -> float:
     if isinstance(want, number) and not isinstance(want, bool):
         if not isinstance(got, number) or isinstance(got, bool):
             return np.inf
-        return abs(float(got) - float(want))
+        return scaled(float(got), float(want))
     return 0.0 if got == want else np.inf
 
 
@@ -171,10 +178,10 @@ def rerank_gap(body: dict, want, got, dtype: str) -> float:
     if echoed != [documents[i] if echo else None for i in index]:
         return np.inf
     tol = ABS_TOLERANCE[dtype]
-    gap = max(abs(s - reference[i]) for i, s, _ in hits) / tol
+    gap = max(scaled(s, reference[i]) for i, s, _ in hits) / tol
     left_out = [reference[i] for i in reference if i not in set(index)]
     if left_out and max(left_out) > min(scores):  # overtaken: only in a near tie
-        gap = max(gap, (max(left_out) - min(scores)) / tol)
+        gap = max(gap, scaled(min(scores), max(left_out)) / tol)
     return gap
 
 

@@ -29,6 +29,11 @@ def test_a_sparse_vector_missing_a_tiny_weight_differs_by_that_weight():
     assert json_gap([{"index": 4, "value": 0.5}], want) == 0.5
 
 
+def test_numbers_above_one_differ_relatively():
+    assert abs(json_gap([3.0 + 2.4e-5], [3.0]) - 0.8e-5) < 1e-12
+    assert abs(json_gap([0.5 + 2e-6], [0.5]) - 2e-6) < 1e-12
+
+
 def test_label_scores_compare_in_log_space():
     want = {"scores": [[0.5, 1e-6]]}
     assert score_gap({}, want, {"scores": [[0.5, 1.00001e-6]]}, "float32") < 1.0
