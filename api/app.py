@@ -5,6 +5,7 @@ Configured by `SCORING_*` environment variables (see `api.settings`). The engine
 compiles in the background after startup; `/health` answers 503 until it is ready.
 """
 
+import contextlib
 import logging
 import sys
 from collections.abc import AsyncIterator
@@ -25,20 +26,22 @@ log = logging.getLogger("api")
 
 @asynccontextmanager
 async def lifespan(app: Starlette) -> AsyncIterator[None]:
-    """Start the engine host (loading in the background) and stop it on shutdown."""
+    """Start each model's engine host (loading in the background) and stop them on shutdown."""
     service: Service = app.state.service
     _configure_logging(service.settings.server.log_level)
-    async with host_engine(service.settings.engine) as host:
-        service.host = host
+    async with contextlib.AsyncExitStack() as hosts:
+        for model in service.models:
+            service.hosts[model.name] = await hosts.enter_async_context(host_engine(model.engine))
         try:
             yield
         finally:
-            service.host = None
+            service.hosts.clear()
 
 
 def create_app(settings: Settings | None = None) -> Starlette:
     """A new app with its own service state; `settings` default to the environment's."""
     service = Service(settings or settings_from_env())
+    service.needs = {e.path: e.needs for e in routes.ENDPOINTS if e.needs}
     paths = frozenset(route.path for route in routes.ROUTES)
     middleware = [Middleware(CountRequests, metrics=service.metrics, routes=paths)]
     origins = service.settings.server.cors_origins

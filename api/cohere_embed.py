@@ -37,7 +37,7 @@ class CohereEmbedRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
     # one of InputType (checked in `embed`, naming what is served); Cohere requires it, None
     # here: no prompt
     input_type: Annotated[str, documented(enum=sorted(get_args(InputType)))] | None = None
-    model: str | None = None  # accepted
+    model: str | None = None  # which model answers, where several are served
     embedding_types: list[EmbeddingType] | None = None  # None: ["float"]
     output_dimension: Annotated[int, msgspec.Meta(ge=1)] | None = None
     max_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None  # tokens kept of each text
@@ -91,6 +91,7 @@ async def embed(service: Service, request: Request) -> Response:
         embed_answers.inputs(req.texts, "texts"),
         {"input": "texts", "dimensions": "output_dimension"},
         input_type=PROMPT_OF.get(req.input_type, req.input_type),
+        model=req.model,
         dimensions=req.output_dimension,
         max_tokens=req.max_tokens,
         truncate=truncate,

@@ -33,6 +33,7 @@ async def embed(
     renames: dict[str, str],
     input_type: str | None = None,
     verb: str = "embed",
+    model: str | None = None,
     **options,
 ) -> EmbedResult | TokenEmbedResult | SparseEmbedResult:
     """`Engine.embed(inputs, **options)` (or the engine's other embedding `verb`:
@@ -40,7 +41,8 @@ async def embed(
     metrics; engine errors as HTTP answers naming the request's fields (`renames`: the engine's
     name -> the request's). `input_type` ("query", "document", ...) picks the model's prompt of
     that name, where it has one, and multi-vectors' encoding (a ColBERT query's or
-    document's)."""
+    document's). `model`: the request's `model` field, which picks the model that answers
+    (`Service.route`)."""
 
     async def call(engine):
         named = prompt_named(engine.task, input_type)
@@ -49,7 +51,8 @@ async def embed(
             given["input_type"] = input_type
         return await getattr(engine, verb)(inputs, **options, **given)
 
-    result = await service.call(request, call, renames=renames)
+    name = service.route(request, model)
+    result = await service.call(request, call, model=name, renames=renames)
     service.metrics.observe(request.url.path, result.timings, len(inputs))
     return result
 

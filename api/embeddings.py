@@ -78,12 +78,14 @@ async def embeddings(service: Service, request: Request) -> Response:
     """OpenAI's (and Voyage's, and vLLM's) `/v1/embeddings`."""
     req = await service.decode(request, decoder)
     inputs = embed_answers.inputs(req.input, "input")
+    name = service.route(request, req.model)
     result = await embed_answers.embed(
         service,
         request,
         inputs,
         _renames(req),
         input_type=req.input_type,
+        model=name,
         dimensions=_dimensions(req),
         normalize=vllm_encoding.activation(req.use_activation, req.normalize),
         **truncation.vllm_embed(
@@ -98,7 +100,7 @@ async def embeddings(service: Service, request: Request) -> Response:
     data = [Embedding(index=i, embedding=v) for i, v in enumerate(encode(vectors))]
     body = EmbeddingResponse(
         data=data,
-        model=req.model or service.model_name,
+        model=req.model or name,
         usage=usage_of(Usage, result),
         id=f"embd-{uuid.uuid4().hex}",
         created=int(time.time()),

@@ -26,7 +26,7 @@ async def invocations(service: Service, request: Request) -> Response:
         pooling = bool(keys & POOLING_ONLY)
         route = vllm_pooling.pooling if pooling else embeddings.embeddings
     elif "inputs" in keys:
-        sparse = service.engine().capabilities.offers(Ability.EMBED_SPARSE)
+        sparse = service.engine(service.route(request)).capabilities.offers(Ability.EMBED_SPARSE)
         route = tei_embed.embed_sparse if sparse else tei_embed.embed
     else:
         return await score_or_rerank(service, request, body)

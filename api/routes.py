@@ -30,8 +30,8 @@ from api.metrics import CONTENT_TYPE
 from api.openapi import ANY_JSON, HTML, NO_BODY, PLAIN_TEXT, Answer, Endpoint, openapi, route
 from api.profiling import start_profile, stop_profile
 from api.scoring import json_response, rerank, score, vllm_score_route
+from api.served import model_path
 from api.service import Service
-from api.settings import model_path
 from engine import Engine
 from engine.capabilities import Ability
 from engine.plan import capacities
@@ -43,27 +43,37 @@ async def tei_info(service: Service, request: Request) -> Response:
 
 
 async def health(service: Service, request: Request) -> Response:
-    """200 once the engine has loaded and compiled; 503 before (or if it failed)."""
-    host = service.host
-    status = host.status if host else "loading"
-    if status == "ready":
-        return json_response(schemas.HealthResponse(status="ok"))
-    message = host.error if host else None
-    headers = {"Retry-After": str(service.settings.server.retry_after_s)}
-    return json_response(schemas.HealthResponse(status=status, message=message), 503, headers)
+    """200 once every model's engine has loaded and compiled; 503 before (or if one failed),
+    naming the first that is not ready when several are served."""
+    for model in service.models:
+        host = service.hosts.get(model.name)
+        status = host.status if host else "loading"
+        if status != "ready":
+            message = host.error if host else None
+            if len(service.models) > 1:
+                message = f"{model.name}: {message or status}"
+            headers = {"Retry-After": str(service.settings.server.retry_after_s)}
+            body = schemas.HealthResponse(status=status, message=message)
+            return json_response(body, 503, headers)
+    return json_response(schemas.HealthResponse(status="ok"))
 
 
 async def models(service: Service, request: Request) -> Response:
-    """The served model as an OpenAI model list; its facts are null while the engine loads."""
-    engine = service.host.engine if service.host else None
-    facts = _model_facts(engine) if engine else {}
-    card = schemas.ModelCard(
-        id=service.model_name,
-        created=int(service.started),
-        max_model_len=engine.max_input_tokens if engine else None,  # as vLLM reads it
-        **facts,
-    )
-    return json_response(schemas.ModelList(data=[card]))
+    """The served models as an OpenAI model list; a model's facts are null while its engine
+    loads."""
+    cards = []
+    for model in service.models:
+        host = service.hosts.get(model.name)
+        engine = host.engine if host else None
+        facts = _model_facts(engine) if engine else {}
+        card = schemas.ModelCard(
+            id=model.name,
+            created=int(service.started),
+            max_model_len=engine.max_input_tokens if engine else None,  # as vLLM reads it
+            **facts,
+        )
+        cards.append(card)
+    return json_response(schemas.ModelList(data=cards))
 
 
 def _model_facts(engine: Engine) -> dict:
@@ -92,14 +102,16 @@ def scoring_endpoints(engine: Engine) -> list[str]:
 
 
 async def model_info(service: Service, request: Request) -> Response:
-    """sglang's model facts; 503 while the engine loads."""
-    engine = service.engine()
+    """sglang's model facts (of `?model=NAME` where several are served: by default the
+    first); 503 while the engine loads."""
+    name = service.route(request, request.query_params.get("model"))
+    engine = service.engine(name)
     path = model_path(engine.config.model)
     info = schemas.ModelInfo(
         model_path=path,
         tokenizer_path=path,
         is_generation=False,
-        model_name=service.model_name,
+        model_name=name,
         max_sequence_tokens=engine.max_sequence_tokens,
         **_model_facts(engine),
     )
@@ -107,9 +119,12 @@ async def model_info(service: Service, request: Request) -> Response:
 
 
 async def server_info(service: Service, request: Request) -> Response:
-    """Configuration (no secrets), buckets, KV bytes per token and engine counters."""
+    """Configuration (no secrets), buckets, KV bytes per token and engine counters (of
+    `?model=NAME` where several are served: by default the first)."""
     settings = service.settings
-    engine = service.host.engine if service.host else None
+    name = service.route(request, request.query_params.get("model"))
+    host = service.hosts.get(name)
+    engine = host.engine if host else None
     roofline = None
     if engine and request.query_params.get("roofline", "0").lower() in ("1", "true"):
         if not engine.capabilities.offers(Ability.ROOFLINE):
@@ -120,11 +135,11 @@ async def server_info(service: Service, request: Request) -> Response:
     facts = engine.info() if engine else None
     info = schemas.ServerInfo(
         version=_version(),
-        model=service.model_name,
-        status=service.host.status if service.host else "loading",
+        model=name,
+        status=host.status if host else "loading",
         async_library=sniffio.current_async_library(),
         auth=settings.server.api_key is not None,
-        engine_config=settings.engine,
+        engine_config=next(m.engine for m in service.models if m.name == name),
         server_config=msgspec.structs.replace(settings.server, api_key=None),
         buckets=schemas.BucketGrid(**facts.buckets) if facts else None,
         kv_bytes_per_token=facts.kv_bytes_per_token if facts else None,

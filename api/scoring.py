@@ -42,6 +42,7 @@ async def _vllm_score(service: Service, request: Request, body: bytes) -> Respon
     if req.max_tokens_per_query:
         message = "max_tokens_per_query: queries are never cut; cut documents instead"
         raise ApiError(400, message, param="max_tokens_per_query")
+    name = service.route(request, req.model)
     result = await service.call(
         request,
         lambda engine: engine.score_pairs(
@@ -51,15 +52,17 @@ async def _vllm_score(service: Service, request: Request, body: bytes) -> Respon
             raw_scores=vllm_score.raw_scores(req),
             **truncation.vllm_rerank(req.truncate_prompt_tokens),
         ),
+        model=name,
         renames={"documents": pairs.names[1], "max_prompt_tokens": "truncate_prompt_tokens"},
     )
     service.metrics.observe(request.url.path, result.timings, len(pairs.documents))
     scores = [s[0] for s in result.scores]
-    answer = vllm_score.response(scores, result, req.model or service.model_name)
+    answer = vllm_score.response(scores, result, req.model or name)
     return json_response(answer, headers=timing_headers(result.timings))
 
 
 async def _score(service: Service, request: Request, req: schemas.ScoreRequest) -> Response:
+    name = service.route(request, req.model)
     result = await service.call(
         request,
         lambda engine: engine.score(
@@ -69,11 +72,12 @@ async def _score(service: Service, request: Request, req: schemas.ScoreRequest) 
             apply_softmax=req.apply_softmax,
             item_first=req.item_first,
         ),
+        model=name,
     )
     service.metrics.observe("/v1/score", result.timings, len(result.scores))
     body = schemas.ScoreResponse(
         scores=result.scores,
-        model=req.model or service.model_name,  # echoed, as SGLang does
+        model=req.model or name,  # echoed, as SGLang does
         usage=schemas.usage_of(schemas.Usage, result),
     )
     return json_response(body, headers=timing_headers(result.timings))
@@ -117,6 +121,7 @@ async def _rerank(service, request, req: schemas.RerankRequest, shape, version) 
     given = tei.truncates(service, req.truncate) if shape == "tei" else bool(req.truncate)
     truncate = given or req.truncation is True or voyage_default
     limit = truncation.vllm_rerank(req.truncate_prompt_tokens)
+    name = service.route(request, req.model)
     result = await service.call(
         request,
         lambda engine: engine.rerank(
@@ -130,10 +135,11 @@ async def _rerank(service, request, req: schemas.RerankRequest, shape, version) 
             truncation_side=req.truncation_direction.lower(),
             raw_scores=req.raw_scores or req.use_activation is False,
         ),
+        model=name,
         renames={"documents": docs.field, "max_prompt_tokens": "truncate_prompt_tokens"},
     )
     service.metrics.observe(request.url.path, result.timings, len(docs.texts))
-    model = req.model or service.model_name
+    model = req.model or name
     body = rerank_answers.answer(shape, req, docs, result, model=model, version=version)
     return json_response(body, headers=timing_headers(result.timings))
 

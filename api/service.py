@@ -17,8 +17,10 @@ from starlette.requests import ClientDisconnect, Request
 from api.bridge import EngineHost, EngineNotReady
 from api.errors import CLIENT_CLOSED, ApiError, decode_error, engine_error
 from api.metrics import Metrics
+from api.served import ServedModel
 from api.settings import Settings
 from engine import Engine, EngineStats
+from engine.capabilities import Ability
 from engine.plan import kinds_for_this_host, plan_engine
 
 T = TypeVar("T")
@@ -26,20 +28,30 @@ T = TypeVar("T")
 
 @dataclass
 class Service:
-    """The state of one app: created with it, given its engine host by the lifespan."""
+    """The state of one app: created with it, given its engine hosts by the lifespan."""
 
     settings: Settings
     started: float = field(default_factory=time.time)
-    host: EngineHost | None = None
+    hosts: dict[str, EngineHost] = field(default_factory=dict)  # by served name, in order
     profiling: str | None = None  # the trace directory while the profiler runs
+    # what each scoring and embedding route asks of a model (`routes.ENDPOINTS`' `needs`): how a
+    # request without a `model` field finds its model among several
+    needs: dict[str, tuple[Ability, ...]] = field(default_factory=dict)
+    models: tuple[ServedModel, ...] = field(init=False)
     metrics: Metrics = field(init=False)
-    model_name: str = field(init=False)  # resolved once: the default model's name needs a lookup
+    model_name: str = field(init=False)  # the first model's name (the only one's, usually)
     _roofline: dict | None = None
     _roofline_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self):
+        self.models = self.settings.models
         self.metrics = Metrics(self.stats)
-        self.model_name = self.settings.model_name
+        self.model_name = self.models[0].name
+
+    @property
+    def host(self) -> EngineHost | None:
+        """The first model's engine host (None until the lifespan starts it)."""
+        return self.hosts.get(self.model_name)
 
     def stats(self) -> EngineStats | None:
         # read from the server's thread under asyncio: counters and lengths only, safe to race
@@ -54,12 +66,33 @@ class Service:
                 self._roofline = plan_engine(engine, kinds_for_this_host())
             return self._roofline
 
-    def engine(self) -> Engine:
-        """The ready engine, or a 503."""
+    def route(self, request: Request, model: str | None = None) -> str:
+        """The name of the model that answers `request`, whose body's `model` field says
+        `model`: the only model whatever it says; of several, the one it names (404 for a name
+        not served), or without one the first whose ready engine offers what the route does
+        (`needs`), else the first (which refuses, or is loading)."""
+        if len(self.models) == 1:
+            return self.model_name
+        if model is not None:
+            if not any(m.name == model for m in self.models):
+                served = ", ".join(m.name for m in self.models)
+                message = f"model: the model `{model}` does not exist; served here: {served}"
+                raise ApiError(404, message, param="model")
+            return model
+        needs = self.needs.get(request.url.path, ())
+        for m in self.models:
+            host = self.hosts.get(m.name)
+            if host and host.engine and any(map(host.engine.capabilities.offers, needs)):
+                return m.name
+        return self.model_name
+
+    def engine(self, name: str | None = None) -> Engine:
+        """The ready engine of model `name` (None: the first), or a 503."""
+        host = self.hosts.get(name or self.model_name)
         try:
-            if self.host is None:
+            if host is None:
                 raise EngineNotReady("the engine is loading")
-            return self.host.ready_engine()
+            return host.ready_engine()
         except EngineNotReady as e:
             raise self._unavailable(e) from None
 
@@ -102,15 +135,18 @@ class Service:
         request: Request,
         fn: Callable[[Engine], Awaitable[T]],
         *,
+        model: str | None = None,
         renames: dict[str, str] | None = None,
     ) -> T:
-        """`await fn(engine)` where the engine runs; cancelled (499) when the client leaves.
+        """`await fn(engine)` where the engine of model `model` (a `route`'s answer; None: the
+        first) runs; cancelled (499) when the client leaves.
 
         Engine exceptions become their HTTP answers (400, 503 with Retry-After, 500).
         """
-        self.engine()  # 503 before any work while the engine is not ready
+        self.engine(model)  # 503 before any work while the engine is not ready
+        host = self.hosts[model or self.model_name]
         try:
-            return await until_disconnected(request, lambda: self.host.call(fn))
+            return await until_disconnected(request, lambda: host.call(fn))
         except EngineNotReady as e:
             raise self._unavailable(e) from None
         except ApiError:

@@ -15,7 +15,8 @@ from typing import Literal
 import msgspec
 import msgspec.inspect as mi
 
-from engine import CheckpointError, EngineConfig, default_model_path
+from api.served import ServedModel, served_models
+from engine import EngineConfig
 
 PREFIX = "SCORING_"
 log = logging.getLogger("api")
@@ -25,6 +26,9 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     """What the HTTP layer adds to the engine's configuration."""
 
     model_name: str | None = None  # served name (`model` fields, /v1/models); None: the file's stem
+    # a TOML or JSON file listing several models to serve, each its own engine, with its served
+    # name and any engine field (docs/serving-several-models.md); None: the one model above
+    models: str | None = None
     # when set, every route but /health and /ping needs `Authorization: Bearer <api_key>`
     api_key: str | None = None
     max_body_bytes: int = 16 * 2**20  # a larger request body is answered 413
@@ -47,9 +51,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     server: ServerConfig = msgspec.field(default_factory=ServerConfig)
 
     @property
+    def models(self) -> tuple[ServedModel, ...]:
+        """The models served (`api.served`): the engine configured here, or `server.models`'."""
+        return served_models(self.server.models, self.engine, self.server.model_name)
+
+    @property
     def model_name(self) -> str:
-        """The name clients see in `model` fields and `/v1/models`."""
-        return self.server.model_name or _model_name(self.engine.model)
+        """The name of the (first) model served."""
+        return self.models[0].name
 
 
 def settings_from_env(environ: Mapping[str, str] | None = None) -> Settings:
@@ -88,20 +97,3 @@ def _parse(kind, value: str):
     if any(isinstance(k, mi.VarTupleType | mi.TupleType | mi.ListType) for k in kinds):
         return [v.strip() for v in value.split(",") if v.strip()]
     return value
-
-
-def model_path(model: str | None) -> str | None:
-    """The checkpoint `model` names; None is the default model (None if it is not installed)."""
-    if model is not None:
-        return model
-    try:
-        return str(default_model_path())
-    except CheckpointError:
-        return None
-
-
-def _model_name(model: str | None) -> str:
-    path = model_path(model)
-    if path is None:
-        return "default"
-    return Path(path).stem if path.endswith(".gguf") else Path(path).name

@@ -7,8 +7,8 @@ from starlette.responses import Response
 
 from api.errors import ApiError, TeiError
 from api.schemas import encode
+from api.served import model_path
 from api.service import Service
-from api.settings import model_path
 
 RERANKER = {"reranker": {"id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}}
 POOLING = {"last": "last_token"}  # TEI's names for the pooling modes it names differently

@@ -92,7 +92,7 @@ async def embed(service: Service, request: Request) -> Response:
     (then normalised, if asked), Matryoshka-trained or not."""
     try:
         req = await service.decode(request, embed_decoder)
-        cut = _dimensions(service, req.dimensions)
+        cut = _dimensions(service.engine(service.route(request)), req.dimensions)
         result = await embed_answers.embed(
             service,
             request,
@@ -111,10 +111,10 @@ async def embed(service: Service, request: Request) -> Response:
     return json_response(vectors.tolist(), headers=timing_headers(result.timings))
 
 
-def _dimensions(service: Service, dimensions: int | None) -> int | None:
-    """The components `/embed` keeps (None: all); 400 naming `dimensions` past the model's
-    width."""
-    width = getattr(service.engine().task.head, "dimensions", None)
+def _dimensions(engine, dimensions: int | None) -> int | None:
+    """The components `/embed` keeps (None: all); 400 naming `dimensions` past the width of
+    `engine`'s model."""
+    width = getattr(engine.task.head, "dimensions", None)
     if dimensions is None or width is None or dimensions == width:
         return None
     if dimensions > width:

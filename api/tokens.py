@@ -83,14 +83,15 @@ async def tokenize(service: Service, request: Request) -> Response:
     tei = "inputs" in keys
     if tei:
         try:
-            return await _tei_tokenize(service, service.parse(body, _tei))
+            req = service.parse(body, _tei)
+            return await _tei_tokenize(service.engine(service.route(request)), req)
         except ApiError as e:
             raise TeiError(e) from None
-    return await _vllm_tokenize(service, service.parse(body, _vllm))
+    req = service.parse(body, _vllm)
+    return await _vllm_tokenize(service.engine(service.route(request, req.model)), req)
 
 
-async def _vllm_tokenize(service: Service, req: TokenizeRequest) -> Response:
-    engine = service.engine()
+async def _vllm_tokenize(engine, req: TokenizeRequest) -> Response:
     tok: tokenizers.Tokenizer = engine.tokenizer
     enc = await anyio.to_thread.run_sync(
         lambda: tok.encode(req.prompt, add_special_tokens=req.add_special_tokens)
@@ -105,14 +106,14 @@ async def _vllm_tokenize(service: Service, req: TokenizeRequest) -> Response:
     )
 
 
-async def _tei_tokenize(service: Service, req: TeiTokenizeRequest) -> Response:
+async def _tei_tokenize(engine, req: TeiTokenizeRequest) -> Response:
     if req.prompt_name is not None:
         raise ApiError(400, "prompt_name: this model has no prompts", param="prompt_name")
     texts = [req.inputs] if isinstance(req.inputs, str) else req.inputs
     for i, text in enumerate(texts):
         if not text:
             raise ApiError(400, f"inputs[{i}]: cannot be empty", param=f"inputs[{i}]", empty=True)
-    tok: tokenizers.Tokenizer = service.engine().tokenizer
+    tok: tokenizers.Tokenizer = engine.tokenizer
     encodings = await anyio.to_thread.run_sync(
         lambda: tok.encode_batch(texts, add_special_tokens=req.add_special_tokens)
     )
@@ -148,7 +149,7 @@ def _byte_offsets(text: str) -> np.ndarray:
 async def detokenize(service: Service, request: Request) -> Response:
     """vLLM's `/detokenize`: the text of token ids."""
     req = service.parse(await service.body(request), _detokenize)
-    engine = service.engine()
+    engine = service.engine(service.route(request, req.model))
     _check_ids(req.tokens, engine.model_config.vocab_size, "tokens")
     text = engine.tokenizer.decode(req.tokens, skip_special_tokens=False)
     return json_response(DetokenizeResponse(prompt=text))
@@ -158,7 +159,7 @@ async def decode(service: Service, request: Request) -> Response:
     """TEI's `/decode`: the text of each id list."""
     try:
         req = service.parse(await service.body(request), _decode)
-        engine = service.engine()
+        engine = service.engine(service.route(request))
         lists = [isinstance(i, list) for i in req.ids]
         if any(lists) and not all(lists):
             raise ApiError(400, "ids: give one id list or a list of id lists", param="ids")

@@ -72,7 +72,9 @@ async def generative_scoring(service: Service, request: Request) -> Response:
     """vLLM's `/generative_scoring`."""
     req = await service.decode(request, decoder)
     _check(req)
-    query, items = await anyio.to_thread.run_sync(_token_ids, service.engine().tokenizer, req)
+    name = service.route(request, req.model)
+    tokenizer = service.engine(name).tokenizer
+    query, items = await anyio.to_thread.run_sync(_token_ids, tokenizer, req)
     result = await service.call(
         request,
         lambda engine: engine.score(
@@ -82,13 +84,14 @@ async def generative_scoring(service: Service, request: Request) -> Response:
             apply_softmax=req.apply_softmax,
             item_first=req.item_first,
         ),
+        model=name,
     )
     service.metrics.observe(request.url.path, result.timings, len(items))
     generated = len(items)
     body = GenerativeScoringResponse(
         id=f"generative-scoring-{req.request_id or uuid.uuid4().hex}",
         created=int(time.time()),
-        model=req.model or service.model_name,
+        model=req.model or name,
         data=[GenerativeScore(index=i, score=s[0]) for i, s in enumerate(result.scores)],
         usage=GenerativeUsage(
             prompt_tokens=result.prompt_tokens,

@@ -75,8 +75,9 @@ async def pooling(service: Service, request: Request) -> Response:
     if req.embedding_mode is not None and req.task != "token_embed":
         why = "applies to task token_embed (multi-vectors)"
         raise ApiError(400, f"embedding_mode: {why}", param="embedding_mode")
+    name = service.route(request, req.model)
     if req.task == "token_embed":
-        multi = service.engine().capabilities.offers(Ability.EMBED_MULTI)
+        multi = service.engine(name).capabilities.offers(Ability.EMBED_MULTI)
         options["verb"] = "embed_multi" if multi else "embed_tokens"
         options["input_type"] = req.embedding_mode
     else:
@@ -87,6 +88,7 @@ async def pooling(service: Service, request: Request) -> Response:
         request,
         embed_answers.inputs(req.input, "input"),
         {"max_tokens": "truncate_prompt_tokens"},
+        model=name,
         **options,
         **truncation.vllm_embed(False, req.truncate_prompt_tokens, req.truncation_side),
     )
@@ -98,7 +100,7 @@ async def pooling(service: Service, request: Request) -> Response:
     body = PoolingResponse(
         id=f"pool-{uuid.uuid4().hex}",
         created=int(time.time()),
-        model=req.model or service.model_name,
+        model=req.model or name,
         data=[Pooled(index=i, data=v) for i, v in enumerate(encode(result.embeddings))],
         usage=usage_of(Usage, result),
     )

@@ -44,11 +44,11 @@ class EngineReplica:
         self.service: Service = self.app.state.service
         self.runner = InProcessApp(self.app)
         await self.runner.start()
-        host = self.service.host
-        await asyncio.to_thread(host.settled.wait)
-        if host.status != "ready":
-            await self.runner.stop()
-            raise RuntimeError(f"the engine did not start: {host.error}")
+        for name, host in self.service.hosts.items():
+            await asyncio.to_thread(host.settled.wait)
+            if host.status != "ready":
+                await self.runner.stop()
+                raise RuntimeError(f"the engine of {name} did not start: {host.error}")
         self.prefixes = RecentPrefixes(summary_size or self._pool_blocks())
         self.name = serve.get_replica_context().replica_id.unique_id.encode()
 

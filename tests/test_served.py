@@ -1,0 +1,134 @@
+"""Several models behind one server (`api.served`, `Service.route`): the models file read and
+refused naming the field; requests routed by their `model` field, or without one to the first
+model that offers what the route does; every model listed, health ready when all are; answers
+equal to each model's own."""
+
+import json
+
+import numpy as np
+import pytest
+
+from api.app import create_app
+from api.served import ModelsFileError, served_models
+from api.settings import settings_from_env
+from engine import EngineConfig, load_model
+from tests.test_api_support import BASE_ENV, serving
+from tests.test_embed import tiny_embedder
+
+TEXTS = ["a kitten sleeps on the mat", "stocks fell sharply"]
+
+
+def write(path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+def test_a_models_file_names_each_model_and_its_engine_fields(tmp_path):
+    base = EngineConfig(dtype="float32", token_budget=512)
+    toml = write(
+        tmp_path / "models.toml",
+        '[[models]]\nname = "scorer"\nmodel = "/m/a.gguf"\n\n'
+        '[[models]]\nmodel = "/m/embedder"\ntoken_budget = 1024\n',
+    )
+    scorer, embedder = served_models(toml, base, "ignored")
+    assert (scorer.name, scorer.engine.model, scorer.engine.token_budget) == (
+        "scorer",
+        "/m/a.gguf",
+        512,
+    )
+    assert (embedder.name, embedder.engine.token_budget, embedder.engine.dtype) == (
+        "embedder",
+        1024,
+        "float32",
+    )
+    as_json = write(tmp_path / "models.json", json.dumps({"models": [{"model": "/m/b.gguf"}]}))
+    assert [m.name for m in served_models(as_json, base, None)] == ["b"]
+    (one,) = served_models(None, base, "served-name")
+    assert one.name == "served-name" and one.engine == base
+
+
+@pytest.mark.parametrize(
+    "text,why",
+    [
+        ('[[models]]\nmodel = "/a"\n[[models]]\nmodel = "/b"\ntoken_budgit = 1\n', "models[1]"),
+        ('[[models]]\nmodel = "/a"\ndtype = 3\n', "models[0].dtype"),
+        ('[[models]]\nname = "x"\n[[models]]\nname = "x"\n', "served twice: x"),
+        ("models = []\n", "a non-empty list"),
+        ("[[models]\n", "models.toml"),
+    ],
+)
+def test_a_wrong_models_file_is_refused_naming_the_field(tmp_path, text, why):
+    path = write(tmp_path / "models.toml", text)
+    with pytest.raises(ModelsFileError, match=r".*" + why.replace("[", r"\[").replace("]", r"\]")):
+        served_models(path, EngineConfig(), None)
+
+
+@pytest.fixture(scope="module")
+def paths(tiny_checkpoints, tmp_path_factory):
+    root = tmp_path_factory.mktemp("served")
+    return {
+        "scorer": tiny_checkpoints["llama-untied"],
+        "embedder": tiny_embedder(root, "bert-mean"),
+    }
+
+
+@pytest.fixture(scope="module")
+def client(paths, tmp_path_factory):
+    models = tmp_path_factory.mktemp("served-file") / "models.toml"
+    models.write_text(
+        f'[[models]]\nname = "scorer"\nmodel = "{paths["scorer"]}"\n\n'
+        f'[[models]]\nname = "embedder"\nmodel = "{paths["embedder"]}"\n'
+    )
+    env = {**BASE_ENV, "SCORING_MODELS": str(models)}
+    yield from serving(create_app(settings_from_env(env)), "asyncio")
+
+
+def test_every_model_is_listed_with_what_it_serves(client):
+    cards = client.get("/v1/models").json()["data"]
+    assert [c["id"] for c in cards] == ["scorer", "embedder"]
+    scorer, embedder = (set(c["endpoints"]) for c in cards)
+    assert "/v1/score" in scorer and "/v1/embeddings" not in scorer
+    assert "/v1/embeddings" in embedder and "/v1/score" not in embedder
+    assert client.get("/health").json()["status"] == "ok"
+    info = client.get("/get_server_info", params={"model": "embedder"}).json()
+    assert info["model"] == "embedder" and info["engine_config"]["model"].endswith("bert-mean")
+
+
+def test_requests_go_to_the_model_that_offers_their_route(client, paths):
+    with load_model(str(paths["embedder"]), dtype="float32") as embedder:
+        want = embedder.embed(TEXTS)
+    for body in ({"input": TEXTS}, {"input": TEXTS, "model": "embedder"}):
+        r = client.post("/v1/embeddings", json=body)
+        assert r.status_code == 200, r.text
+        assert r.json()["model"] == "embedder"
+        got = np.array([d["embedding"] for d in r.json()["data"]])
+        np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
+    tei = np.array(client.post("/embed", json={"inputs": TEXTS, "normalize": False}).json())
+    np.testing.assert_allclose(tei, want, atol=1e-6, rtol=0)
+
+    with load_model(str(paths["scorer"]), dtype="float32") as scorer:
+        want = scorer.score("Is it a cat?", TEXTS, [5, 7])
+    r = client.post(
+        "/v1/score", json={"query": "Is it a cat?", "items": TEXTS, "label_token_ids": [5, 7]}
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["model"] == "scorer"
+    np.testing.assert_allclose(r.json()["scores"], want, atol=1e-6, rtol=0)
+
+
+def test_a_model_named_is_the_one_that_answers(client):
+    r = client.post("/v1/rerank", json={"model": "embedder", "query": "cats", "documents": TEXTS})
+    assert r.status_code == 400  # the embedder's own refusal
+    assert r.json()["error"]["message"].endswith(
+        "is an embedder (bert embedder, mean pooling): it does not rerank"
+    )
+    r = client.post("/v1/rerank", json={"model": "scorer", "query": "cats", "documents": TEXTS})
+    assert r.status_code == 200 and r.json()["model"] == "scorer"
+
+
+def test_an_unknown_model_is_a_404_naming_the_served_ones(client):
+    r = client.post("/v1/embeddings", json={"input": TEXTS, "model": "gpt-4"})
+    assert r.status_code == 404
+    error = r.json()["error"]
+    assert error["param"] == "model" and error["type"] == "NotFoundError"
+    assert "`gpt-4` does not exist" in error["message"] and "scorer, embedder" in error["message"]
