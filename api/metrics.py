@@ -1,6 +1,7 @@
 """Prometheus metrics: request counts by status, per-stage latency histograms, and the engine's
 counters (queue depth, real vs padded batch tokens, prefix tokens saved, compiles) read at
-scrape time. Each app owns its registry, so several apps can live in one process.
+scrape time, each labelled with its `model` where the server serves several. Each app owns its
+registry, so several apps can live in one process.
 """
 
 from collections.abc import Callable, Iterator
@@ -19,7 +20,7 @@ BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 1
 class Metrics:
     """The service's metrics; `render()` is the `/metrics` body."""
 
-    def __init__(self, stats: Callable[[], EngineStats | None]):
+    def __init__(self, stats: Callable[[], list[tuple[str, EngineStats]]]):
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "scoring_http_requests",
@@ -56,58 +57,65 @@ class Metrics:
 
 
 class _EngineCollector(Collector):
-    """The engine's own counters, read when Prometheus scrapes (nothing while it loads)."""
+    """The engines' own counters, read when Prometheus scrapes (nothing while they load): one
+    engine's as they are, several engines' each with its `model` label."""
 
-    def __init__(self, stats: Callable[[], EngineStats | None]):
-        self.stats = stats
+    def __init__(self, stats: Callable[[], list[tuple[str, EngineStats]]]):
+        self.stats = stats  # (served name, stats) of each ready engine, in order
 
     def describe(self) -> list[Metric]:
-        return []  # dynamic: the engine may not exist yet
+        return []  # dynamic: the engines may not exist yet
 
     def collect(self) -> Iterator[Metric]:
-        s = self.stats()
-        if s is None:
+        engines = self.stats()
+        if len(engines) == 1:
+            yield from _engine_metrics(engines[0][1])
             return
-        yield _gauge("scoring_queue_depth", "Requests waiting to be batched", s.queue_depth)
-        yield _gauge("scoring_queued_tokens", "Tokens of the requests waiting", s.queued_tokens)
-        yield _gauge("scoring_requests_in_flight", "Requests inside the engine", s.in_flight)
-        yield _counter("scoring_batches", "Batches run on the device", s.batches)
-        runners = CounterMetricFamily(
-            "scoring_runner_batches", "Batches run by each device runner", labels=["runner"]
-        )
-        for i, n in enumerate(s.runner_batches):
-            runners.add_metric([str(i)], n)
-        yield runners
-        yield _counter(
-            "scoring_failed_batches", "Batches whose device step failed", s.failed_batches
-        )
-        tokens = CounterMetricFamily(
-            "scoring_batch_tokens", "Batch tokens, real or padding", labels=["kind"]
-        )
-        tokens.add_metric(["real"], s.real_tokens)
-        tokens.add_metric(["padded"], s.padded_tokens)
-        yield tokens
-        yield _counter(
-            "scoring_prefix_tokens_saved",
-            "Tokens not computed thanks to shared prefixes",
-            s.prefix_tokens_saved,
-        )
-        yield _counter("scoring_compiles", "Programs compiled", s.compiles)
-        yield _gauge(
-            "scoring_grid_compiled",
-            "1 once the bucket grid is compiled (0 while it compiles in the background)",
-            float(s.grid_compiled),
-        )
-        yield _counter(
-            "scoring_device_busy_seconds", "Time the device ran batches", s.device_busy_s
-        )
-        cache = CounterMetricFamily(
-            "scoring_tokenizer_cache", "Tokenizer cache lookups", labels=["result"]
-        )
-        cache.add_metric(["hit"], s.cache_hits)
-        cache.add_metric(["miss"], s.cache_misses)
-        yield cache
-        yield from _kv_cache_metrics(s)
+        merged: dict[str, Metric] = {}
+        for name, s in engines:
+            for m in _engine_metrics(s):
+                into = merged.setdefault(m.name, Metric(m.name, m.documentation, m.type))
+                into.samples += [x._replace(labels={**x.labels, "model": name}) for x in m.samples]
+        yield from merged.values()
+
+
+def _engine_metrics(s: EngineStats) -> Iterator[Metric]:
+    yield _gauge("scoring_queue_depth", "Requests waiting to be batched", s.queue_depth)
+    yield _gauge("scoring_queued_tokens", "Tokens of the requests waiting", s.queued_tokens)
+    yield _gauge("scoring_requests_in_flight", "Requests inside the engine", s.in_flight)
+    yield _counter("scoring_batches", "Batches run on the device", s.batches)
+    runners = CounterMetricFamily(
+        "scoring_runner_batches", "Batches run by each device runner", labels=["runner"]
+    )
+    for i, n in enumerate(s.runner_batches):
+        runners.add_metric([str(i)], n)
+    yield runners
+    yield _counter("scoring_failed_batches", "Batches whose device step failed", s.failed_batches)
+    tokens = CounterMetricFamily(
+        "scoring_batch_tokens", "Batch tokens, real or padding", labels=["kind"]
+    )
+    tokens.add_metric(["real"], s.real_tokens)
+    tokens.add_metric(["padded"], s.padded_tokens)
+    yield tokens
+    yield _counter(
+        "scoring_prefix_tokens_saved",
+        "Tokens not computed thanks to shared prefixes",
+        s.prefix_tokens_saved,
+    )
+    yield _counter("scoring_compiles", "Programs compiled", s.compiles)
+    yield _gauge(
+        "scoring_grid_compiled",
+        "1 once the bucket grid is compiled (0 while it compiles in the background)",
+        float(s.grid_compiled),
+    )
+    yield _counter("scoring_device_busy_seconds", "Time the device ran batches", s.device_busy_s)
+    cache = CounterMetricFamily(
+        "scoring_tokenizer_cache", "Tokenizer cache lookups", labels=["result"]
+    )
+    cache.add_metric(["hit"], s.cache_hits)
+    cache.add_metric(["miss"], s.cache_misses)
+    yield cache
+    yield from _kv_cache_metrics(s)
 
 
 def _kv_cache_metrics(s: EngineStats) -> Iterator[Metric]:

@@ -45,7 +45,7 @@ class Service:
 
     def __post_init__(self):
         self.models = self.settings.models
-        self.metrics = Metrics(self.stats)
+        self.metrics = Metrics(self.engine_stats)
         self.model_name = self.models[0].name
 
     @property
@@ -54,9 +54,15 @@ class Service:
         return self.hosts.get(self.model_name)
 
     def stats(self) -> EngineStats | None:
-        # read from the server's thread under asyncio: counters and lengths only, safe to race
+        """The first model's engine's counters (None while it loads)."""
         engine = self.host.engine if self.host else None
         return engine.stats() if engine else None
+
+    def engine_stats(self) -> list[tuple[str, EngineStats]]:
+        """(served name, counters) of each ready engine, in order."""
+        # read from the server's thread under asyncio: counters and lengths only, safe to race
+        hosts = [(name, host.engine) for name, host in self.hosts.items()]
+        return [(name, engine.stats()) for name, engine in hosts if engine is not None]
 
     def roofline(self, engine: Engine) -> dict:
         """`engine.plan.plan` of the loaded program on this host's device kind and the

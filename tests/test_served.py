@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from api.app import create_app
 from api.served import ModelsFileError, served_models
@@ -132,3 +133,15 @@ def test_an_unknown_model_is_a_404_naming_the_served_ones(client):
     error = r.json()["error"]
     assert error["param"] == "model" and error["type"] == "NotFoundError"
     assert "`gpt-4` does not exist" in error["message"] and "scorer, embedder" in error["message"]
+
+
+def test_each_engines_metrics_carry_its_model(client):
+    assert client.post("/embed", json={"inputs": TEXTS}).status_code == 200
+    families = text_string_to_metric_families(client.get("/metrics").text)
+    batches = {
+        s.labels["model"]: s.value
+        for f in families
+        for s in f.samples
+        if s.name == "scoring_batches_total"
+    }
+    assert set(batches) == {"scorer", "embedder"} and batches["embedder"] >= 1
