@@ -11,10 +11,10 @@ Several when `SCORING_MODELS` names a TOML or JSON file listing them:
     model = "/models/all-MiniLM-L6-v2"
 
 (JSON: `{"models": [{...}, ...]}`.) Each is its own engine (its actors, programs and KV pool)
-in the one process. A request goes to the model its `model` field names (a name no model has is
-a 404), or without one to the first model in the file that offers what its route does (an
-embedding to the embedder, a score to the decoder); with one model, to it whatever the field
-says, as before.
+in the one process; the default KV pools divide the memory between them (`kv_pool_share`). A
+request goes to the model its `model` field names (a name no model has is a 404), or without
+one to the first model in the file that offers what its route does (an embedding to the
+embedder, a score to the decoder); with one model, to it whatever the field says, as before.
 """
 
 import json
@@ -45,6 +45,8 @@ def served_models(
     if models_file is None:
         return (ServedModel(name or _name(base.model), base),)
     entries = _entries(Path(models_file))
+    # the default KV pools divide the memory between the engines
+    base = msgspec.structs.replace(base, kv_pool_share=len(entries))
     out = tuple(_served(base, entry, i, models_file) for i, entry in enumerate(entries))
     names = [m.name for m in out]
     twice = sorted({n for n in names if names.count(n) > 1})

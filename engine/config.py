@@ -61,6 +61,9 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # tokens need; 0: no pool (no prefix reuse, no chunked prefill). Refused at start, naming this
     # field, when it does not fit in 90% of the memory free beside the weights
     kv_cache_bytes: int | None = None
+    # engines sharing this machine's memory, whose default pools (kv_cache_bytes None) divide
+    # it between them: a server of several models sets it to their count
+    kv_pool_share: int = 1
     # tokens per pool page (prefixes are cached in whole pages); must divide block_size
     kv_page_size: int = DEFAULT_PAGE_SIZE
     # reuse cached prefixes across requests and batches, and chunk work longer than a batch;

@@ -300,6 +300,8 @@ async def open_engine(config: EngineConfig | None = None) -> AsyncIterator[Engin
             f"reranker: {config.reranker!r} is not one of {', '.join(templates.RECIPES)}"
         )
     late_interaction.check_weights(config.hybrid_weights)
+    if config.kv_pool_share < 1:
+        raise InvalidInput("kv_pool_share", "must be 1 or more")
     warn_if_host_paths_uncompiled()
     enable_compile_cache(config.compile_cache_dir)
     checkpoint = await trio.to_thread.run_sync(
@@ -318,7 +320,7 @@ async def open_engine(config: EngineConfig | None = None) -> AsyncIterator[Engin
         kv_cache_bytes=config.kv_cache_bytes,
         page_size=config.kv_page_size,
         block_size=config.block_size,
-        share=len(groups) if devices.share_memory() else 1,
+        share=config.kv_pool_share * (len(groups) if devices.share_memory() else 1),
         dense_cache_dir=config.compile_cache_dir,
     )
     programs = [

@@ -13,6 +13,7 @@ from api.app import create_app
 from api.served import ModelsFileError, served_models
 from api.settings import settings_from_env
 from engine import EngineConfig, load_model
+from engine.device.kv_pool import default_kv_cache_bytes
 from tests.test_api_support import BASE_ENV, serving
 from tests.test_embed import tiny_embedder
 
@@ -42,10 +43,11 @@ def test_a_models_file_names_each_model_and_its_engine_fields(tmp_path):
         1024,
         "float32",
     )
+    assert scorer.engine.kv_pool_share == embedder.engine.kv_pool_share == 2  # memory halved
     as_json = write(tmp_path / "models.json", json.dumps({"models": [{"model": "/m/b.gguf"}]}))
     assert [m.name for m in served_models(as_json, base, None)] == ["b"]
     (one,) = served_models(None, base, "served-name")
-    assert one.name == "served-name" and one.engine == base
+    assert one.name == "served-name" and one.engine == base and base.kv_pool_share == 1
 
 
 @pytest.mark.parametrize(
@@ -93,6 +95,11 @@ def test_every_model_is_listed_with_what_it_serves(client):
     assert client.get("/health").json()["status"] == "ok"
     info = client.get("/get_server_info", params={"model": "embedder"}).json()
     assert info["model"] == "embedder" and info["engine_config"]["model"].endswith("bert-mean")
+    # the scorer's default pool: half of what it would be alone (the pages round down)
+    info = client.get("/get_server_info").json()
+    pool, per_token = info["kv_pool"], info["kv_bytes_per_token"]
+    page_bytes = pool["page_size"] * per_token
+    assert pool["pages"] == default_kv_cache_bytes(per_token) // 2 // page_bytes
 
 
 def test_requests_go_to_the_model_that_offers_their_route(client, paths):
