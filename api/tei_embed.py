@@ -92,7 +92,8 @@ async def embed(service: Service, request: Request) -> Response:
     (then normalised, if asked), Matryoshka-trained or not."""
     try:
         req = await service.decode(request, embed_decoder)
-        cut = _dimensions(service.engine(service.route(request)), req.dimensions)
+        name = service.route(request)
+        cut = _dimensions(service.engine(name), req.dimensions)
         result = await embed_answers.embed(
             service,
             request,
@@ -100,6 +101,7 @@ async def embed(service: Service, request: Request) -> Response:
             {"input": "inputs"},
             truncate=tei.truncates(service, req.truncate),
             truncation_side=req.truncation_direction.lower(),
+            model=name,
             prompt_name=req.prompt_name,
             normalize=req.normalize and cut is None,
         )

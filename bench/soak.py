@@ -32,6 +32,7 @@ every other answer must still equal its reference).
 """
 
 import contextlib
+import itertools
 import json
 import tempfile
 import time
@@ -144,7 +145,7 @@ async def closed_loop(url: str, requests, expected, args, seconds: float) -> dic
     limits = httpx2.Limits(max_connections=args.clients, max_keepalive_connections=args.clients)
     headers = {"content-type": "application/json"}
     deadline = time.perf_counter() + seconds
-    turn = iter(range(1 << 62))
+    turn = itertools.count()
     start = time.perf_counter()
 
     async def client(http: httpx2.AsyncClient) -> None:
@@ -214,8 +215,7 @@ async def warm_up(url: str, requests, expected, args) -> dict:
 
     async def compiles() -> int:
         await until_idle(url)
-        async with httpx2.AsyncClient(base_url=url, timeout=INFO_TIMEOUT) as http:
-            return (await http.get("/get_server_info")).json()["stats"]["compiles"]
+        return (await server_stats(url))["compiles"]
 
     seen = await compiles()
     for _ in range(WARMUP_ROUNDS):

@@ -12,6 +12,7 @@ A rerank is compared by document index against every document's score sent alone
 `top_n` dropped), so that a near tie may order two documents either way.
 """
 
+import json
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -255,8 +256,6 @@ def request_pool(
 ) -> list[Request]:
     """`count` distinct requests spread evenly over the soak's routes among `endpoints`, in
     turn; queries of `query` tokens (fewest, most)."""
-    import json
-
     paths = [p for p in ROUTES if p in endpoints]
     if not paths:
         raise SystemExit(f"the model serves none of the soak's routes: {sorted(ROUTES)}")
