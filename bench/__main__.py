@@ -11,6 +11,7 @@ python -m bench dense --mode int8            # W1, W2: the measured dense defaul
 python -m bench long --shape qwen3-0.6b # one 30,000-token sequence, chunked prefill
 python -m bench soak                         # 256 clients for 60 s, every answer checked
 python -m bench startup                      # time to serve: grid compiled before vs behind
+python -m bench summary                      # docs/performance.md's tables from bench/figures
 python -m bench w1 --help                    # a workload's own options
 """
 
@@ -43,6 +44,7 @@ WORKLOADS = {
         "packed attention kernels on a W2-like or short-text packing",
     ),
     "native": ("bench.bench_native", "Cython hot paths vs their pure-Python twins"),
+    "summary": ("bench.summary", "docs/performance.md's tables from bench/figures (--check)"),
 }
 
 
