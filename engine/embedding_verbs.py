@@ -12,7 +12,7 @@ import trio
 
 from engine import late_interaction
 from engine.capabilities import Ability
-from engine.embed import INPUT, check_active_dims, embed_request
+from engine.embed import INPUT, check_active_dims, embed_request, prompt_named
 from engine.errors import InvalidInput
 from engine.kinds import Output
 from engine.messages import HybridRow, Scored, ScoreRequest
@@ -284,12 +284,14 @@ class EmbeddingVerbs:
     async def _vector_relevance(
         self, query: str, documents: Sequence[str], options: RerankOptions
     ) -> tuple[list[float], ScoreResult]:
-        """A rerank by vectors (`engine.late_interaction`): BGE-M3's weighted relevance, or a
-        ColBERT model's MaxSim. The query (after the instruction, if any) and the documents
-        are encoded at once, the query once for all of them; each document cut to
-        `max_tokens_per_doc` and every text to `fit` where asked, and a ColBERT model's texts
-        always to their role's length (as PyLate reranks)."""
-        hybrid = self.task.head.output_for(Ability.RERANK) is Output.HYBRID
+        """A rerank by vectors (`engine.late_interaction`): BGE-M3's weighted relevance, a
+        ColBERT model's MaxSim, or an embedder's cosine similarity. The query (after the
+        instruction, if any, else an embedder's "query" prompt) and the documents (an
+        embedder's "document" prompt) are encoded at once, the query once for all of them;
+        each document cut to `max_tokens_per_doc` and every text to `fit` where asked, and a
+        ColBERT model's texts always to their role's length (as PyLate reranks)."""
+        output = self.task.head.output_for(Ability.RERANK)
+        hybrid, dense = output is Output.HYBRID, output is Output.POOLED
         limits = [n for n in (options.max_tokens_per_doc, options.fit) if n is not None]
         cut = dict(truncate=bool(limits) or not hybrid, truncation_side=options.truncation_side)
         answers, failed = {}, []
@@ -298,6 +300,8 @@ class EmbeddingVerbs:
             try:
                 if hybrid:
                     answers[name] = await self.embed_hybrid(texts, **cut, **given)
+                elif dense:
+                    answers[name] = await self.embed(texts, **cut, **given)
                 else:
                     role = "query" if name == "query" else "document"
                     answers[name] = await self.embed_multi(texts, input_type=role, **cut, **given)
@@ -310,10 +314,11 @@ class EmbeddingVerbs:
 
         async with trio.open_nursery() as nursery:
             fit = {"max_tokens": options.fit} if options.fit else {}
-            query_call = functools.partial(encode, prompt=options.instruction, **fit)
+            query_prompt, doc_prompt = _prompts(self.task, dense, options.instruction)
+            query_call = functools.partial(encode, **query_prompt, **fit)
             nursery.start_soon(query_call, "query", [query], nursery.cancel_scope)
             doc_limit = {"max_tokens": min(limits)} if limits else {}
-            doc_call = functools.partial(encode, **doc_limit)
+            doc_call = functools.partial(encode, **doc_prompt, **doc_limit)
             nursery.start_soon(doc_call, "documents", list(documents), nursery.cancel_scope)
         if failed:
             error = failed[0]
@@ -323,6 +328,8 @@ class EmbeddingVerbs:
         q, d = answers["query"], answers["documents"]
         if hybrid:
             scores = late_interaction.relevance(q, d, self.config.hybrid_weights).tolist()
+        elif dense:
+            scores = late_interaction.cosine(q.embeddings[0], d.embeddings).tolist()
         else:
             scores = [late_interaction.colbert(q.embeddings[0], v) for v in d.embeddings]
         timings = msgspec.structs.replace(d.timings, total=max(q.timings.total, d.timings.total))
@@ -333,3 +340,15 @@ class EmbeddingVerbs:
             truncated_tokens=q.truncated_tokens + d.truncated_tokens,
         )
         return scores, result
+
+
+def _prompts(task, dense: bool, instruction: str | None) -> tuple[dict, dict]:
+    """The query's and the documents' prompt arguments in a rerank by vectors: the instruction
+    before the query; else an embedder's "query" prompt before it and its "document" (or
+    "passage", "corpus") prompt before each document where it has them, as
+    sentence-transformers' `encode_query` and `encode_document` choose (None: its default)."""
+    if not dense:
+        return {"prompt": instruction}, {}
+    query = {"prompt": instruction} if instruction else {"prompt_name": prompt_named(task, "query")}
+    names = (prompt_named(task, kind) for kind in ("document", "passage", "corpus"))
+    return query, {"prompt_name": next((n for n in names if n), None)}

@@ -24,7 +24,6 @@ from engine.device.program import DeviceProgram, enable_compile_cache
 from engine.embedding_verbs import EmbeddingVerbs
 from engine.errors import InvalidInput
 from engine.host import inputs, kv_cache
-from engine.kinds import Output
 from engine.loaders import load_checkpoint
 from engine.messages import ScoreRequest
 from engine.models import ModelConfig
@@ -208,7 +207,8 @@ class Engine(EmbeddingVerbs):
         self, query: str, documents: Sequence[str], options: RerankOptions, raw: bool
     ) -> tuple[list[float], ScoreResult]:
         """Each document's relevance to `query`, in document order, and the score result."""
-        if self.task.head.output_for(Ability.RERANK) in (Output.HYBRID, Output.MULTI):
+        by_vectors = self.task.head.output_for(Ability.RERANK)
+        if by_vectors is not None and by_vectors.of_texts:
             return await self._vector_relevance(query, documents, options)
         reranker = self.reranker
         if reranker.slow(options):  # it tokenises: off the event loop

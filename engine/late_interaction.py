@@ -1,8 +1,9 @@
-"""Relevance from vectors: a ColBERT rerank, PyLate's MaxSim (`colbert`: for each query vector
-its largest dot product with the document's, summed), and a BGE-M3 rerank, FlagEmbedding's
-`compute_score`. The query and the
-documents are each encoded once (`Engine.embed_hybrid`: dense, lexical and multi-vectors from one
-forward; the query once for all its documents), then each document scores
+"""Relevance from vectors: an embedder's rerank, each document vector's cosine similarity to the
+query's (`cosine`: what vLLM's score and rerank answer for an embedding model); a ColBERT
+rerank, PyLate's MaxSim (`colbert`: for each query vector its largest dot product with the
+document's, summed); and a BGE-M3 rerank, FlagEmbedding's `compute_score`. The query and the
+documents are each encoded once (the query once for all its documents; BGE-M3's dense, lexical
+and multi-vectors from one forward by `Engine.embed_hybrid`), then each BGE-M3 document scores
 
     dense    its dense vector's dot product with the query's (both unit vectors)
     sparse   the sum over the terms both have of their lexical weights' products
@@ -17,6 +18,14 @@ from collections.abc import Sequence
 import numpy as np
 
 from engine.results import HybridEmbedResult, SparseVector
+
+
+def cosine(query: np.ndarray, documents: np.ndarray) -> np.ndarray:
+    """Each document vector's (f32[N, D]) cosine similarity to the query's f32[D], f64[N]; 0
+    where either vector is zero."""
+    q, d = query.astype(np.float64), documents.astype(np.float64).reshape(-1, len(query))
+    norms = np.linalg.norm(d, axis=1) * np.linalg.norm(q)
+    return np.divide(d @ q, norms, out=np.zeros(len(d)), where=norms > 0)
 
 
 def maxsim(query: np.ndarray, document: np.ndarray) -> float:

@@ -68,7 +68,8 @@ def test_the_model_card_names_the_embedding_route(client):
     info = client.get("/get_model_info").json()
     assert (info["head"], info["architecture"]) == ("embedding", "encoder")
     assert client.get("/info").json()["model_type"] == {"embedding": {"pooling": "mean"}}  # TEI's
-    routes = ["/v1/embeddings", "/v2/embed", "/embed", "/embed_all", "/similarity", "/pooling"]
+    routes = ["/v1/rerank", "/v2/rerank", "/rerank", "/v1/reranking", "/score"]  # by cosine
+    routes += ["/v1/embeddings", "/v2/embed", "/embed", "/embed_all", "/similarity", "/pooling"]
     routes += ["/invocations"]  # SageMaker's, for each of those bodies
     assert info["endpoints"] == routes
     assert client.get("/v1/models").json()["data"][0]["endpoints"] == routes
@@ -104,12 +105,21 @@ def test_truncation_is_asked_for_and_reported(client):
     assert usage["prompt_tokens"] == 256 + 3  # [CLS] fine [SEP], and the cut text
 
 
+def test_an_embedder_reranks_by_cosine_similarity(client, minilm):
+    documents = ["A kitten sleeps.", "Stocks fell.", "Dogs chase cats."]
+    model = SentenceTransformer(str(minilm), device="cpu")
+    want = cos_sim(model.encode_query(["cats"]), model.encode_document(documents)).numpy()[0]
+    r = client.post("/v1/rerank", json={"query": "cats", "documents": documents})
+    assert r.status_code == 200, r.text
+    got = {h["index"]: h["relevance_score"] for h in r.json()["results"]}
+    assert [h["index"] for h in r.json()["results"]] == [2, 0, 1]
+    np.testing.assert_allclose([got[i] for i in range(3)], want, atol=1e-6, rtol=0)
+
+
 def test_an_embedder_refuses_scores_and_a_scorer_refuses_embeddings(client, tiny_path):
     r = client.post("/v1/score", json={"query": "q", "items": ["a"], "label_token_ids": [1]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "label_token_ids"
     assert "embedder" in r.json()["error"]["message"]
-    r = client.post("/v1/rerank", json={"query": "q", "documents": ["a"]})
-    assert r.status_code == 400 and "does not rerank" in r.json()["error"]["message"]
     for scorer in serving(create_app(settings_from_env(tiny_env(tiny_path))), "asyncio"):
         r = scorer.post("/v1/embeddings", json={"input": ["a"]})
         assert r.status_code == 400 and "not an embedder" in r.json()["error"]["message"]

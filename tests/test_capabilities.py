@@ -21,7 +21,7 @@ OFFERS = {  # the verbs each kind serves
     "language-model": {Ability.SCORE, Ability.RERANK},
     "classifier": {Ability.RERANK},
     "cross-encoder": {Ability.RERANK},
-    "embedder": {Ability.EMBED, Ability.EMBED_TOKENS},
+    "embedder": {Ability.EMBED, Ability.EMBED_TOKENS, Ability.RERANK},  # by cosine
     "sparse encoder": {Ability.EMBED_SPARSE},
     "hybrid embedder": {
         Ability.EMBED,
@@ -135,7 +135,7 @@ def test_the_record_is_the_tasks_refusals_and_the_recipes_labels(tiny_checkpoint
         record.require(Ability.EMBED)
     embedder = load_checkpoint(str(minilm), progress=False).task
     record = capabilities_of(embedder, embedder.rerank_labels(None, None))
-    assert record.verbs() == ["embed", "embed_tokens"]
+    assert record.verbs() == ["rerank", "embed", "embed_tokens"]
     with pytest.raises(InvalidInput, match=r"^reranker: this model is an embedder \(bert emb"):
         record.require(Ability.RECIPE)  # not "a cross-encoder"
     with pytest.raises(InvalidInput, match=r"^label_token_ids: this model is an embedder"):

@@ -215,7 +215,7 @@ def test_normalize_false_answers_the_pooled_vector(minilm):
     assert np.abs(np.linalg.norm(got, axis=1) - 1).max() > 0.1  # indeed not unit vectors
 
 
-def test_an_embedder_refuses_scores_and_reranks_and_a_scorer_refuses_embeddings(minilm, tiny_path):
+def test_an_embedder_refuses_scores_and_a_scorer_refuses_embeddings(minilm, tiny_path):
     config = EngineConfig(model=str(minilm), dtype="float32", progress=False, precompile=False)
 
     async def main():
@@ -223,13 +223,47 @@ def test_an_embedder_refuses_scores_and_reranks_and_a_scorer_refuses_embeddings(
             assert engine.info().head == "embedding"
             with pytest.raises(InvalidInput, match=r"^label_token_ids: this model is an embedder"):
                 await engine.score("q", ["a"], [1])
-            with pytest.raises(Unsupported, match="it does not rerank"):
-                await engine.rerank("q", ["a"])
 
     trio.run(main)
     error = embed(tiny_path, ["a text"])
     assert isinstance(error, Unsupported) and "is a language-model" in str(error)
     assert "not an embedder" in str(error)
+
+
+def rerank(path, query, documents, **options):
+    """`Engine.rerank`'s scores in document order."""
+    config = EngineConfig(model=str(path), dtype="float32", progress=False, precompile=False)
+
+    async def main():
+        async with open_engine(config) as engine:
+            result = await engine.rerank(query, documents, **options)
+            return [s for _, s in sorted((h.index, h.relevance_score) for h in result.results)]
+
+    return np.array(trio.run(main))
+
+
+def test_an_embedder_reranks_by_cosine_similarity_as_sentence_transformers(minilm):
+    documents = varied_texts(12, seed=7)
+    model = SentenceTransformer(str(minilm), device="cpu")
+    want = model.similarity(model.encode_query(["cats"]), model.encode_document(documents))
+    got = rerank(minilm, "cats", documents)
+    assert np.abs(got - want.numpy()[0]).max() < 1e-6
+    assert len(set(np.round(got, 3))) == 12  # the scores tell the documents apart
+
+
+def test_an_embedders_rerank_reads_its_query_and_document_prompts(qwen3_embedder):
+    documents, query = varied_texts(8, seed=9), "where does the fox jump?"
+    model = SentenceTransformer(str(qwen3_embedder), device="cpu")
+    queries = {
+        None: model.encode_query([query]),
+        "Represent: ": model.encode([f"Represent: {query}"]),
+    }
+    for instruction, encoded in queries.items():
+        want = model.similarity(encoded, model.encode_document(documents)).numpy()[0]
+        got = rerank(qwen3_embedder, query, documents, instruction=instruction)
+        assert np.abs(got - want).max() < 1e-6, instruction
+    plain = model.similarity(model.encode([query]), model.encode(documents)).numpy()[0]
+    assert np.abs(got - plain).max() > 1e-3  # the query prompt was read
 
 
 def test_a_directory_with_an_unsupported_module_is_refused(embedder):

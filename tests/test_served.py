@@ -125,13 +125,17 @@ def test_requests_go_to_the_model_that_offers_their_route(client, paths):
 
 
 def test_a_model_named_is_the_one_that_answers(client):
-    r = client.post("/v1/rerank", json={"model": "embedder", "query": "cats", "documents": TEXTS})
-    assert r.status_code == 400  # the embedder's own refusal
-    assert r.json()["error"]["message"].endswith(
-        "is an embedder (bert embedder, mean pooling): it does not rerank"
-    )
-    r = client.post("/v1/rerank", json={"model": "scorer", "query": "cats", "documents": TEXTS})
-    assert r.status_code == 200 and r.json()["model"] == "scorer"
+    ranked = {}
+    for name in ("embedder", "scorer"):
+        body = {"model": name, "query": "cats", "documents": TEXTS}
+        r = client.post("/v1/rerank", json=body)
+        assert r.status_code == 200 and r.json()["model"] == name
+        ranked[name] = {h["index"]: h["relevance_score"] for h in r.json()["results"]}
+    r = client.post("/v1/embeddings", json={"model": "embedder", "input": ["cats", *TEXTS]})
+    query, *documents = (np.array(d["embedding"]) for d in r.json()["data"])
+    cosines = [d @ query / np.linalg.norm(d) / np.linalg.norm(query) for d in documents]
+    np.testing.assert_allclose([ranked["embedder"][i] for i in (0, 1)], cosines, atol=1e-6)
+    assert abs(ranked["scorer"][0] - cosines[0]) > 1e-3  # the scorer's own relevance
 
 
 def test_an_unknown_model_is_a_404_naming_the_served_ones(client):

@@ -1,6 +1,7 @@
 """An embedder's head (sentence-transformers directories): each text becomes one vector, pooled
 and normalised as the directory says, or its every token's vector before pooling; no
-label-token scores, no reranks.
+label-token scores. It reranks as a bi-encoder: a document's relevance is its vector's cosine
+similarity to the query's (`engine.late_interaction.cosine`), as vLLM scores with an embedder.
 
 On an encoder (BERT, XLM-RoBERTa, ModernBERT) each text is packed alone, every token seeing all
 of it, and its first token or its mean pooled. On a decoder (Qwen3-Embedding; Qwen2, Llama and
@@ -16,6 +17,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import load_file
 
+from engine import templates
 from engine.capabilities import Ability
 from engine.errors import InvalidInput
 from engine.kinds import Output
@@ -60,8 +62,12 @@ class Pooler(Head):
     def row_width(self, output: Output, labels: int) -> int:
         return self.pooled_width
 
-    def rerank_labels(self, template, tokenizer) -> str:
-        return self.refusals()[Ability.RERANK]
+    def output_for(self, ability: Ability) -> Output | None:
+        return Output.POOLED if ability is Ability.RERANK else super().output_for(ability)
+
+    def rerank_labels(self, template, tokenizer):
+        """A rerank reads no labels: it compares vectors (`engine.late_interaction`)."""
+        return templates.RerankLabels([], Output.POOLED)
 
     def refusals(self) -> dict[Ability, str]:
         embedder = f"this model is an embedder ({self.describe()})"
@@ -71,8 +77,8 @@ class Pooler(Head):
             Ability.EMBED_SPARSE: f"{embedder} of dense vectors, not a sparse encoder (SPLADE)",
             Ability.SCORE: f"{embedder}: it has no language-model head, so label-token scores "
             "are unavailable (it answers /v1/embeddings)",
-            Ability.RERANK: f"{embedder}: it does not rerank",
-            Ability.RECIPE: f"{embedder}: it does not rerank",
+            Ability.RERANK: None,
+            Ability.RECIPE: f"{embedder}: it reranks by cosine similarity, with no recipe",
             Ability.ROOFLINE: "the plan models label scoring; this is an embedder",
         }
 
