@@ -1,6 +1,7 @@
 """The retrieval frameworks, as their users use them, against a live hypercorn server on
-127.0.0.1 that serves two models (docs/frameworks.md): a tiny BERT cross-encoder, listed first
-so that rerank clients that send no `model` reach it, and the real all-MiniLM-L6-v2. LangChain
+127.0.0.1 that serves two models (docs/frameworks.md): the real all-MiniLM-L6-v2, and a tiny
+BERT cross-encoder listed second with `default_for = ["rerank"]`, so that rerank clients that
+send no `model` reach it rather than the embedder's cosine similarity. LangChain
 (`OpenAIEmbeddings`, `CohereRerank`), LlamaIndex (`TextEmbeddingsInference`, the TEI rerank
 postprocessor), Haystack (`HuggingFaceAPITextEmbedder`/`DocumentEmbedder`, `HuggingFaceTEIRanker`)
 and Qdrant's in-memory client fed with the server's vectors: each gets the vectors of
@@ -65,9 +66,10 @@ def server(reranker, minilm, tmp_path_factory):
     """Both models behind one key. The dense strategy is fixed, here and in `expected`: a process
     that timed them for itself could pick another, equal only within the f32 bound."""
     root = tmp_path_factory.mktemp("frameworks")
-    entries = [(RERANKER, reranker), (EMBEDDER, minilm)]
+    entries = [(EMBEDDER, minilm, "[]"), (RERANKER, reranker, '["rerank"]')]
     toml = "".join(
-        f'[[models]]\nname = "{n}"\nmodel = "{p}"\ndtype = "float32"\n' for n, p in entries
+        f'[[models]]\nname = "{n}"\nmodel = "{p}"\ndtype = "float32"\ndefault_for = {d}\n'
+        for n, p, d in entries
     )
     (root / "models.toml").write_text(toml)
     env = BASE_ENV | {
@@ -209,7 +211,7 @@ def test_llama_index_tei_embeddings(server, expected):
 
 
 def test_llama_index_tei_rerank(server, expected):
-    """It sends no `model`: the first model listed that reranks answers. Its `auth_token` is
+    """It sends no `model`: the model whose `default_for` has rerank answers. Its `auth_token` is
     the whole Authorization header (the embedding class adds `Bearer` itself)."""
     postprocessor = TextEmbeddingInference(
         base_url=server.url, top_n=TOP, auth_token=f"Bearer {KEY}"
@@ -222,11 +224,12 @@ def test_llama_index_tei_rerank(server, expected):
 # -- Haystack -----------------------------------------------------------------------------------
 
 
-def test_haystack_tei_embedders(server, expected):
-    """The URL names `/embed`: Hugging Face's client posts to the URL itself, and TEI's bare
-    `POST /` is not served. Haystack asks for `normalize: false` unless told otherwise: the
-    vectors before the model's Normalize module."""
-    url, token = f"{server.url}/embed", Secret.from_token(KEY)
+@pytest.mark.parametrize("path", ["/embed", ""])
+def test_haystack_tei_embedders(server, expected, path):
+    """The URL names `/embed`, or is the server's root (TEI's `POST /`, as Haystack's docs show
+    it): Hugging Face's client posts to the URL itself. Haystack asks for `normalize: false`
+    unless told otherwise: the vectors before the model's Normalize module."""
+    url, token = f"{server.url}{path}", Secret.from_token(KEY)
     api = "text_embeddings_inference"
     text = HuggingFaceAPITextEmbedder(
         api_type=api, api_params={"url": url}, token=token, normalize=True
