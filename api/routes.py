@@ -66,10 +66,12 @@ async def models(service: Service, request: Request) -> Response:
         host = service.hosts.get(model.name)
         engine = host.engine if host else None
         facts = _model_facts(engine) if engine else {}
+        defaults = [p for p in facts.get("endpoints", ()) if service.default_model(p) == model.name]
         card = schemas.ModelCard(
             id=model.name,
             created=int(service.started),
             max_model_len=engine.max_input_tokens if engine else None,  # as vLLM reads it
+            default_endpoints=defaults if engine else None,
             **facts,
         )
         cards.append(card)

@@ -183,6 +183,9 @@ class ModelCard(msgspec.Struct, kw_only=True):
     # the rerank recipe (`EngineConfig.reranker`); "cross-encoder": the pair as it is
     rerank_template: str | None = None
     endpoints: list[str] | None = None  # the scoring routes this model answers
+    # those of them at which a request naming no model is answered by this one (all of them
+    # where one model is served)
+    default_endpoints: list[str] | None = None
     object: str = "model"
     owned_by: str = "llm-scoring-engine"
 

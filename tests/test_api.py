@@ -525,6 +525,7 @@ def test_models(client):
         "num_labels": 0,
         "rerank_template": "plain",
         "endpoints": ENDPOINTS,
+        "default_endpoints": ENDPOINTS,  # the only model answers them all
     }
     info = client.get("/get_model_info").json()
     assert {fact: card[fact] for fact in MODEL_FACTS} == {fact: info[fact] for fact in MODEL_FACTS}

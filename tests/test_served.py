@@ -110,6 +110,11 @@ def test_every_model_is_listed_with_what_it_serves(client):
     scorer, embedder = (set(c["endpoints"]) for c in cards)
     assert "/v1/score" in scorer and "/v1/embeddings" not in scorer
     assert "/v1/embeddings" in embedder and "/v1/score" not in embedder
+    # where a request naming no model goes: the rerank routes to the embedder, its default_for
+    scorer, embedder = (set(c["default_endpoints"]) for c in cards)
+    assert {"/v1/score", "/generative_scoring"} <= scorer and "/v1/rerank" not in scorer
+    assert {"/v1/rerank", "/rerank", "/score", "/v1/embeddings", "/embed"} <= embedder
+    assert not scorer & embedder
     assert client.get("/health").json()["status"] == "ok"
     info = client.get("/get_server_info", params={"model": "embedder"}).json()
     assert info["model"] == "embedder" and info["engine_config"]["model"].endswith("bert-mean")
