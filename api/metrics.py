@@ -1,15 +1,17 @@
-"""Prometheus metrics: request counts by status, per-stage latency histograms, and the engine's
-counters (queue depth, real vs padded batch tokens, prefix tokens saved, compiles) read at
-scrape time, each labelled with its `model` where the server serves several. Each app owns its
-registry, so several apps can live in one process.
+"""Prometheus metrics: request counts by status (and by the model asked), per-stage latency
+histograms, and the engine's counters (queue depth, real vs padded batch tokens, prefix tokens
+saved, compiles) read at scrape time, each labelled with its `model` where the server serves
+several. Each app owns its registry, so several apps can live in one process.
 """
 
+import contextlib
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from api.errors import ApiError
 from engine import EngineStats, Timings
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -41,6 +43,12 @@ class Metrics:
             ["route"],
             registry=self.registry,
         )
+        self.model_requests = Counter(
+            "scoring_model_requests",
+            "Requests each model was asked to answer, by model and status",
+            ["model", "status"],
+            registry=self.registry,
+        )
         self.registry.register(_EngineCollector(stats))
 
     def observe(self, route: str, timings: Timings, items: int) -> None:
@@ -51,6 +59,20 @@ class Metrics:
 
     def count(self, route: str, status: int) -> None:
         self.requests.labels(route, str(status)).inc()
+
+    @contextlib.contextmanager
+    def answering(self, model: str) -> Iterator[None]:
+        """Count one request to `model` by how the block ends: 200, the status of an ApiError
+        raised, else 500."""
+        status = 500
+        try:
+            yield
+            status = 200
+        except ApiError as e:
+            status = e.status
+            raise
+        finally:
+            self.model_requests.labels(model, str(status)).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -147,10 +147,15 @@ class Service:
         renames: dict[str, str] | None = None,
     ) -> T:
         """`await fn(engine)` where the engine of model `model` (a `route`'s answer; None: the
-        first) runs; cancelled (499) when the client leaves.
+        first) runs; cancelled (499) when the client leaves. Counted by model and status
+        (`Metrics.answering`).
 
         Engine exceptions become their HTTP answers (400, 503 with Retry-After, 500).
         """
+        with self.metrics.answering(model or self.model_name):
+            return await self._call(request, fn, model, renames)
+
+    async def _call(self, request, fn, model: str | None, renames: dict[str, str] | None):
         self.engine(model)  # 503 before any work while the engine is not ready
         host = self.hosts[model or self.model_name]
         try:

@@ -4,8 +4,10 @@ prefix (`--root-path /prefix`; the browser loads `/prefix/dashboard`). The key f
 against what `/metrics` says under a bounded load, the charts, a screenshot."""
 
 import concurrent.futures
+import contextlib
 import shutil
 import threading
+from collections.abc import Iterator
 
 import anyio
 import httpx2
@@ -40,8 +42,9 @@ COLOURED = """id => {
 }"""
 
 
-@pytest.fixture(scope="module")
-def browser():
+@contextlib.contextmanager
+def chromium() -> Iterator:
+    """Debian's headless `chromium`, driven by playwright."""
     executable = shutil.which("chromium")
     if executable is None:
         pytest.fail("`chromium` is not installed: these tests drive it (apt-get install chromium)")
@@ -55,18 +58,10 @@ def browser():
         browser.close()
 
 
-@pytest.fixture(scope="module")
-def server(tiny_path, tmp_path_factory):
-    log = tmp_path_factory.mktemp("dashboard") / "hypercorn.log"
-    env = tiny_env(tiny_path, SCORING_API_KEY=KEY)
-    with hypercorn_server("asyncio", env, log, "--root-path", PREFIX) as server:
-        yield server
-
-
-@pytest.fixture
-def page(browser):
+@contextlib.contextmanager
+def watched_page(browser) -> Iterator:
     """A page in a fresh context (no key kept), which records what it asks for and its
-    script errors."""
+    script errors, and has none once done."""
     context = browser.new_context(viewport={"width": 1400, "height": 640})
     context.set_default_timeout(WAIT_MS)
     page = context.new_page()
@@ -77,6 +72,26 @@ def page(browser):
     yield page
     context.close()
     assert page.errors == []
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with chromium() as browser:
+        yield browser
+
+
+@pytest.fixture(scope="module")
+def server(tiny_path, tmp_path_factory):
+    log = tmp_path_factory.mktemp("dashboard") / "hypercorn.log"
+    env = tiny_env(tiny_path, SCORING_API_KEY=KEY)
+    with hypercorn_server("asyncio", env, log, "--root-path", PREFIX) as server:
+        yield server
+
+
+@pytest.fixture
+def page(browser):
+    with watched_page(browser) as page:
+        yield page
 
 
 def open_dashboard(page, server):
@@ -117,6 +132,8 @@ def test_the_key_form_opens_the_dashboard_and_a_reload_keeps_it(page, server):
     page.click("button")
     page.wait_for_function("() => document.body.dataset.polls >= 2")
     assert page.title() == "Scoring engine"
+    # one model: the server's figures are its own, and no section per model
+    assert page.locator("[data-model]").count() == 0 and page.is_hidden("#scope")
     page.reload()  # the navigation carries no key: the form answers, with the tab's key
     page.wait_for_function("() => document.body.dataset.polls >= 1")
     # relative URLs only: all under the prefix; and the key in none, nor in the server's log

@@ -1,6 +1,7 @@
 """`/dashboard`: one page for the people who run the engine, drawn in the browser from what
-`/metrics` says (`dashboard.js` polls it; every URL it uses is relative, so the page works under
-a reverse proxy's path prefix).
+`/metrics` says (`dashboard.js` polls it and draws the figures `figures.js` computes: the
+server's, and each model's where several are served; every URL it uses is relative, so the page
+works under a reverse proxy's path prefix).
 
 The page is keyed like every route. A browser cannot send `Authorization` when it navigates, so
 one without the key gets `login.html` (401): it asks for the key, keeps it in the tab's

@@ -1,117 +1,19 @@
 "use strict";
 // The live dashboard. It polls `metrics` (relative: under a proxy's path prefix too) and shows
 // each figure now (from counter deltas over the last WINDOW_S seconds of polls) and since the
-// server started, and charts the last HISTORY_S seconds. Every figure is computed from what
-// /metrics says and nothing else; `window.dashboard` holds the functions that do it.
+// server started, and charts the last HISTORY_S seconds: the server's, and where it serves
+// several models each model's. Every figure is computed from what /metrics says and nothing
+// else, by the functions of `window.dashboard` (figures.js).
 (() => {
   const POLL_MS = 1000;
   const WINDOW_S = 10;
   const HISTORY_S = 300;
   const KEY = sessionStorage.getItem("scoring-api-key"); // put there by the key form
-  // the dashboard's own polls and health checks are not counted as requests
-  const MONITORING = new Set(["/metrics", "/dashboard", "/health", "/ping"]);
-  const STAGES = ["tokenize", "queue", "batch_build", "device", "total"];
-  const QUANTILES = [["p50", 0.5], ["p90", 0.9], ["p99", 0.99]];
   const COLORS = ["#2563eb", "#d97706", "#059669", "#db2777", "#7c3aed"];
-
-  const number = (s) => (s === "+Inf" ? Infinity : s === "-Inf" ? -Infinity : Number(s));
-  const unescape = (v) => v.replace(/\\(.)/g, (_, c) => (c === "n" ? "\n" : c));
-
-  /** Prometheus text as {name: [{labels, value}]}. */
-  function parse(text) {
-    const metrics = {};
-    for (const line of text.split("\n")) {
-      const m = /^([A-Za-z_:][\w:]*)(?:\{(.*)\})?\s+(\S+)/.exec(line);
-      if (m === null) continue; // a comment or a blank line
-      const labels = {};
-      for (const [, k, v] of (m[2] ?? "").matchAll(/(\w+)="((?:[^"\\]|\\.)*)"/g)) {
-        labels[k] = unescape(v);
-      }
-      (metrics[m[1]] ??= []).push({ labels, value: number(m[3]) });
-    }
-    return metrics;
-  }
-
-  /** The sum of the samples of `name` whose labels `keep` accepts. */
-  function total(metrics, name, keep = () => true) {
-    const samples = (metrics[name] ?? []).filter((s) => keep(s.labels));
-    return samples.reduce((sum, s) => sum + s.value, 0);
-  }
-
-  /** The counters of one scrape, as the dashboard adds them up. */
-  function counters(metrics) {
-    const request = (l) => !MONITORING.has(l.route);
-    const by = (key, value) => (l) => l[key] === value;
-    const stage = (name) =>
-      Object.fromEntries(STAGES.map((s) => [s, total(metrics, name, by("stage", s))]));
-    const latency = metrics.scoring_stage_seconds_bucket ?? [];
-    return {
-      requests: total(metrics, "scoring_http_requests_total", request),
-      errors: total(metrics, "scoring_http_requests_total", (l) => request(l) && Number(l.status) >= 400),
-      items: total(metrics, "scoring_items_total"),
-      busy: total(metrics, "scoring_device_busy_seconds_total"),
-      hit: total(metrics, "scoring_prefix_cache_tokens_total", by("result", "hit")),
-      miss: total(metrics, "scoring_prefix_cache_tokens_total", by("result", "miss")),
-      real: total(metrics, "scoring_batch_tokens_total", by("kind", "real")),
-      padded: total(metrics, "scoring_batch_tokens_total", by("kind", "padded")),
-      stageSum: stage("scoring_stage_seconds_sum"),
-      stageCount: stage("scoring_stage_seconds_count"),
-      buckets: Object.fromEntries(
-        latency.filter((s) => s.labels.stage === "total").map((s) => [s.labels.le, s.value]),
-      ),
-    };
-  }
-
-  /** The gauges of one scrape. */
-  const gauges = (metrics) => ({
-    queue: total(metrics, "scoring_queue_depth"),
-    inFlight: total(metrics, "scoring_requests_in_flight"),
-  });
-
-  /** Counters `b` less `a`, field by field; one that went down counts from 0 (a restart). */
-  function since(a, b) {
-    if (typeof b === "number") return b >= a ? b - a : b;
-    return Object.fromEntries(Object.entries(b).map(([k, v]) => [k, since(a?.[k] ?? 0, v)]));
-  }
-
-  /** Prometheus' histogram_quantile over cumulative `buckets` ({le: count}): linear inside
-   * the bucket holding rank q * count, the highest finite bound when that is the +Inf bucket;
-   * null without observations. */
-  function quantile(q, buckets) {
-    const sorted = Object.entries(buckets)
-      .map(([le, n]) => [number(le), n])
-      .sort((x, y) => x[0] - y[0]);
-    const count = sorted.length ? sorted[sorted.length - 1][1] : 0;
-    if (count === 0) return null;
-    const rank = q * count;
-    let [lower, below] = [0, 0];
-    for (const [le, n] of sorted) {
-      if (n >= rank) {
-        return le === Infinity ? lower : lower + (le - lower) * ((rank - below) / (n - below));
-      }
-      [lower, below] = [le, n];
-    }
-    return lower;
-  }
-
-  const ratio = (part, rest) => (part + rest > 0 ? part / (part + rest) : null);
-  const per = (a, b) => (b > 0 ? a / b : null);
-
-  /** The figures of counts `d` (a difference of two scrapes, or one scrape: since start), its
-   * rates over `dt` seconds. */
-  function figures(d, dt) {
-    return {
-      items: d.items / dt,
-      requests: d.requests / dt,
-      busy: d.busy / dt,
-      hit: ratio(d.hit, d.miss),
-      padding: ratio(d.real, d.padded),
-      quantiles: QUANTILES.map(([, q]) => quantile(q, d.buckets)),
-      stages: Object.fromEntries(STAGES.map((s) => [s, per(d.stageSum[s], d.stageCount[s])])),
-    };
-  }
-
-  // -- the page ---------------------------------------------------------------------------
+  const {
+    STAGES, QUANTILES, parse, counters, gauges, models, modelCounters, modelGauges, since,
+    ratio, per, figures, modelFigures,
+  } = window.dashboard;
 
   const three = new Intl.NumberFormat("en", { maximumSignificantDigits: 3 });
   const grouped = new Intl.NumberFormat("en");
@@ -123,12 +25,14 @@
   const times = (k) => (v) => (v === null || v === undefined ? null : v * k);
   const [milli, hundred] = [times(1000), times(100)];
 
-  /** Shows `value` in element `id` (its raw number in `data-value`; none: a dash). */
-  function show(id, value, format) {
-    const element = document.getElementById(id);
+  /** Shows `value` in `element` (its raw number in `data-value`; none: a dash). */
+  function put(element, value, format) {
     element.dataset.value = value === null ? "" : String(value);
     element.textContent = value === null ? "–" : format(value);
   }
+
+  /** Shows `value` in the element `id`. */
+  const show = (id, value, format) => put(document.getElementById(id), value, format);
 
   const CHARTS = [
     ["throughput", "per second", null, [
@@ -152,22 +56,49 @@
     ])],
   ];
 
-  const scrapes = []; // {t, counts}: the window's, oldest first
-  const points = []; // {t, now, gauges}: the charts' history, oldest first
+  // each model's charts: [id, title, top, [name, value of the model's part of a point]]
+  const MODEL_CHARTS = [
+    ["throughput", "per second", null, [
+      ["requests/s", (p) => p.now?.requests],
+      ["batches/s", (p) => p.now?.batches],
+    ]],
+    ["efficiency", "%", 100, [
+      ["device busy", (p) => hundred(p.now?.busy)],
+      ["prefix cache hits", (p) => hundred(p.now?.hit)],
+      ["padding efficiency", (p) => hundred(p.now?.padding)],
+      ["KV pool used", (p) => hundred(p.kv)],
+    ]],
+  ];
+
+  const scrapes = []; // {t, counts, each (model -> counts)}: the window's, oldest first
+  const points = []; // {t, now, gauges, models (model -> {now, gauges, kv})}: the charts' history
+  const sections = new Map(); // model -> its section of the page, once several are served
   let polls = 0;
 
   function update(metrics, t) {
     const counts = counters(metrics);
-    scrapes.push({ t, counts });
+    const names = models(metrics);
+    const each = Object.fromEntries(names.map((m) => [m, modelCounters(metrics, m)]));
+    scrapes.push({ t, counts, each });
     while (scrapes.length > 2 && t - scrapes[1].t >= WINDOW_S) scrapes.shift();
     const base = scrapes[0];
-    const now = base.t < t ? figures(since(base.counts, counts), t - base.t) : null;
-    points.push({ t, now, gauges: gauges(metrics) });
+    const over = (f, a, b) => (base.t < t ? f(since(a, b), t - base.t) : null); // the window's
+    const shown = names.length > 1 ? names : []; // one model: the server's figures are its own
+    const now = over(figures, base.counts, counts);
+    const point = { t, now, gauges: gauges(metrics), models: {} };
+    for (const m of shown) {
+      const g = modelGauges(metrics, m);
+      const mine = over(modelFigures, base.each[m], each[m]);
+      point.models[m] = { now: mine, gauges: g, kv: ratio(g.kvUsed, g.kvFree) };
+    }
+    points.push(point);
     while (t - points[0].t > HISTORY_S) points.shift();
-    render(now, figures(counts, NaN), counts, points[points.length - 1].gauges);
+    render(point.now, figures(counts, NaN), counts, point.gauges);
     for (const [id, , top, series] of CHARTS) {
       plot(document.getElementById(`chart-${id}`), series, top);
     }
+    for (const m of shown) drawModel(section(m), m, point.models[m], each[m]);
+    document.getElementById("scope").hidden = shown.length === 0;
     polls += 1;
     document.body.dataset.polls = polls;
     const time = new Date().toLocaleTimeString("en-GB");
@@ -198,6 +129,57 @@
       show(`stage-${s}-total`, start.stages[s], ms);
       show(`stage-${s}-share`, per(counts.stageSum[s], counts.stageSum.total), percent);
     }
+  }
+
+  /** Shows model `m`'s figures in its `section`: its point `p` and its counts since start. */
+  function drawModel(section, m, p, counts) {
+    const at = (f) => (p.now === null ? null : f(p.now));
+    const start = modelFigures(counts, NaN);
+    const g = p.gauges;
+    const fill = (figure, value, format) =>
+      put(section.querySelector(`[data-figure="${figure}"]`), value, format);
+    fill("requests-rate", at((f) => f.requests), rate);
+    fill("requests-total", counts.requests, count);
+    fill("errors-total", counts.errors, count);
+    fill("tokens-rate", at((f) => f.tokens), rate);
+    fill("tokens-total", counts.real, count);
+    fill("batches-total", counts.batches, count);
+    fill("queue-depth", g.queue, count);
+    fill("in-flight", g.inFlight, count);
+    fill("queued-tokens", g.queuedTokens, count);
+    fill("busy", at((f) => f.busy), percent);
+    fill("busy-total", counts.busy, seconds);
+    fill("hit", at((f) => f.hit), percent);
+    fill("hit-total", start.hit, percent);
+    fill("padding", at((f) => f.padding), percent);
+    fill("padding-total", start.padding, percent);
+    fill("kv-used", p.kv, percent);
+    fill("kv-pages", g.kvUsed + g.kvFree, count);
+    fill("evicted-total", counts.evicted, count);
+    fill("tokenizer", at((f) => f.tokenizer), percent);
+    fill("tokenizer-total", start.tokenizer, percent);
+    fill("compiles-total", counts.compiles, count);
+    const of = (f) => (point) => f(point.models[m] ?? { now: null }); // of this model's point
+    for (const [id, , top, series] of MODEL_CHARTS) {
+      plot(section.querySelector(`[data-chart="${id}"]`), series.map(([n, f]) => [n, of(f)]), top);
+    }
+  }
+
+  /** Model `m`'s section of the page, made from the `model` template when first asked for;
+   * the sections stay in the order asked (the order served). */
+  function section(m) {
+    if (!sections.has(m)) {
+      const made = document.getElementById("model").content.firstElementChild.cloneNode(true);
+      made.dataset.model = m;
+      made.querySelector(".name").textContent = m;
+      for (const [id, title, , series] of MODEL_CHARTS) {
+        legend(made.querySelector(`[data-legend="${id}"]`), title, series);
+      }
+      sections.set(m, made);
+    }
+    const element = sections.get(m);
+    document.getElementById("models").append(element); // where it is: moved to the end
+    return element;
   }
 
   /** Draws `series` ([name, value of a point]) over the history; the y axis runs to `top`,
@@ -273,18 +255,22 @@
     setTimeout(poll, POLL_MS);
   }
 
+  /** Writes `title` and a swatch for each of `series` into the caption `element`. */
+  function legend(element, title, series) {
+    const heading = document.createElement("h2");
+    heading.textContent = title;
+    element.append(heading);
+    series.forEach(([name], i) => {
+      const swatch = document.createElement("span");
+      swatch.textContent = name;
+      swatch.style.setProperty("--swatch", COLORS[i]);
+      element.append(swatch);
+    });
+  }
+
   function build() {
     for (const [id, title, , series] of CHARTS) {
-      const legend = document.getElementById(`legend-${id}`);
-      const heading = document.createElement("h2");
-      heading.textContent = title;
-      legend.append(heading);
-      series.forEach(([name], i) => {
-        const swatch = document.createElement("span");
-        swatch.textContent = name;
-        swatch.style.setProperty("--swatch", COLORS[i]);
-        legend.append(swatch);
-      });
+      legend(document.getElementById(`legend-${id}`), title, series);
     }
     const rows = document.getElementById("stages");
     for (const s of STAGES) {
@@ -297,7 +283,6 @@
     }
   }
 
-  window.dashboard = { parse, counters, gauges, since, figures, quantile };
   build();
   poll();
 })();
