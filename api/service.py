@@ -19,6 +19,8 @@ from api.errors import CLIENT_CLOSED, ApiError, decode_error, engine_error
 from api.metrics import Metrics
 from api.served import ServedModel
 from api.settings import Settings
+from api.tracing import KEY as OBSERVED
+from api.tracing import observed
 from engine import Engine, EngineStats
 from engine.capabilities import Ability
 from engine.plan import kinds_for_this_host, plan_engine
@@ -34,6 +36,7 @@ class Service:
     started: float = field(default_factory=time.time)
     hosts: dict[str, EngineHost] = field(default_factory=dict)  # by served name, in order
     profiling: str | None = None  # the trace directory while the profiler runs
+    traces: object | None = None  # `api.otlp.Traces` while tracing is on (`api.tracing`)
     # what each scoring and embedding route asks of a model (`routes.ENDPOINTS`' `needs`): how a
     # request without a `model` field finds its model among several
     needs: dict[str, tuple[Ability, ...]] = field(default_factory=dict)
@@ -64,6 +67,15 @@ class Service:
         hosts = [(name, host.engine) for name, host in self.hosts.items()]
         return [(name, engine.stats()) for name, engine in hosts if engine is not None]
 
+    def observe(self, request: Request, result, items: int, model: str, route: str = "") -> None:
+        """Record an engine's answer to `request` (a result with `timings` and `prompt_tokens`)
+        of `items` items from `model`: in the metrics of `route` (default: the request's path),
+        and for its trace when tracing is on."""
+        self.metrics.observe(route or request.url.path, result.timings, items)
+        traced = request.scope.get(OBSERVED)  # a list where the request is traced
+        if traced is not None:
+            traced.append(observed(result, items, model))
+
     def roofline(self, engine: Engine) -> dict:
         """`engine.plan.plan` of the loaded program on this host's device kind and the
         accelerators: computed once (it compiles), in the caller's thread."""
@@ -86,7 +98,11 @@ class Service:
                 message = f"model: the model `{model}` does not exist; served here: {served}"
                 raise ApiError(404, message, param="model")
             return model
-        needs = self.needs.get(request.url.path, ())
+        return self.default_model(request.url.path)
+
+    def default_model(self, path: str) -> str:
+        """The model that answers a request naming none at route `path` (`route`)."""
+        needs = self.needs.get(path, ())
         ready = [(m, h.engine) for m in self.models if (h := self.hosts.get(m.name)) and h.engine]
         offering = [m for m, e in ready if any(map(e.capabilities.offers, needs))]
         for m in offering:

@@ -2,11 +2,19 @@
 model answers over HTTP for a fixed time; every answer is checked against the same request sent
 alone, the serving process's memory and descriptors watched, and device faults injected.
 
-    python -m bench soak [--clients 256] [--seconds 60] [--url URL [--pid PID] | --model PATH]
+    python -m bench soak [--clients 256] [--seconds 60]
+                         [--url URL [--pid PID] | --model PATH | --models FILE|default]
                          [--fault-every N [--fault-seconds 20]]
 
 Without `--url` it starts `hypercorn api.app:app` on 127.0.0.1 (as `bench w3` does: bucket grid
-compiled at start, tokenizer cache off) on `--model`, the default model unless given. The pool is
+compiled at start, tokenizer cache off) on `--model`, the default model unless given, or on
+`--models`: a models file (`SCORING_MODELS`) or `default`, the server's default models
+(SmolLM2 and all-MiniLM-L6-v2). With several models each gets `--pool` bodies built with its
+tokenizer, over its routes: those whose bodies name a model (`soak_bodies.NAMED`) name it, the
+others are the routes its card lists as answered by it when none is named
+(`default_endpoints`); each model's bodies are first sent alone to a server of that model alone,
+whose answers are the references (so every answer under load must equal the one-model
+server's), and the report records each model's KV pool beside the default budget. The pool is
 `--pool` distinct bodies spread over the routes of the model's `/v1/models` card that the soak
 knows (`bench.soak_bodies`): label scores, reranks (OpenAI-style, Cohere, TEI), embeddings
 (OpenAI, Cohere, TEI), token vectors, similarity, sparse vectors, BGE-M3's three outputs; 1-32
@@ -31,6 +39,7 @@ that failed, the requests they carried, and what the clients saw (only those req
 every other answer must still equal its reference).
 """
 
+import argparse
 import contextlib
 import itertools
 import json
@@ -43,14 +52,17 @@ from typing import NamedTuple
 
 import anyio
 import httpx2
+import jax
 import numpy as np
 
 from bench import common
 from bench.parity import TOLERANCE
-from bench.soak_bodies import ABS_TOLERANCE, ROUTES, Request, request_pool
+from bench.soak_bodies import ABS_TOLERANCE, NAMED, ROUTES, Request, request_pool
 from bench.w3 import Server
 from engine import default_model_path
+from engine.device.kv_pool import DEFAULT_POOL_SHARE
 from engine.loaders import load_checkpoint
+from score_kernels import devices
 
 WARMUP_ROUNDS = 10
 # seconds for /get_server_info while the server may be busy compiling: httpx's default 5 s is
@@ -318,22 +330,89 @@ class Faults(NamedTuple):
 @contextlib.contextmanager
 def target(args, faults: Faults | None):
     """(URL, serving pid or None): `--url` (and `--pid`), or a server of our own on `--model`
-    (`bench.faulty_app` with `faults`)."""
+    or `--models` (`bench.faulty_app` with `faults`)."""
     if args.url:
         yield args.url.rstrip("/"), serving_pid(args.pid) if args.pid else None
         return
-    app = ("bench.faulty_app:app", faults.env(args.fault_every)) if faults else ("api.app:app",)
-    with Server(common.model_path(args), args, *app) as server:  # compiles the grid at start
+    app, env = (
+        ("bench.faulty_app:app", faults.env(args.fault_every)) if faults else ("api.app:app", {})
+    )
+    path = None if args.models else common.model_path(args)
+    if args.models not in (None, "default"):
+        env["SCORING_MODELS"] = str(Path(args.models).resolve())
+    with Server(path, args, app, env) as server:  # compiles the grid at start
         server.wait_ready(args.startup_timeout)
         yield server.url, serving_pid(server.process.pid)
 
 
-def served(url: str) -> tuple[str, str, list[str]]:
-    """(model path, dtype, the card's endpoints) of the server at `url`."""
-    info = httpx2.get(f"{url}/get_server_info", timeout=INFO_TIMEOUT).json()
-    (card,) = httpx2.get(f"{url}/v1/models", timeout=INFO_TIMEOUT).json()["data"]
-    config = info["engine_config"]
-    return config["model"] or str(default_model_path()), config["dtype"], card["endpoints"]
+class Served(NamedTuple):
+    """A model of the server under test, as its `/v1/models` card and `/get_server_info` say."""
+
+    name: str
+    path: str
+    dtype: str
+    routes: list[str]  # the soak's routes it answers: named, or its by default
+    kv_pool_bytes: int
+
+
+def served(url: str) -> list[Served]:
+    """The models of the server at `url`, in order."""
+    cards = httpx2.get(f"{url}/v1/models", timeout=INFO_TIMEOUT).json()["data"]
+    out = []
+    for card in cards:
+        params = {"model": card["id"]}
+        info = httpx2.get(f"{url}/get_server_info", params=params, timeout=INFO_TIMEOUT).json()
+        config, pool = info["engine_config"], info["kv_pool"]
+        routes = [p for p in card["endpoints"] if p in NAMED or p in card["default_endpoints"]]
+        path = config["model"] or str(default_model_path())
+        out.append(Served(card["id"], path, config["dtype"], routes, pool["bytes"] if pool else 0))
+    return out
+
+
+def model_requests(models: list[Served], args) -> tuple[list[Request], dict]:
+    """Each model's `--pool` bodies (naming it where several are served), interleaved, and the
+    model config (`common.environment`'s) of the first."""
+    pools, first = [], None
+    for i, model in enumerate(models):
+        checkpoint = load_checkpoint(model.path, progress=False)
+        first = first or checkpoint.config
+        pools.append(
+            request_pool(
+                checkpoint.tokenizer,
+                checkpoint.config.vocab_size,
+                model.routes,
+                args.pool,
+                args.seed + i,
+                model.dtype,
+                tuple(args.query_tokens),
+                model=model.name if len(models) > 1 else None,
+            )
+        )
+        del checkpoint
+    return [r for group in itertools.zip_longest(*pools) for r in group if r], first
+
+
+def alone_references(url: str, models: list[Served], requests: list[Request], args) -> list:
+    """Each body's answer sent alone: to `url` where one model is served, else each model's
+    bodies to a server of that model alone (started here, then stopped)."""
+    if len(models) == 1:
+        return anyio.run(references, url, requests, args.timeout)
+    answers = {}
+    for model in models:
+        mine = [i for i, r in enumerate(requests) if owner(r, models) == model.name]
+        single = argparse.Namespace(**{**vars(args), "dtype": model.dtype})
+        with Server(Path(model.path), single) as server:
+            server.wait_ready(args.startup_timeout)
+            got = anyio.run(references, server.url, [requests[i] for i in mine], args.timeout)
+        answers |= dict(zip(mine, got, strict=True))
+    return [answers[i] for i in range(len(requests))]
+
+
+def owner(request: Request, models: list[Served]) -> str:
+    """The model that answers `request`: the one it names, or its route's default."""
+    if "model" in request.body:
+        return request.body["model"]
+    return next(m.name for m in models if request.path in m.routes)
 
 
 def main(argv=None) -> dict:
@@ -349,6 +428,11 @@ def main(argv=None) -> dict:
     p.add_argument("--pool", type=int, default=128, help="distinct request bodies, cycled")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per request, at most")
     p.add_argument("--url", default=None, help="a running server instead of one of our own")
+    p.add_argument(
+        "--models",
+        default=None,
+        help="a models file (SCORING_MODELS) to serve, or `default`: the server's defaults",
+    )
     p.add_argument("--pid", type=int, default=None, help="with --url: the server's process")
     p.add_argument("--worker", choices=["asyncio", "trio"], default="asyncio")
     p.add_argument("--startup-timeout", type=float, default=900.0)
@@ -366,25 +450,17 @@ def main(argv=None) -> dict:
     args = common.parse_args(p, argv, QUICK)
     if args.fault_every and args.url:
         p.error("--fault-every injects faults into a server of its own: not with --url")
+    if args.models and (args.url or args.model or args.shape):
+        p.error("--models serves its own models: not with --url, --model or --shape")
     faults = Faults.make() if args.fault_every else None
     with target(args, faults) as (url, pid):
-        model, args.dtype, endpoints = served(url)
-        checkpoint = load_checkpoint(model, progress=False)
-        cfg = checkpoint.config
-        requests = request_pool(
-            checkpoint.tokenizer,
-            cfg.vocab_size,
-            endpoints,
-            args.pool,
-            args.seed,
-            args.dtype,
-            tuple(args.query_tokens),
-        )
-        del checkpoint
-        expected = anyio.run(references, url, requests, args.timeout)
+        models = served(url)
+        args.dtype = models[0].dtype
+        requests, cfg = model_requests(models, args)
+        expected = alone_references(url, models, requests, args)
         report = anyio.run(soak, url, pid, requests, expected, args, faults)
-    path = Path(model)
-    tag = common.model_tag(args, path)
+    path = Path(models[0].path)
+    tag = "+".join(common.model_tag(args, Path(m.path)) for m in models)
     report = {
         "workload": "soak",
         **common.environment(args, path, cfg),
@@ -393,6 +469,11 @@ def main(argv=None) -> dict:
         "seconds": args.seconds,
         "pool": args.pool,
         "routes": sorted({r.path for r in requests}),
+        "models": [
+            {"name": m.name, "path": m.path, "routes": m.routes, "kv_pool_bytes": m.kv_pool_bytes}
+            for m in models
+        ],
+        "kv_pool_budget_bytes": devices.memory(jax.devices()[0]) // DEFAULT_POOL_SHARE,
         "tolerance": {"scores_log": TOLERANCE[args.dtype], "values": ABS_TOLERANCE[args.dtype]},
         **report,
     }
@@ -423,6 +504,8 @@ def summary(report: dict, tag: str) -> str:
             f"; RSS {before['rss_mib']:.0f} -> {after['rss_mib']:.0f} MiB "
             f"(peak {report['peak_rss_mib']:.0f}), FDs {before['fds']} -> {after['fds']}"
         )
+    pools = sum(m["kv_pool_bytes"] for m in report["models"]) / 2**20
+    line += f"; KV pools {pools:.0f} MiB of {report['kv_pool_budget_bytes'] / 2**20:.0f} MiB"
     if faults := report.get("faults"):
         line += (
             f"; {_phase('faults', faults)}, {faults['failed_batches']} batches failed "

@@ -251,11 +251,24 @@ def items_of(body: dict) -> int:
     return len(inputs["sentences"]) if isinstance(inputs, dict) else len(inputs)
 
 
+# the routes whose bodies name the model that answers them (the others' go to the server's
+# default model for the route: `/v1/models`' `default_endpoints`)
+NAMED = frozenset({"/v1/score", "/v1/rerank", "/v2/rerank", "/v1/embeddings", "/v2/embed"})
+
+
 def request_pool(
-    tokenizer, vocab: int, endpoints: list[str], count: int, seed: int, dtype: str, query=(5, 60)
+    tokenizer,
+    vocab: int,
+    endpoints: list[str],
+    count: int,
+    seed: int,
+    dtype: str,
+    query=(5, 60),
+    model: str | None = None,
 ) -> list[Request]:
     """`count` distinct requests spread evenly over the soak's routes among `endpoints`, in
-    turn; queries of `query` tokens (fewest, most)."""
+    turn; queries of `query` tokens (fewest, most); with `model`, the bodies of `NAMED` routes
+    name it."""
     paths = [p for p in ROUTES if p in endpoints]
     if not paths:
         raise SystemExit(f"the model serves none of the soak's routes: {sorted(ROUTES)}")
@@ -265,5 +278,7 @@ def request_pool(
     for i in range(count):
         path = paths[i % len(paths)]
         body = ROUTES[path].build(rng, ctx)
+        if model is not None and path in NAMED:
+            body["model"] = model
         out.append(Request(path, body, json.dumps(body).encode(), items_of(body)))
     return out

@@ -117,16 +117,19 @@ def cpu_seconds(pid: int) -> float:
 
 
 class Server:
-    """`hypercorn api.app:app` (or `app`, with `env_added`) on 127.0.0.1 in a child process;
-    stops on exit."""
+    """`hypercorn api.app:app` (or `app`, with `env_added`) on 127.0.0.1 in a child process,
+    serving `path` (None: what `env_added` or the defaults configure); stops on exit."""
 
-    def __init__(self, path: Path, args, app: str = "api.app:app", env_added: dict | None = None):
+    def __init__(
+        self, path: Path | None, args, app: str = "api.app:app", env_added: dict | None = None
+    ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = Path(tempfile.mkdtemp(prefix="bench-w3-")) / "hypercorn.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("SCORING_")}
+        if path is not None:  # None: the server's default models, or `env_added`'s
+            env["SCORING_MODEL"] = str(path)
         env |= {
-            "SCORING_MODEL": str(path),
             "SCORING_DTYPE": args.dtype,
             "SCORING_TOKEN_BUDGET": str(args.token_budget),
             "SCORING_TOKENIZER_CACHE_SIZE": "0",
