@@ -15,7 +15,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 
-from api import errors, routes
+from api import errors, routes, tracing
 from api.bridge import host_engine
 from api.metrics import CountRequests
 from api.service import Service
@@ -26,10 +26,12 @@ log = logging.getLogger("api")
 
 @asynccontextmanager
 async def lifespan(app: Starlette) -> AsyncIterator[None]:
-    """Start each model's engine host (loading in the background) and stop them on shutdown."""
+    """Start each model's engine host (loading in the background), and the traces' exporter
+    when tracing is on; stop them on shutdown, the traces' last."""
     service: Service = app.state.service
     _configure_logging(service.settings.server.log_level)
     async with contextlib.AsyncExitStack() as hosts:
+        service.traces = await hosts.enter_async_context(tracing.exporting(service.settings.server))
         for model in service.models:
             service.hosts[model.name] = await hosts.enter_async_context(host_engine(model.engine))
         try:
@@ -44,6 +46,10 @@ def create_app(settings: Settings | None = None) -> Starlette:
     service.needs = {e.path: e.needs for e in routes.ENDPOINTS if e.needs}
     paths = frozenset(route.path for route in routes.ROUTES)
     middleware = [Middleware(CountRequests, metrics=service.metrics, routes=paths)]
+    if service.settings.server.otlp_traces_endpoint:
+        traced = frozenset(service.needs)  # the engine routes
+        traces = lambda: service.traces
+        middleware.append(Middleware(tracing.TraceRequests, traces=traces, paths=traced))
     origins = service.settings.server.cors_origins
     if origins:
         middleware.append(

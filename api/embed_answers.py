@@ -53,7 +53,7 @@ async def embed(
 
     name = service.route(request, model)
     result = await service.call(request, call, model=name, renames=renames)
-    service.metrics.observe(request.url.path, result.timings, len(inputs))
+    service.observe(request, result, len(inputs), name)
     return result
 
 

@@ -55,7 +55,7 @@ async def _vllm_score(service: Service, request: Request, body: bytes) -> Respon
         model=name,
         renames={"documents": pairs.names[1], "max_prompt_tokens": "truncate_prompt_tokens"},
     )
-    service.metrics.observe(request.url.path, result.timings, len(pairs.documents))
+    service.observe(request, result, len(pairs.documents), name)
     scores = [s[0] for s in result.scores]
     answer = vllm_score.response(scores, result, req.model or name)
     return json_response(answer, headers=timing_headers(result.timings))
@@ -74,7 +74,7 @@ async def _score(service: Service, request: Request, req: schemas.ScoreRequest) 
         ),
         model=name,
     )
-    service.metrics.observe("/v1/score", result.timings, len(result.scores))
+    service.observe(request, result, len(result.scores), name, "/v1/score")
     body = schemas.ScoreResponse(
         scores=result.scores,
         model=req.model or name,  # echoed, as SGLang does
@@ -138,7 +138,7 @@ async def _rerank(service, request, req: schemas.RerankRequest, shape, version) 
         model=name,
         renames={"documents": docs.field, "max_prompt_tokens": "truncate_prompt_tokens"},
     )
-    service.metrics.observe(request.url.path, result.timings, len(docs.texts))
+    service.observe(request, result, len(docs.texts), name)
     model = req.model or name
     body = rerank_answers.answer(shape, req, docs, result, model=model, version=version)
     return json_response(body, headers=timing_headers(result.timings))

@@ -42,6 +42,12 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # TEI's `--auto-truncate` (its default since 1.9): a TEI request that does not say
     # `truncate` has its over-long texts cut to the model's limit; false: refused unless it asks
     tei_auto_truncate: bool = True
+    # OpenTelemetry tracing (docs/dashboard.md): the OTLP/HTTP protobuf traces endpoint that
+    # gets a span of each engine request with a child span per stage
+    # (`http://collector:4318/v1/traces`; `collector:4318` gets `http://` and `/v1/traces`);
+    # None: tracing off. Needs the `tracing` extra
+    otlp_traces_endpoint: str | None = None
+    otlp_service_name: str = "llm-scoring-engine"  # the spans' `service.name`
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True):

@@ -86,7 +86,7 @@ async def generative_scoring(service: Service, request: Request) -> Response:
         ),
         model=name,
     )
-    service.metrics.observe(request.url.path, result.timings, len(items))
+    service.observe(request, result, len(items), name)
     generated = len(items)
     body = GenerativeScoringResponse(
         id=f"generative-scoring-{req.request_id or uuid.uuid4().hex}",
