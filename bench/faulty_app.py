@@ -44,7 +44,8 @@ def execute(self: RunnerState, batch):
     with _lock:
         fail = bool(batch.rows) and ARM.exists() and next(_batches) % EVERY == 0
         if fail:
-            requests = sorted({request for request, _ in batch.rows})
+            # a request's id is its engine's: with several models, named by runner too
+            requests = sorted({f"{id(self)}:{request}" for request, _ in batch.rows})
             with LOG.open("a") as log:
                 log.write(json.dumps({"batch": batch.id, "requests": requests}) + "\n")
     if not fail:

@@ -210,13 +210,12 @@ async def sample_peak(pid: int, peak: list[float]) -> None:
 async def until_idle(url: str, timeout: float = 120.0) -> None:
     """Wait until the server holds no request (nothing in flight or queued): what is sampled
     then is what the server keeps, not the work of the clients that just stopped."""
-    async with httpx2.AsyncClient(base_url=url, timeout=INFO_TIMEOUT) as http:
-        with anyio.fail_after(timeout):
-            while True:
-                stats = (await http.get("/get_server_info")).json()["stats"]
-                if stats["in_flight"] == 0 and stats["queue_depth"] == 0:
-                    return
-                await anyio.sleep(0.05)
+    with anyio.fail_after(timeout):
+        while True:
+            stats = await server_stats(url)
+            if stats["in_flight"] == 0 and stats["queue_depth"] == 0:
+                return
+            await anyio.sleep(0.05)
 
 
 async def warm_up(url: str, requests, expected, args) -> dict:
@@ -252,8 +251,15 @@ async def settled_sample(pid: int, timeout: float = 30.0) -> dict:
 
 
 async def server_stats(url: str) -> dict:
+    """The engine counters of the server at `url`, summed over its models."""
     async with httpx2.AsyncClient(base_url=url, timeout=INFO_TIMEOUT) as http:
-        return (await http.get("/get_server_info")).json()["stats"]
+        cards = (await http.get("/v1/models")).json()["data"]
+        total: Counter = Counter()
+        for card in cards:
+            info = await http.get("/get_server_info", params={"model": card["id"]})
+            stats = info.json()["stats"]
+            total.update({k: v for k, v in stats.items() if isinstance(v, int | float)})
+        return dict(total)
 
 
 async def soak(url: str, pid: int | None, requests, expected, args, faults) -> dict:

@@ -2,8 +2,8 @@
 serves over HTTP, every answer checked against the same request sent alone, nothing lost, the
 serving process's memory and file descriptors flat after the warm-up; then a phase of injected
 device faults in which only the requests of the failed batches fail. On the tiny decoder (label
-scores and three rerank routes) and on the real all-MiniLM-L6-v2 (embeddings behind three APIs,
-token vectors, similarity)."""
+scores and three rerank routes), on the real all-MiniLM-L6-v2 (embeddings behind three APIs,
+token vectors, similarity, reranks by cosine), and on both in one server."""
 
 import json
 
@@ -18,11 +18,11 @@ RSS_GROWTH_MIB = 64
 FD_GROWTH = 4
 
 
-def run_soak(tmp_path, model, *options) -> dict:
+def run_soak(tmp_path, model, *options, serve: str = "--model") -> dict:
     out = tmp_path / "soak.json"
     soak.main(
         [
-            *("--model", str(model), "--dtype", "float32", *options),
+            *(serve, str(model), "--dtype", "float32", *options),
             *("--fault-every", "4", "--no-progress", "--json", str(out)),
         ]
     )
@@ -76,6 +76,32 @@ def test_an_embedder_answers_every_route_exactly_under_faults(minilm, tmp_path):
         *("--clients", "32", "--seconds", "4", "--warmup", "2", "--pool", "20"),
         *("--fault-seconds", "4"),
     )
-    routes = ["/embed", "/embed_all", "/similarity", "/v1/embeddings", "/v2/embed"]
-    check_answers(report, routes)
+    routes = ["/embed", "/embed_all", "/rerank", "/similarity", "/v1/embeddings", "/v1/rerank"]
+    check_answers(report, [*routes, "/v2/embed", "/v2/rerank"])
     check_faults(report)
+
+
+def test_two_models_in_one_server_answer_as_each_alone(tiny_checkpoints, minilm, tmp_path):
+    """Each model's bodies (naming it, or on the routes it answers by default) under load in
+    one server equal that model's own server's answers to each body alone."""
+    models = tmp_path / "models.toml"
+    models.write_text(
+        f'[[models]]\nname = "scorer"\nmodel = "{tiny_checkpoints["llama-untied"]}"\n'
+        f'[[models]]\nname = "embedder"\nmodel = "{minilm}"\ndefault_for = ["rerank"]\n'
+    )
+    report = run_soak(
+        tmp_path,
+        models,
+        *("--clients", "32", "--seconds", "4", "--warmup", "2", "--pool", "24"),
+        *("--fault-seconds", "4"),
+        serve="--models",
+    )
+    scorer, embedder = report["models"]
+    assert scorer["routes"] == ["/v1/score", "/generative_scoring", "/v1/rerank", "/v2/rerank"]
+    assert embedder["routes"][:3] == ["/v1/rerank", "/v2/rerank", "/rerank"]  # default_for
+    routes = ["/embed", "/embed_all", "/rerank", "/similarity", "/v1/embeddings", "/v1/rerank"]
+    check_answers(report, [*routes, "/v1/score", "/v2/embed", "/v2/rerank"])
+    check_faults(report)
+    # the scorer's pool, half the default, within the budget; the embedder keeps none
+    assert 0 < scorer["kv_pool_bytes"] <= report["kv_pool_budget_bytes"] // 2
+    assert embedder["kv_pool_bytes"] == 0
