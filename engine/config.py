@@ -54,7 +54,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     max_token_vectors_per_request: int = 32768
     tokenizer_cache_size: int = 65536  # texts whose token ids are kept (LRU)
     # encode byte-level BPE texts (GPT-2, Qwen2, Llama 3 pre-tokenizers) in native code, with ids
-    # equal to `tokenizers`' (docs/performance.md); False: `tokenizers` encodes every text
+    # equal to `tokenizers`' (docs/performance-history.md); False: `tokenizers` encodes every text
     native_tokenizer: bool = True
     # KV pool size in bytes (prefix reuse across requests, docs/kv-cache.md); None: an eighth of
     # the device's memory (the host's on CPU; runners sharing it share that), at most what 262144

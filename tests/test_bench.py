@@ -468,7 +468,7 @@ def test_w1_cross_encoder(tiny_cross_encoder, tmp_path, capsys):
     assert set(report["baseline"]["per_batch_size"]) == {"4", "8"}
     low, high = report["engine_score_range"]
     assert high - low > 1e-2  # scores far apart, so that agreeing says something
-    # CrossEncoder's raw logits, f32: measured 7.2e-7 (docs/performance.md: "within 2e-6")
+    # CrossEncoder's raw logits, f32: measured 7.2e-7 (docs/performance-history.md: "within 2e-6")
     assert report["max_abs_score_diff_vs_baseline"] < 2e-6
     recorded = {k: v for k, v in report.items() if k != "argv"}
     assert not [s for s in strings(recorded) if s.startswith("/")]

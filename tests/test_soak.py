@@ -13,7 +13,7 @@ from bench import soak
 # once their count settles); with three busy processes beside it on the two cores, +33 MiB (the
 # allocator keeps what the run's deeper queues took). A leak of 64 KiB per request would pass
 # the bound by the run's ~1,000th request. The full-size soaks' figures are in
-# docs/performance.md
+# docs/performance-history.md
 RSS_GROWTH_MIB = 64
 FD_GROWTH = 4
 
