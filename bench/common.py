@@ -159,6 +159,23 @@ def git_commit(root: Path = PROJECT) -> str | None:
     return out.stdout.strip() or None
 
 
+def commit_date(commit: str, root: Path = PROJECT) -> tuple[str, int]:
+    """The commit's date (YYYY-MM-DD) and time (s since the epoch), as `root`'s git knows it;
+    ("", 0) where it does not."""
+    try:
+        out = subprocess.run(
+            ["git", "show", "-s", "--format=%cs %ct", commit, "--"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "", 0
+    date, _, time = out.stdout.strip().partition(" ")
+    return (date, int(time)) if out.returncode == 0 and time else ("", 0)
+
+
 def environment(args, path: Path, cfg) -> dict:
     """Facts every report carries: model, shape, dtype, machine, commit.
 
@@ -166,6 +183,8 @@ def environment(args, path: Path, cfg) -> dict:
     of the machine that ran it.
     """
 
+    commit = git_commit()
+    date, seconds = commit_date(str(commit).removesuffix("-dirty"))
     return {
         "model": path.resolve().name,
         "shape": args.shape,
@@ -176,7 +195,10 @@ def environment(args, path: Path, cfg) -> dict:
         "jax_backend": devices.backend(),
         "native_compiled": _native.COMPILED,
         "baseline_device": args.baseline_device,
-        "commit": git_commit(),
+        "commit": commit,
+        # the commit's date: `bench summary` reads it here, needing no git history
+        "commit_date": date,
+        "commit_time": seconds,
         "seed": args.seed,
         "argv": command_line(sys.argv[1:]),
     }

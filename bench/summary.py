@@ -15,11 +15,12 @@ import argparse
 import difflib
 import json
 import re
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
+
+from bench import common
 
 ROOT = Path(__file__).resolve().parent.parent
 FIGURES = ROOT / "bench" / "figures"
@@ -185,27 +186,14 @@ def read(path: Path, dates: Callable[[str], tuple[str, int]]) -> list[Measured]:
     except (KeyError, TypeError) as e:
         raise Skipped(f"{workload}: a field this reader needs is missing ({e})") from None
     commit = report.get("commit") or "?"
-    date, time = dates(commit.removesuffix("-dirty"))
+    if "commit_time" in report:  # recorded with the report (`common.environment`)
+        date, time = report["commit_date"], report["commit_time"]
+    else:
+        date, time = dates(commit.removesuffix("-dirty"))
     return [Measured(where, row, commit, date, time, path.name) for row in rows]
 
 
-def commit_date(commit: str) -> tuple[str, int]:
-    """The commit's date (YYYY-MM-DD) and time, as this checkout's git knows it."""
-    try:
-        out = subprocess.run(
-            ["git", "show", "-s", "--format=%cs %ct", commit, "--"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return "", 0
-    date, _, time = out.stdout.strip().partition(" ")
-    return (date, int(time)) if out.returncode == 0 and time else ("", 0)
-
-
-def collect(paths, dates=commit_date) -> tuple[list[Measured], dict[str, str]]:
+def collect(paths, dates=common.commit_date) -> tuple[list[Measured], dict[str, str]]:
     """The newest row per (machine, workload, model, dtype), and each report left out, with
     why."""
     newest: dict[tuple, Measured] = {}

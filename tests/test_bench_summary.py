@@ -97,6 +97,17 @@ def test_a_machine_kind_gets_one_table_of_the_newest_reports(tmp_path):
     )
 
 
+def test_a_report_dated_with_its_commit_needs_no_git(tmp_path):
+    dated = w1("ccccccc", 9.0, 4.5) | {"commit_date": "2026-12-06", "commit_time": 3}
+    measured, skipped = summary.collect(
+        write(tmp_path, {"w1-old": w1("bbbbbbb", 8.312, 4.662), "w1-new": dated}),
+        dates=DATES.__getitem__,  # knows no ccccccc: a KeyError if asked
+    )
+    assert skipped == {} and [(m.commit, m.date, m.time) for m in measured] == [
+        ("ccccccc", "2026-12-06", 3)
+    ]
+
+
 def test_a_tag_names_the_cpu_kind_and_each_kind_its_own_table(tmp_path):
     embed = head("embed", "aaaaaaa", {"cpu": "AMD EPYC", "matrix_isa": "avx2"}, kind="sparse")
     embed |= {"items": 300, "engine_items_per_s": 7.947, "dtype": "float32"}
