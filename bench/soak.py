@@ -476,7 +476,9 @@ def main(argv=None) -> dict:
         "pool": args.pool,
         "routes": sorted({r.path for r in requests}),
         "models": [
-            {"name": m.name, "path": m.path, "routes": m.routes, "kv_pool_bytes": m.kv_pool_bytes}
+            # by file or directory name: a committed report names no path of the machine
+            {"name": m.name, "path": Path(m.path).name, "routes": m.routes}
+            | {"kv_pool_bytes": m.kv_pool_bytes}
             for m in models
         ],
         "kv_pool_budget_bytes": devices.memory(jax.devices()[0]) // DEFAULT_POOL_SHARE,
