@@ -10,13 +10,14 @@ import msgspec
 import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from starlette.testclient import TestClient
 
 from api.app import create_app
 from api.served import ModelsFileError, served_models
 from api.settings import settings_from_env
 from engine import EngineConfig, load_model
 from engine.device.kv_pool import default_kv_cache_bytes
-from tests.test_api_support import BASE_ENV, serving
+from tests.test_api_support import BASE_ENV, serving, wait_until
 from tests.test_embed import tiny_embedder
 
 TEXTS = ["a kitten sleeps on the mat", "stocks fell sharply"]
@@ -215,3 +216,21 @@ def floats(answer) -> list[float]:
     if isinstance(answer, list):
         return [x for v in answer for x in floats(v)]
     return [answer] if isinstance(answer, float) else []
+
+
+def test_a_model_that_does_not_fit_is_refused_at_start_naming_it_and_the_field(paths, tmp_path):
+    models = write(
+        tmp_path / "models.toml",
+        f'[[models]]\nname = "embedder"\nmodel = "{paths["embedder"]}"\n'
+        f'[[models]]\nname = "scorer"\nmodel = "{paths["scorer"]}"\n'
+        "kv_cache_bytes = 1_000_000_000_000_000\n",  # a petabyte
+    )
+    app = create_app(settings_from_env({**BASE_ENV, "SCORING_MODELS": models}))
+    with TestClient(app, backend="asyncio") as client:
+        failed = lambda: client.get("/health").json()["status"] == "failed"
+        assert wait_until(failed)
+        r = client.get("/health")
+        assert r.status_code == 503
+        assert r.json()["message"].startswith("scorer: InvalidInput: kv_cache_bytes: a KV pool of")
+        r = client.post("/v1/embeddings", json={"input": TEXTS})  # the other one serves
+        assert r.status_code == 200 and r.json()["model"] == "embedder"
