@@ -257,7 +257,7 @@ def test_the_service_reranks_as_the_engine_and_refuses_label_scores(encoder):
         assert info["architecture"] == "cross-encoder"
         assert info["rerank_template"] == "cross-encoder"
         assert info["head"] == "sequence-classification"
-        assert info["endpoints"] == [*RERANK_PATHS, "/invocations"]  # no /v1/score
+        assert info["endpoints"] == [*RERANK_PATHS, "/invocations", "/"]  # no /v1/score
         card = client.get("/v1/models").json()["data"][0]
         assert (card["architecture"], card["family"]) == ("cross-encoder", info["family"])
         body = {"query": QUERY, "documents": docs, "return_documents": False}

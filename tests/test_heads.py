@@ -98,7 +98,7 @@ def test_the_service_says_which_head_and_refuses_label_scores(checkpoint):
     for client in serving(app, "asyncio"):
         info = client.get("/get_model_info").json()
         assert (info["head"], info["num_labels"]) == ("sequence-classification", labels)
-        assert info["endpoints"] == [*RERANK_PATHS, "/invocations"]  # no /v1/score
+        assert info["endpoints"] == [*RERANK_PATHS, "/invocations", "/"]  # no /v1/score
         r = client.post("/v1/score", json={"query": QUERY, "items": DOCS, "label_token_ids": [1]})
         assert r.status_code == 400 and r.json()["error"]["param"] == "label_token_ids"
         r = client.post("/v1/rerank", json={"query": QUERY, "documents": DOCS})
@@ -224,6 +224,7 @@ def test_a_one_label_recipe_needs_its_tokens(tiny_checkpoints, tmp_path):
             "/v1/score",
             "/generative_scoring",
             "/invocations",
+            "/",
         ]
         r = client.post("/v1/score", json={"query": QUERY, "items": DOCS, "label_token_ids": [5]})
         assert r.status_code == 200

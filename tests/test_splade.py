@@ -293,7 +293,7 @@ def test_embed_sparse_route_answers_the_engines_vectors(client):
     one = client.post("/embed_sparse", json={"inputs": texts[0], "max_active_dims": 3}).json()
     assert len(one) == 1 and len(one[0]) == 3
     info = client.get("/get_model_info").json()
-    assert info["endpoints"] == ["/embed_sparse", "/invocations"]  # SageMaker's, for TEI's body
+    assert info["endpoints"] == ["/embed_sparse", "/invocations", "/"]  # SageMaker's, TEI's root
 
 
 @pytest.mark.parametrize(
