@@ -175,19 +175,26 @@ class CountRequests:
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        status = 500
-
-        async def counting_send(message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
+        answer = StatusSend(send)
         try:
-            await self.app(scope, receive, counting_send)
+            await self.app(scope, receive, answer)
         finally:
             path = route_path(scope)
-            self.metrics.count(path if path in self.routes else "other", status)
+            self.metrics.count(path if path in self.routes else "other", answer.status)
+
+
+class StatusSend:
+    """An ASGI `send` that passes every message on and keeps the answer's status (500 until a
+    response starts: what a request that fails unanswered is counted as)."""
+
+    def __init__(self, send):
+        self.send = send
+        self.status = 500
+
+    async def __call__(self, message) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+        await self.send(message)
 
 
 def route_path(scope) -> str:

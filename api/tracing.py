@@ -17,7 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 
-from api.metrics import route_path
+from api.metrics import StatusSend, route_path
 from api.settings import ServerConfig
 from engine import Timings
 
@@ -110,22 +110,16 @@ class TraceRequests:
         traces = self.traces()
         if traces is None or scope["type"] != "http" or route_path(scope) not in self.paths:
             return await self.app(scope, receive, send)
-        start, status, error, seen = time.time_ns(), 500, None, []
-
-        async def status_send(message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
+        start, error, seen, answer = time.time_ns(), None, [], StatusSend(send)
         try:
-            await self.app(scope | {KEY: seen}, receive, status_send)
+            await self.app(scope | {KEY: seen}, receive, answer)
         except BaseException as e:
             error = e
             raise
         finally:
             try:
-                traces.record(_answered(scope, start, status, error, seen[-1] if seen else None))
+                last = seen[-1] if seen else None
+                traces.record(_answered(scope, start, answer.status, error, last))
             except Exception:  # a trace lost, never an answer
                 log.exception("tracing: the spans of a request were not recorded")
 
