@@ -74,7 +74,7 @@ async def _score(service: Service, request: Request, req: schemas.ScoreRequest) 
         ),
         model=name,
     )
-    service.observe(request, result, len(result.scores), name, "/v1/score")
+    service.observe(request, result, len(result.scores), name)
     body = schemas.ScoreResponse(
         scores=result.scores,
         model=req.model or name,  # echoed, as SGLang does

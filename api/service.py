@@ -67,11 +67,11 @@ class Service:
         hosts = [(name, host.engine) for name, host in self.hosts.items()]
         return [(name, engine.stats()) for name, engine in hosts if engine is not None]
 
-    def observe(self, request: Request, result, items: int, model: str, route: str = "") -> None:
+    def observe(self, request: Request, result, items: int, model: str) -> None:
         """Record an engine's answer to `request` (a result with `timings` and `prompt_tokens`)
-        of `items` items from `model`: in the metrics of `route` (default: the request's path),
-        and for its trace when tracing is on."""
-        self.metrics.observe(route or request.url.path, result.timings, items)
+        of `items` items from `model`: in the metrics of its route (`/invocations` hands each
+        body on as sent to the route that answers it), and for its trace when tracing is on."""
+        self.metrics.observe(request.url.path, result.timings, items)
         traced = request.scope.get(OBSERVED)  # a list where the request is traced
         if traced is not None:
             traced.append(observed(result, items, model))
