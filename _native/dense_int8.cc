@@ -1,10 +1,11 @@
 // Dense int8 matmul with pre-packed weights for the CPU, as an XLA FFI custom call.
 //
 // out f32[M, N] = a bf16[M, K] @ W, W being layer `layer` of a stack of int8 weights quantised
-// per column (`score_kernels/quant.py`): stored as u8 q + 128 packed [L, N/16, K/4, 64] (per 16-column
-// group and quad of rows k..k+3, each column's four bytes: the operand layout of the VNNI u8 x s8
-// dot product), with f32 column scales [L, N]. The activations are quantised per row block on
-// the fly; each block's sums are exact in int32, then weighted by the block's scale in f32. The
+// per column after their rows' Hadamard rotation (`score_kernels/quant.py`): stored as u8 q + 128
+// packed [L, N/16, K/4, 64] (per 16-column group and quad of rows k..k+3, each column's four
+// bytes: the operand layout of the VNNI u8 x s8 dot product), with f32 column scales [L, N]. The
+// activations are rotated by the same Hadamard blocks and quantised per row block on the fly
+// (the rotations cancel in the product); each block's sums are exact in int32, then weighted by the block's scale in f32. The
 // weights' +128 adds `128 * sum(q_x)` of a block to every column of the row, which is taken
 // back from the block's int32 sums. The gated form computes a SwiGLU MLP's
 // bf16(silu(a @ W_gate) * (a @ W_up)) from gate and up packed with their 16-column groups

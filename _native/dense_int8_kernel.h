@@ -50,83 +50,55 @@ inline void block_stats(const Problem& p, int64_t row, int64_t b, float amax, in
 
 inline float inverse_of(float amax) { return amax > 0 ? 127.0f / amax : 0.0f; }
 
-#if DENSE_INT8_WIDE
-// The largest magnitude of 128 bf16 values: their bits less the sign, compared as 16-bit
-// integers, which orders them as their values.
-inline float held_amax(const uint16_t* x) {
-  const VI magnitude = _mm512_set1_epi16(0x7FFF);
-  VI m = and_i(load_i(x), magnitude);
-  for (int i = 1; i < 4; ++i) m = _mm512_max_epu16(m, and_i(load_i(x + 32 * i), magnitude));
-  m = _mm512_max_epu16(m, _mm512_srli_epi32(m, 16));  // each lane's two halves
-  const uint32_t top = uint32_t(_mm512_reduce_max_epi32(and_i(m, set1_i(0xFFFF))));
-  float f;
-  const uint32_t b = top << 16;
-  std::memcpy(&f, &b, 4);
-  return f;
+// Whether a block of this width is rotated: a power of two (every full block of 128, and the
+// usual tails), as `quant.rotated` says.
+inline bool rotated(int64_t width) { return (width & (width - 1)) == 0; }
+
+// x[0, n) times the n x n Hadamard matrix (+-1 entries, Sylvester's order), n a power of two, in
+// place: log2(n) butterfly stages turning each pair (a, b) into (a + b, a - b), the additions
+// `quant.hadamard` does in XLA, so both give the same floats.
+inline void hadamard(float* x, int64_t n) {
+  for (int64_t h = 1; h < n; h *= 2)
+    for (int64_t i = 0; i < n; i += 2 * h)
+      for (int64_t j = i; j < i + h; ++j) {
+        const float a = x[j], b = x[j + h];
+        x[j] = a + b;
+        x[j + h] = a - b;
+      }
 }
 
-// A block of exactly kHeld lanes (the usual 128) at 512 bits: no tails, its q stored 64 at a
-// time, narrowed by saturating packs (exact: |q| <= 127), which interleave 128-bit lanes, put
-// back in order by one permutation; their sum by a dot product with ones.
-constexpr int kHeld = 128;
-inline void quantize_held(const Problem& p, int64_t row, int64_t b) {
-  const int64_t k0 = b * p.block;
-  const uint16_t* x = p.a + row * p.k + k0;
-  const float amax = held_amax(x);
-  const VF inverse = set1_f(inverse_of(amax));
-  int8_t* q = p.q + row * p.k + k0;
-  const VI order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  const VI ones = _mm512_set1_epi8(1);
-  VI vsum = zero_i();
-  for (int h = 0; h < kHeld / 64; ++h) {
-    VI qi[4];
-    for (int i = 0; i < 4; ++i)
-      qi[i] = to_nearest_i(mul_f(load_bf16(x + (4 * h + i) * kLanes), inverse));
-    const VI packed = _mm512_packs_epi16(_mm512_packs_epi32(qi[0], qi[1]),
-                                         _mm512_packs_epi32(qi[2], qi[3]));
-    const VI bytes = _mm512_permutexvar_epi32(order, packed);
-    _mm512_storeu_si512(q + 64 * h, bytes);
-    vsum = dot(vsum, ones, bytes);
-  }
-  block_stats(p, row, b, amax, hsum(vsum));
-}
-#endif
-
-// Any block: two passes over memory, the tail lane by lane.
-inline void quantize_block(const Problem& p, int64_t row, int64_t b) {
-  const uint16_t* x = p.a + row * p.k;
-  int8_t* q = p.q + row * p.k;
-  const int64_t k0 = b * p.block, k1 = std::min(p.k, k0 + p.block);
-  const int64_t vec_end = k0 + (k1 - k0) / kLanes * kLanes;
+// Block b of a row: widened to f32, rotated where its width is a power of two (spreading an
+// outlier channel over the block before it sets the block's scale), then quantised.
+inline void quantize_block(const Problem& p, int64_t row, int64_t b, float* x) {
+  const int64_t k0 = b * p.block, n = std::min(p.k, k0 + p.block) - k0;
+  const uint16_t* a = p.a + row * p.k + k0;
+  for (int64_t i = 0; i < n; ++i) x[i] = bf16_to_f32(a[i]);
+  if (rotated(n)) hadamard(x, n);
+  const int64_t vec_end = n / kLanes * kLanes;
   const VI magnitude = set1_i(0x7FFFFFFF);
   VF vmax = zero_f();
-  for (int64_t k = k0; k < vec_end; k += kLanes)
-    vmax = max_f(vmax, from_bits(and_i(bits(load_bf16(x + k)), magnitude)));
+  for (int64_t i = 0; i < vec_end; i += kLanes)
+    vmax = max_f(vmax, from_bits(and_i(bits(load_f(x + i)), magnitude)));
   float amax = hmax(vmax);
-  for (int64_t k = vec_end; k < k1; ++k) amax = std::max(amax, std::fabs(bf16_to_f32(x[k])));
+  for (int64_t i = vec_end; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
   const float inverse = inverse_of(amax);
+  int8_t* q = p.q + row * p.k + k0;
   VI vsum = zero_i();
-  for (int64_t k = k0; k < vec_end; k += kLanes)
-    quantize_vec(load_bf16(x + k), set1_f(inverse), q + k, vsum);
+  for (int64_t i = 0; i < vec_end; i += kLanes)
+    quantize_vec(load_f(x + i), set1_f(inverse), q + i, vsum);
   int32_t sum = hsum(vsum);
-  for (int64_t k = vec_end; k < k1; ++k) {
-    q[k] = int8_t(std::nearbyint(bf16_to_f32(x[k]) * inverse));
-    sum += q[k];
+  for (int64_t i = vec_end; i < n; ++i) {
+    q[i] = int8_t(std::nearbyint(x[i] * inverse));
+    sum += q[i];
   }
   block_stats(p, row, b, amax, sum);
 }
 
 // Row `row` of a, quantised block by block into q, with each block's scale and offset.
 inline void quantize_row(const Problem& p, int64_t row) {
-  for (int64_t b = 0; b < p.blocks; ++b) {
-#if DENSE_INT8_WIDE
-    if (p.block == kHeld && (b + 1) * kHeld <= p.k) {
-      quantize_held(p, row, b);
-      continue;
-    }
-#endif
-    quantize_block(p, row, b);
-  }
+  thread_local std::vector<float> x;  // one block, widened
+  x.resize(p.block);
+  for (int64_t b = 0; b < p.blocks; ++b) quantize_block(p, row, b, x.data());
 }
 
 using StoreF32 = F32Out<DENSE_INT8_WIDE ? 4 : 2, DENSE_INT8_WIDE ? 3 : 1>;

@@ -1,19 +1,25 @@
 """The int8 arithmetic of the "int8" dense strategy, in XLA: the definition the native VNNI
 kernel (`_native/dense_int8.cc`) computes, and the path where that kernel does not run.
 
-- Weights, once at load: per output column, symmetric. `scale[n] = max_k |w[k, n]| / 127`,
-  `q[k, n] = round(w[k, n] / scale[n])` in [-127, 127] (an all-zero column has scale 1).
-- Activations, per matmul: each row cut into blocks of `ACT_BLOCK` columns (the last may be
-  shorter), each block symmetric on its own: with `a = max |x[m, block b]|`,
-  `q = round(x * (127 / a))` and `s[m, b] = a * f32(1 / 127)` (q = 0 and s = 1 when a = 0),
-  x first rounded to bf16 as the bf16 path does. (A multiplication, not `a / 127`: XLA turns a
-  division by a constant into that multiplication, and the kernel does what XLA does.)
+- The rotation: K is cut into blocks of `ACT_BLOCK` (the last may be shorter), and each block
+  whose width n is a power of two is multiplied by the n x n Hadamard matrix H (+-1 entries,
+  Sylvester's order; H H = n I): activations as `x H`, weights as `H w / n`, so the product is
+  unchanged. The rotation spreads an outlier channel over its block before the block's scale is
+  set, which is most of int8's error on real models (`python -m bench int8-errors`).
+- Weights, once at load: rotated, then per output column, symmetric:
+  `scale[n] = max_k |w[k, n]| / 127`, `q[k, n] = round(w[k, n] / scale[n])` in [-127, 127] (an
+  all-zero column has scale 1).
+- Activations, per matmul: x first rounded to bf16 as the bf16 path does, then each row's blocks
+  rotated (in f32 butterflies, `hadamard`), each block symmetric on its own: with
+  `a = max |x[m, block b]|`, `q = round(x * (127 / a))` and `s[m, b] = a * f32(1 / 127)` (q = 0
+  and s = 1 when a = 0). (A multiplication, not `a / 127`: XLA turns a division by a constant
+  into that multiplication, and the kernel does what XLA does.)
 - The product: `y[m, n] = scale[n] * sum_b s[m, b] * (sum_{k in b} q_x[m, k] q_w[k, n])`, each
   block's sum exact in int32. Rounding is to nearest, ties to even, divisions in f32.
 
 Blocks keep one large activation (LLMs have a few outlier channels) from flattening the
 resolution of the whole row; a block of 128 costs the kernel one float fix-up per 32 int8 dot
-products.
+products, and its rotation 7 additions per value.
 """
 
 import jax
@@ -25,9 +31,62 @@ QMAX = 127
 INV_QMAX = np.float32(1 / QMAX)
 
 
-def quantize_columns(w) -> tuple[np.ndarray, np.ndarray]:
-    """int8 q [..., K, N] and f32 scale [..., N] of weights w [..., K, N], per column."""
-    w = np.asarray(w, np.float32)
+def rotated(width: int) -> bool:
+    """Whether a block of `width` columns is rotated: a power of two."""
+    return width & (width - 1) == 0
+
+
+def block_widths(k: int, block: int = ACT_BLOCK) -> list[int]:
+    """The widths of a row's blocks: full blocks, then the remainder."""
+    return [block] * (k // block) + ([k % block] if k % block else [])
+
+
+def hadamard(x: jax.Array) -> jax.Array:  # [..., n] -> [..., n], n a power of two
+    """x H: butterfly stages turning each pair (a, b) into (a + b, a - b), as the kernel does."""
+    *lead, n = x.shape
+    h = 1
+    while h < n:
+        pairs = x.reshape(*lead, n // (2 * h), 2, h)
+        a, b = pairs[..., 0, :], pairs[..., 1, :]
+        x = jnp.stack([a + b, a - b], axis=-2).reshape(*lead, n)
+        h *= 2
+    return x
+
+
+def rotate_rows(x: jax.Array, block: int = ACT_BLOCK) -> jax.Array:  # f32[M, K] -> f32[M, K]
+    """x with each of its row blocks whose width is a power of two times H."""
+    m, k = x.shape
+    full = k // block * block
+    blocks = x[:, :full].reshape(m, k // block, block)
+    parts = [(hadamard(blocks) if rotated(block) else blocks).reshape(m, full)]
+    if k > full:
+        tail = x[:, full:]
+        parts.append(hadamard(tail) if rotated(k - full) else tail)
+    return jnp.concatenate(parts, axis=1)
+
+
+def rotate_weights(w, block: int = ACT_BLOCK) -> np.ndarray:  # [..., K, N] -> f32[..., K, N]
+    """H w / n on each block of w's rows whose width n is a power of two (in float64)."""
+    w = np.asarray(w, np.float64)
+    out, start = [], 0
+    for width in block_widths(w.shape[-2], block):
+        part = w[..., start : start + width, :]
+        out.append(_sylvester(width) @ part / width if rotated(width) else part)
+        start += width
+    return np.concatenate(out, axis=-2).astype(np.float32)
+
+
+def _sylvester(n: int) -> np.ndarray:  # f64[n, n]
+    h = np.ones((1, 1))
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return h
+
+
+def quantize_columns(w, block: int = ACT_BLOCK) -> tuple[np.ndarray, np.ndarray]:
+    """int8 q [..., K, N] and f32 scale [..., N] of weights w [..., K, N]: rotated as activations
+    in blocks of `block` are, then per column."""
+    w = rotate_weights(w, block)
     amax = np.max(np.abs(w), axis=-2)
     scale = np.where(amax > 0, amax / np.float32(QMAX), np.float32(1)).astype(np.float32)
     q = np.rint(w / scale[..., None, :])
@@ -43,10 +102,10 @@ def quantize_rows(
     x: jax.Array,  # [M, K]
     block: int = ACT_BLOCK,
 ) -> tuple[jax.Array, jax.Array]:  # i8[M, B * block] (zero padded), f32[M, B]
-    """x rounded to bf16, then quantised per row block (see the module docstring)."""
+    """x rounded to bf16, rotated, then quantised per row block (see the module docstring)."""
     m, k = x.shape
     nb = act_blocks(k, block)
-    xf = x.astype(jnp.bfloat16).astype(jnp.float32)
+    xf = rotate_rows(x.astype(jnp.bfloat16).astype(jnp.float32), block)
     xf = jnp.pad(xf, ((0, 0), (0, nb * block - k))).reshape(m, nb, block)
     amax = jnp.max(jnp.abs(xf), axis=-1)  # f32[M, B]
     nonzero = amax > 0
