@@ -7,6 +7,7 @@ python -m bench w3                           # HTTP serving, concurrency sweep
 python -m bench w4                           # W2 in 16 requests: the KV cache on vs off
 python -m bench w4-ray                       # W4 users on Ray Serve: routers compared
 python -m bench int8                         # W1, W2 in int8 beside bf16, f32, transformers
+python -m bench int8-errors                  # int8's error by matrix kind, layer and method
 python -m bench dense --mode int8            # W1, W2: the measured dense default vs each path
 python -m bench long --shape qwen3-0.6b # one 30,000-token sequence, chunked prefill
 python -m bench soak                         # 256 clients for 60 s, every answer checked
@@ -28,6 +29,7 @@ WORKLOADS = {
     "w4": ("bench.w4", "W2 as 16 requests, sequential and 4 at a time, KV cache on vs off"),
     "w4-ray": ("bench.w4_ray", "W4 users through Ray Serve: prefix affinity vs hashing vs default"),
     "int8": ("bench.int8", "W1 and W2 in int8 compute beside bf16, f32 and transformers bf16"),
+    "int8-errors": ("bench.int8_errors", "where int8's error comes from: by kind, layer, method"),
     "dense": ("bench.dense_paths", "W1 and W2 through the measured dense default and each path"),
     "embed": ("bench.embed", "2,000 texts of 8-256 tokens embedded, vs sentence-transformers"),
     "host": ("bench.host", "host time per request and stage: W1/W2/W3 on a device doing nothing"),

@@ -31,6 +31,15 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.corrcoef(ra, rb)[0, 1])
 
 
+def kendall_tau(a: np.ndarray, b: np.ndarray) -> float:
+    """Kendall's tau-a of two score vectors: (concordant - discordant pairs) / all pairs."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    n = len(a)
+    upper = np.triu_indices(n, 1)
+    signs = np.sign(a[:, None] - a[None, :]) * np.sign(b[:, None] - b[None, :])
+    return float(signs[upper].sum() / (n * (n - 1) / 2))
+
+
 def label_ids(tokenizer, texts=(" yes", " no")) -> list[int]:
     return [tokenizer.encode(t, add_special_tokens=False).ids[0] for t in texts]
 

@@ -1,0 +1,323 @@
+"""Where int8's error comes from: the layer matrices of a model quantised as the int8 mode does,
+a kind or a layer at a time, against the model in float32, in PyTorch.
+
+    python -m bench int8-errors [--model PATH] [--docs 64] [--texts 2000] [--no-layers]
+
+Each `nn.Linear` of the model's layers is replaced by `FakeInt8`, which computes what
+`score_kernels.quant` defines (bf16-rounded activations, rotated and quantised per row block of
+128; weights rotated and quantised per output column), dequantised and multiplied in f32, so the
+error is int8's alone (the engine's int8 mode adds bf16's for the rest of the model). A decoder
+is measured on W1 (`python -m bench w1`'s query and `--docs` documents, the label log-probs of
+" yes"/" no"): mean and max |d log-prob| and the Kendall tau of yes-minus-no against float32. An
+embedder (a sentence-transformers directory, `--model` or the default all-MiniLM-L6-v2) on
+`--texts` sentences of the bench corpus: the minimum and mean cosine to its float32 embeddings.
+
+The report's sections:
+- `sources`: weights alone, activations alone and both quantised, with and without the rotation;
+- `matmuls`: one kind of matrix (q, k, v, o, gate, up, down, ...) quantised in every layer;
+- `layers`: every matrix of one layer quantised (left out with `--no-layers`);
+- `methods`: the whole model per column without rotation (the int8 mode before the rotation),
+  rotated (the int8 mode now), and rotated with GPTQ rounding (Frantar et al., 2022): each
+  weight column rounded in turn, the rounding error pushed onto the columns not yet rounded
+  through the inverse Hessian of the layer's inputs, from a calibration set that the measured
+  inputs are not in (W1's documents of another seed; other corpus sentences).
+"""
+
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bench import common, w1
+from bench.parity import kendall_tau
+from bench.workloads import bench_corpus
+from score_kernels import quant
+
+QUICK = dict(docs=8, doc_tokens=(20, 40), texts=64, layers=False, calibration=4)
+
+
+def parse(argv):
+    p = common.parser(__doc__.split("\n\n")[0])
+    p.add_argument("--docs", type=int, default=64)
+    p.add_argument("--query-tokens", type=int, default=25)
+    p.add_argument("--doc-tokens", type=int, nargs=2, default=(130, 230))
+    p.add_argument("--texts", type=int, default=2000, help="an embedder's measured texts")
+    p.add_argument("--calibration", type=int, default=16, help="GPTQ's W1 documents (x16 texts)")
+    p.add_argument("--no-layers", dest="layers", action="store_false")
+    return common.parse_args(p, argv, QUICK)
+
+
+def main(argv=None) -> dict:
+    args = parse(argv)
+    args.dtype = "float32"
+    path = common.model_path(args)
+    side = Embedder(args, path) if is_embedder(path) else Decoder(args, path)
+    report = {
+        "workload": "int8-errors",
+        "description": "int8 error by source, matrix kind, layer and method, vs float32",
+        **common.environment(args, path, side.config),
+        "metric": side.metric,
+        **measure(side, args.layers),
+    }
+    common.publish(report, args, common.model_tag(args, path), chart, summary(report))
+    return report
+
+
+def measure(side, layers: bool) -> dict:
+    """Every section of the report, each entry the metrics of one `FakeInt8` placement."""
+    sites = list(linears(side.layers))
+    kinds = list(dict.fromkeys(kind for _, kind, _ in sites))
+    everything = {(i, k) for i, k, _ in sites}
+    sources = {
+        f"{what}, {rot}": side.measure(everything, weights=w, acts=a, rotate=r)
+        for rot, r in (("per column", False), ("rotated", True))
+        for what, w, a in (("weights", True, False), ("activations", False, True), ("both", 1, 1))
+    }
+    out = {"sources": sources}
+    out["matmuls"] = {k: side.measure({(i, k) for i, _ in everything}) for k in kinds}
+    if layers:
+        count = len(side.layers)
+        out["layers"] = {str(n): side.measure({(n, k) for k in kinds}) for n in range(count)}
+    out["methods"] = {
+        "per column (before the rotation)": sources["both, per column"],
+        "rotated (the int8 mode)": sources["both, rotated"],
+        "rotated + GPTQ": side.measure(everything, hessians=side.hessians()),
+    }
+    return out
+
+
+class FakeInt8:
+    """`score_kernels.quant`'s arithmetic on an `nn.Linear` (weight [N, K]), dequantised."""
+
+    def __init__(self, linear, *, weights=True, acts=True, rotate=True, hessian=None):
+        self.linear, self.acts, self.rotate = linear, acts, rotate
+        w = linear.weight.detach().double().T  # [K, N]
+        if rotate:
+            w = torch.from_numpy(quant.rotate_weights(w.numpy())).double()
+        if weights:
+            w = gptq(w, hessian) if hessian is not None else rounded(w, column_scales(w))
+        self.w = w.float()  # [K, N]
+
+    def __call__(self, x):  # [..., K] -> [..., N]
+        x = x.to(torch.bfloat16).float()
+        if self.rotate:
+            x = rotate_rows(x)
+        if self.acts:
+            x = quantized_rows(x)
+        y = x @ self.w
+        return y if self.linear.bias is None else y + self.linear.bias
+
+
+def rotate_rows(x):  # f32[..., K]: each block times its Hadamard matrix
+    parts, start = [], 0
+    for width in quant.block_widths(x.shape[-1]):
+        part = x[..., start : start + width]
+        if quant.rotated(width):
+            part = part @ torch.from_numpy(quant._sylvester(width)).float()
+        parts.append(part)
+        start += width
+    return torch.cat(parts, -1)
+
+
+def quantized_rows(x):  # f32[..., K], each row block rounded to its int8 grid
+    out, start = [], 0
+    for width in quant.block_widths(x.shape[-1]):
+        part = x[..., start : start + width]
+        amax = part.abs().amax(-1, keepdim=True)
+        scale = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
+        out.append(torch.round(part / scale).clamp(-127, 127) * scale)
+        start += width
+    return torch.cat(out, -1)
+
+
+def column_scales(w):  # f64[K, N] -> [N]
+    amax = w.abs().amax(0)
+    return torch.where(amax > 0, amax / 127, torch.ones_like(amax))
+
+
+def rounded(w, scale):
+    return torch.round(w / scale).clamp(-127, 127) * scale
+
+
+def gptq(w, hessian, damp: float = 0.01, block: int = 128):
+    """w f64[K, N] rounded row by row (a row of w is an input channel), each row's error carried
+    onto the rows after it through the Cholesky factor of the inverse of `hessian` f64[K, K]
+    (X^T X of the rotated inputs); the scales are the plain per-column ones."""
+    w, h = w.clone(), hessian.clone()
+    k = w.shape[0]
+    scale = column_scales(w)
+    dead = torch.diag(h) == 0
+    h[dead, dead] = 1
+    w[dead] = 0
+    h += damp * torch.diag(h).mean() * torch.eye(k, dtype=h.dtype)
+    u = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+    q = torch.zeros_like(w)
+    for b0 in range(0, k, block):
+        b1 = min(k, b0 + block)
+        errors = torch.zeros_like(w[b0:b1])
+        for i in range(b0, b1):
+            q[i] = rounded(w[i], scale)
+            errors[i - b0] = (w[i] - q[i]) / u[i, i]
+            w[i + 1 : b1] -= u[i, i + 1 : b1, None] * errors[i - b0]
+        w[b1:] -= u[b0:b1, b1:].T @ errors
+    return q
+
+
+def linears(layers):
+    """(layer index, kind, (parent module, attribute)) of every nn.Linear in `layers`, placed
+    or not."""
+    for i, layer in enumerate(layers):
+        for name, module in layer.named_modules():
+            if isinstance(module, torch.nn.Linear | Placed):
+                parent, _, attr = name.rpartition(".")
+                yield i, name, (layer.get_submodule(parent) if parent else layer, attr)
+
+
+class Placed(torch.nn.Module):
+    """A `FakeInt8` in a model, where its nn.Linear was (which it holds unregistered)."""
+
+    def __init__(self, fake: FakeInt8):
+        super().__init__()
+        self.fake = fake
+
+    def forward(self, x):
+        return self.fake(x)
+
+
+def place(layers, chosen: set, hessians: dict | None = None, **options) -> None:
+    """FakeInt8 at the (layer, kind) sites in `chosen`, the original nn.Linear everywhere else."""
+    for i, kind, (parent, attr) in list(linears(layers)):
+        module = getattr(parent, attr)
+        linear = module.fake.linear if isinstance(module, Placed) else module
+        if (i, kind) in chosen:
+            hessian = hessians[(i, kind)] if hessians else None
+            setattr(parent, attr, Placed(FakeInt8(linear, hessian=hessian, **options)))
+        else:
+            setattr(parent, attr, linear)
+
+
+def input_hessians(layers, run) -> dict:
+    """X^T X f64[K, K] of each nn.Linear's rotated inputs over `run()`."""
+    hessians, hooks = {}, []
+    for i, kind, (parent, attr) in linears(layers):
+
+        def hook(module, inputs, output, key=(i, kind)):
+            x = inputs[0].reshape(-1, inputs[0].shape[-1])
+            x = rotate_rows(x[x.abs().sum(1) > 0].to(torch.bfloat16).float()).double()
+            hessians[key] = hessians.get(key, 0) + x.T @ x
+
+        hooks.append(getattr(parent, attr).register_forward_hook(hook))
+    try:
+        run()
+    finally:
+        for h in hooks:
+            h.remove()
+    return hessians
+
+
+class Decoder:
+    """A causal LM on W1: label log-probs against float32."""
+
+    metric = "W1 label log-probs: mean and max |d log-prob| and Kendall tau vs float32"
+
+    def __init__(self, args, path: Path):
+        from bench.baseline import load_transformers
+        from engine import load_model
+
+        torch.set_num_threads(os.cpu_count())
+        engine = load_model(path, dtype="float32")
+        self.config = engine.model_config
+        self.seqs, self.labels = self._seqs(args, engine, args.seed, args.docs)
+        self.calibration, _ = self._seqs(args, engine, args.seed + 1, args.calibration)
+        self.model = load_transformers(path, "float32")
+        self.layers = self.model.model.layers
+        self.reference = self._run(self.seqs)
+
+    @staticmethod
+    def _seqs(args, engine, seed: int, docs: int):
+        args = common.argparse.Namespace(**{**vars(args), "seed": seed, "docs": docs})
+        query, documents, labels = w1.build(args, engine)
+        return engine.sequences(query, documents, item_first=False), labels
+
+    def _run(self, seqs) -> np.ndarray:
+        from bench.baseline import hf_label_logprobs
+
+        return hf_label_logprobs(self.model, seqs, self.labels, batch_size=8)
+
+    def hessians(self) -> dict:
+        place(self.layers, set())
+        return input_hessians(self.layers, lambda: self._run(self.calibration))
+
+    def measure(self, chosen: set, hessians=None, **options) -> dict:
+        place(self.layers, chosen, hessians, **options)
+        logprobs = self._run(self.seqs)
+        place(self.layers, set())
+        d = np.abs(logprobs - self.reference)
+        margin = lambda lp: lp[:, 0] - lp[:, 1]
+        return {
+            "mean_abs_logprob_dev": float(d.mean()),
+            "max_abs_logprob_dev": float(d.max()),
+            "kendall_tau": kendall_tau(margin(logprobs), margin(self.reference)),
+        }
+
+
+class Embedder:
+    """A sentence-transformers embedder on the bench corpus: cosine to float32."""
+
+    metric = "embeddings of the bench corpus: min and mean cosine to float32"
+
+    def __init__(self, args, path: Path):
+        from sentence_transformers import SentenceTransformer
+
+        from engine.loaders import load_checkpoint
+
+        torch.set_num_threads(os.cpu_count())
+        self.config = load_checkpoint(path).config
+        self.model = SentenceTransformer(str(path), device="cpu")
+        corpus = bench_corpus(args.seed)
+        self.texts = corpus[: args.texts]
+        self.calibration = bench_corpus(args.seed + 1)[: args.calibration * 16]
+        self.layers = self.model[0].auto_model.encoder.layer
+        self.reference = self._run(self.texts)
+
+    def _run(self, texts) -> np.ndarray:
+        return self.model.encode(texts, batch_size=64, normalize_embeddings=True)
+
+    def hessians(self) -> dict:
+        place(self.layers, set())
+        return input_hessians(self.layers, lambda: self._run(self.calibration))
+
+    def measure(self, chosen: set, hessians=None, **options) -> dict:
+        place(self.layers, chosen, hessians, **options)
+        vectors = self._run(self.texts)
+        place(self.layers, set())
+        cosine = np.sum(vectors.astype(np.float64) * self.reference, axis=1)
+        return {"min_cosine": float(cosine.min()), "mean_cosine": float(cosine.mean())}
+
+
+def is_embedder(path: Path) -> bool:
+    return path.is_dir() and (path / "modules.json").exists()
+
+
+def headline(metrics: dict) -> str:
+    if "min_cosine" in metrics:
+        return f"min cos {metrics['min_cosine']:.5f}"
+    return (
+        f"mean {metrics['mean_abs_logprob_dev']:.3f} / max {metrics['max_abs_logprob_dev']:.3f},"
+        f" tau {metrics['kendall_tau']:.3f}"
+    )
+
+
+def summary(report: dict) -> str:
+    return "; ".join(f"{name}: {headline(m)}" for name, m in report["methods"].items())
+
+
+def chart(report: dict, png) -> None:
+    key = "min_cosine" if "min_cosine" in report["methods"]["rotated (the int8 mode)"] else None
+    value = (lambda m: 1 - m[key]) if key else (lambda m: m["mean_abs_logprob_dev"])
+    bars = {f"only {k}": value(m) for k, m in report["matmuls"].items()}
+    bars |= {name: value(m) for name, m in report["methods"].items()}
+    unit = "1 - min cosine" if key else "mean |d log-prob|"
+    title = f"int8 error by matrix kind and method, {common.report_tag(report)}"
+    common.bar_chart(png, title, bars, unit, summary(report))
