@@ -5,9 +5,9 @@
 // packed [L, N/16, K/4, 64] (per 16-column group and quad of rows k..k+3, each column's four
 // bytes: the operand layout of the VNNI u8 x s8 dot product), with f32 column scales [L, N]. The
 // activations are rotated by the same Hadamard blocks and quantised per row block on the fly
-// (the rotations cancel in the product); each block's sums are exact in int32, then weighted by the block's scale in f32. The
-// weights' +128 adds `128 * sum(q_x)` of a block to every column of the row, which is taken
-// back from the block's int32 sums. The gated form computes a SwiGLU MLP's
+// (the rotations cancel in the product); each block's sums are exact in int32, then weighted by
+// the block's scale in f32. The weights' +128 adds `128 * sum(q_x)` of a block to every column
+// of the row, which is taken back from the block's int32 sums. The gated form computes a SwiGLU MLP's
 // bf16(silu(a @ W_gate) * (a @ W_up)) from gate and up packed with their 16-column groups
 // interleaved.
 //

@@ -54,16 +54,55 @@ inline float inverse_of(float amax) { return amax > 0 ? 127.0f / amax : 0.0f; }
 // usual tails), as `quant.rotated` says.
 inline bool rotated(int64_t width) { return (width & (width - 1)) == 0; }
 
+// (v + s) where `mask` is clear, (s - v) where it is set: one butterfly stage inside a vector
+// whose partner lanes `s` holds (lane i's partner is i ^ h, the set lanes the upper of a pair).
+#if DENSE_INT8_WIDE
+inline VF butterfly(VF v, VF s, __mmask16 upper) {
+  return _mm512_mask_blend_ps(upper, add_f(v, s), sub_f(s, v));
+}
+#else
+template <int kUpper>
+inline VF butterfly(VF v, VF s) {
+  return _mm256_blend_ps(add_f(v, s), sub_f(s, v), kUpper);
+}
+#endif
+
+// The stages of pairs closer than a vector, in registers: h = 1, 2, 4 (and 8 at 512 bits).
+inline VF hadamard_lanes(VF v) {
+#if DENSE_INT8_WIDE
+  v = butterfly(v, _mm512_permute_ps(v, 0xB1), 0xAAAA);
+  v = butterfly(v, _mm512_permute_ps(v, 0x4E), 0xCCCC);
+  v = butterfly(v, _mm512_shuffle_f32x4(v, v, 0xB1), 0xF0F0);
+  return butterfly(v, _mm512_shuffle_f32x4(v, v, 0x4E), 0xFF00);
+#else
+  v = butterfly<0xAA>(v, _mm256_permute_ps(v, 0xB1));
+  v = butterfly<0xCC>(v, _mm256_permute_ps(v, 0x4E));
+  return butterfly<0xF0>(v, _mm256_permute2f128_ps(v, v, 1));
+#endif
+}
+
 // x[0, n) times the n x n Hadamard matrix (+-1 entries, Sylvester's order), n a power of two, in
 // place: log2(n) butterfly stages turning each pair (a, b) into (a + b, a - b), the additions
-// `quant.hadamard` does in XLA, so both give the same floats.
+// `quant.hadamard` does in XLA, so both give the same floats. Pairs within a vector in
+// registers, wider ones vector by vector; blocks narrower than a vector lane by lane.
 inline void hadamard(float* x, int64_t n) {
-  for (int64_t h = 1; h < n; h *= 2)
+  if (n < kLanes) {
+    for (int64_t h = 1; h < n; h *= 2)
+      for (int64_t i = 0; i < n; i += 2 * h)
+        for (int64_t j = i; j < i + h; ++j) {
+          const float a = x[j], b = x[j + h];
+          x[j] = a + b;
+          x[j + h] = a - b;
+        }
+    return;
+  }
+  for (int64_t i = 0; i < n; i += kLanes) store_f(x + i, hadamard_lanes(load_f(x + i)));
+  for (int64_t h = kLanes; h < n; h *= 2)
     for (int64_t i = 0; i < n; i += 2 * h)
-      for (int64_t j = i; j < i + h; ++j) {
-        const float a = x[j], b = x[j + h];
-        x[j] = a + b;
-        x[j + h] = a - b;
+      for (int64_t j = i; j < i + h; j += kLanes) {
+        const VF a = load_f(x + j), b = load_f(x + j + h);
+        store_f(x + j, add_f(a, b));
+        store_f(x + j + h, sub_f(a, b));
       }
 }
 
@@ -72,9 +111,10 @@ inline void hadamard(float* x, int64_t n) {
 inline void quantize_block(const Problem& p, int64_t row, int64_t b, float* x) {
   const int64_t k0 = b * p.block, n = std::min(p.k, k0 + p.block) - k0;
   const uint16_t* a = p.a + row * p.k + k0;
-  for (int64_t i = 0; i < n; ++i) x[i] = bf16_to_f32(a[i]);
-  if (rotated(n)) hadamard(x, n);
   const int64_t vec_end = n / kLanes * kLanes;
+  for (int64_t i = 0; i < vec_end; i += kLanes) store_f(x + i, load_bf16(a + i));
+  for (int64_t i = vec_end; i < n; ++i) x[i] = bf16_to_f32(a[i]);
+  if (rotated(n)) hadamard(x, n);
   const VI magnitude = set1_i(0x7FFFFFFF);
   VF vmax = zero_f();
   for (int64_t i = 0; i < vec_end; i += kLanes)

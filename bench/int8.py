@@ -7,10 +7,11 @@ Each workload is one `Engine.score` request (W1: a query and 64 documents of 130
 W2: a 2000-token prompt and 500 items of 20 tokens), timed as `python -m bench w1` / `w2` time
 it (warm-up, then the best of `--repeats` passes with the KV cache flushed). Reported per mode:
 items/s and the ratio to bf16; the label log-probs' deviation from the f32 engine (largest and
-mean |d log-prob|); and the Spearman rank correlation with the f32 engine of the rerank score
-P(yes) / (P(yes) + P(no)). transformers bf16 (W1: left-padded batches, the best of 1/8/16/32;
-W2: the prompt once, then the items on its KV cache in batches of 32) is timed beside and
-compared the same way. Prints one line per workload; writes the JSON report and a chart.
+mean |d log-prob|); the Spearman rank correlation with the f32 engine of the rerank score
+P(yes) / (P(yes) + P(no)), and the Kendall tau of the yes-minus-no margins. transformers bf16
+(W1: left-padded batches, the best of 1/8/16/32; W2: the prompt once, then the items on its KV
+cache in batches of 32) is timed beside and compared the same way. Prints one line per
+workload; writes the JSON report and a chart.
 """
 
 from functools import partial
@@ -18,7 +19,7 @@ from functools import partial
 import numpy as np
 
 from bench import common, sides, w1, w2
-from bench.parity import spearman
+from bench.parity import kendall_tau, spearman
 
 MODES = ("float32", "bfloat16", "int8")
 QUICK = dict(
@@ -93,12 +94,16 @@ def baseline(args, hf, name, run, query, items, labels) -> tuple[float, np.ndarr
 
 
 def deviation(logprobs: np.ndarray, reference: np.ndarray) -> dict:
-    """|d log-prob| from the f32 engine, and the rank correlation of the rerank scores."""
-    diff = np.abs(np.asarray(logprobs) - reference)
+    """|d log-prob| from the f32 engine, and the rank correlations of the rerank scores
+    (Spearman's) and of the yes-minus-no margins (Kendall's tau)."""
+    logprobs = np.asarray(logprobs)
+    diff = np.abs(logprobs - reference)
+    margin = lambda lp: lp[:, 0] - lp[:, 1]
     return {
         "max_abs_logprob_dev_vs_f32": float(diff.max()),
         "mean_abs_logprob_dev_vs_f32": float(diff.mean()),
         "spearman_vs_f32": spearman(relevance(logprobs), relevance(reference)),
+        "kendall_tau_vs_f32": kendall_tau(margin(logprobs), margin(reference)),
     }
 
 
@@ -114,7 +119,7 @@ def summary(report: dict) -> str:
         sides_ = r["sides"]
         modes = ", ".join(
             f"{m} {s['items_per_s']:.2f} items/s (dev {s['mean_abs_logprob_dev_vs_f32']:.3g}, "
-            f"rho {s['spearman_vs_f32']:.4f})"
+            f"rho {s['spearman_vs_f32']:.4f}, tau {s['kendall_tau_vs_f32']:.4f})"
             for m, s in sides_.items()
         )
         parts.append(f"{name}: {modes}; int8/bf16 {r['int8_over_bf16']:.2f}x")

@@ -9,8 +9,8 @@ Each `nn.Linear` of the model's layers is replaced by `FakeInt8`, which computes
 error is int8's alone (the engine's int8 mode adds bf16's for the rest of the model). A decoder
 is measured on W1 (`python -m bench w1`'s query and `--docs` documents, the label log-probs of
 " yes"/" no"): mean and max |d log-prob| and the Kendall tau of yes-minus-no against float32. An
-embedder (a sentence-transformers directory, `--model` or the default all-MiniLM-L6-v2) on
-`--texts` sentences of the bench corpus: the minimum and mean cosine to its float32 embeddings.
+embedder (a sentence-transformers directory given as `--model`) on `--texts` texts of 8-256
+tokens (`python -m bench embed`'s): the minimum and mean cosine to its float32 embeddings.
 
 The report's sections:
 - `sources`: weights alone, activations alone and both quantised, with and without the rotation;
@@ -20,7 +20,7 @@ The report's sections:
   rotated (the int8 mode now), and rotated with GPTQ rounding (Frantar et al., 2022): each
   weight column rounded in turn, the rounding error pushed onto the columns not yet rounded
   through the inverse Hessian of the layer's inputs, from a calibration set that the measured
-  inputs are not in (W1's documents of another seed; other corpus sentences).
+  inputs are not in (W1's documents, or the embedder's texts, of another seed).
 """
 
 import os
@@ -30,8 +30,8 @@ import numpy as np
 import torch
 
 from bench import common, w1
+from bench.embed import texts_of
 from bench.parity import kendall_tau
-from bench.workloads import bench_corpus
 from score_kernels import quant
 
 QUICK = dict(docs=8, doc_tokens=(20, 40), texts=64, layers=False, calibration=4)
@@ -263,9 +263,9 @@ class Decoder:
 
 
 class Embedder:
-    """A sentence-transformers embedder on the bench corpus: cosine to float32."""
+    """A sentence-transformers embedder on `bench embed`'s texts: cosine to float32."""
 
-    metric = "embeddings of the bench corpus: min and mean cosine to float32"
+    metric = "embeddings of bench embed's texts: min and mean cosine to float32"
 
     def __init__(self, args, path: Path):
         from sentence_transformers import SentenceTransformer
@@ -273,11 +273,11 @@ class Embedder:
         from engine.loaders import load_checkpoint
 
         torch.set_num_threads(os.cpu_count())
-        self.config = load_checkpoint(path).config
+        checkpoint = load_checkpoint(path)
+        self.config = checkpoint.config
         self.model = SentenceTransformer(str(path), device="cpu")
-        corpus = bench_corpus(args.seed)
-        self.texts = corpus[: args.texts]
-        self.calibration = bench_corpus(args.seed + 1)[: args.calibration * 16]
+        self.texts = texts_of(checkpoint.tokenizer, args.texts, args.seed)
+        self.calibration = texts_of(checkpoint.tokenizer, args.calibration * 16, args.seed + 1)
         self.layers = self.model[0].auto_model.encoder.layer
         self.reference = self._run(self.texts)
 

@@ -364,6 +364,8 @@ def test_int8_beside_bf16_and_f32(tiny, tmp_path):
         assert list(sides) == ["float32", "bfloat16", "int8", "transformers-bfloat16"]
         assert sides["float32"]["max_abs_logprob_dev_vs_f32"] == 0
         assert sides["float32"]["spearman_vs_f32"] == pytest.approx(1)
+        assert sides["float32"]["kendall_tau_vs_f32"] == 1
+        assert all(-1 <= s["kendall_tau_vs_f32"] <= 1 for s in sides.values())
         # int8 approximates f32, more coarsely than bf16 on this random model's scores
         # measured 0.046-0.057 (int8, mean) and 0.038-0.052 (transformers bf16, max) in nats;
         # a wrong scale or layout is whole nats off

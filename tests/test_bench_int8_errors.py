@@ -1,0 +1,97 @@
+"""bench int8-errors: its fake int8 is the int8 mode's arithmetic, GPTQ lowers the output error,
+and its report holds real measurements of a tiny decoder and of all-MiniLM-L6-v2."""
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from scipy.stats import kendalltau
+
+from bench import int8_errors
+from bench.parity import kendall_tau
+from score_kernels import quant
+
+
+def test_fake_int8_is_the_int8_arithmetic():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(576, 40)  # blocks 4 x 128 + 64, all rotated
+    x = torch.randn(7, 576) * 3
+    x[2, 17] = 200  # an outlier channel
+    fake = int8_errors.FakeInt8(linear)(x).detach().numpy()
+    q, scale = quant.quantize_columns(linear.weight.detach().numpy().T)
+    twin = quant.int8_matmul(jnp.asarray(x.numpy()), jnp.asarray(q), jnp.asarray(scale))
+    twin = np.asarray(twin) + linear.bias.detach().numpy()
+    # the rotations round differently (a matmul here, butterflies there): a q may differ by one
+    assert np.abs(fake - twin).max() < 1e-3 * np.abs(twin).max()
+    assert np.abs(fake - twin).mean() < 1e-5 * np.abs(twin).max()
+
+
+def test_fake_int8_switches_each_source():
+    torch.manual_seed(1)
+    linear = torch.nn.Linear(256, 32, bias=False)
+    x = torch.randn(5, 256)
+    exact = (x.to(torch.bfloat16).float() @ linear.weight.T).detach()
+    off = int8_errors.FakeInt8(linear, weights=False, acts=False)(x)
+    torch.testing.assert_close(off, exact, rtol=1e-5, atol=1e-5)  # the rotations cancel
+    errors = {
+        name: float((int8_errors.FakeInt8(linear, **opts)(x) - exact).abs().max())
+        for name, opts in {
+            "weights": dict(acts=False),
+            "acts": dict(weights=False),
+            "both": {},
+        }.items()
+    }
+    assert all(0 < e < 0.05 for e in errors.values()), errors
+
+
+def test_gptq_rounds_to_the_grid_with_less_output_error():
+    rng = np.random.default_rng(2)
+    mixing = rng.standard_normal((64, 64))
+    x = torch.from_numpy(rng.standard_normal((512, 64)) @ mixing)  # correlated channels
+    w = torch.from_numpy(rng.standard_normal((64, 24)))
+    q = int8_errors.gptq(w, x.T @ x)
+    scale = int8_errors.column_scales(w)
+    steps = q / scale
+    torch.testing.assert_close(steps, torch.round(steps), rtol=0, atol=1e-9)
+    assert torch.round(steps).abs().max() <= 127
+    plain = int8_errors.rounded(w, scale)
+    assert (x @ (q - w)).norm() < 0.8 * (x @ (plain - w)).norm()  # measured 0.70
+
+
+def test_kendall_tau_is_scipys():
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal(40), rng.standard_normal(40)
+    b[:20] = a[:20]
+    assert kendall_tau(a, b) == pytest.approx(kendalltau(a, b).statistic, abs=1e-12)
+    assert kendall_tau(a, a) == 1 and kendall_tau(a, -a) == -1
+
+
+def test_a_decoders_report(tiny_path, tmp_path):
+    out = tmp_path / "errors.json"
+    args = ["--model", tiny_path, "--docs", "6", "--doc-tokens", "12", "24", "--calibration", "2"]
+    report = int8_errors.main([*args, "--no-progress", "--json", str(out)])
+    assert json.loads(out.read_text())["methods"].keys() == report["methods"].keys()
+    kinds = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    assert [k.rpartition(".")[2] for k in report["matmuls"]] == kinds
+    assert list(report["layers"]) == ["0", "1"]
+    entries = [
+        *report["sources"].values(),
+        *report["matmuls"].values(),
+        *report["layers"].values(),
+        *report["methods"].values(),
+    ]
+    for m in entries:
+        assert 0 < m["mean_abs_logprob_dev"] <= m["max_abs_logprob_dev"] < 1
+        assert -1 <= m["kendall_tau"] <= 1
+    assert report["model"] == "llama-untied" and "/" not in report["model"]
+
+
+def test_an_embedders_report(minilm, tmp_path):
+    report = int8_errors.main(
+        ["--model", str(minilm), "--quick", "--no-progress", "--json", str(tmp_path / "e.json")]
+    )
+    assert len(report["matmuls"]) == 6 and "layers" not in report  # --quick leaves them out
+    for m in report["methods"].values():
+        assert 0.99 < m["min_cosine"] <= m["mean_cosine"] < 1
