@@ -17,10 +17,9 @@ The report's sections:
 - `matmuls`: one kind of matrix (q, k, v, o, gate, up, down, ...) quantised in every layer;
 - `layers`: every matrix of one layer quantised (left out with `--no-layers`);
 - `methods`: the whole model per column without rotation (the int8 mode before the rotation),
-  rotated (the int8 mode now), and rotated with GPTQ rounding (Frantar et al., 2022): each
-  weight column rounded in turn, the rounding error pushed onto the columns not yet rounded
-  through the inverse Hessian of the layer's inputs, from a calibration set that the measured
-  inputs are not in (W1's documents, or the embedder's texts, of another seed).
+  rotated (the int8 mode now), and rotated with GPTQ rounding (`score_kernels.gptq`) against
+  the Hessians of each matrix's rotated inputs from a calibration set that the measured inputs
+  are not in (W1's documents, or the embedder's texts, of another seed).
 """
 
 import os
@@ -32,7 +31,7 @@ import torch
 from bench import common, w1
 from bench.embed import texts_of
 from bench.parity import kendall_tau
-from score_kernels import quant
+from score_kernels import gptq, quant
 
 QUICK = dict(docs=8, doc_tokens=(20, 40), texts=64, layers=False, calibration=4)
 
@@ -92,12 +91,17 @@ class FakeInt8:
 
     def __init__(self, linear, *, weights=True, acts=True, rotate=True, hessian=None):
         self.linear, self.acts, self.rotate = linear, acts, rotate
-        w = linear.weight.detach().double().T  # [K, N]
+        w = linear.weight.detach().double().T.numpy()  # [K, N]
         if rotate:
-            w = torch.from_numpy(quant.rotate_weights(w.numpy())).double()
+            w = quant.rotate_weights(w)
         if weights:
-            w = gptq(w, hessian) if hessian is not None else rounded(w, column_scales(w))
-        self.w = w.float()  # [K, N]
+            q, scale = (
+                gptq.round_columns(w, hessian.numpy())
+                if hessian is not None
+                else quant.round_columns(w)
+            )
+            w = q * scale
+        self.w = torch.from_numpy(np.asarray(w, np.float32))  # [K, N]
 
     def __call__(self, x):  # [..., K] -> [..., N]
         x = x.to(torch.bfloat16).float()
@@ -129,39 +133,6 @@ def quantized_rows(x):  # f32[..., K], each row block rounded to its int8 grid
         out.append(torch.round(part / scale).clamp(-127, 127) * scale)
         start += width
     return torch.cat(out, -1)
-
-
-def column_scales(w):  # f64[K, N] -> [N]
-    amax = w.abs().amax(0)
-    return torch.where(amax > 0, amax / 127, torch.ones_like(amax))
-
-
-def rounded(w, scale):
-    return torch.round(w / scale).clamp(-127, 127) * scale
-
-
-def gptq(w, hessian, damp: float = 0.01, block: int = 128):
-    """w f64[K, N] rounded row by row (a row of w is an input channel), each row's error carried
-    onto the rows after it through the Cholesky factor of the inverse of `hessian` f64[K, K]
-    (X^T X of the rotated inputs); the scales are the plain per-column ones."""
-    w, h = w.clone(), hessian.clone()
-    k = w.shape[0]
-    scale = column_scales(w)
-    dead = torch.diag(h) == 0
-    h[dead, dead] = 1
-    w[dead] = 0
-    h += damp * torch.diag(h).mean() * torch.eye(k, dtype=h.dtype)
-    u = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
-    q = torch.zeros_like(w)
-    for b0 in range(0, k, block):
-        b1 = min(k, b0 + block)
-        errors = torch.zeros_like(w[b0:b1])
-        for i in range(b0, b1):
-            q[i] = rounded(w[i], scale)
-            errors[i - b0] = (w[i] - q[i]) / u[i, i]
-            w[i + 1 : b1] -= u[i, i + 1 : b1, None] * errors[i - b0]
-        w[b1:] -= u[b0:b1, b1:].T @ errors
-    return q
 
 
 def linears(layers):

@@ -85,12 +85,26 @@ def _sylvester(n: int) -> np.ndarray:  # f64[n, n]
 
 def quantize_columns(w, block: int = ACT_BLOCK) -> tuple[np.ndarray, np.ndarray]:
     """int8 q [..., K, N] and f32 scale [..., N] of weights w [..., K, N]: rotated as activations
-    in blocks of `block` are, then per column."""
-    w = rotate_weights(w, block)
-    amax = np.max(np.abs(w), axis=-2)
-    scale = np.where(amax > 0, amax / np.float32(QMAX), np.float32(1)).astype(np.float32)
-    q = np.rint(w / scale[..., None, :])
-    return np.clip(q, -QMAX, QMAX).astype(np.int8), scale
+    in blocks of `block` are, then rounded per column (`round_columns`)."""
+    return round_columns(rotate_weights(w, block))
+
+
+def column_scales(w) -> np.ndarray:  # [..., K, N] -> f32[..., N]
+    """Each column's scale: its largest magnitude over 127 (1 for an all-zero column)."""
+    amax = np.max(np.abs(np.asarray(w, np.float32)), axis=-2)
+    return np.where(amax > 0, amax / np.float32(QMAX), np.float32(1)).astype(np.float32)
+
+
+def round_columns(w) -> tuple[np.ndarray, np.ndarray]:
+    """int8 q [..., K, N] and f32 scale [..., N]: w [..., K, N] rounded to nearest on the grid
+    of `column_scales`."""
+    w = np.asarray(w, np.float32)
+    scale = column_scales(w)
+    return to_grid(w, scale), scale
+
+
+def to_grid(w, scale) -> np.ndarray:  # [..., K, N], f32[..., N] -> i8[..., K, N]
+    return np.clip(np.rint(w / scale[..., None, :]), -QMAX, QMAX).astype(np.int8)
 
 
 def act_blocks(k: int, block: int = ACT_BLOCK) -> int:
