@@ -71,7 +71,11 @@ def measure(side, layers: bool) -> dict:
     sources = {
         f"{what}, {rot}": side.measure(everything, weights=w, acts=a, rotate=r)
         for rot, r in (("per column", False), ("rotated", True))
-        for what, w, a in (("weights", True, False), ("activations", False, True), ("both", 1, 1))
+        for what, w, a in (
+            ("weights", True, False),
+            ("activations", False, True),
+            ("both", True, True),
+        )
     }
     out = {"sources": sources}
     out["matmuls"] = {k: side.measure({(i, k) for i, _ in everything}) for k in kinds}
@@ -118,7 +122,7 @@ def rotate_rows(x):  # f32[..., K]: each block times its Hadamard matrix
     for width in quant.block_widths(x.shape[-1]):
         part = x[..., start : start + width]
         if quant.rotated(width):
-            part = part @ torch.from_numpy(quant._sylvester(width)).float()
+            part = part @ torch.from_numpy(quant.sylvester(width)).float()
         parts.append(part)
         start += width
     return torch.cat(parts, -1)

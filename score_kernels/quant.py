@@ -5,7 +5,8 @@ kernel (`_native/dense_int8.cc`) computes, and the path where that kernel does n
   whose width n is a power of two is multiplied by the n x n Hadamard matrix H (+-1 entries,
   Sylvester's order; H H = n I): activations as `x H`, weights as `H w / n`, so the product is
   unchanged. The rotation spreads an outlier channel over its block before the block's scale is
-  set, which is most of int8's error on real models (`python -m bench int8-errors`).
+  set: on SmolLM2 it cut the activations' share of int8's error by two thirds
+  (`python -m bench int8-errors`).
 - Weights, once at load: rotated, then per output column, symmetric:
   `scale[n] = max_k |w[k, n]| / 127`, `q[k, n] = round(w[k, n] / scale[n])` in [-127, 127] (an
   all-zero column has scale 1).
@@ -71,12 +72,13 @@ def rotate_weights(w, block: int = ACT_BLOCK) -> np.ndarray:  # [..., K, N] -> f
     out, start = [], 0
     for width in block_widths(w.shape[-2], block):
         part = w[..., start : start + width, :]
-        out.append(_sylvester(width) @ part / width if rotated(width) else part)
+        out.append(sylvester(width) @ part / width if rotated(width) else part)
         start += width
     return np.concatenate(out, axis=-2).astype(np.float32)
 
 
-def _sylvester(n: int) -> np.ndarray:  # f64[n, n]
+def sylvester(n: int) -> np.ndarray:  # f64[n, n]
+    """The n x n Hadamard matrix in Sylvester's order (n a power of two), unnormalised."""
     h = np.ones((1, 1))
     while h.shape[0] < n:
         h = np.block([[h, h], [h, -h]])
