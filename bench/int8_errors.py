@@ -117,26 +117,31 @@ class FakeInt8:
         return y if self.linear.bias is None else y + self.linear.bias
 
 
-def rotate_rows(x):  # f32[..., K]: each block times its Hadamard matrix
-    parts, start = [], 0
-    for width in quant.block_widths(x.shape[-1]):
-        part = x[..., start : start + width]
-        if quant.rotated(width):
-            part = part @ torch.from_numpy(quant.sylvester(width)).float()
-        parts.append(part)
-        start += width
-    return torch.cat(parts, -1)
+def rotate_rows(x):  # f32[..., K]: each block rotated times its Hadamard matrix
+    def rotated(part):
+        width = part.shape[-1]
+        if not quant.rotated(width):
+            return part
+        return part @ torch.from_numpy(quant.sylvester(width)).float()
+
+    return per_block(x, rotated)
 
 
 def quantized_rows(x):  # f32[..., K], each row block rounded to its int8 grid
-    out, start = [], 0
-    for width in quant.block_widths(x.shape[-1]):
-        part = x[..., start : start + width]
+    def rounded(part):
         amax = part.abs().amax(-1, keepdim=True)
         scale = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
-        out.append(torch.round(part / scale).clamp(-127, 127) * scale)
+        return torch.round(part / scale).clamp(-127, 127) * scale
+
+    return per_block(x, rounded)
+
+
+def per_block(x, fn):  # f32[..., K]: `fn` on each of `quant.block_widths`' blocks
+    parts, start = [], 0
+    for width in quant.block_widths(x.shape[-1]):
+        parts.append(fn(x[..., start : start + width]))
         start += width
-    return torch.cat(out, -1)
+    return torch.cat(parts, -1)
 
 
 def linears(layers):
@@ -191,7 +196,26 @@ def input_hessians(layers, run) -> dict:
     return hessians
 
 
-class Decoder:
+class Side:
+    """A model measured against its float32 self: `_run(inputs)` computes its outputs,
+    `_compare(outputs)` the metrics against `self.reference`."""
+
+    layers: object  # the model's nn.ModuleList of layers
+    inputs: list  # what is measured
+    calibration: list  # GPTQ's inputs, none of them measured
+
+    def hessians(self) -> dict:
+        place(self.layers, set())
+        return input_hessians(self.layers, lambda: self._run(self.calibration))
+
+    def measure(self, chosen: set, hessians=None, **options) -> dict:
+        place(self.layers, chosen, hessians, **options)
+        outputs = self._run(self.inputs)
+        place(self.layers, set())
+        return self._compare(outputs)
+
+
+class Decoder(Side):
     """A causal LM on W1: label log-probs against float32."""
 
     metric = "W1 label log-probs: mean and max |d log-prob| and Kendall tau vs float32"
@@ -203,11 +227,11 @@ class Decoder:
         torch.set_num_threads(os.cpu_count())
         engine = load_model(path, dtype="float32")
         self.config = engine.model_config
-        self.seqs, self.labels = self._seqs(args, engine, args.seed, args.docs)
+        self.inputs, self.labels = self._seqs(args, engine, args.seed, args.docs)
         self.calibration, _ = self._seqs(args, engine, args.seed + 1, args.calibration)
         self.model = load_transformers(path, "float32")
         self.layers = self.model.model.layers
-        self.reference = self._run(self.seqs)
+        self.reference = self._run(self.inputs)
 
     @staticmethod
     def _seqs(args, engine, seed: int, docs: int):
@@ -220,14 +244,7 @@ class Decoder:
 
         return hf_label_logprobs(self.model, seqs, self.labels, batch_size=8)
 
-    def hessians(self) -> dict:
-        place(self.layers, set())
-        return input_hessians(self.layers, lambda: self._run(self.calibration))
-
-    def measure(self, chosen: set, hessians=None, **options) -> dict:
-        place(self.layers, chosen, hessians, **options)
-        logprobs = self._run(self.seqs)
-        place(self.layers, set())
+    def _compare(self, logprobs: np.ndarray) -> dict:
         d = np.abs(logprobs - self.reference)
         margin = lambda lp: lp[:, 0] - lp[:, 1]
         return {
@@ -237,7 +254,7 @@ class Decoder:
         }
 
 
-class Embedder:
+class Embedder(Side):
     """A sentence-transformers embedder on `bench embed`'s texts: cosine to float32."""
 
     metric = "embeddings of bench embed's texts: min and mean cosine to float32"
@@ -251,22 +268,15 @@ class Embedder:
         checkpoint = load_checkpoint(path)
         self.config = checkpoint.config
         self.model = SentenceTransformer(str(path), device="cpu")
-        self.texts = texts_of(checkpoint.tokenizer, args.texts, args.seed)
+        self.inputs = texts_of(checkpoint.tokenizer, args.texts, args.seed)
         self.calibration = texts_of(checkpoint.tokenizer, args.calibration * 16, args.seed + 1)
         self.layers = self.model[0].auto_model.encoder.layer
-        self.reference = self._run(self.texts)
+        self.reference = self._run(self.inputs)
 
     def _run(self, texts) -> np.ndarray:
         return self.model.encode(texts, batch_size=64, normalize_embeddings=True)
 
-    def hessians(self) -> dict:
-        place(self.layers, set())
-        return input_hessians(self.layers, lambda: self._run(self.calibration))
-
-    def measure(self, chosen: set, hessians=None, **options) -> dict:
-        place(self.layers, chosen, hessians, **options)
-        vectors = self._run(self.texts)
-        place(self.layers, set())
+    def _compare(self, vectors: np.ndarray) -> dict:
         cosine = np.sum(vectors.astype(np.float64) * self.reference, axis=1)
         return {"min_cosine": float(cosine.min()), "mean_cosine": float(cosine.mean())}
 
