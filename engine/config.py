@@ -100,9 +100,12 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # devices each runner's weights and KV pool are sharded over (engine.device.placement)
     tensor_parallel: int = 1
 
-    def buckets(self, context: int, window: int = 0) -> Buckets:
-        """The padding grid for a model of `context` positions and sliding `window`;
-        InvalidInput (a ValueError) naming the field that is inconsistent."""
+    def buckets(
+        self, context: int, window: int = 0, row_divisors: tuple[int, ...] | None = None
+    ) -> Buckets:
+        """The padding grid for a model of `context` positions and sliding `window`, with score-row
+        buckets `row_divisors` (None: this config's `row_divisors`); InvalidInput (a ValueError)
+        naming the field that is inconsistent."""
         if not 0 <= self.batch_linger_ms <= 10_000:
             raise InvalidInput("batch_linger_ms", "must be between 0 and 10000")
         if self.kv_page_size < 1 or self.block_size % self.kv_page_size:
@@ -116,7 +119,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             token_budget=self.token_budget,
             block_size=self.block_size,
             token_buckets=self.token_buckets,
-            row_divisors=self.row_divisors,
+            row_divisors=row_divisors or self.row_divisors,
             label_widths=self.label_widths,
             window=window,
         )

@@ -63,7 +63,8 @@ class Engine(EmbeddingVerbs):
         self.program = program = self.programs[0]
         self.task = program.task
         context = program.config.max_position_embeddings
-        self.buckets = config.buckets(context, program.config.window)
+        rows = self.task.head.row_divisors(config.row_divisors)
+        self.buckets = config.buckets(context, program.config.window, rows)
         self.max_sequence_tokens = self.buckets.max_sequence(context)
         # the tokens one input may have: an encoder's or embedder's own limit (its
         # sentence-transformers `max_seq_length`, its tokenizer's `model_max_length`) within

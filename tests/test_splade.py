@@ -24,6 +24,7 @@ from engine import (
 from engine.device import sparse
 from engine.repl.loop import perform
 from engine.repl.session import Embed
+from engine.tasks.splade import FEW_ROWS
 from tests.conftest import CORPUS, TINY_ENCODER
 from tests.test_api_support import serving, tiny_env
 from tests.test_embed import tiny_embedder, varied_texts
@@ -153,10 +154,11 @@ def test_packed_batches_equal_text_by_text(splade):
     for text, (ids, values) in zip(texts, packed, strict=True):
         [(alone_ids, alone)] = embed_sparse(splade, [text], truncate=True)
         np.testing.assert_array_equal(ids, alone_ids)
-        # 1e-6 of the scale of the logits the values come from (the values are their log1p, at
-        # most: a max-pooled value's logit is expm1 of it), as far as f32 sums in another order
-        # (a batch of another shape) allow
-        assert np.abs(values - alone).max() <= 1e-6 * max(1.0, np.expm1(alone.max()))
+        # 1e-6 of the scale the values come from, as far as f32 sums in another order (a batch
+        # of another shape) allow: a max pool's logits (each value is log1p of its logit, at
+        # most), a sum pool's sums
+        scale = np.expm1(alone.max()) if SPLADES[splade.name][3] == "max" else alone.max()
+        assert np.abs(values - alone).max() <= 1e-6 * max(1.0, scale)
 
 
 def test_max_active_dims_keeps_the_largest_entries_as_sentence_transformers(tmp_path):
@@ -208,6 +210,23 @@ def test_only_non_zero_entries_of_real_rows_leave_the_device():
         np.testing.assert_array_equal(ids, np.flatnonzero(x[r]))
         np.testing.assert_array_equal(values, x[r][ids])
     assert sparse.rows_read(17, 40) == 32 and sparse.rows_read(33, 40) == 40
+
+
+def test_a_batch_of_long_texts_takes_a_bucket_of_few_rows(tmp_path):
+    # vocabulary-wide rows: besides the configured T // 2 rows, a T // FEW_ROWS bucket, which a
+    # batch of texts of FEW_ROWS tokens or more on average fits
+    path = tiny_splade(tmp_path, "bert-max")
+    long = " ".join(CORPUS)
+
+    async def main():
+        async with open_engine(config(path)) as engine:
+            tokens = engine.buckets.tokens[-1]
+            assert engine.buckets.rows_for(tokens) == (tokens // FEW_ROWS, tokens // 2)
+            await engine.embed_sparse([long] * 3, truncate=True)
+            return {shape[:2] for shape in engine.runner.compiled}
+
+    [(tokens, rows)] = trio.run(main)
+    assert rows == tokens // FEW_ROWS
 
 
 def test_refusals_name_the_reason(tmp_path):

@@ -5,8 +5,9 @@ The device counts each real row's non-zero entries; the host reads the largest c
 scalar) and has the device gather every real row's non-zero entries into K columns, K that count
 rounded up to a power of two (a handful of compiled widths); the host copies those f32[R, K] and
 i32[R, K] arrays, never a vocabulary-wide row. Only the batch's first R rows are read, R its real
-rows rounded up to a power of two: a batch's rows are padded to its bucket (half its tokens), and
-reading every padding row of a 30k vocabulary cost as much as a tenth of a batch's device time.
+rows rounded up to a power of two: a batch's rows are padded to its row bucket (half or a 32nd of
+its tokens, `engine.tasks.splade`), and reading every padding row of a 30k vocabulary cost as
+much as a tenth of a batch's device time.
 """
 
 import functools

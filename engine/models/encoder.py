@@ -261,8 +261,9 @@ def splade(x: jax.Array, inputs: PackedInputs, params: dict, cfg: ModelConfig, d
     """f32[S, V]: each score row's text's SPLADE vector, its tokens' log-saturated MLM logits
     (`cfg.splade.activation`) pooled by their max or sum (`cfg.splade.pooling`), from x
     f32[T, E] every token's final state. The MLM head runs over `SPLADE_TOKENS` tokens a step,
-    as many steps as the real tokens fill; each step's weights are folded into their texts'
-    rows at once."""
+    as many steps as the real tokens fill; each step's logits are folded into their texts'
+    rows at once. The activation is monotone, so a max pool keeps the raw logits' maximum and
+    saturates once per text: the bias and the two logarithms run on f32[S, V], not f32[T, V]."""
     t, c, v = x.shape[0], SPLADE_TOKENS, cfg.vocab_size
     span, at, count = _token_spans(t, inputs)  # padding tokens: span count - 1, dropped
     n = -(-t // c)
@@ -272,13 +273,16 @@ def splade(x: jax.Array, inputs: PackedInputs, params: dict, cfg: ModelConfig, d
 
     def step(i, pooled):  # f32[count, V]
         h = jax.lax.dynamic_slice_in_dim(x, i * c, c)
-        w = _log_saturated(_mlm_logits(h, params, cfg, dense), cfg.splade.activation)
         rows = jax.lax.dynamic_slice_in_dim(span, i * c, c)
-        return pooled.at[rows].max(w) if most else pooled.at[rows].add(w)
+        if most:
+            return pooled.at[rows].max(_mlm_logits(h, params, cfg, dense))
+        logits = _mlm_logits(h, params, cfg, dense) + params["mlm_decoder_b"]
+        return pooled.at[rows].add(_log_saturated(logits, cfg))
 
     steps = (jnp.asarray(inputs.token_count, jnp.int32) + c - 1) // c
-    pooled = jax.lax.fori_loop(0, steps, step, jnp.zeros((count, v), jnp.float32))
-    return pooled[at]
+    start = jnp.full((count, v), -jnp.inf if most else 0.0, jnp.float32)
+    pooled = jax.lax.fori_loop(0, steps, step, start)[at]
+    return _log_saturated(pooled + params["mlm_decoder_b"], cfg) if most else pooled
 
 
 def m3(x: jax.Array, inputs: PackedInputs, params: dict, cfg: ModelConfig, dense: Dense):
@@ -306,18 +310,18 @@ def _multi_vectors(x: jax.Array, weight, bias: jax.Array, dense: Dense) -> jax.A
 
 
 def _mlm_logits(h: jax.Array, params: dict, cfg: ModelConfig, dense: Dense) -> jax.Array:
-    """f32[C, V]: the masked-language-model head's logits of token states h f32[C, E]: dense,
-    activation, LayerNorm, then the vocabulary's rows."""
+    """f32[C, V]: the masked-language-model head's logits of token states h f32[C, E], less
+    the decoder's bias: dense, activation, LayerNorm, then the vocabulary's rows."""
     h = dense.matmul(h, params["mlm_dense"], jnp.int32(0)) + params["mlm_dense_b"]
     h = activations.apply(cfg.mlm_activation, h)
     h = layer_norm(h, params["mlm_norm"], params["mlm_norm_b"], cfg.norm_eps)
-    return dense.head(h, params["mlm_decoder"]) + params["mlm_decoder_b"]
+    return dense.head(h, params["mlm_decoder"])
 
 
-def _log_saturated(logits: jax.Array, activation: str) -> jax.Array:
-    """log(1 + relu(x)), and for "log1p_relu" log(1 + that)."""
+def _log_saturated(logits: jax.Array, cfg: ModelConfig) -> jax.Array:
+    """log(1 + relu(x)), and for the "log1p_relu" activation log(1 + that)."""
     w = jnp.log1p(jnp.maximum(logits, 0.0))
-    return jnp.log1p(w) if activation == "log1p_relu" else w
+    return jnp.log1p(w) if cfg.splade.activation == "log1p_relu" else w
 
 
 def pair_logits(x: jax.Array, inputs: PackedInputs, params: dict, cfg: ModelConfig, dense: Dense):

@@ -66,6 +66,11 @@ class Head:
         """The columns of a score row's answer to `output` with `labels` labels."""
         return labels
 
+    def row_divisors(self, configured: tuple[int, ...]) -> tuple[int, ...]:
+        """The score-row buckets (T // d of a T-token batch) of this head's batches, given the
+        configured ones (`EngineConfig.row_divisors`): those."""
+        return configured
+
     def relevance(self, outputs: np.ndarray, raw: bool) -> np.ndarray:
         """Each document's relevance f64[N] from the outputs f32[N, L] of its score row."""
         raise NotImplementedError
