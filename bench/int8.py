@@ -1,5 +1,6 @@
-"""int8 compute beside bf16: W1 and W2 through the engine in f32, bf16 and int8, and transformers
-in bf16, in one run.
+"""int8 compute beside bf16: W1 and W2 through the engine in f32, bf16 and int8 (its weights
+rounded to nearest, and by GPTQ: `EngineConfig.int8_rounding`), and transformers in bf16, in one
+run.
 
     python -m bench int8 [--model PATH] [--workloads w1 w2] [--repeats 3] [--quick]
 
@@ -16,12 +17,19 @@ workload; writes the JSON report and a chart.
 
 from functools import partial
 
+import msgspec
 import numpy as np
 
 from bench import common, sides, w1, w2
 from bench.parity import kendall_tau, spearman
 
-MODES = ("float32", "bfloat16", "int8")
+# a side's name: its EngineConfig dtype and int8_rounding
+MODES = {
+    "float32": ("float32", "nearest"),
+    "bfloat16": ("bfloat16", "nearest"),
+    "int8": ("int8", "nearest"),
+    "int8-gptq": ("int8", "gptq"),
+}
 QUICK = dict(
     docs=8,
     doc_tokens=(20, 40),
@@ -41,7 +49,9 @@ def parse(argv):
 
 def main(argv=None) -> dict:
     args = parse(argv)
-    description = "W1 and W2 in f32, bf16 and int8 compute, beside transformers bf16"
+    description = (
+        "W1 and W2 in f32, bf16 and int8 compute (nearest, GPTQ), beside transformers bf16"
+    )
     return common.per_workload(args, "int8", description, run_workload, chart, summary)
 
 
@@ -49,9 +59,10 @@ def run_workload(args, path, name: str) -> tuple[dict, object]:
     """The workload's report in every mode and transformers bf16, and the model's config."""
     build = partial(w1.build if name == "w1" else w2.build, args)
     runs = {}
-    for mode in MODES:
-        args.dtype = mode
-        runs[mode] = sides.run_engine(sides.engine_config(args, path), build, args.repeats)
+    for mode, (dtype, rounding) in MODES.items():
+        args.dtype = dtype
+        config = msgspec.structs.replace(sides.engine_config(args, path), int8_rounding=rounding)
+        runs[mode] = sides.run_engine(config, build, args.repeats)
     query, items, labels = runs["float32"]["request"]
     hf = sides.load_baseline(path, "bfloat16", args.baseline_device)
     base_s, base_logprobs = baseline(args, hf, name, runs["float32"], query, items, labels)
@@ -74,6 +85,8 @@ def run_workload(args, path, name: str) -> tuple[dict, object]:
         "items": len(items),
         "sides": sides_out,
         "int8_over_bf16": int8 / sides_out["bfloat16"]["items_per_s"],
+        "int8_gptq_over_bf16": sides_out["int8-gptq"]["items_per_s"]
+        / sides_out["bfloat16"]["items_per_s"],
         "int8_over_transformers_bf16": int8 / sides_out["transformers-bfloat16"]["items_per_s"],
     }
     return report, runs["float32"]["config"]
@@ -122,7 +135,10 @@ def summary(report: dict) -> str:
             f"rho {s['spearman_vs_f32']:.4f}, tau {s['kendall_tau_vs_f32']:.4f})"
             for m, s in sides_.items()
         )
-        parts.append(f"{name}: {modes}; int8/bf16 {r['int8_over_bf16']:.2f}x")
+        parts.append(
+            f"{name}: {modes}; int8/bf16 {r['int8_over_bf16']:.2f}x, "
+            f"int8-gptq/bf16 {r['int8_gptq_over_bf16']:.2f}x"
+        )
     return "; ".join(parts)
 
 

@@ -22,6 +22,10 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # weight dtype: "bfloat16" or "float32"; or "int8": bf16 with the layer matrices quantised
     # to int8 at load and multiplied in int8 (docs/int8.md)
     dtype: str = "bfloat16"
+    # under dtype "int8", how the layer matrices are rounded to int8: "nearest" (each weight to
+    # its nearest grid point) | "gptq" (GPTQ against their inputs in a float32 pass over
+    # built-in texts at load, docs/int8.md)
+    int8_rounding: str = "nearest"
     # "reference" | "xla" | "cpu" | "pallas" | "mosaic" (Hopper+, bf16); None picks by backend
     # (cpu on CPU; mosaic on a Hopper or newer GPU where it runs, else pallas on GPU and TPU)
     attention: str | None = None

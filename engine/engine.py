@@ -16,7 +16,7 @@ import tokenizers
 import trio
 
 import _native
-from engine import late_interaction, runner, templates
+from engine import calibration, late_interaction, runner, templates
 from engine.capabilities import Ability, capabilities_of
 from engine.config import EngineConfig
 from engine.device.placement import Placement, device_groups
@@ -301,6 +301,8 @@ async def open_engine(config: EngineConfig | None = None) -> AsyncIterator[Engin
             f"reranker: {config.reranker!r} is not one of {', '.join(templates.RECIPES)}"
         )
     late_interaction.check_weights(config.hybrid_weights)
+    if config.int8_rounding not in calibration.ROUNDINGS:
+        raise InvalidInput("int8_rounding", f"must be one of {', '.join(calibration.ROUNDINGS)}")
     if config.kv_pool_share < 1:
         raise InvalidInput("kv_pool_share", "must be 1 or more")
     warn_if_host_paths_uncompiled()
@@ -312,6 +314,8 @@ async def open_engine(config: EngineConfig | None = None) -> AsyncIterator[Engin
     if config.reranker is not None and no_recipe:
         raise InvalidInput("reranker", no_recipe)
     groups = device_groups(config.data_parallel, config.tensor_parallel)
+    gptq = config.dtype == "int8" and config.int8_rounding == "gptq"
+    hessians = await _calibrated(config, checkpoint) if gptq else None
     make = functools.partial(
         DeviceProgram,
         checkpoint,
@@ -323,6 +327,7 @@ async def open_engine(config: EngineConfig | None = None) -> AsyncIterator[Engin
         block_size=config.block_size,
         share=config.kv_pool_share * (len(groups) if devices.share_memory() else 1),
         dense_cache_dir=config.compile_cache_dir,
+        hessians=hessians,
     )
     programs = [
         await trio.to_thread.run_sync(functools.partial(make, placement=Placement(group)))
@@ -332,6 +337,13 @@ async def open_engine(config: EngineConfig | None = None) -> AsyncIterator[Engin
         log.info("%s", programs[0].dense_choice.summary())
     engine = Engine(config, checkpoint.tokenizer, programs, checkpoint.source)
     del checkpoint  # the host copy of the weights: the program holds them on the device
+    async with _running(engine):
+        yield engine
+
+
+@asynccontextmanager
+async def _running(engine: Engine) -> AsyncIterator[Engine]:
+    """`engine`'s actors running; shut down on exit."""
     async with trio.open_nursery() as nursery:
         await engine.pipeline.start(nursery)
         try:
@@ -339,3 +351,15 @@ async def open_engine(config: EngineConfig | None = None) -> AsyncIterator[Engin
         finally:
             engine.pipeline.close()
             nursery.cancel_scope.cancel()
+
+
+async def _calibrated(config: EngineConfig, checkpoint) -> calibration.Hessians:
+    """The Hessians of `checkpoint`'s layer matrices over the calibration texts, run by an engine
+    of `config` in float32 (`engine.calibration`)."""
+    record = functools.partial(calibration.recording_program, config, checkpoint)
+    program, hessians = await trio.to_thread.run_sync(record)
+    f32 = msgspec.structs.replace(config, dtype="float32", precompile=False)
+    engine = Engine(f32, checkpoint.tokenizer, program, checkpoint.source)
+    async with _running(engine):
+        await engine.outputs(calibration.request(engine.task, checkpoint.tokenizer))
+    return hessians

@@ -364,7 +364,7 @@ class Int8Packed(NamedTuple):
 
 
 def _int8_prepare(w, dtype) -> Int8:
-    q, scale = quant.quantize_columns(w)
+    q, scale = quant.rounded(w)
     return Int8(to_device(q), to_device(scale))
 
 
@@ -373,7 +373,9 @@ def _int8_matmul(x: jax.Array, w: Int8, layer: jax.Array, rows=None) -> jax.Arra
 
 
 def _int8_prepare_gated(gate, up, dtype) -> Int8:
-    return _int8_prepare(_pairs(gate, up), dtype)
+    (qg, sg), (qu, su) = quant.rounded(gate), quant.rounded(up)
+    scale = np.stack([sg, su], axis=-1).reshape(*sg.shape[:-1], -1)  # as `_pairs` the columns
+    return Int8(to_device(_pairs(qg, qu)), to_device(scale))
 
 
 def _int8_gated(x, w: Int8, layer, rows=None, activation: str = "silu") -> jax.Array:
@@ -400,7 +402,7 @@ INT8_XLA = Dense(
 def _vnni_prepare(w, dtype) -> Int8Packed | Int8:
     if not cpu.int8_supports(*w.shape[-2:]):
         return _int8_prepare(w, dtype)
-    q, scale = quant.quantize_columns(w)
+    q, scale = quant.rounded(w)
     return Int8Packed(jax.device_put(cpu.pack_int8(q)), to_device(scale))
 
 
@@ -413,7 +415,7 @@ def _vnni_matmul(x: jax.Array, w: Int8Packed | Int8, layer: jax.Array, rows=None
 def _vnni_prepare_gated(gate, up, dtype) -> Int8Packed | Int8:
     if not cpu.int8_supports(*gate.shape[-2:]):
         return _int8_prepare_gated(gate, up, dtype)
-    (qg, sg), (qu, su) = quant.quantize_columns(gate), quant.quantize_columns(up)
+    (qg, sg), (qu, su) = quant.rounded(gate), quant.rounded(up)
     packed = cpu.pack_int8_gated(qg, qu)
     return Int8Packed(jax.device_put(packed), to_device(cpu.interleave_int8_scales(sg, su)))
 

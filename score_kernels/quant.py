@@ -23,6 +23,8 @@ resolution of the whole row; a block of 128 costs the kernel one float fix-up pe
 products, and its rotation 7 additions per value.
 """
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -83,6 +85,24 @@ def sylvester(n: int) -> np.ndarray:  # f64[n, n]
     while h.shape[0] < n:
         h = np.block([[h, h], [h, -h]])
     return h
+
+
+class Rounded(NamedTuple):
+    """A stack of weights already on the int8 grid (by GPTQ: `score_kernels.calibration`), handed
+    to an int8 strategy's `prepare` in place of the float weights it would round itself."""
+
+    q: np.ndarray  # i8[L, K, N]: the rotated weights' grid points
+    scale: np.ndarray  # f32[L, N]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.q.shape
+
+
+def rounded(w) -> tuple[np.ndarray, np.ndarray]:
+    """int8 q [..., K, N] and f32 scale [..., N] of w: a `Rounded` stack's own, else
+    `quantize_columns(w)`."""
+    return (w.q, w.scale) if isinstance(w, Rounded) else quantize_columns(w)
 
 
 def quantize_columns(w, block: int = ACT_BLOCK) -> tuple[np.ndarray, np.ndarray]:

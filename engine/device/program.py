@@ -20,12 +20,23 @@ from engine.kinds import Output
 from engine.loaders import Checkpoint
 from engine.models import Dense, ModelConfig, PackedInputs
 from score_kernels import devices, select_attention, select_dense
+from score_kernels.calibration import Hessians, rounding_by
 from score_kernels.dense_choice import DenseChoice
 from score_kernels.paging import write
 
 # the weight dtype of each compute mode; "int8" keeps bf16 but for the layer matrices, which its
 # dense strategies quantise to int8 at load (score_kernels.quant)
 DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32, "int8": jnp.bfloat16}
+
+
+def _selected(dense: str | None, backend: str, dtype: str, cache_dir: str | None) -> Dense:
+    """`select_dense` of a `DeviceProgram`'s arguments; InvalidInput naming "dense"."""
+    try:
+        return select_dense(
+            dense, backend, dtype=DTYPES[dtype], int8=dtype == "int8", cache_dir=cache_dir
+        )
+    except ValueError as e:
+        raise InvalidInput("dense", str(e)) from None
 
 
 def default_compile_cache_dir() -> str:
@@ -57,6 +68,8 @@ class DeviceProgram:
     devices need the "xla" dense path (None picks it). The default pool is divided by `share`:
     the runners whose devices share one memory (a CPU's host devices). The measured dense
     strategy keeps its choices under `dense_cache_dir` (None: measured once per process).
+    `dense` may also be a strategy itself (`score_kernels.calibration.recording`). In int8,
+    `hessians` (`score_kernels.calibration`) has the layer matrices rounded by GPTQ.
     """
 
     def __init__(
@@ -65,13 +78,14 @@ class DeviceProgram:
         *,
         dtype: str = "bfloat16",
         attention: str | None = None,
-        dense: str | None = None,
+        dense: str | Dense | None = None,
         kv_cache_bytes: int | None = 0,
         page_size: int = DEFAULT_PAGE_SIZE,
         block_size: int = DEFAULT_BLOCK_SIZE,
         placement: Placement | None = None,
         share: int = 1,
         dense_cache_dir: str | None = None,
+        hessians: Hessians | None = None,
     ):
         if dtype not in DTYPES:
             raise InvalidInput("dtype", f"{dtype!r} is not one of {sorted(DTYPES)}")
@@ -88,16 +102,13 @@ class DeviceProgram:
         if sharded and dense not in (None, "xla"):
             raise InvalidInput("dense", "tensor parallelism needs the 'xla' dense path")
         dense = "xla" if sharded else dense
-        try:
-            self.dense: Dense = select_dense(
-                dense,
-                backend,
-                dtype=DTYPES[dtype],
-                int8=dtype == "int8",
-                cache_dir=dense_cache_dir,
-            )
-        except ValueError as e:
-            raise InvalidInput("dense", str(e)) from None
+        self.dense: Dense = (
+            _selected(dense, backend, dtype, cache_dir=dense_cache_dir)
+            if dense is None or isinstance(dense, str)
+            else dense
+        )
+        if hessians is not None and dtype == "int8":
+            self.dense = rounding_by(self.dense, hessians)
         try:
             self.attention = select_attention(
                 attention,

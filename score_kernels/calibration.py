@@ -1,0 +1,164 @@
+"""GPTQ for the int8 mode: the Hessians X^T X of each layer matrix's inputs, recorded from a
+forward over calibration texts, and the strategy that rounds each matrix by them.
+
+`recording(hessians)` is the XLA strategy whose layer products first hand their input's real rows
+to `hessians` (an `io_callback`), rounded to bf16 and rotated as the int8 kernels see them
+(`score_kernels.quant`). A matrix is known by the digest of the host stack its `prepare` is
+given (`digest`): the int8 placement of the same checkpoint prepares the same stacks, and
+`rounding_by(dense, hessians)` hands `dense` each one it has sums for rounded by GPTQ
+(`score_kernels.gptq`, a `quant.Rounded`), the rest as they are (rounded to nearest there).
+"""
+
+import functools
+import hashlib
+import threading
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import io_callback
+
+from score_kernels import gptq, quant
+from score_kernels.dense import XLA, Dense
+
+
+class Hessians:
+    """Per matrix (its `digest`) and layer, the sum of X^T X (f64[K, K]) over the real rows it
+    multiplied, and how many rows that was."""
+
+    def __init__(self):
+        self.sums: dict[str, dict[int, np.ndarray]] = {}
+        self.rows: dict[str, int] = {}
+        self._alias: dict[str, str] = {}  # a gated pair's up stack: its gate's inputs
+        self._adding = threading.Lock()
+
+    def add(self, key: str, layer, x, count) -> None:
+        """Add the first `count` rows of x f32[M, K] as inputs of layer `layer` of matrix
+        `key`."""
+        x = np.asarray(x, np.float64)[: int(count)]
+        with self._adding:
+            sums = self.sums.setdefault(key, {})
+            layer = int(layer)
+            sums[layer] = sums.get(layer, 0) + x.T @ x
+            self.rows[key] = self.rows.get(key, 0) + len(x)
+
+    def alias(self, key: str, same: str) -> None:
+        """Matrix `key` multiplies the inputs matrix `same` does."""
+        self._alias[key] = same
+
+    def of(self, w) -> list[np.ndarray] | None:
+        """The sums f64[K, K] of each layer of the host stack w [L, K, N], or None where w was
+        not multiplied (or not in every layer)."""
+        key = digest(w)
+        sums = self.sums.get(self._alias.get(key, key), {})
+        layers = w.shape[0] if w.ndim == 3 else 1
+        if sorted(sums) != list(range(layers)):
+            return None
+        return [sums[i] for i in range(layers)]
+
+    def rounded(self, w):
+        """w [L, K, N] (or [K, N]) rounded by GPTQ against its sums, a `quant.Rounded`; w itself
+        where there are none."""
+        sums = self.of(w)
+        if sums is None:
+            return w
+        stack = np.asarray(w, np.float32).reshape(len(sums), *w.shape[-2:])
+        pairs = zip(stack, sums, strict=True)
+        parts = [gptq.round_columns(quant.rotate_weights(m), h) for m, h in pairs]
+        q, scale = np.stack([p[0] for p in parts]), np.stack([p[1] for p in parts])
+        return quant.Rounded(q.reshape(w.shape), scale.reshape(*w.shape[:-2], w.shape[-1]))
+
+
+def digest(w) -> str:
+    """A host stack's identity: its shape, dtype and bytes."""
+    w = np.ascontiguousarray(w)
+    h = hashlib.blake2b(f"{w.shape} {w.dtype}".encode(), digest_size=16)
+    h.update(w.view(np.uint8).reshape(-1))
+    return h.hexdigest()
+
+
+@jax.tree_util.register_pytree_node_class
+class Recorded:
+    """A prepared matrix and the key its inputs are recorded under (static)."""
+
+    def __init__(self, w, key: str):
+        self.w, self.key = w, key
+
+    def tree_flatten(self):
+        return (self.w,), self.key
+
+    @classmethod
+    def tree_unflatten(cls, key, children):
+        return cls(children[0], key)
+
+
+def recording(hessians: Hessians) -> Dense:
+    """The XLA strategy, each layer product first adding its input's real rows (bf16-rounded,
+    rotated) to `hessians` under its matrix's digest. The head is not recorded (int8 leaves it
+    in bf16)."""
+
+    def prepared(prepare: Callable) -> Callable:
+        def recorded(w, *args):
+            return Recorded(prepare(w, *args), digest(w))
+
+        return recorded
+
+    def prepare_gated(gate, up, dtype):
+        hessians.alias(digest(up), digest(gate))
+        return Recorded(XLA.prepare_gated(gate, up, dtype), digest(gate))
+
+    def record(w: Recorded, x, layer, rows) -> None:
+        x = quant.rotate_rows(x.astype(jnp.bfloat16).astype(jnp.float32))
+        count = x.shape[0] if rows is None else rows
+        add = functools.partial(hessians.add, w.key)
+        io_callback(add, None, layer, x, jnp.asarray(count, jnp.int32))
+
+    def matmul(x, w, layer, rows=None):
+        record(w, x, layer, rows)
+        return XLA.matmul(x, w.w, layer, rows)
+
+    def gated(x, w, layer, rows=None, activation="silu"):
+        record(w, x, layer, rows)
+        return XLA.gated(x, w.w, layer, rows, activation)
+
+    def activated(x, w, layer, bias, activation, rows=None):
+        record(w, x, layer, rows)
+        return XLA.activated(x, w.w, layer, bias, activation, rows)
+
+    def qkv(x, w, layer, bias, heads, kv_heads, rows=None, rope=None):
+        record(w, x, layer, rows)
+        return XLA.qkv(x, w.w, layer, bias, heads, kv_heads, rows, rope)
+
+    def residual(x, w, layer, residual, bias=None, rows=None):
+        record(w, x, layer, rows)
+        return XLA.residual(x, w.w, layer, residual, bias, rows)
+
+    return Dense(
+        "recording",
+        prepared(XLA.prepare),
+        matmul,
+        prepare_gated,
+        gated,
+        prepared(XLA.prepare_activated),
+        activated,
+        prepared(XLA.prepare_qkv),
+        qkv,
+        prepared(XLA.prepare_residual),
+        residual,
+        XLA.prepare_head,
+        XLA.head,
+    )
+
+
+def rounding_by(dense: Dense, hessians: Hessians) -> Dense:
+    """`dense` (an int8 strategy) preparing each layer stack `hessians` has sums for as GPTQ
+    rounds it."""
+    r = hessians.rounded
+    return dense._replace(
+        prepare=lambda w, dtype: dense.prepare(r(w), dtype),
+        prepare_gated=lambda g, u, dtype: dense.prepare_gated(r(g), r(u), dtype),
+        prepare_activated=lambda w, dtype: dense.prepare_activated(r(w), dtype),
+        prepare_qkv=lambda w, dtype, h, kv: dense.prepare_qkv(r(w), dtype, h, kv),
+        prepare_residual=lambda w, dtype: dense.prepare_residual(r(w), dtype),
+    )
