@@ -58,7 +58,10 @@ def test_cohere_max_tokens_per_doc_keeps_a_decoder_documents_first_tokens(decode
     r = client.post("/v2/rerank", json=body)
     assert r.status_code == 200, r.text
     want = relevance_of_ids(client, tok, [recipe(tok, d, 4) for d in DOCS])
-    np.testing.assert_allclose(by_index(r.json()["results"]), want, rtol=1e-6, atol=1e-7)
+    # the rerank computes the query once for all documents, /v1/score each sequence whole: f32
+    # sums in another order (1.5e-6 apart on an AVX512-BF16 Zen 4, whose measured dense choice
+    # differs); a document cut at other tokens is far more
+    np.testing.assert_allclose(by_index(r.json()["results"]), want, rtol=1e-5, atol=1e-6)
 
 
 def test_vllm_truncate_prompt_tokens_fits_a_decoders_sequences(decoder):
@@ -71,7 +74,7 @@ def test_vllm_truncate_prompt_tokens_fits_a_decoders_sequences(decoder):
     assert max(map(len, kept)) == k
     want = relevance_of_ids(client, tok, kept)
     got = [d["score"] for d in r.json()["data"]]
-    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)  # as the test above
 
 
 @pytest.fixture(scope="module")
