@@ -336,7 +336,8 @@ async def open_engine(config: EngineConfig | None = None) -> AsyncIterator[Engin
     if programs[0].dense_choice is not None:
         log.info("%s", programs[0].dense_choice.summary())
     engine = Engine(config, checkpoint.tokenizer, programs, checkpoint.source)
-    del checkpoint  # the host copy of the weights: the program holds them on the device
+    # the host copies of the weights (and GPTQ's): the programs hold them on the device
+    del checkpoint, hessians, make
     async with _running(engine):
         yield engine
 

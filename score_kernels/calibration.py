@@ -32,6 +32,7 @@ class Hessians:
         self.rows: dict[str, int] = {}
         self._alias: dict[str, str] = {}  # a gated pair's up stack: its gate's inputs
         self._adding = threading.Lock()
+        self._rounded: dict[str, quant.Rounded | None] = {}  # by digest; None: not recorded
 
     def add(self, key: str, layer, x, count) -> None:
         """Add the first `count` rows of x f32[M, K] as inputs of layer `layer` of matrix
@@ -58,11 +59,18 @@ class Hessians:
         return [sums[i] for i in range(layers)]
 
     def rounded(self, w):
-        """w [L, K, N] (or [K, N]) rounded by GPTQ against its sums, a `quant.Rounded`; w itself
-        where there are none."""
+        """w [L, K, N] (or [K, N]) rounded by GPTQ against its sums, a `quant.Rounded` (once per
+        stack: data-parallel runners place the same ones); w itself where there are none."""
+        key = digest(w)
+        if key not in self._rounded:
+            self._rounded[key] = self._gptq(w)
+        rounded = self._rounded[key]
+        return w if rounded is None else rounded
+
+    def _gptq(self, w) -> quant.Rounded | None:
         sums = self.of(w)
         if sums is None:
-            return w
+            return None
         stack = np.asarray(w, np.float32).reshape(len(sums), *w.shape[-2:])
         pairs = zip(stack, sums, strict=True)
         parts = [gptq.round_columns(quant.rotate_weights(m), h) for m, h in pairs]
