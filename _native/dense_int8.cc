@@ -7,8 +7,8 @@
 // activations are rotated by the same Hadamard blocks and quantised per row block on the fly
 // (the rotations cancel in the product); each block's sums are exact in int32, then weighted by
 // the block's scale in f32. The weights' +128 adds `128 * sum(q_x)` of a block to every column
-// of the row, which is taken back from the block's int32 sums. The gated form computes a SwiGLU MLP's
-// bf16(silu(a @ W_gate) * (a @ W_up)) from gate and up packed with their 16-column groups
+// of the row, which is taken back from the block's int32 sums. The gated form computes a SwiGLU
+// MLP's bf16(silu(a @ W_gate) * (a @ W_up)) from gate and up packed with their 16-column groups
 // interleaved.
 //
 // Only the first `rows` rows of a are multiplied (a batch's real tokens); the output's other rows

@@ -35,8 +35,7 @@ def recording_program(
 ) -> tuple[DeviceProgram, Hessians]:
     """`checkpoint` in float32 with XLA's products, each recording its inputs into the Hessians
     returned beside it, for an engine of `config` to run `request` through."""
-    texts = sequences()
-    log.info("int8: calibrating GPTQ's rounding over %d built-in texts in float32", len(texts))
+    log.info("int8: calibrating GPTQ's rounding over the built-in texts in float32")
     hessians = Hessians()
     program = DeviceProgram(
         checkpoint,

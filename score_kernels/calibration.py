@@ -51,24 +51,26 @@ class Hessians:
     def of(self, w) -> list[np.ndarray] | None:
         """The sums f64[K, K] of each layer of the host stack w [L, K, N], or None where w was
         not multiplied (or not in every layer)."""
-        key = digest(w)
-        sums = self.sums.get(self._alias.get(key, key), {})
-        layers = w.shape[0] if w.ndim == 3 else 1
-        if sorted(sums) != list(range(layers)):
-            return None
-        return [sums[i] for i in range(layers)]
+        return self._layers(digest(w), w)
 
     def rounded(self, w):
         """w [L, K, N] (or [K, N]) rounded by GPTQ against its sums, a `quant.Rounded` (once per
         stack: data-parallel runners place the same ones); w itself where there are none."""
         key = digest(w)
         if key not in self._rounded:
-            self._rounded[key] = self._gptq(w)
+            self._rounded[key] = self._gptq(w, self._layers(key, w))
         rounded = self._rounded[key]
         return w if rounded is None else rounded
 
-    def _gptq(self, w) -> quant.Rounded | None:
-        sums = self.of(w)
+    def _layers(self, key: str, w) -> list[np.ndarray] | None:
+        sums = self.sums.get(self._alias.get(key, key), {})
+        layers = w.shape[0] if w.ndim == 3 else 1
+        if sorted(sums) != list(range(layers)):
+            return None
+        return [sums[i] for i in range(layers)]
+
+    @staticmethod
+    def _gptq(w, sums: list[np.ndarray] | None) -> quant.Rounded | None:
         if sums is None:
             return None
         stack = np.asarray(w, np.float32).reshape(len(sums), *w.shape[-2:])
@@ -113,8 +115,9 @@ def recording(hessians: Hessians) -> Dense:
         return recorded
 
     def prepare_gated(gate, up, dtype):
-        hessians.alias(digest(up), digest(gate))
-        return Recorded(XLA.prepare_gated(gate, up, dtype), digest(gate))
+        key = digest(gate)
+        hessians.alias(digest(up), key)
+        return Recorded(XLA.prepare_gated(gate, up, dtype), key)
 
     def record(w: Recorded, x, layer, rows) -> None:
         x = quant.rotate_rows(x.astype(jnp.bfloat16).astype(jnp.float32))
