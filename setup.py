@@ -57,6 +57,7 @@ extensions.append(
             "_native/dense_amx.h",
             "_native/dense_f32.h",
             "_native/dense_f32_kernel.h",
+            "_native/dense_forms.h",
             "_native/dense_int8.h",
             "_native/dense_int8_amx.h",
             "_native/dense_int8_kernel.h",

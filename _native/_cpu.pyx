@@ -36,6 +36,8 @@ cdef extern from "dense_f32.h":
 cdef extern from "dense_int8.h":
     void* dense_int8_handler()
     void* gated_int8_handler()
+    void* add_int8_handler()
+    void* qkv_int8_handler()
     int dense_int8_cpu_has(int isa)
     void dense_int8_set_isa(int isa)
     int dense_int8_isa()
@@ -157,6 +159,16 @@ def int8_handler():
 def int8_gated_handler():
     """The XLA FFI handler of the `gated_int8` custom call (a SwiGLU MLP's gate and up)."""
     return PyCapsule_New(gated_int8_handler(), NULL, NULL)
+
+
+def int8_add_handler():
+    """The XLA FFI handler of the `dense_int8_add` custom call (the residual form)."""
+    return PyCapsule_New(add_int8_handler(), NULL, NULL)
+
+
+def int8_qkv_handler():
+    """The XLA FFI handler of the `qkv_int8` custom call (a fused q/k/v projection)."""
+    return PyCapsule_New(qkv_int8_handler(), NULL, NULL)
 
 
 def int8_isas():

@@ -36,6 +36,7 @@
 #include "builds.h"
 #include "cpu_pool.h"
 #include "dense.h"
+#include "dense_forms.h"
 #include "dense_tiles.h"
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -46,32 +47,21 @@ namespace ffi = xla::ffi;
 
 namespace packed_dense {
 
-struct Problem {
+struct Problem : dense_forms::Fused {  // the fused forms' outputs and bias: dense_forms.h
+  Problem(int64_t m, int64_t n, int64_t k, const uint16_t* a, const uint16_t* w, uint64_t call,
+          int64_t held)
+      : m(m), n(n), k(k), a(a), w(w), call(call), held(held) {}
   int64_t m, n, k;    // n: columns of the packed weights (gate and up together when gated)
   const uint16_t* a;  // [m, k]
   const uint16_t* w;  // [n / 16, k / 2, 32]
-  void* out;          // f32[m, n], or bf16[m, n / 2] when gated
-  bool stream;        // f32 out written with streaming stores (dense_tiles::streams)
-  float* tiles;       // the AVX2 build's f32 copy of a's rows from first_row (dense_staged.h)
-  int64_t first_row;  // (both set by run_staged)
-  uint64_t call;      // the AMX build's call number (amx_tiles::configure)
-  int64_t held;       // rows of a in memory (m or more)
+  void* out = nullptr;  // f32[m, n], or bf16[m, n / 2] when gated
+  bool stream = false;  // f32 out written with streaming stores (dense_tiles::streams)
+  float* tiles = nullptr;  // the AVX2 build's f32 copy of a's rows from first_row (dense_staged.h)
+  int64_t first_row = 0;   // (both set by run_staged)
+  uint64_t call;           // the AMX build's call number (amx_tiles::configure)
+  int64_t held;            // rows of a in memory (m or more)
   const uint16_t* staged = nullptr;  // the AMX build's copy of rows [from, m), ld apart
   int64_t from = 0, ld = 0;          // (set by dense_amx.h's stage)
-  const float* bias = nullptr;       // f32[n]: kActivated and kQkv, and kAdd where set
-  const float* addend = nullptr;     // kAdd: f32[m, n], the residual the sums are added to
-  // kQkv: where each 16-column group goes (simd.h's QkvOut)
-  struct Place {
-    int32_t out;     // 0 q, 1 k, 2 v
-    int32_t column;  // of its row there (of its first half's, for q and k)
-    int32_t freq;    // q and k: the RoPE frequency of its first column (halves D/2 apart); v: -1
-  };
-  const Place* places = nullptr;  // [n / 16]
-  uint16_t* heads_out[3] = {};    // q bf16[m, H, D], k and v bf16[m, Hkv, D]
-  int64_t head_cols[3] = {};      // H D, Hkv D, Hkv D
-  int64_t half = 0;               // D / 2
-  const float* cos = nullptr;     // f32[m, D / 2], with sin: RoPE of q and k (null: none)
-  const float* sin = nullptr;
 };
 
 // What a call writes: the f32 sums, bf16 of act(gate) * up, bf16 of an activation of the
@@ -332,17 +322,9 @@ Problem problem(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w,
                 const ffi::Buffer<ffi::S32>& layer, int64_t m) {
   auto ad = a.dimensions(), wd = w.dimensions();
   const int64_t per_layer = wd[1] * wd[2] * wd[3];
-  return Problem{m,
-                 wd[1] * 16,
-                 ad[1],
-                 static_cast<const uint16_t*>(a.untyped_data()),
+  return Problem(m, wd[1] * 16, ad[1], static_cast<const uint16_t*>(a.untyped_data()),
                  static_cast<const uint16_t*>(w.untyped_data()) + layer.typed_data()[0] * per_layer,
-                 nullptr,
-                 false,
-                 nullptr,
-                 0,
-                 amx_tiles::begin_call(),
-                 ad[0]};
+                 amx_tiles::begin_call(), ad[0]);
 }
 
 // The call of any form but kQkv; `bias` is read by kActivated and kAdd, `activation` by
@@ -402,56 +384,10 @@ ffi::Error Activated(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::Buffer<ffi::S32> l
 ffi::Error Add(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::Buffer<ffi::S32> layer,
                ffi::Buffer<ffi::S32> rows, ffi::AnyBuffer residual, ffi::Buffer<ffi::F32> bias,
                ffi::Result<ffi::AnyBuffer> out, ffi::ThreadPool pool) {
-  auto rd = residual.dimensions(), od = out->dimensions();
-  const int64_t n = w.dimensions()[1] * 16, values = int64_t(bias.element_count());
-  if (residual.element_type() != ffi::DataType::F32 || rd.size() != 2 || od.size() != 2 ||
-      rd[0] != od[0] || rd[1] != od[1])
-    return ffi::Error::InvalidArgument("packed_dense_add: residual of " + dims(residual) +
-                                       " for out of " + dims(*out) + " (both float32)");
-  if (values != 0 && values != n)
-    return ffi::Error::InvalidArgument("packed_dense_add: bias has " + std::to_string(values) +
-                                       " values for w of " + dims(w));
-  return Call(kAdd, a, w, layer, rows, values ? bias.typed_data() : nullptr, 0, out, pool,
-              static_cast<const float*>(residual.untyped_data()));
-}
-
-// Where each 16-column group of a q/k/v product of `n` columns goes: W's columns are laid out by
-// kv head (for each, its G query heads, then its k and its v, D each), and within each q and k
-// head in groups of 8 columns of the head's first half and the 8 D/2 further
-// (`score_kernels.cpu.pack_qkv`).
-std::vector<Problem::Place> qkv_places(int64_t n, int64_t d, int64_t group) {
-  std::vector<Problem::Place> places(n / 16);
-  for (int64_t c = 0; c < n; c += 16) {  // slot: a head's D columns in the kv head's G + 2
-    const int64_t slot = c / d, kv = slot / (group + 2), i = slot % (group + 2), j = c % d / 16;
-    const int32_t out = i < group ? 0 : int32_t(i - group + 1);
-    const int64_t head = out == 0 ? kv * group + i : kv;
-    places[c / 16] = out == 2 ? Problem::Place{out, int32_t(head * d + 16 * j), -1}
-                              : Problem::Place{out, int32_t(head * d + 8 * j), int32_t(8 * j)};
-  }
-  return places;
-}
-
-// Checks the q/k/v call's outputs and RoPE tables against a and w; returns an error or "".
-std::string check_qkv(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w,
-                      const ffi::Buffer<ffi::F32>& bias, const ffi::Buffer<ffi::F32>& cos,
-                      const ffi::Buffer<ffi::F32>& sin, ffi::AnyBuffer* const (&outs)[3]) {
-  const int64_t total = a.dimensions()[0], n = w.dimensions()[1] * 16;
-  auto qd = outs[0]->dimensions(), kd = outs[1]->dimensions(), vd = outs[2]->dimensions();
-  const bool shaped = qd.size() == 3 && kd.size() == 3 && qd[0] == total && kd[1] > 0 &&
-                      qd[1] % kd[1] == 0 && qd[2] == kd[2] && qd[2] % 16 == 0 &&
-                      (qd[1] + 2 * kd[1]) * qd[2] == n;
-  if (!shaped) return "q of " + dims(*outs[0]) + " and k of " + dims(*outs[1]) +
-                      " do not split w of " + dims(w);
-  if (vd.size() != 3 || !std::equal(vd.begin(), vd.end(), kd.begin()))
-    return "k of " + dims(*outs[1]) + " and v of " + dims(*outs[2]) + " must be of one shape";
-  for (auto* out : outs)
-    if (out->element_type() != ffi::DataType::BF16) return "q, k and v must be bfloat16";
-  if (int64_t(bias.element_count()) != n) return "bias does not match w of " + dims(w);
-  const int64_t table = int64_t(cos.element_count());
-  if (table != int64_t(sin.element_count()) || (table && table != total * qd[2] / 2))
-    return "cos and sin must both be empty or hold [" + std::to_string(total) + ", " +
-           std::to_string(qd[2] / 2) + "] values";
-  return "";
+  std::string error = dense_forms::check_add(residual, bias, *out, w.dimensions()[1] * 16);
+  if (!error.empty()) return ffi::Error::InvalidArgument("packed_dense_add: " + error);
+  return Call(kAdd, a, w, layer, rows, bias.element_count() ? bias.typed_data() : nullptr, 0, out,
+              pool, static_cast<const float*>(residual.untyped_data()));
 }
 
 // bf16(a @ W + bias) split into q bf16[M, H, D], k and v bf16[M, Hkv, D] (`qkv_places`), q and
@@ -463,24 +399,15 @@ ffi::Error Qkv(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::Buffer<ffi::S32> layer,
                ffi::ThreadPool pool) {
   ffi::AnyBuffer* const outs[3] = {&*q, &*k, &*v};
   std::string error = check_inputs(a, w, layer, rows, kQkv);
-  if (error.empty()) error = check_qkv(a, w, bias, cos, sin, outs);
+  const int64_t total = a.dimensions()[0], n = error.empty() ? w.dimensions()[1] * 16 : 0;
+  if (error.empty()) error = dense_forms::check_qkv(total, n, bias, cos, sin, outs);
   if (!error.empty()) return ffi::Error::InvalidArgument("packed_qkv: " + error);
   native_cpu::PoolScope scope(pool);
-  auto qd = q->dimensions(), kd = k->dimensions();
-  const int64_t total = a.dimensions()[0], m = native_builds::computed_rows(rows, total);
-  Problem p = problem(a, w, layer, m);
-  const std::vector<Problem::Place> places = qkv_places(p.n, qd[2], qd[1] / kd[1]);
-  p.places = places.data();
-  p.bias = bias.typed_data();
-  p.half = qd[2] / 2;
-  if (cos.element_count()) p.cos = cos.typed_data(), p.sin = sin.typed_data();
-  for (int i = 0; i < 3; ++i) {
-    p.heads_out[i] = static_cast<uint16_t*>(outs[i]->untyped_data());
-    p.head_cols[i] = (i == 0 ? qd[1] : kd[1]) * qd[2];
-  }
-  if (m > 0) run(p, kQkv, 0);
-  for (int i = 0; i < 3; ++i)
-    native_builds::zero_rows(p.heads_out[i], m, total, p.head_cols[i] * sizeof(uint16_t));
+  Problem p = problem(a, w, layer, native_builds::computed_rows(rows, total));
+  std::vector<dense_forms::Fused::Place> places;
+  dense_forms::set_qkv(p, n, bias, cos, sin, outs, places);
+  if (p.m > 0) run(p, kQkv, 0);
+  dense_forms::zero_qkv_rows(p, p.m, total);
   return ffi::Error::Success();
 }
 

@@ -32,6 +32,7 @@
 #include "amx.h"
 #include "builds.h"
 #include "cpu_pool.h"
+#include "dense_forms.h"
 #include "dense_tiles.h"
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -42,7 +43,7 @@ namespace ffi = xla::ffi;
 
 namespace dense_int8 {
 
-struct Problem {
+struct Problem : dense_forms::Fused {  // the fused forms' outputs and bias: dense_forms.h
   int64_t m, n, k;       // n: columns of the packed weights (gate and up together when gated)
   int64_t blocks, block;  // activation blocks per row, and their width (the last may be shorter)
   const uint16_t* a;     // bf16[m, k]
@@ -57,6 +58,10 @@ struct Problem {
 };
 
 enum Isa { kAvx2 = 0, kAvxVnni = 1, kAvx512Vnni = 2, kAmx = 3 };
+
+// What a call writes: the f32 sums, bf16 of act(gate) * up, bf16 of the sums plus a bias split
+// into q, k and v, or the f32 sums plus a residual (and a bias), as dense.cc's forms.
+enum Form { kSums, kGated, kQkv, kAdd };
 constexpr int kActivations = 5;  // the gated form's activations (simd.h's Activation)
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -156,34 +161,34 @@ constexpr void (*kGatedRuns[])(const Problem&) = {&run_gated<0>, &run_gated<1>, 
 static_assert(std::size(kGatedRuns) == kActivations && amx::kActivations == kActivations);
 #endif
 
-// The plain product, or (gated) bf16(act(gate) * up) with `activation` a code of simd.h's.
-void run(const Problem& p, bool gated, int activation) {
+// The call's form (`activation`: the gated form's, a code of simd.h's).
+void run(const Problem& p, Form form, int activation) {
 #if DENSE_INT8_NATIVE
-  if (gated) return kGatedRuns[activation](p);
+  if (form == kGated) return kGatedRuns[activation](p);
+  if (form == kQkv)
+    return run_build<amx::AmxQkv, avx512vnni::StoreQkv, avxvnni::StoreQkv, avx2::StoreQkv>(p);
+  if (form == kAdd)
+    return run_build<amx::AmxAdd, avx512vnni::StoreAdd, avxvnni::StoreAdd, avx2::StoreAdd>(p);
   run_build<amx::AmxF32, avx512vnni::StoreF32, avxvnni::StoreF32, avx2::StoreF32>(p);
 #endif
 }
 
 using native_builds::dims;
 
-// Checks the operands; an error message, or "" when they are right.
-std::string check(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w, const ffi::AnyBuffer& scale,
-                  const ffi::Buffer<ffi::S32>& layer, const ffi::Buffer<ffi::S32>& rows,
-                  int64_t block, const ffi::AnyBuffer& out, bool gated) {
+// Checks the operands every form takes; an error message, or "" when they are right.
+std::string check_inputs(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w,
+                         const ffi::AnyBuffer& scale, const ffi::Buffer<ffi::S32>& layer,
+                         const ffi::Buffer<ffi::S32>& rows, int64_t block, Form form) {
   if (chosen_isa() < 0) return "this CPU has neither AVX2 nor AVX512-VNNI";
-  auto ad = a.dimensions(), wd = w.dimensions(), sd = scale.dimensions(), od = out.dimensions();
-  const auto out_type = gated ? ffi::DataType::BF16 : ffi::DataType::F32;
+  auto ad = a.dimensions(), wd = w.dimensions(), sd = scale.dimensions();
   if (a.element_type() != ffi::DataType::BF16 || w.element_type() != ffi::DataType::U8 ||
-      scale.element_type() != ffi::DataType::F32 || out.element_type() != out_type)
-    return std::string("a must be bfloat16, w uint8, scale float32 and out ") +
-           (gated ? "bfloat16" : "float32");
+      scale.element_type() != ffi::DataType::F32)
+    return "a must be bfloat16, w uint8 and scale float32";
   if (ad.size() != 2 || ad[1] % 4 != 0) return "a has shape " + dims(a);
-  if (wd.size() != 4 || wd[2] * 4 != ad[1] || wd[3] != 64 || (gated && wd[1] % 2 != 0))
+  if (wd.size() != 4 || wd[2] * 4 != ad[1] || wd[3] != 64 || (form == kGated && wd[1] % 2 != 0))
     return "w has shape " + dims(w) + " for a of " + dims(a);
   if (sd.size() != 2 || sd[0] != wd[0] || sd[1] != wd[1] * 16)
     return "scale has shape " + dims(scale) + " for w of " + dims(w);
-  const int64_t columns = gated ? wd[1] * 8 : wd[1] * 16;
-  if (od.size() != 2 || od[0] != ad[0] || od[1] != columns) return "out has shape " + dims(out);
   if (block < 4 || block % 4 != 0)
     return "block " + std::to_string(block) + " is not a positive multiple of 4";
   if (layer.element_count() != 1) return "layer must be a scalar";
@@ -194,6 +199,18 @@ std::string check(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w, const ffi::A
   return "";
 }
 
+// Checks the one output of the plain, gated and residual forms against a and w.
+std::string check_out(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w, const ffi::AnyBuffer& out,
+                      Form form) {
+  auto ad = a.dimensions(), wd = w.dimensions(), od = out.dimensions();
+  const bool gated = form == kGated;
+  if (out.element_type() != (gated ? ffi::DataType::BF16 : ffi::DataType::F32))
+    return gated ? "out must be bfloat16" : "out must be float32";
+  const int64_t columns = gated ? wd[1] * 8 : wd[1] * 16;
+  if (od.size() != 2 || od[0] != ad[0] || od[1] != columns) return "out has shape " + dims(out);
+  return "";
+}
+
 // The quantised activations of one call (per calling thread, grown as needed).
 struct Scratch {
   std::vector<int8_t> q;
@@ -201,46 +218,61 @@ struct Scratch {
   std::vector<int32_t> offsets;
 };
 
-// The call of either form (`activation`: the gated form's).
-ffi::Error Call(bool gated, int activation, ffi::AnyBuffer a, ffi::AnyBuffer w,
-                ffi::AnyBuffer scale, ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> rows,
-                ffi::Result<ffi::AnyBuffer> out, int64_t block, ffi::ThreadPool pool) {
-  std::string error = check(a, w, scale, layer, rows, block, *out, gated);
-  if (!error.empty()) return ffi::Error::InvalidArgument("dense_int8: " + error);
-  native_cpu::PoolScope scope(pool);
+// The problem of a call on `m` computed rows, its activations quantised into this thread's
+// scratch (the form's outputs and bias set by the caller).
+Problem problem(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w, const ffi::AnyBuffer& scale,
+                const ffi::Buffer<ffi::S32>& layer, int64_t m, int64_t block) {
   auto ad = a.dimensions(), wd = w.dimensions();
-  const int64_t m = native_builds::computed_rows(rows, ad[0]), k = ad[1], n = wd[1] * 16;
-  const int64_t blocks = (k + block - 1) / block;
-  const int64_t row_bytes = gated ? n / 2 * sizeof(uint16_t) : n * sizeof(float);
+  const int64_t k = ad[1], n = wd[1] * 16, blocks = (k + block - 1) / block;
   const int32_t index = layer.typed_data()[0];
   thread_local Scratch scratch;
   // room for the AMX tiles' reads past the rows (dense_int8_amx.h)
   scratch.q.resize((m + 31) / 32 * 32 * k + 64);
   scratch.scales.resize(m * blocks);
   scratch.offsets.resize(m * blocks);
-  Problem p{m,
-            n,
-            k,
-            blocks,
-            block,
-            static_cast<const uint16_t*>(a.untyped_data()),
-            static_cast<const uint8_t*>(w.untyped_data()) + index * wd[1] * wd[2] * wd[3],
-            static_cast<const float*>(scale.untyped_data()) + index * n,
-            scratch.q.data(),
-            scratch.scales.data(),
-            scratch.offsets.data(),
-            out->untyped_data(),
-            !gated && dense_tiles::streams(out->untyped_data(), m * n * 4),
-            amx_tiles::begin_call()};
-  if (m > 0) run(p, gated, activation);
-  native_builds::zero_rows(out->untyped_data(), m, ad[0], row_bytes);
+  return Problem{{},
+                 m,
+                 n,
+                 k,
+                 blocks,
+                 block,
+                 static_cast<const uint16_t*>(a.untyped_data()),
+                 static_cast<const uint8_t*>(w.untyped_data()) + index * wd[1] * wd[2] * wd[3],
+                 static_cast<const float*>(scale.untyped_data()) + index * n,
+                 scratch.q.data(),
+                 scratch.scales.data(),
+                 scratch.offsets.data(),
+                 nullptr,
+                 false,
+                 amx_tiles::begin_call()};
+}
+
+// The call of any form but kQkv (`activation`: the gated form's; `bias` and `addend`: the
+// residual form's).
+ffi::Error Call(Form form, int activation, ffi::AnyBuffer a, ffi::AnyBuffer w,
+                ffi::AnyBuffer scale, ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> rows,
+                ffi::Result<ffi::AnyBuffer> out, int64_t block, ffi::ThreadPool pool,
+                const float* bias = nullptr, const float* addend = nullptr) {
+  std::string error = check_inputs(a, w, scale, layer, rows, block, form);
+  if (error.empty()) error = check_out(a, w, *out, form);
+  if (!error.empty()) return ffi::Error::InvalidArgument("dense_int8: " + error);
+  native_cpu::PoolScope scope(pool);
+  const int64_t total = a.dimensions()[0], m = native_builds::computed_rows(rows, total);
+  Problem p = problem(a, w, scale, layer, m, block);
+  const int64_t row_bytes = form == kGated ? p.n / 2 * sizeof(uint16_t) : p.n * sizeof(float);
+  p.out = out->untyped_data();
+  p.stream = form == kSums && dense_tiles::streams(p.out, m * p.n * 4);
+  p.bias = bias;
+  p.addend = addend;
+  if (m > 0) run(p, form, activation);
+  native_builds::zero_rows(p.out, m, total, row_bytes);
   return ffi::Error::Success();
 }
 
 ffi::Error Dense(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::AnyBuffer scale,
                  ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> rows,
                  ffi::Result<ffi::AnyBuffer> out, int64_t block, ffi::ThreadPool pool) {
-  return Call(false, 0, a, w, scale, layer, rows, out, block, pool);
+  return Call(kSums, 0, a, w, scale, layer, rows, out, block, pool);
 }
 
 ffi::Error Gated(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::AnyBuffer scale,
@@ -249,20 +281,55 @@ ffi::Error Gated(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::AnyBuffer scale,
                  ffi::ThreadPool pool) {
   if (activation < 0 || activation >= kActivations)
     return ffi::Error::InvalidArgument("dense_int8: no activation " + std::to_string(activation));
-  return Call(true, activation, a, w, scale, layer, rows, out, block, pool);
+  return Call(kGated, activation, a, w, scale, layer, rows, out, block, pool);
+}
+
+// residual + a @ W (+ bias) in f32, as dense.cc's residual form: `residual` f32[M, N], `bias`
+// f32[N] or empty.
+ffi::Error Add(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::AnyBuffer scale,
+               ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> rows, ffi::AnyBuffer residual,
+               ffi::Buffer<ffi::F32> bias, ffi::Result<ffi::AnyBuffer> out, int64_t block,
+               ffi::ThreadPool pool) {
+  std::string error = check_inputs(a, w, scale, layer, rows, block, kAdd);
+  if (error.empty()) error = dense_forms::check_add(residual, bias, *out, w.dimensions()[1] * 16);
+  if (!error.empty()) return ffi::Error::InvalidArgument("dense_int8_add: " + error);
+  return Call(kAdd, 0, a, w, scale, layer, rows, out, block, pool,
+              bias.element_count() ? bias.typed_data() : nullptr,
+              static_cast<const float*>(residual.untyped_data()));
+}
+
+// bf16(a @ W + bias) split into q bf16[M, H, D], k and v bf16[M, Hkv, D], q and k rotated by
+// RoPE where cos and sin f32[M, D/2] are given (empty: none), as dense.cc's q/k/v form.
+ffi::Error Qkv(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::AnyBuffer scale,
+               ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> rows, ffi::Buffer<ffi::F32> bias,
+               ffi::Buffer<ffi::F32> cos, ffi::Buffer<ffi::F32> sin,
+               ffi::Result<ffi::AnyBuffer> q, ffi::Result<ffi::AnyBuffer> k,
+               ffi::Result<ffi::AnyBuffer> v, int64_t block, ffi::ThreadPool pool) {
+  ffi::AnyBuffer* const outs[3] = {&*q, &*k, &*v};
+  std::string error = check_inputs(a, w, scale, layer, rows, block, kQkv);
+  const int64_t total = a.dimensions()[0], n = error.empty() ? w.dimensions()[1] * 16 : 0;
+  if (error.empty()) error = dense_forms::check_qkv(total, n, bias, cos, sin, outs);
+  if (!error.empty()) return ffi::Error::InvalidArgument("qkv_int8: " + error);
+  native_cpu::PoolScope scope(pool);
+  Problem p = problem(a, w, scale, layer, native_builds::computed_rows(rows, total), block);
+  std::vector<dense_forms::Fused::Place> places;
+  dense_forms::set_qkv(p, n, bias, cos, sin, outs, places);
+  if (p.m > 0) run(p, kQkv, 0);
+  dense_forms::zero_qkv_rows(p, p.m, total);
+  return ffi::Error::Success();
 }
 
 }  // namespace dense_int8
 
-#define DENSE_INT8_BINDING          \
+// a, w, scale, layer and rows: the operands every form takes first
+#define DENSE_INT8_INPUTS           \
   ffi::Ffi::Bind()                  \
       .Arg<ffi::AnyBuffer>()        \
       .Arg<ffi::AnyBuffer>()        \
       .Arg<ffi::AnyBuffer>()        \
       .Arg<ffi::Buffer<ffi::S32>>() \
-      .Arg<ffi::Buffer<ffi::S32>>() \
-      .Ret<ffi::AnyBuffer>()        \
-      .Attr<int64_t>("block")
+      .Arg<ffi::Buffer<ffi::S32>>()
+#define DENSE_INT8_BINDING DENSE_INT8_INPUTS.Ret<ffi::AnyBuffer>().Attr<int64_t>("block")
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(DenseInt8Handler, dense_int8::Dense,
                               DENSE_INT8_BINDING.Ctx<ffi::ThreadPool>());
@@ -270,7 +337,27 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(GatedInt8Handler, dense_int8::Gated,
                               DENSE_INT8_BINDING.Attr<int32_t>("activation")
                                   .Ctx<ffi::ThreadPool>());
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AddInt8Handler, dense_int8::Add,
+                              DENSE_INT8_INPUTS.Arg<ffi::AnyBuffer>()  // residual
+                                  .Arg<ffi::Buffer<ffi::F32>>()        // bias
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("block")
+                                  .Ctx<ffi::ThreadPool>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(QkvInt8Handler, dense_int8::Qkv,
+                              DENSE_INT8_INPUTS.Arg<ffi::Buffer<ffi::F32>>()  // bias
+                                  .Arg<ffi::Buffer<ffi::F32>>()               // cos
+                                  .Arg<ffi::Buffer<ffi::F32>>()               // sin
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("block")
+                                  .Ctx<ffi::ThreadPool>());
+
 void* dense_int8_handler() { return reinterpret_cast<void*>(&DenseInt8Handler); }
+
+void* add_int8_handler() { return reinterpret_cast<void*>(&AddInt8Handler); }
+
+void* qkv_int8_handler() { return reinterpret_cast<void*>(&QkvInt8Handler); }
 
 void* gated_int8_handler() { return reinterpret_cast<void*>(&GatedInt8Handler); }
 

@@ -15,6 +15,8 @@ constexpr int kAmxRows = 32;   // rows of a tile call: two A tiles
 constexpr int kAmxStep = 64;   // values of K a tile dot product takes
 
 using AmxF32 = F32Out<kAmxRows, 2>;
+using AmxAdd = AddOut<kAmxRows, 2>;
+using AmxQkv = QkvOut<kAmxRows, 2>;
 template <int Act>
 using AmxGated = GatedOut<kAmxRows, 2, Act>;
 
@@ -69,8 +71,10 @@ void amx_tile(const Problem& p, int64_t row, int64_t group) {
   }
   for (int r = 0; r < rows; ++r) {
     VF sums[G];
-    for (int g = 0; g < G; ++g)
+    for (int g = 0; g < G; ++g) {
       sums[g] = mul_f(load_f(totals[r][g]), load_f(p.wscale + (group + g) * 16));
+      asm("" : "+v"(sums[g]));  // rounded here: not contracted into the residual's add
+    }
     Store::template row<G>(sums, p, row + r, group);
   }
 }

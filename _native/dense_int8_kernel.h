@@ -142,6 +142,8 @@ inline void quantize_row(const Problem& p, int64_t row) {
 }
 
 using StoreF32 = F32Out<DENSE_INT8_WIDE ? 4 : 2, DENSE_INT8_WIDE ? 3 : 1>;
+using StoreAdd = AddOut<DENSE_INT8_WIDE ? 4 : 2, DENSE_INT8_WIDE ? 3 : 1>;
+using StoreQkv = QkvOut<DENSE_INT8_WIDE ? 4 : 2, DENSE_INT8_WIDE ? 3 : 1>;
 template <int Act>
 using StoreGated = GatedOut<DENSE_INT8_WIDE ? 3 : 1, DENSE_INT8_WIDE ? 4 : 2, Act>;
 
@@ -157,6 +159,7 @@ void tile(const Problem& p, int64_t row, int64_t group) {
   alignas(64) float totals[R][J][kLanes];
   const int64_t quads = p.k / 4, stride = quads * 64;
   const uint8_t* w = p.w + group * stride;
+  prefetch_addend<R, G>(p, row, group);
   for (int64_t b = 0; b < p.blocks; ++b) {
     VI acc[R][J];
     for (int r = 0; r < R; ++r)
@@ -183,8 +186,10 @@ void tile(const Problem& p, int64_t row, int64_t group) {
   }
   for (int r = 0; r < R; ++r) {
     VF sums[J];
-    for (int j = 0; j < J; ++j)
+    for (int j = 0; j < J; ++j) {
       sums[j] = mul_f(load_f(totals[r][j]), load_f(p.wscale + group * 16 + j * kLanes));
+      asm("" : "+v"(sums[j]));  // rounded here: not contracted into the residual's add
+    }
     Store::template row<G>(sums, p, row + r, group);
   }
 }

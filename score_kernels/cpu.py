@@ -377,10 +377,13 @@ def _rows(rows: jax.Array | None, m: int) -> jax.Array:
 
 
 INT8_TARGET, INT8_GATED_TARGET = "dense_int8", "gated_int8"
+INT8_ADD_TARGET, INT8_QKV_TARGET = "dense_int8_add", "qkv_int8"
 INT8_AVAILABLE = AVAILABLE and _cpu.int8_isa() is not None
 if INT8_AVAILABLE:
     jax.ffi.register_ffi_target(INT8_TARGET, _cpu.int8_handler(), platform="cpu")
     jax.ffi.register_ffi_target(INT8_GATED_TARGET, _cpu.int8_gated_handler(), platform="cpu")
+    jax.ffi.register_ffi_target(INT8_ADD_TARGET, _cpu.int8_add_handler(), platform="cpu")
+    jax.ffi.register_ffi_target(INT8_QKV_TARGET, _cpu.int8_qkv_handler(), platform="cpu")
 
 
 def int8_supports(k: int, n: int) -> bool:
@@ -478,8 +481,79 @@ def gated_int8(
     return _int8_call(INT8_GATED_TARGET, out, x, w, scale, layer, block, rows, **_act(activation))
 
 
-def _int8_call(target, out, x, w, scale, layer, block: int, rows, **attrs) -> jax.Array:
-    call = jax.ffi.ffi_call(target, out)
+def dense_add_int8(
+    x: jax.Array,  # [M, K], cast to bf16
+    w: jax.Array,  # u8[L, N/16, K/4, 64] from `pack_int8`
+    scale: jax.Array,  # f32[L, N]
+    layer: jax.Array,  # i32[]
+    residual: jax.Array,  # f32[M, N]
+    bias: jax.Array | None = None,  # f32[N]
+    block: int = ACT_BLOCK,
+    rows: jax.Array | None = None,  # i32[]: the real rows of x (as `dense_cpu`)
+) -> jax.Array:  # f32[M, N]
+    """`(residual + x @ (q * scale)[layer]) + bias` in f32: `dense_int8`'s product added to the
+    residual stream as it is written (as `dense_add_cpu` adds the bf16 one)."""
+    m, n = x.shape[0], w.shape[1] * 16
+    if residual.shape != (m, n) or (bias is not None and bias.shape != (n,)):
+        bias_shape = None if bias is None else bias.shape
+        raise ValueError(
+            f"dense_add_int8: residual {residual.shape}, bias {bias_shape} for {m}x{n}"
+        )
+    bias = np.zeros(0, np.float32) if bias is None else bias
+    out = jax.ShapeDtypeStruct((m, n), np.float32)
+    f32 = lambda t: jax.numpy.asarray(t, np.float32)
+    return _int8_call(
+        INT8_ADD_TARGET,
+        out,
+        x,
+        w,
+        scale,
+        layer,
+        block,
+        rows,
+        f32(residual),
+        f32(bias),
+        aliases={5: 0},
+    )
+
+
+def qkv_int8(
+    x: jax.Array,  # [M, K], cast to bf16
+    w: jax.Array,  # u8[L, N/16, K/4, 64]: `pack_int8` of the columns in `qkv_order`
+    scale: jax.Array,  # f32[L, N], in the same order
+    layer: jax.Array,  # i32[]
+    bias: jax.Array,  # f32[N], columns by kv head (as the matrix before reordering)
+    heads: int,  # H
+    kv_heads: int,  # Hkv
+    block: int = ACT_BLOCK,
+    rows: jax.Array | None = None,  # i32[]: the real rows of x (as `dense_cpu`)
+    rope: tuple[jax.Array, jax.Array] | None = None,  # cos, sin f32[M, D/2]
+) -> tuple[jax.Array, jax.Array, jax.Array]:  # bf16 q [M, H, D], k and v [M, Hkv, D]
+    """`qkv_cpu`'s fused q/k/v projection on `dense_int8`'s product: bias, split and RoPE in f32,
+    rounded to bf16 once, written straight into q, k and v."""
+    m, n = x.shape[0], w.shape[1] * 16
+    d = n // (heads + 2 * kv_heads) if heads % kv_heads == 0 else 0
+    if not d or d % 16 or d * (heads + 2 * kv_heads) != n or bias.shape != (n,):
+        raise ValueError(
+            f"qkv_int8: {heads} heads and {kv_heads} kv heads do not split weights {w.shape} "
+            f"(bias {bias.shape}) into heads of a multiple of 16 columns"
+        )
+    cos, sin = rope if rope is not None else (np.zeros(0, np.float32),) * 2
+    if rope is not None and (cos.shape != (m, d // 2) or sin.shape != cos.shape):
+        raise ValueError(f"qkv_int8: RoPE tables {cos.shape}, {sin.shape} for {m} rows of D {d}")
+    q = jax.ShapeDtypeStruct((m, heads, d), jax.numpy.bfloat16)
+    kv = jax.ShapeDtypeStruct((m, kv_heads, d), jax.numpy.bfloat16)
+    bias = jax.numpy.asarray(bias, np.float32)[qkv_order(heads, kv_heads, d)]
+    f32 = lambda t: jax.numpy.asarray(t, np.float32)
+    return _int8_call(
+        INT8_QKV_TARGET, (q, kv, kv), x, w, scale, layer, block, rows, bias, f32(cos), f32(sin)
+    )
+
+
+def _int8_call(target, out, x, w, scale, layer, block: int, rows, *extra, aliases=None, **attrs):
+    """An int8 call: x, w, scale, layer and rows, then the form's `extra` operands."""
+    call = jax.ffi.ffi_call(target, out, input_output_aliases=aliases)
     layer = jax.numpy.asarray(layer, np.int32)
     x = x.astype(jax.numpy.bfloat16)
-    return call(x, w, scale, layer, _rows(rows, x.shape[0]), block=np.int64(block), **attrs)
+    rows = _rows(rows, x.shape[0])
+    return call(x, w, scale, layer, rows, *extra, block=np.int64(block), **attrs)

@@ -412,6 +412,36 @@ def _vnni_matmul(x: jax.Array, w: Int8Packed | Int8, layer: jax.Array, rows=None
     return _int8_matmul(x, w, layer)
 
 
+class Int8PackedQkv(NamedTuple):
+    """A fused q/k/v stack packed for `score_kernels.cpu.qkv_int8`: `Int8Packed` of its columns
+    in `score_kernels.cpu.qkv_order` (q and k columns in RoPE's pairs)."""
+
+    data: jax.Array  # u8[L, N/16, K/4, 64]: q + 128
+    scale: jax.Array  # f32[L, N]
+
+
+def _vnni_prepare_qkv(w, dtype, heads: int, kv_heads: int) -> Int8PackedQkv | Int8Packed | Int8:
+    d = w.shape[-1] // (heads + 2 * kv_heads)
+    if d % 16 or not cpu.int8_supports(*w.shape[-2:]):
+        return _vnni_prepare(w, dtype)
+    q, scale = quant.rounded(w)  # per column: the same values whatever the columns' order
+    order = cpu.qkv_order(heads, kv_heads, d)
+    packed = cpu.pack_int8(np.asarray(q)[..., order])
+    return Int8PackedQkv(jax.device_put(packed), to_device(np.asarray(scale)[..., order]))
+
+
+def _vnni_qkv(x, w, layer, bias, heads: int, kv_heads: int, rows=None, rope=None):
+    if isinstance(w, Int8PackedQkv):
+        return cpu.qkv_int8(x, w.data, w.scale, layer, bias, heads, kv_heads, rows=rows, rope=rope)
+    return _then_split(_then_activate(_vnni_matmul))(x, w, layer, bias, heads, kv_heads, rows, rope)
+
+
+def _vnni_residual(x, w: Int8Packed | Int8, layer, residual, bias=None, rows=None):
+    if isinstance(w, Int8Packed):
+        return cpu.dense_add_int8(x, w.data, w.scale, layer, residual, bias, rows=rows)
+    return _then_add(_int8_matmul)(x, w, layer, residual, bias, rows)
+
+
 def _vnni_prepare_gated(gate, up, dtype) -> Int8Packed | Int8:
     if not cpu.int8_supports(*gate.shape[-2:]):
         return _int8_prepare_gated(gate, up, dtype)
@@ -434,17 +464,24 @@ INT8 = Dense(
     _vnni_gated,
     _vnni_prepare,
     _then_activate(_vnni_matmul),
-    _plain_qkv(_vnni_prepare),
-    _then_split(_then_activate(_vnni_matmul)),
+    _vnni_prepare_qkv,
+    _vnni_qkv,
     _vnni_prepare,
-    _then_add(_vnni_matmul),
+    _vnni_residual,
     _cpu_prepare_head,
     _cpu_head,
 )
 
 STRATEGIES = {d.name: d for d in (XLA, CPU, ONEDNN, INT8, INT8_XLA)}
 # the strategy that multiplies each prepared form (the rest are XLA's)
-FORMS = {Packed: CPU, PackedQkv: CPU, OneDnnPacked: ONEDNN, Int8Packed: INT8, Int8: INT8_XLA}
+FORMS = {
+    Packed: CPU,
+    PackedQkv: CPU,
+    OneDnnPacked: ONEDNN,
+    Int8Packed: INT8,
+    Int8PackedQkv: INT8,
+    Int8: INT8_XLA,
+}
 
 
 def chosen(pick: Callable[[str, int, int], str]) -> Dense:

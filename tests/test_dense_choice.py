@@ -296,7 +296,7 @@ def test_forcing_the_native_kernel_without_it_names_what_it_needs(monkeypatch):
 
 @pytest.mark.skipif(not cpu.INT8_AVAILABLE, reason="needs the native int8 kernel")
 def test_measuring_int8_holds_the_native_kernel_to_its_xla_twin():
-    for kind in ("matmul", "gated", "activated", "residual"):
+    for kind in ("matmul", "gated", "activated", "residual", "qkv"):
         timings = dense_choice.measure_shape("int8", kind, 128, 96, ("int8-xla", "int8"))
         assert timings["int8-xla"].error == 0  # the reference itself
         assert timings["int8"].eligible, timings
