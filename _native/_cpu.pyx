@@ -36,6 +36,7 @@ cdef extern from "dense_f32.h":
 cdef extern from "dense_int8.h":
     void* dense_int8_handler()
     void* gated_int8_handler()
+    void* activated_int8_handler()
     void* add_int8_handler()
     void* qkv_int8_handler()
     int dense_int8_cpu_has(int isa)
@@ -159,6 +160,11 @@ def int8_handler():
 def int8_gated_handler():
     """The XLA FFI handler of the `gated_int8` custom call (a SwiGLU MLP's gate and up)."""
     return PyCapsule_New(gated_int8_handler(), NULL, NULL)
+
+
+def int8_activated_handler():
+    """The XLA FFI handler of the `activated_int8` custom call (bias and activation)."""
+    return PyCapsule_New(activated_int8_handler(), NULL, NULL)
 
 
 def int8_add_handler():

@@ -59,10 +59,11 @@ struct Problem : dense_forms::Fused {  // the fused forms' outputs and bias: den
 
 enum Isa { kAvx2 = 0, kAvxVnni = 1, kAvx512Vnni = 2, kAmx = 3 };
 
-// What a call writes: the f32 sums, bf16 of act(gate) * up, bf16 of the sums plus a bias split
-// into q, k and v, or the f32 sums plus a residual (and a bias), as dense.cc's forms.
-enum Form { kSums, kGated, kQkv, kAdd };
-constexpr int kActivations = 5;  // the gated form's activations (simd.h's Activation)
+// What a call writes: the f32 sums, bf16 of act(gate) * up, bf16 of an activation of the sums
+// plus a bias, bf16 of the sums plus a bias split into q, k and v, or the f32 sums plus a
+// residual (and a bias), as dense.cc's forms.
+enum Form { kSums, kGated, kActivated, kQkv, kAdd };
+constexpr int kActivations = 5;  // the gated and activated forms' (simd.h's Activation)
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define DENSE_INT8_NATIVE 1
@@ -155,16 +156,27 @@ void run_gated(const Problem& p) {
             avx2::StoreGated<Act>>(p);
 }
 
+template <int Act>
+void run_activated(const Problem& p) {
+  run_build<amx::AmxAct<Act>, avx512vnni::StoreAct<Act>, avxvnni::StoreAct<Act>,
+            avx2::StoreAct<Act>>(p);
+}
+
 // by activation code (simd.h's Activation)
-constexpr void (*kGatedRuns[])(const Problem&) = {&run_gated<0>, &run_gated<1>, &run_gated<2>,
-                                                  &run_gated<3>, &run_gated<4>};
-static_assert(std::size(kGatedRuns) == kActivations && amx::kActivations == kActivations);
+using Run = void (*)(const Problem&);
+constexpr Run kGatedRuns[] = {&run_gated<0>, &run_gated<1>, &run_gated<2>, &run_gated<3>,
+                              &run_gated<4>};
+constexpr Run kActivatedRuns[] = {&run_activated<0>, &run_activated<1>, &run_activated<2>,
+                                  &run_activated<3>, &run_activated<4>};
+static_assert(std::size(kGatedRuns) == kActivations && std::size(kActivatedRuns) == kActivations);
+static_assert(amx::kActivations == kActivations);
 #endif
 
-// The call's form (`activation`: the gated form's, a code of simd.h's).
+// The call's form (`activation`: the gated and activated forms', a code of simd.h's).
 void run(const Problem& p, Form form, int activation) {
 #if DENSE_INT8_NATIVE
   if (form == kGated) return kGatedRuns[activation](p);
+  if (form == kActivated) return kActivatedRuns[activation](p);
   if (form == kQkv)
     return run_build<amx::AmxQkv, avx512vnni::StoreQkv, avxvnni::StoreQkv, avx2::StoreQkv>(p);
   if (form == kAdd)
@@ -199,14 +211,14 @@ std::string check_inputs(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w,
   return "";
 }
 
-// Checks the one output of the plain, gated and residual forms against a and w.
+// Checks the one output of the plain, gated, activated and residual forms against a and w.
 std::string check_out(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w, const ffi::AnyBuffer& out,
                       Form form) {
   auto ad = a.dimensions(), wd = w.dimensions(), od = out.dimensions();
-  const bool gated = form == kGated;
-  if (out.element_type() != (gated ? ffi::DataType::BF16 : ffi::DataType::F32))
-    return gated ? "out must be bfloat16" : "out must be float32";
-  const int64_t columns = gated ? wd[1] * 8 : wd[1] * 16;
+  const bool f32 = form == kSums || form == kAdd;
+  if (out.element_type() != (f32 ? ffi::DataType::F32 : ffi::DataType::BF16))
+    return f32 ? "out must be float32" : "out must be bfloat16";
+  const int64_t columns = form == kGated ? wd[1] * 8 : wd[1] * 16;
   if (od.size() != 2 || od[0] != ad[0] || od[1] != columns) return "out has shape " + dims(out);
   return "";
 }
@@ -247,8 +259,8 @@ Problem problem(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w, const ffi::Any
                  amx_tiles::begin_call()};
 }
 
-// The call of any form but kQkv (`activation`: the gated form's; `bias` and `addend`: the
-// residual form's).
+// The call of any form but kQkv (`activation`: the gated and activated forms'; `bias`: the
+// activated and residual forms'; `addend`: the residual form's).
 ffi::Error Call(Form form, int activation, ffi::AnyBuffer a, ffi::AnyBuffer w,
                 ffi::AnyBuffer scale, ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> rows,
                 ffi::Result<ffi::AnyBuffer> out, int64_t block, ffi::ThreadPool pool,
@@ -259,7 +271,9 @@ ffi::Error Call(Form form, int activation, ffi::AnyBuffer a, ffi::AnyBuffer w,
   native_cpu::PoolScope scope(pool);
   const int64_t total = a.dimensions()[0], m = native_builds::computed_rows(rows, total);
   Problem p = problem(a, w, scale, layer, m, block);
-  const int64_t row_bytes = form == kGated ? p.n / 2 * sizeof(uint16_t) : p.n * sizeof(float);
+  const int64_t row_bytes = form == kGated       ? p.n / 2 * sizeof(uint16_t)
+                            : form == kActivated ? p.n * sizeof(uint16_t)
+                                                 : p.n * sizeof(float);
   p.out = out->untyped_data();
   p.stream = form == kSums && dense_tiles::streams(p.out, m * p.n * 4);
   p.bias = bias;
@@ -267,6 +281,10 @@ ffi::Error Call(Form form, int activation, ffi::AnyBuffer a, ffi::AnyBuffer w,
   if (m > 0) run(p, form, activation);
   native_builds::zero_rows(p.out, m, total, row_bytes);
   return ffi::Error::Success();
+}
+
+ffi::Error no_activation(int32_t activation) {
+  return ffi::Error::InvalidArgument("dense_int8: no activation " + std::to_string(activation));
 }
 
 ffi::Error Dense(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::AnyBuffer scale,
@@ -279,9 +297,23 @@ ffi::Error Gated(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::AnyBuffer scale,
                  ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> rows,
                  ffi::Result<ffi::AnyBuffer> out, int64_t block, int32_t activation,
                  ffi::ThreadPool pool) {
-  if (activation < 0 || activation >= kActivations)
-    return ffi::Error::InvalidArgument("dense_int8: no activation " + std::to_string(activation));
+  if (activation < 0 || activation >= kActivations) return no_activation(activation);
   return Call(kGated, activation, a, w, scale, layer, rows, out, block, pool);
+}
+
+// bf16(act(a @ W + bias)), as dense.cc's activated form: `bias` f32[n], `activation` a code of
+// simd.h's Activation.
+ffi::Error Activated(ffi::AnyBuffer a, ffi::AnyBuffer w, ffi::AnyBuffer scale,
+                     ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> rows,
+                     ffi::Buffer<ffi::F32> bias, ffi::Result<ffi::AnyBuffer> out, int64_t block,
+                     int32_t activation, ffi::ThreadPool pool) {
+  std::string error = check_inputs(a, w, scale, layer, rows, block, kActivated);
+  if (error.empty() && int64_t(bias.element_count()) != w.dimensions()[1] * 16)
+    error = "bias has " + std::to_string(bias.element_count()) + " values for w of " + dims(w);
+  if (!error.empty()) return ffi::Error::InvalidArgument("activated_int8: " + error);
+  if (activation < 0 || activation >= kActivations) return no_activation(activation);
+  return Call(kActivated, activation, a, w, scale, layer, rows, out, block, pool,
+              bias.typed_data());
 }
 
 // residual + a @ W (+ bias) in f32, as dense.cc's residual form: `residual` f32[M, N], `bias`
@@ -337,6 +369,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(GatedInt8Handler, dense_int8::Gated,
                               DENSE_INT8_BINDING.Attr<int32_t>("activation")
                                   .Ctx<ffi::ThreadPool>());
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ActivatedInt8Handler, dense_int8::Activated,
+                              DENSE_INT8_INPUTS.Arg<ffi::Buffer<ffi::F32>>()  // bias
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("block")
+                                  .Attr<int32_t>("activation")
+                                  .Ctx<ffi::ThreadPool>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AddInt8Handler, dense_int8::Add,
                               DENSE_INT8_INPUTS.Arg<ffi::AnyBuffer>()  // residual
                                   .Arg<ffi::Buffer<ffi::F32>>()        // bias
@@ -354,6 +392,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(QkvInt8Handler, dense_int8::Qkv,
                                   .Ctx<ffi::ThreadPool>());
 
 void* dense_int8_handler() { return reinterpret_cast<void*>(&DenseInt8Handler); }
+
+void* activated_int8_handler() { return reinterpret_cast<void*>(&ActivatedInt8Handler); }
 
 void* add_int8_handler() { return reinterpret_cast<void*>(&AddInt8Handler); }
 

@@ -4,8 +4,9 @@
 // The XLA FFI handlers (XLA_FFI_Handler*) of the plain and the gated (SwiGLU) form ...
 void* dense_int8_handler();
 void* gated_int8_handler();
-// ... of the residual form (f32 out: a residual plus the product) and the q/k/v form (bf16 q, k
-// and v out), as dense.h's.
+// ... of the bias-and-activation form (bf16 out), the residual form (f32 out: a residual plus
+// the product) and the q/k/v form (bf16 q, k and v out), as dense.h's.
+void* activated_int8_handler();
 void* add_int8_handler();
 void* qkv_int8_handler();
 

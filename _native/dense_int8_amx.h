@@ -19,6 +19,8 @@ using AmxAdd = AddOut<kAmxRows, 2>;
 using AmxQkv = QkvOut<kAmxRows, 2>;
 template <int Act>
 using AmxGated = GatedOut<kAmxRows, 2, Act>;
+template <int Act>
+using AmxAct = ActOut<kAmxRows, 2, Act>;
 
 // The weights' B tile for K step [k0, k0 + 64) of a group (quads of K rows).
 inline const void* b_rows(const Problem& p, const uint8_t* group_w, int64_t k0,

@@ -146,6 +146,8 @@ using StoreAdd = AddOut<DENSE_INT8_WIDE ? 4 : 2, DENSE_INT8_WIDE ? 3 : 1>;
 using StoreQkv = QkvOut<DENSE_INT8_WIDE ? 4 : 2, DENSE_INT8_WIDE ? 3 : 1>;
 template <int Act>
 using StoreGated = GatedOut<DENSE_INT8_WIDE ? 3 : 1, DENSE_INT8_WIDE ? 4 : 2, Act>;
+template <int Act>
+using StoreAct = ActOut<DENSE_INT8_WIDE ? 4 : 2, DENSE_INT8_WIDE ? 3 : 1, Act>;
 
 typedef int32_t __attribute__((may_alias)) Quad;  // four int8 values read as one lane
 

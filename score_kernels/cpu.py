@@ -377,11 +377,18 @@ def _rows(rows: jax.Array | None, m: int) -> jax.Array:
 
 
 INT8_TARGET, INT8_GATED_TARGET = "dense_int8", "gated_int8"
-INT8_ADD_TARGET, INT8_QKV_TARGET = "dense_int8_add", "qkv_int8"
+INT8_ACTIVATED_TARGET, INT8_ADD_TARGET, INT8_QKV_TARGET = (
+    "activated_int8",
+    "dense_int8_add",
+    "qkv_int8",
+)
 INT8_AVAILABLE = AVAILABLE and _cpu.int8_isa() is not None
 if INT8_AVAILABLE:
     jax.ffi.register_ffi_target(INT8_TARGET, _cpu.int8_handler(), platform="cpu")
     jax.ffi.register_ffi_target(INT8_GATED_TARGET, _cpu.int8_gated_handler(), platform="cpu")
+    jax.ffi.register_ffi_target(
+        INT8_ACTIVATED_TARGET, _cpu.int8_activated_handler(), platform="cpu"
+    )
     jax.ffi.register_ffi_target(INT8_ADD_TARGET, _cpu.int8_add_handler(), platform="cpu")
     jax.ffi.register_ffi_target(INT8_QKV_TARGET, _cpu.int8_qkv_handler(), platform="cpu")
 
@@ -479,6 +486,28 @@ def gated_int8(
         raise ValueError(f"gated_int8: weights of shape {w.shape} do not take x of shape {x.shape}")
     out = jax.ShapeDtypeStruct((m, w.shape[1] * 8), jax.numpy.bfloat16)
     return _int8_call(INT8_GATED_TARGET, out, x, w, scale, layer, block, rows, **_act(activation))
+
+
+def activated_int8(
+    x: jax.Array,  # [M, K], cast to bf16
+    w: jax.Array,  # u8[L, N/16, K/4, 64] from `pack_int8`
+    scale: jax.Array,  # f32[L, N]
+    layer: jax.Array,  # i32[]
+    bias: jax.Array,  # f32[N]
+    activation: str,  # a name of `score_kernels.activations.FUNCTIONS`
+    block: int = ACT_BLOCK,
+    rows: jax.Array | None = None,  # i32[]: the real rows of x (as `dense_cpu`)
+) -> jax.Array:  # bf16[M, N]
+    """`act(x @ (q * scale)[layer] + bias)` rounded to bf16 once: `dense_int8`'s product with
+    `activated_cpu`'s epilogue (an encoder MLP's up projection)."""
+    n = w.shape[1] * 16
+    if bias.shape != (n,):
+        raise ValueError(f"activated_int8: bias of shape {bias.shape} for weights {w.shape}")
+    out = jax.ShapeDtypeStruct((x.shape[0], n), jax.numpy.bfloat16)
+    bias = jax.numpy.asarray(bias, np.float32)
+    return _int8_call(
+        INT8_ACTIVATED_TARGET, out, x, w, scale, layer, block, rows, bias, **_act(activation)
+    )
 
 
 def dense_add_int8(

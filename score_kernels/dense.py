@@ -14,8 +14,9 @@ the prepared form; the forward never looks inside. Two exist:
 - `INT8_XLA`: layer matrices quantised once to int8 per column, activations per row block on
   the fly (`score_kernels.quant`), int32 sums in XLA; the LM head stays in the weight dtype.
 - `INT8`: the same arithmetic in the native kernel (`score_kernels.cpu.dense_int8`: AMX-INT8 tiles,
-  AVX512-VNNI, AVX-VNNI or AVX2), the head packed as `CPU` packs it; a matrix the kernel cannot
-  take stays in the `INT8_XLA` form.
+  AVX512-VNNI, AVX-VNNI or AVX2), fusing what follows a product as `CPU` does on bf16 weights
+  (`Int8PackedQkv` for the q/k/v split and RoPE), the head packed as `CPU` packs it; a matrix
+  the kernel cannot take stays in the `INT8_XLA` form.
 - `ONEDNN`: bf16 matrices packed once in the layout oneDNN picks for this CPU (AMX tiles where
   it has them: `score_kernels.onednn`); the gated pair as XLA's, its activation in XLA.
 
@@ -436,6 +437,12 @@ def _vnni_qkv(x, w, layer, bias, heads: int, kv_heads: int, rows=None, rope=None
     return _then_split(_then_activate(_vnni_matmul))(x, w, layer, bias, heads, kv_heads, rows, rope)
 
 
+def _vnni_activated(x, w: Int8Packed | Int8, layer, bias, activation: str, rows=None):
+    if isinstance(w, Int8Packed):
+        return cpu.activated_int8(x, w.data, w.scale, layer, bias, activation, rows=rows)
+    return _then_activate(_int8_matmul)(x, w, layer, bias, activation, rows)
+
+
 def _vnni_residual(x, w: Int8Packed | Int8, layer, residual, bias=None, rows=None):
     if isinstance(w, Int8Packed):
         return cpu.dense_add_int8(x, w.data, w.scale, layer, residual, bias, rows=rows)
@@ -463,7 +470,7 @@ INT8 = Dense(
     _vnni_prepare_gated,
     _vnni_gated,
     _vnni_prepare,
-    _then_activate(_vnni_matmul),
+    _vnni_activated,
     _vnni_prepare_qkv,
     _vnni_qkv,
     _vnni_prepare,

@@ -110,6 +110,25 @@ def test_gated_equals_the_activation_of_gate_times_up(isa, m, k, i):
         np.testing.assert_allclose(np.asarray(out, np.float64), truth, rtol=2**-8, atol=atol)
 
 
+def test_activated_equals_the_activation_of_the_product_plus_bias(isa):
+    """bf16(act(x @ W + bias)): the f64 model's product, its bias and each activation, rounded to
+    bf16 once (an encoder MLP's up projection in int8)."""
+    rng = np.random.default_rng(3)
+    m, k, n = 23, 576, 192
+    x, q, scale = operands(rng, m, k, n, layers=2)
+    bias = jnp.asarray(rng.standard_normal(n), jnp.float32)
+    sums = f64_int8_matmul(np.asarray(x, np.float32), q[1], scale[1], quant.ACT_BLOCK)
+    sums = sums + np.asarray(bias, np.float64)
+    run = jax.jit(cpu.activated_int8, static_argnames=("activation", "block"))
+    packed = jnp.asarray(cpu.pack_int8(q))
+    for activation in activations.CODES:
+        out = run(x, packed, scale, 1, bias, activation=activation)
+        assert out.shape == (m, n) and out.dtype == jnp.bfloat16
+        truth = activation_truth(activation, sums)
+        atol = 1e-5 * np.abs(truth).max()
+        np.testing.assert_allclose(np.asarray(out, np.float64), truth, rtol=2**-8, atol=atol)
+
+
 @pytest.mark.parametrize(
     ("heads", "kv_heads", "d", "rows"), [(9, 3, 64, 37), (4, 4, 32, 5), (2, 1, 128, 40)]
 )
