@@ -9,7 +9,8 @@
 // the block's scale in f32. The weights' +128 adds `128 * sum(q_x)` of a block to every column
 // of the row, which is taken back from the block's int32 sums. The gated form computes a SwiGLU
 // MLP's bf16(silu(a @ W_gate) * (a @ W_up)) from gate and up packed with their 16-column groups
-// interleaved.
+// interleaved; the activated, q/k/v and residual forms write what dense.cc's do, from the same
+// epilogues (simd.h) on the f32 sums, so that no f32 product reaches memory.
 //
 // Only the first `rows` rows of a are multiplied (a batch's real tokens); the output's other rows
 // are zeros.
@@ -230,7 +231,7 @@ struct Scratch {
   std::vector<int32_t> offsets;
 };
 
-// The problem of a call on `m` computed rows, its activations quantised into this thread's
+// The problem of a call on `m` computed rows, its quantised activations to go in this thread's
 // scratch (the form's outputs and bias set by the caller).
 Problem problem(const ffi::AnyBuffer& a, const ffi::AnyBuffer& w, const ffi::AnyBuffer& scale,
                 const ffi::Buffer<ffi::S32>& layer, int64_t m, int64_t block) {

@@ -344,26 +344,33 @@ def qkv_cpu(
     rotation), its columns written straight into q, k and v (`score_kernels.dense.split_qkv`'s
     layout), D a multiple of 16. Neither the f32 product nor a split copy reaches memory."""
     m, k = x.shape
-    n = w.shape[1] * 16
-    d = n // (heads + 2 * kv_heads) if heads % kv_heads == 0 else 0
     if w.dtype != jax.numpy.bfloat16 or w.ndim != 4 or w.shape[2] * 2 != k or w.shape[3] != 32:
         raise ValueError(f"qkv_cpu: weights {w.dtype}{w.shape} do not take x of {x.shape}")
+    outs, tail = _qkv_operands("qkv_cpu", m, w, bias, heads, kv_heads, rope)
+    call = jax.ffi.ffi_call(QKV_TARGET, outs)
+    layer = jax.numpy.asarray(layer, np.int32)
+    return call(x.astype(jax.numpy.bfloat16), w, layer, _rows(rows, m), *tail)
+
+
+def _qkv_operands(name: str, m: int, w, bias, heads: int, kv_heads: int, rope):
+    """The shapes of a fused q/k/v call's three outputs (bf16 q [M, H, D], k and v [M, Hkv, D])
+    and its operands after the common ones: the bias f32[N] in `qkv_order`, cos and sin
+    f32[M, D/2] (empty without RoPE); raises ValueError naming `name` where the heads do not
+    split the weights' N columns into heads of a multiple of 16 or the tables do not fit."""
+    n = w.shape[1] * 16
+    d = n // (heads + 2 * kv_heads) if heads % kv_heads == 0 else 0
     if not d or d % 16 or d * (heads + 2 * kv_heads) != n or bias.shape != (n,):
         raise ValueError(
-            f"qkv_cpu: {heads} heads and {kv_heads} kv heads do not split weights {w.shape} "
+            f"{name}: {heads} heads and {kv_heads} kv heads do not split weights {w.shape} "
             f"(bias {bias.shape}) into heads of a multiple of 16 columns"
         )
     cos, sin = rope if rope is not None else (np.zeros(0, np.float32),) * 2
     if rope is not None and (cos.shape != (m, d // 2) or sin.shape != cos.shape):
-        raise ValueError(f"qkv_cpu: RoPE tables {cos.shape}, {sin.shape} for {m} rows of D {d}")
-    out = jax.ShapeDtypeStruct((m, heads, d), jax.numpy.bfloat16)
+        raise ValueError(f"{name}: RoPE tables {cos.shape}, {sin.shape} for {m} rows of D {d}")
+    q = jax.ShapeDtypeStruct((m, heads, d), jax.numpy.bfloat16)
     kv = jax.ShapeDtypeStruct((m, kv_heads, d), jax.numpy.bfloat16)
-    call = jax.ffi.ffi_call(QKV_TARGET, (out, kv, kv))
-    x = x.astype(jax.numpy.bfloat16)
-    bias = bias.astype(np.float32)[qkv_order(heads, kv_heads, d)]
-    layer = jax.numpy.asarray(layer, np.int32)
     f32 = lambda t: jax.numpy.asarray(t, np.float32)
-    return call(x, w, layer, _rows(rows, m), bias, f32(cos), f32(sin))
+    return (q, kv, kv), (f32(bias)[qkv_order(heads, kv_heads, d)], f32(cos), f32(sin))
 
 
 def _act(activation: str) -> dict:
@@ -560,23 +567,8 @@ def qkv_int8(
 ) -> tuple[jax.Array, jax.Array, jax.Array]:  # bf16 q [M, H, D], k and v [M, Hkv, D]
     """`qkv_cpu`'s fused q/k/v projection on `dense_int8`'s product: bias, split and RoPE in f32,
     rounded to bf16 once, written straight into q, k and v."""
-    m, n = x.shape[0], w.shape[1] * 16
-    d = n // (heads + 2 * kv_heads) if heads % kv_heads == 0 else 0
-    if not d or d % 16 or d * (heads + 2 * kv_heads) != n or bias.shape != (n,):
-        raise ValueError(
-            f"qkv_int8: {heads} heads and {kv_heads} kv heads do not split weights {w.shape} "
-            f"(bias {bias.shape}) into heads of a multiple of 16 columns"
-        )
-    cos, sin = rope if rope is not None else (np.zeros(0, np.float32),) * 2
-    if rope is not None and (cos.shape != (m, d // 2) or sin.shape != cos.shape):
-        raise ValueError(f"qkv_int8: RoPE tables {cos.shape}, {sin.shape} for {m} rows of D {d}")
-    q = jax.ShapeDtypeStruct((m, heads, d), jax.numpy.bfloat16)
-    kv = jax.ShapeDtypeStruct((m, kv_heads, d), jax.numpy.bfloat16)
-    bias = jax.numpy.asarray(bias, np.float32)[qkv_order(heads, kv_heads, d)]
-    f32 = lambda t: jax.numpy.asarray(t, np.float32)
-    return _int8_call(
-        INT8_QKV_TARGET, (q, kv, kv), x, w, scale, layer, block, rows, bias, f32(cos), f32(sin)
-    )
+    outs, tail = _qkv_operands("qkv_int8", x.shape[0], w, bias, heads, kv_heads, rope)
+    return _int8_call(INT8_QKV_TARGET, outs, x, w, scale, layer, block, rows, *tail)
 
 
 def _int8_call(target, out, x, w, scale, layer, block: int, rows, *extra, aliases=None, **attrs):
