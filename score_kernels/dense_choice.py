@@ -238,8 +238,9 @@ class Chooser:
         self._save()
 
     def kind(self, kind: str) -> str:
-        """The kind a shape is measured as: a fused kind only where a strategy fuses it
-        (bf16), elsewhere the product alone decides ("matmul")."""
+        """The kind a shape is measured as: a fused kind in the bf16 mode, whose candidates
+        differ in what they fuse; elsewhere the product alone decides ("matmul"): in the int8
+        mode only the native kernel fuses, and what it fuses it saves on top of its product."""
         return "matmul" if kind in FUSED_KINDS and self.mode != "bfloat16" else kind
 
     def pick(self, kind: str, k: int, n: int) -> str:

@@ -128,16 +128,22 @@ def reference(path, texts, **options) -> np.ndarray:
 
 
 def assert_equal_support(got, want: np.ndarray) -> None:
-    """Each vector of `got` has exactly the non-zero entries of its row of `want`, in order,
-    and values within 1e-5 of the row's scale (sum pooling adds up to ~80 here, where f32's
-    own spacing is 8e-6)."""
+    """Each vector of `got` has the non-zero entries of its row of `want`, in order, and values
+    within 1e-5 of the row's scale (sum pooling adds up to ~80 here, where f32's own spacing is
+    8e-6). An entry within that of zero on either side may be zero on the other: a logit at
+    ReLU's edge rounds to either side between the engine's products and torch's (which of the
+    measured f32 strategies the engine runs decides the order of its sums)."""
     assert len(got) == len(want)
     for i, ((ids, values), row) in enumerate(zip(got, want, strict=True)):
-        np.testing.assert_array_equal(ids, np.flatnonzero(row), err_msg=f"text {i}")
         assert ids.dtype == np.int32 and values.dtype == np.float32
-        assert np.all(values > 0)
+        assert np.all(values > 0) and np.all(np.diff(ids) > 0)
         atol = 1e-5 * max(1.0, row.max())
-        np.testing.assert_allclose(values, row[ids], rtol=0, atol=atol, err_msg=f"text {i}")
+        dense = np.zeros_like(row)
+        dense[ids] = values
+        np.testing.assert_allclose(dense, row, rtol=0, atol=atol, err_msg=f"text {i}")
+        differ = np.flatnonzero((dense > 0) != (row > 0))
+        assert np.all(np.maximum(dense, row)[differ] <= atol), f"text {i}: support {differ}"
+        assert len(differ) <= max(1, len(ids) // 100), f"text {i}: support {differ}"
 
 
 def test_tiny_splades_equal_sentence_transformers(splade):
