@@ -433,18 +433,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PackedActivatedHandler, packed_dense::Activated,
                                   .Attr<int32_t>("activation")
                                   .Ctx<ffi::ThreadPool>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PackedAddHandler, packed_dense::Add,
-                              PACKED_DENSE_INPUTS.Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ctx<ffi::ThreadPool>());
+                              DENSE_FORMS_ADD(PACKED_DENSE_INPUTS).Ctx<ffi::ThreadPool>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PackedQkvHandler, packed_dense::Qkv,
-                              PACKED_DENSE_INPUTS.Arg<ffi::Buffer<ffi::F32>>()  // bias
-                                  .Arg<ffi::Buffer<ffi::F32>>()                 // cos
-                                  .Arg<ffi::Buffer<ffi::F32>>()                 // sin
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ctx<ffi::ThreadPool>());
+                              DENSE_FORMS_QKV(PACKED_DENSE_INPUTS).Ctx<ffi::ThreadPool>());
 
 void* packed_dense_handler() { return reinterpret_cast<void*>(&PackedDenseHandler); }
 

@@ -115,3 +115,18 @@ inline std::string check_add(const xla::ffi::AnyBuffer& residual,
 }
 
 }  // namespace dense_forms
+
+// The bindings of the residual and q/k/v forms after a kernel's own operands (`inputs`), in the
+// order score_kernels/cpu.py passes them: the residual f32[M, N] and bias f32[N] or empty, the
+// out f32[M, N]; the bias f32[N], cos and sin f32[M, D/2] or empty, q, k and v out.
+#define DENSE_FORMS_ADD(inputs)                 \
+  inputs.Arg<xla::ffi::AnyBuffer>()             \
+      .Arg<xla::ffi::Buffer<xla::ffi::F32>>()   \
+      .Ret<xla::ffi::AnyBuffer>()
+#define DENSE_FORMS_QKV(inputs)                 \
+  inputs.Arg<xla::ffi::Buffer<xla::ffi::F32>>() \
+      .Arg<xla::ffi::Buffer<xla::ffi::F32>>()   \
+      .Arg<xla::ffi::Buffer<xla::ffi::F32>>()   \
+      .Ret<xla::ffi::AnyBuffer>()               \
+      .Ret<xla::ffi::AnyBuffer>()               \
+      .Ret<xla::ffi::AnyBuffer>()

@@ -377,18 +377,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ActivatedInt8Handler, dense_int8::Activated,
                                   .Attr<int32_t>("activation")
                                   .Ctx<ffi::ThreadPool>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AddInt8Handler, dense_int8::Add,
-                              DENSE_INT8_INPUTS.Arg<ffi::AnyBuffer>()  // residual
-                                  .Arg<ffi::Buffer<ffi::F32>>()        // bias
-                                  .Ret<ffi::AnyBuffer>()
+                              DENSE_FORMS_ADD(DENSE_INT8_INPUTS)
                                   .Attr<int64_t>("block")
                                   .Ctx<ffi::ThreadPool>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(QkvInt8Handler, dense_int8::Qkv,
-                              DENSE_INT8_INPUTS.Arg<ffi::Buffer<ffi::F32>>()  // bias
-                                  .Arg<ffi::Buffer<ffi::F32>>()               // cos
-                                  .Arg<ffi::Buffer<ffi::F32>>()               // sin
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
+                              DENSE_FORMS_QKV(DENSE_INT8_INPUTS)
                                   .Attr<int64_t>("block")
                                   .Ctx<ffi::ThreadPool>());
 

@@ -243,22 +243,28 @@ def dense_add_cpu(
     output projection onto its residual stream): the sums as `dense_cpu` computes them, and
     the additions as XLA's f32 adds in that order. Rows past `rows` are zeros."""
     m, k = x.shape
-    n = w.shape[1] * 16
     if w.dtype != jax.numpy.bfloat16 or w.ndim != 4 or w.shape[2] * 2 != k or w.shape[3] != 32:
         raise ValueError(f"dense_add_cpu: weights {w.dtype}{w.shape} do not take x of {x.shape}")
-    if residual.shape != (m, n) or (bias is not None and bias.shape != (n,)):
-        bias_shape = None if bias is None else bias.shape
-        raise ValueError(f"dense_add_cpu: residual {residual.shape}, bias {bias_shape} for {m}x{n}")
-    bias = np.zeros(0, np.float32) if bias is None else bias
+    out, tail = _residual_operands("dense_add_cpu", m, w, residual, bias)
     # written over the residual's buffer where XLA may reuse it (the stream's old value is
     # dead after the add): each line is read and written once, instead of read, its fresh
     # output line fetched before writing and written, in freshly allocated pages
-    call = jax.ffi.ffi_call(
-        ADD_TARGET, jax.ShapeDtypeStruct((m, n), np.float32), input_output_aliases={4: 0}
-    )
+    call = jax.ffi.ffi_call(ADD_TARGET, out, input_output_aliases={4: 0})
     layer = jax.numpy.asarray(layer, np.int32)
+    return call(x.astype(jax.numpy.bfloat16), w, layer, _rows(rows, m), *tail)
+
+
+def _residual_operands(name: str, m: int, w, residual, bias):
+    """The shape of a residual call's output (f32[M, N]) and its operands after the common
+    ones: the residual f32[M, N] and the bias f32[N] (empty where None); raises ValueError naming
+    `name` where they do not fit the weights' N columns."""
+    n = w.shape[1] * 16
+    if residual.shape != (m, n) or (bias is not None and bias.shape != (n,)):
+        bias_shape = None if bias is None else bias.shape
+        raise ValueError(f"{name}: residual {residual.shape}, bias {bias_shape} for {m}x{n}")
+    bias = np.zeros(0, np.float32) if bias is None else bias
     f32 = lambda t: jax.numpy.asarray(t, np.float32)
-    return call(x.astype(jax.numpy.bfloat16), w, layer, _rows(rows, m), f32(residual), f32(bias))
+    return jax.ShapeDtypeStruct((m, n), np.float32), (f32(residual), f32(bias))
 
 
 def gated_cpu(
@@ -529,28 +535,9 @@ def dense_add_int8(
 ) -> jax.Array:  # f32[M, N]
     """`(residual + x @ (q * scale)[layer]) + bias` in f32: `dense_int8`'s product added to the
     residual stream as it is written (as `dense_add_cpu` adds the bf16 one)."""
-    m, n = x.shape[0], w.shape[1] * 16
-    if residual.shape != (m, n) or (bias is not None and bias.shape != (n,)):
-        bias_shape = None if bias is None else bias.shape
-        raise ValueError(
-            f"dense_add_int8: residual {residual.shape}, bias {bias_shape} for {m}x{n}"
-        )
-    bias = np.zeros(0, np.float32) if bias is None else bias
-    out = jax.ShapeDtypeStruct((m, n), np.float32)
-    f32 = lambda t: jax.numpy.asarray(t, np.float32)
-    return _int8_call(
-        INT8_ADD_TARGET,
-        out,
-        x,
-        w,
-        scale,
-        layer,
-        block,
-        rows,
-        f32(residual),
-        f32(bias),
-        aliases={5: 0},
-    )
+    out, tail = _residual_operands("dense_add_int8", x.shape[0], w, residual, bias)
+    # over the residual's buffer, as `dense_add_cpu` writes it
+    return _int8_call(INT8_ADD_TARGET, out, x, w, scale, layer, block, rows, *tail, aliases={5: 0})
 
 
 def qkv_int8(
