@@ -111,7 +111,7 @@ void tile(const Problem& p, int64_t row, int64_t group) {
   const int64_t pairs = p.k / 2, stride = p.k * 16;
   const Pair* rows = reinterpret_cast<const Pair*>(p.a + row * p.k);
   const uint16_t* w = p.w + group * stride;
-  prefetch_addend<R, G>(p, row, group);
+  Store::template prefetch<R, G>(p, row, group);
   for (int64_t i = 0; i < pairs; ++i) {
     __m512bh b[G];
     for (int g = 0; g < G; ++g)
@@ -170,7 +170,7 @@ template <class Store, int R, int G>
 void tile(const Problem& p, int64_t row, int64_t group) {
   alignas(32) float done[R][2 * G][kLanes];
   const VI high = set1_i(int32_t(0xFFFF0000u));
-  prefetch_addend<R, G>(p, row, group);
+  Store::template prefetch<R, G>(p, row, group);
   for (int g = 0; g < G; ++g) {
     const uint16_t* w = p.w + (group + g) * p.k * 16;
     const float* x = staged(p, row);

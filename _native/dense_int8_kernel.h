@@ -161,7 +161,7 @@ void tile(const Problem& p, int64_t row, int64_t group) {
   alignas(64) float totals[R][J][kLanes];
   const int64_t quads = p.k / 4, stride = quads * 64;
   const uint8_t* w = p.w + group * stride;
-  prefetch_addend<R, G>(p, row, group);
+  Store::template prefetch<R, G>(p, row, group);
   for (int64_t b = 0; b < p.blocks; ++b) {
     VI acc[R][J];
     for (int r = 0; r < R; ++r)

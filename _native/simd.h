@@ -195,6 +195,8 @@ inline void store_bf16(uint16_t* p, VF v) {
 template <int Rows, int Groups>
 struct F32Out {
   static constexpr int kRows = Rows, kGroups = Groups;
+  template <int R, int G, class P>
+  static void prefetch(const P&, int64_t, int64_t) {}
   template <int G, class P>
   static void row(const VF* acc, const P& p, int64_t row, int64_t group) {
     float* o = static_cast<float*>(p.out) + row * p.n + group * 16;
@@ -202,6 +204,15 @@ struct F32Out {
       p.stream ? stream_f(o + j * kLanes, acc[j]) : store_f(o + j * kLanes, acc[j]);
   }
 };
+
+// Starts fetching the lines of [at, at + bytes) into L1: a tile's epilogue reads or writes a
+// few such spans per row, lying too far apart (a row of the output each) for the hardware
+// prefetchers.
+inline void prefetch_span(const void* at, int64_t bytes) {
+  const uintptr_t first = reinterpret_cast<uintptr_t>(at), last = first + bytes - 1;
+  for (uintptr_t line = first & ~uintptr_t(63); line <= last; line += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(line), _MM_HINT_T0);
+}
 
 // Starts loading the residual rows of a tile (R rows by G groups at `row`, `group`) where the
 // call adds them (`p.addend` set: the residual form), called before the tile's products. The
@@ -211,10 +222,7 @@ struct F32Out {
 template <int R, int G, class P>
 inline void prefetch_addend(const P& p, int64_t row, int64_t group) {
   if (!p.addend) return;
-  for (int r = 0; r < R; ++r)
-    for (int g = 0; g < G; ++g)  // a group's 16 floats: one cache line
-      _mm_prefetch(reinterpret_cast<const char*>(p.addend + (row + r) * p.n + (group + g) * 16),
-                   _MM_HINT_T0);
+  for (int r = 0; r < R; ++r) prefetch_span(p.addend + (row + r) * p.n + group * 16, G * 64);
 }
 
 // The residual stream's update: writes the f32 sums plus `p.addend` (f32[m, n], the residual)
@@ -223,6 +231,10 @@ inline void prefetch_addend(const P& p, int64_t row, int64_t group) {
 template <int Rows, int Groups>
 struct AddOut {
   static constexpr int kRows = Rows, kGroups = Groups;
+  template <int R, int G, class P>
+  static void prefetch(const P& p, int64_t row, int64_t group) {
+    prefetch_addend<R, G>(p, row, group);
+  }
   template <int G, class P>
   static void row(const VF* acc, const P& p, int64_t row, int64_t group) {
     float* o = static_cast<float*>(p.out) + row * p.n + group * 16;
@@ -240,6 +252,11 @@ struct AddOut {
 template <int Rows, int Groups, int Act = kSilu>
 struct GatedOut {
   static constexpr int kRows = Rows, kGroups = Groups;
+  template <int R, int G, class P>
+  static void prefetch(const P& p, int64_t row, int64_t group) {
+    const uint16_t* o = static_cast<const uint16_t*>(p.out) + group / 2 * 16;
+    for (int r = 0; r < R; ++r) prefetch_span(o + (row + r) * (p.n / 2), G / 2 * 32);
+  }
   template <int G, class P>
   static void row(const VF* acc, const P& p, int64_t row, int64_t group) {
     uint16_t* o = static_cast<uint16_t*>(p.out) + row * (p.n / 2) + group / 2 * 16;
@@ -257,6 +274,11 @@ struct GatedOut {
 template <int Rows, int Groups, int Act>
 struct ActOut {
   static constexpr int kRows = Rows, kGroups = Groups;
+  template <int R, int G, class P>
+  static void prefetch(const P& p, int64_t row, int64_t group) {
+    const uint16_t* o = static_cast<const uint16_t*>(p.out) + group * 16;
+    for (int r = 0; r < R; ++r) prefetch_span(o + (row + r) * p.n, G * 32);
+  }
   template <int G, class P>
   static void row(const VF* acc, const P& p, int64_t row, int64_t group) {
     uint16_t* o = static_cast<uint16_t*>(p.out) + row * p.n + group * 16;
@@ -306,6 +328,17 @@ inline void store_bf16_halves(uint16_t* first, uint16_t* second, const VF* v) {
 template <int Rows, int Groups>
 struct QkvOut {
   static constexpr int kRows = Rows, kGroups = Groups;
+  template <int R, int G, class P>
+  static void prefetch(const P& p, int64_t row, int64_t group) {
+    for (int r = 0; r < R; ++r)
+      for (int g = 0; g < G; ++g) {
+        const auto place = p.places[group + g];
+        const uint16_t* o = p.heads_out[place.out] + (row + r) * p.head_cols[place.out];
+        o += place.column;
+        prefetch_span(o, place.freq < 0 ? 32 : 16);
+        if (place.freq >= 0) prefetch_span(o + p.half, 16);
+      }
+  }
   template <int G, class P>
   static void row(const VF* acc, const P& p, int64_t row, int64_t group) {
     for (int g = 0; g < G; ++g) {

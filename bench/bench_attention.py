@@ -7,8 +7,8 @@
 Packing "w2" (the default): one 2000-token prompt shared as a prefix by 20-token items, as many
 as fit in T tokens, then padding, causal. "texts": an embedder's or cross-encoder's batch, texts
 of 8-256 tokens (log-normal around 60, as `bench embed` draws them) each attending to all of
-itself. Attention shape of SmolLM2 (H=9, Hkv=3, D=64), Qwen3-0.6B (H=16, Hkv=8, D=128) or
-all-MiniLM-L6-v2 (H=Hkv=12, D=32).
+itself. Attention shape of SmolLM2 (H=9, Hkv=3, D=64), Qwen3-0.6B (H=16, Hkv=8, D=128),
+all-MiniLM-L6-v2 (H=Hkv=12, D=32) or BERT-base (H=Hkv=12, D=64: ColBERT, SPLADE).
 Each kernel is jitted, warmed up, then timed; the median of `--repeats` calls is reported with
 the host schedule build time. `--kernels` picks the columns: "pallas" (compiled on GPU/TPU, the
 Pallas interpreter on CPU: slow, for debugging only), "mosaic" (the Mosaic GPU form: Hopper and
@@ -43,7 +43,12 @@ from score_kernels import (
 )
 from score_kernels.tuning import BlockSizes
 
-SHAPES = {"smollm2": (9, 3, 64), "qwen3-0.6b": (16, 8, 128), "minilm": (12, 12, 32)}  # H, Hkv, D
+SHAPES = {
+    "smollm2": (9, 3, 64),
+    "qwen3-0.6b": (16, 8, 128),
+    "minilm": (12, 12, 32),
+    "bert-base": (12, 12, 64),
+}  # H, Hkv, D
 DEFAULT_KERNELS = {"cpu": ["xla", "reference"], "gpu": ["pallas", "xla", "reference"]}
 DEFAULT_KERNELS["tpu"] = DEFAULT_KERNELS["gpu"]
 
