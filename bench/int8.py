@@ -1,6 +1,6 @@
 """int8 compute beside bf16: W1 and W2 through the engine in f32, bf16 and int8 (its weights
-rounded to nearest, and by GPTQ: `EngineConfig.int8_rounding`), and transformers in bf16, in one
-run.
+rounded to nearest, and by GPTQ: `EngineConfig.int8_rounding`; and by GPTQ with the down
+projection left in bf16: `EngineConfig.int8_bf16`), and transformers in bf16, in one run.
 
     python -m bench int8 [--model PATH] [--workloads w1 w2] [--repeats 3] [--quick]
 
@@ -23,12 +23,13 @@ import numpy as np
 from bench import common, sides, w1, w2
 from bench.parity import kendall_tau, spearman
 
-# a side's name: its EngineConfig dtype and int8_rounding
+# a side's name: its EngineConfig dtype, int8_rounding and int8_bf16
 MODES = {
-    "float32": ("float32", "nearest"),
-    "bfloat16": ("bfloat16", "nearest"),
-    "int8": ("int8", "nearest"),
-    "int8-gptq": ("int8", "gptq"),
+    "float32": ("float32", "nearest", ()),
+    "bfloat16": ("bfloat16", "nearest", ()),
+    "int8": ("int8", "nearest", ()),
+    "int8-gptq": ("int8", "gptq", ()),
+    "int8-gptq-down-bf16": ("int8", "gptq", ("down",)),
 }
 QUICK = dict(
     docs=8,
@@ -59,9 +60,10 @@ def run_workload(args, path, name: str) -> tuple[dict, object]:
     """The workload's report in every mode and transformers bf16, and the model's config."""
     build = partial(w1.build if name == "w1" else w2.build, args)
     runs = {}
-    for mode, (dtype, rounding) in MODES.items():
+    for mode, (dtype, rounding, bf16) in MODES.items():
         args.dtype = dtype
-        config = msgspec.structs.replace(sides.engine_config(args, path), int8_rounding=rounding)
+        config = sides.engine_config(args, path)
+        config = msgspec.structs.replace(config, int8_rounding=rounding, int8_bf16=bf16)
         runs[mode] = sides.run_engine(config, build, args.repeats)
     query, items, labels = runs["float32"]["request"]
     hf = sides.load_baseline(path, "bfloat16", args.baseline_device)
@@ -86,6 +88,8 @@ def run_workload(args, path, name: str) -> tuple[dict, object]:
         "sides": sides_out,
         "int8_over_bf16": int8 / sides_out["bfloat16"]["items_per_s"],
         "int8_gptq_over_bf16": sides_out["int8-gptq"]["items_per_s"]
+        / sides_out["bfloat16"]["items_per_s"],
+        "int8_gptq_down_bf16_over_bf16": sides_out["int8-gptq-down-bf16"]["items_per_s"]
         / sides_out["bfloat16"]["items_per_s"],
         "int8_over_transformers_bf16": int8 / sides_out["transformers-bfloat16"]["items_per_s"],
     }
@@ -137,7 +141,8 @@ def summary(report: dict) -> str:
         )
         parts.append(
             f"{name}: {modes}; int8/bf16 {r['int8_over_bf16']:.2f}x, "
-            f"int8-gptq/bf16 {r['int8_gptq_over_bf16']:.2f}x"
+            f"int8-gptq/bf16 {r['int8_gptq_over_bf16']:.2f}x, "
+            f"int8-gptq-down-bf16/bf16 {r['int8_gptq_down_bf16_over_bf16']:.2f}x"
         )
     return "; ".join(parts)
 

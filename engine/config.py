@@ -26,6 +26,10 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # its nearest grid point) | "gptq" (GPTQ against their inputs in a float32 pass over
     # built-in texts at load, docs/int8.md)
     int8_rounding: str = "nearest"
+    # under dtype "int8", the layer matrices left in bf16, by name: "qkv", "o", "up" (the MLP's
+    # first product: a gated MLP's gate and up), "down"; the most sensitive (a decoder's down
+    # product) buy accuracy with part of int8's speed (docs/int8.md). Needs dense unset
+    int8_bf16: tuple[str, ...] = ()
     # "reference" | "xla" | "cpu" | "pallas" | "mosaic" (Hopper+, bf16); None picks by backend
     # (cpu on CPU; mosaic on a Hopper or newer GPU where it runs, else pallas on GPU and TPU)
     attention: str | None = None

@@ -38,6 +38,7 @@ from engine.results import (
 )
 from engine.tasks import scores_from_logprobs
 from score_kernels import devices
+from score_kernels.dense import ROLES
 
 log = logging.getLogger("engine")
 
@@ -303,6 +304,7 @@ async def open_engine(config: EngineConfig | None = None) -> AsyncIterator[Engin
     late_interaction.check_weights(config.hybrid_weights)
     if config.int8_rounding not in calibration.ROUNDINGS:
         raise InvalidInput("int8_rounding", f"must be one of {', '.join(calibration.ROUNDINGS)}")
+    _check_int8_bf16(config)
     if config.kv_pool_share < 1:
         raise InvalidInput("kv_pool_share", "must be 1 or more")
     warn_if_host_paths_uncompiled()
@@ -328,6 +330,7 @@ async def open_engine(config: EngineConfig | None = None) -> AsyncIterator[Engin
         share=config.kv_pool_share * (len(groups) if devices.share_memory() else 1),
         dense_cache_dir=config.compile_cache_dir,
         hessians=hessians,
+        int8_bf16=config.int8_bf16,
     )
     programs = [
         await trio.to_thread.run_sync(functools.partial(make, placement=Placement(group)))
@@ -352,6 +355,16 @@ async def _running(engine: Engine) -> AsyncIterator[Engine]:
         finally:
             engine.pipeline.close()
             nursery.cancel_scope.cancel()
+
+
+def _check_int8_bf16(config: EngineConfig) -> None:
+    """InvalidInput naming "int8_bf16" where it names a matrix no layer has (before the weights
+    load; `DeviceProgram` refuses it outside the int8 mode's measured choice)."""
+    if isinstance(config.int8_bf16, str):
+        raise InvalidInput("int8_bf16", f"a list of matrix names ({', '.join(ROLES)})")
+    unknown = sorted(set(config.int8_bf16) - set(ROLES))
+    if unknown:
+        raise InvalidInput("int8_bf16", f"{unknown} are not among {', '.join(ROLES)}")
 
 
 async def _calibrated(config: EngineConfig, checkpoint) -> calibration.Hessians:

@@ -555,5 +555,29 @@ def chosen(pick: Callable[[str, int, int], str]) -> Dense:
     )
 
 
+ROLES = ("qkv", "o", "up", "down")  # a layer's matrices, as `Roles` names them
+
+
+class Roles(NamedTuple):
+    """Which strategy prepares each of a layer's matrices (`ROLES`: the fused q/k/v, the
+    attention output, the MLP's first product (a gated MLP's gate and up pair) and its down
+    product): `kept` those named in `names`, `rest` the others and every matrix outside the
+    layers (heads, projections). The forward multiplies with `rest`, which must multiply each
+    prepared form as its own strategy does (a `chosen` one). The int8 mode keeps its most
+    sensitive matrices in bf16 with it."""
+
+    rest: Dense
+    kept: Dense
+    names: frozenset
+
+
+def for_role(dense: "Dense | Roles", role: str | None) -> Dense:
+    """The strategy that prepares a matrix of `role` (one of `ROLES`; None: outside the
+    layers)."""
+    if not isinstance(dense, Roles):
+        return dense
+    return dense.kept if role in dense.names else dense.rest
+
+
 def _owner(w) -> Dense:
     return FORMS.get(type(w), XLA)

@@ -361,7 +361,8 @@ def test_int8_beside_bf16_and_f32(tiny, tmp_path):
     assert json.loads(out.read_text())["workloads"].keys() == {"w1", "w2"}
     for workload in report["workloads"].values():
         sides = workload["sides"]
-        modes = ["float32", "bfloat16", "int8", "int8-gptq", "transformers-bfloat16"]
+        modes = ["float32", "bfloat16", "int8", "int8-gptq", "int8-gptq-down-bf16"]
+        modes.append("transformers-bfloat16")
         assert list(sides) == modes
         assert sides["float32"]["max_abs_logprob_dev_vs_f32"] == 0
         assert sides["float32"]["spearman_vs_f32"] == pytest.approx(1)
@@ -371,9 +372,12 @@ def test_int8_beside_bf16_and_f32(tiny, tmp_path):
         # measured 0.046-0.057 (int8, mean) and 0.038-0.052 (transformers bf16, max) in nats;
         # a wrong scale or layout is whole nats off
         assert 0 < sides["int8"]["mean_abs_logprob_dev_vs_f32"] < 0.25
-        assert 0 < sides["int8-gptq"]["mean_abs_logprob_dev_vs_f32"] < 0.25
+        gptq = sides["int8-gptq"]["mean_abs_logprob_dev_vs_f32"]
+        down_bf16 = sides["int8-gptq-down-bf16"]["mean_abs_logprob_dev_vs_f32"]
+        assert 0 < gptq < 0.25 and 0 < down_bf16 < 0.25 and down_bf16 != gptq
         assert sides["transformers-bfloat16"]["max_abs_logprob_dev_vs_f32"] < 0.25
         positive(workload, "int8_over_bf16", "int8_gptq_over_bf16", "int8_over_transformers_bf16")
+        positive(workload, "int8_gptq_down_bf16_over_bf16")
 
 
 def test_dense_paths_side_by_side(tiny, tmp_path):

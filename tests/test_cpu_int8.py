@@ -1,6 +1,8 @@
 """The native int8 dense kernel (every instruction-set build this CPU runs) against a float64
 model of the same quantised arithmetic and XLA's twin, and the int8 compute mode's models."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,9 +12,10 @@ import trio
 from api.app import create_app
 from api.settings import settings_from_env
 from engine import EngineConfig, load_model, open_engine
+from engine.device.program import WITH_INT8
 from engine.errors import InvalidInput
 from score_kernels import activations, cpu, dense, quant, select_dense
-from score_kernels.dense import Int8, Int8Packed, Int8PackedQkv
+from score_kernels.dense import ROLES, Int8, Int8Packed, Int8PackedQkv
 from tests.test_api_support import serving, tiny_env
 from tests.test_cpu_dense import activation_truth
 from tests.test_quant import f32_quantize_rows, f64_int8_matmul
@@ -343,6 +346,73 @@ def test_a_model_in_int8_scores_like_its_xla_twin(tiny_checkpoints, family):
     f32 = load_model(tiny_checkpoints[family], dtype="float32", progress=False)
     deviation = np.abs(np.log(got) - np.log(f32.score(query, items, [1, 2, 3]))).max()
     assert 0 < deviation < 0.5
+
+
+def int8_matrices(model) -> set[str]:
+    """The names of a model's layer matrices prepared in int8."""
+    int8 = Int8 | Int8Packed | Int8PackedQkv
+    return {n for n, m in model.program.params["matrices"].items() if isinstance(m, int8)}
+
+
+def test_int8_with_every_layer_matrix_in_bf16_scores_as_bf16(tiny_checkpoints):
+    path = tiny_checkpoints["qwen2"]  # with q/k/v biases
+    kept = load_model(path, dtype="int8", int8_bf16=ROLES, progress=False)
+    assert int8_matrices(kept) == set()
+    rng = np.random.default_rng(9)
+    query = [int(t) for t in rng.integers(0, 384, 30)]
+    items = [[int(t) for t in rng.integers(0, 384, n)] for n in (2, 25, 50)]
+    bf16 = load_model(path, dtype="bfloat16", progress=False).score(query, items, [1, 2, 3])
+    # the layers multiplied as in bf16 mode; the head (bf16 in both modes) is each mode's own
+    # measured choice, whose f32 sums may be added in another order
+    np.testing.assert_allclose(kept.score(query, items, [1, 2, 3]), bf16, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rounding", ["nearest", "gptq"])
+def test_int8_keeps_the_named_matrices_in_bf16(tiny_checkpoints, rounding):
+    path = tiny_checkpoints["llama-untied"]
+    options = dict(dtype="int8", int8_rounding=rounding, progress=False)
+    down = load_model(path, int8_bf16=["down"], **options)
+    assert int8_matrices(down) == {"qkv", "o", "gate_up"}
+    assert int8_matrices(load_model(path, **options)) == {"qkv", "o", "gate_up", "down"}
+    rng = np.random.default_rng(10)
+    query = [int(t) for t in rng.integers(0, 384, 30)]
+    items = [[int(t) for t in rng.integers(0, 384, n)] for n in (3, 30, 60)]
+    scores = {
+        name: model.score(query, items, [1, 2, 3])
+        for name, model in {
+            "f32": load_model(path, dtype="float32", progress=False),
+            "int8": load_model(path, **options),
+            "down": down,
+        }.items()
+    }
+    moved = {k: np.abs(np.log(scores[k]) - np.log(scores["f32"])).mean() for k in scores}
+    assert scores["down"] != scores["int8"]
+    assert 0 < moved["down"] < 0.5 and 0 < moved["int8"] < 0.5
+
+
+def test_an_encoder_in_int8_with_every_layer_matrix_in_bf16_embeds_as_bf16(minilm):
+    texts = ["a short text", "another text, a little longer than the first one", "x"]
+    kept = load_model(minilm, dtype="int8", int8_bf16=ROLES, progress=False)
+    assert int8_matrices(kept) == set()
+    down = load_model(minilm, dtype="int8", int8_bf16=["down"], progress=False)
+    assert int8_matrices(down) == {"qkv", "o", "up"}
+    bf16 = load_model(minilm, dtype="bfloat16", progress=False).embed(texts)
+    np.testing.assert_array_equal(kept.embed(texts), bf16)
+    assert not np.array_equal(down.embed(texts), bf16)
+
+
+def test_int8_bf16_names_matrices_of_the_int8_mode(tiny_checkpoints):
+    path = tiny_checkpoints["llama-untied"]
+    refusals = {
+        "int8_bf16: ['gate'] are not among qkv, o, up, down": dict(int8_bf16=["gate"]),
+        "int8_bf16: a list of matrix names": dict(int8_bf16="down"),
+        f"int8_bf16: {WITH_INT8}": dict(int8_bf16=["down"], dense="int8"),
+    }
+    for message, options in refusals.items():
+        with pytest.raises(InvalidInput, match=re.escape(message)):
+            load_model(path, dtype="int8", progress=False, **options)
+    with pytest.raises(InvalidInput, match="under dtype int8"):
+        load_model(path, dtype="bfloat16", int8_bf16=["down"], progress=False)
 
 
 def test_the_engine_in_int8_scores_like_the_offline_model(tiny_checkpoints):

@@ -21,12 +21,17 @@ from engine.loaders import Checkpoint
 from engine.models import Dense, ModelConfig, PackedInputs
 from score_kernels import devices, select_attention, select_dense
 from score_kernels.calibration import Hessians, rounding_by
+from score_kernels.dense import Roles
 from score_kernels.dense_choice import DenseChoice
 from score_kernels.paging import write
 
 # the weight dtype of each compute mode; "int8" keeps bf16 but for the layer matrices, which its
 # dense strategies quantise to int8 at load (score_kernels.quant)
 DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32, "int8": jnp.bfloat16}
+
+
+# where `int8_bf16` applies: the kept matrices are multiplied through the measured choice
+WITH_INT8 = "keeps matrices in bf16 under dtype int8 with the measured dense choice (dense unset)"
 
 
 def _selected(dense: str | None, backend: str, dtype: str, cache_dir: str | None) -> Dense:
@@ -69,7 +74,8 @@ class DeviceProgram:
     the runners whose devices share one memory (a CPU's host devices). The measured dense
     strategy keeps its choices under `dense_cache_dir` (None: measured once per process).
     `dense` may also be a strategy itself (`score_kernels.calibration.recording`). In int8,
-    `hessians` (`score_kernels.calibration`) has the layer matrices rounded by GPTQ.
+    `hessians` (`score_kernels.calibration`) has the layer matrices rounded by GPTQ, and
+    `int8_bf16` names the layer matrices left in bf16 (`score_kernels.dense.ROLES`).
     """
 
     def __init__(
@@ -86,6 +92,7 @@ class DeviceProgram:
         share: int = 1,
         dense_cache_dir: str | None = None,
         hessians: Hessians | None = None,
+        int8_bf16: tuple[str, ...] = (),
     ):
         if dtype not in DTYPES:
             raise InvalidInput("dtype", f"{dtype!r} is not one of {sorted(DTYPES)}")
@@ -109,6 +116,7 @@ class DeviceProgram:
         )
         if hessians is not None and dtype == "int8":
             self.dense = rounding_by(self.dense, hessians)
+        placing = self._placing(int8_bf16, backend, dense_cache_dir)
         try:
             self.attention = select_attention(
                 attention,
@@ -122,7 +130,7 @@ class DeviceProgram:
         except ValueError as e:
             raise InvalidInput("attention", str(e)) from None
         with self.placement.default_device():
-            params = task.place(checkpoint.params, self.config, DTYPES[dtype], self.dense)
+            params = task.place(checkpoint.params, self.config, DTYPES[dtype], placing)
         self.params = self.placement.params(params)
         self.kv = KVPool(
             self.config,
@@ -139,6 +147,17 @@ class DeviceProgram:
         # jitted per distinct device output (`Task.device_output`), when first asked for
         self._programs: dict[tuple, Callable] = {}
         self._forward = self._program(self.output)
+
+    def _placing(self, int8_bf16: tuple[str, ...], backend: str, cache_dir) -> Dense | Roles:
+        """What prepares the weights: the program's strategy, or in int8 with matrices kept in
+        bf16 (`int8_bf16`: `score_kernels.dense.ROLES`) that strategy for the rest and the
+        bf16 mode's for those, which the int8 mode's measured choice multiplies as they are."""
+        if not int8_bf16:
+            return self.dense
+        if self.dtype != "int8" or self.dense.choice is None:
+            raise InvalidInput("int8_bf16", WITH_INT8)
+        kept = _selected(None, backend, "bfloat16", cache_dir)
+        return Roles(self.dense, kept, frozenset(int8_bf16))
 
     def forward_of(self, attention, *, output: Output | None = None) -> Callable:
         """This program's forward with `attention` (`Task.forward_of`) answering `output` (by

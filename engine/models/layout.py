@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from engine.models.config import ModelConfig
+from score_kernels.dense import Dense, Roles, for_role
 from score_kernels.host import to_device
 
 VECTORS = (  # kept in f32
@@ -16,28 +17,34 @@ VECTORS = (  # kept in f32
 )
 
 
-def place_decoder(params: dict, cfg: ModelConfig, dtype, dense) -> dict:
+def place_decoder(params: dict, cfg: ModelConfig, dtype, dense: Dense | Roles) -> dict:
     """A decoder's device weights from host params (the layout of `engine.models.config`): the
     embedding in `dtype`; norms and biases in f32; q/k/v fused into one matrix (their biases
     into one vector, `_qkv`) and gate/up into one gated pair (its activation fused where the
-    strategy can), these and the other matrices and the head prepared by the `dense` strategy.
-    A tied head is prepared from the embedding already on the device, converted once."""
+    strategy can), these and the other matrices and the head prepared by the `dense` strategy
+    (of each role, where it is `Roles`). A tied head is prepared from the embedding already on
+    the device, converted once."""
     layers = params["layers"]
-    qkv, b_qkv = _qkv(layers, cfg, dtype, dense)
+    qkv, b_qkv = _qkv(layers, cfg, dtype, for_role(dense, "qkv"))
     embed = to_device(params["embed"], dtype)
-    out = dense.prepare_residual if adds_residual(cfg) else dense.prepare
+    up = for_role(dense, "up")
     return {
         "embed": embed,
         "final_norm": to_device(params["final_norm"], jnp.float32),
-        "head": dense.prepare_head(params.get("lm_head", embed), dtype),
+        "head": for_role(dense, None).prepare_head(params.get("lm_head", embed), dtype),
         "layers": {n: to_device(layers[n], jnp.float32) for n in VECTORS if n in layers} | b_qkv,
         "matrices": {
             "qkv": qkv,
-            "o": out(layers["wo"], dtype),
-            "gate_up": dense.prepare_gated(layers["w_gate"], layers["w_up"], dtype),
-            "down": out(layers["w_down"], dtype),
+            "o": _output(layers["wo"], cfg, dtype, for_role(dense, "o")),
+            "gate_up": up.prepare_gated(layers["w_gate"], layers["w_up"], dtype),
+            "down": _output(layers["w_down"], cfg, dtype, for_role(dense, "down")),
         },
     }
+
+
+def _output(w: np.ndarray, cfg: ModelConfig, dtype, dense: Dense):
+    """A decoder's o or down stack, prepared for `Dense.residual` where `adds_residual`."""
+    return (dense.prepare_residual if adds_residual(cfg) else dense.prepare)(w, dtype)
 
 
 ENCODER_VECTORS = (  # kept in f32
@@ -52,32 +59,33 @@ ENCODER_TOP_VECTORS = (
 )
 
 
-def place_encoder(params: dict, cfg: ModelConfig, dtype, dense) -> dict:
+def place_encoder(params: dict, cfg: ModelConfig, dtype, dense: Dense | Roles) -> dict:
     """Device weights of an encoder (`engine.models.encoder`): embedding tables in `dtype`,
     norms and biases in f32 (the q/k/v biases fused as their matrix), the fused q/k/v, the MLP
     (a gated one's pairs side by side), and a cross-encoder's pooler dense and classifier,
-    prepared by the `dense` strategy."""
+    prepared by the `dense` strategy (of each role, where it is `Roles`)."""
     layers = params["layers"]
     tables = [n for n in ("embed", "positions", "token_types") if n in params]
-    qkv, b_qkv = _qkv(layers, cfg, dtype, dense)
+    qkv, b_qkv = _qkv(layers, cfg, dtype, for_role(dense, "qkv"))
     vectors = {n: to_device(layers[n], jnp.float32) for n in ENCODER_VECTORS if n in layers}
+    up_dense, base = for_role(dense, "up"), for_role(dense, None)
     up = (
-        _gate_up_pairs(layers, dtype, dense)
+        _gate_up_pairs(layers, dtype, up_dense)
         if "w_gate" in layers
-        else dense.prepare_activated(layers["w_up"], dtype)
+        else up_dense.prepare_activated(layers["w_up"], dtype)
     )
     return {
         **{n: to_device(params[n], dtype) for n in tables},
         **{n: to_device(params[n], jnp.float32) for n in ENCODER_TOP_VECTORS if n in params},
-        **_classifier(params, dtype, dense),
-        **_mlm_head(params, dtype, dense),
-        **_multi_vector_heads(params, dtype, dense),
+        **_classifier(params, dtype, base),
+        **_mlm_head(params, dtype, base),
+        **_multi_vector_heads(params, dtype, base),
         "layers": vectors | b_qkv,
         "matrices": {
             "qkv": qkv,
-            "o": dense.prepare_residual(layers["wo"], dtype),
+            "o": for_role(dense, "o").prepare_residual(layers["wo"], dtype),
             "up": up,
-            "down": dense.prepare_residual(layers["w_down"], dtype),
+            "down": for_role(dense, "down").prepare_residual(layers["w_down"], dtype),
         },
     }
 
