@@ -372,8 +372,9 @@ def test_int8_keeps_the_named_matrices_in_bf16(tiny_checkpoints, rounding):
     path = tiny_checkpoints["llama-untied"]
     options = dict(dtype="int8", int8_rounding=rounding, progress=False)
     down = load_model(path, int8_bf16=["down"], **options)
+    int8 = load_model(path, **options)
     assert int8_matrices(down) == {"qkv", "o", "gate_up"}
-    assert int8_matrices(load_model(path, **options)) == {"qkv", "o", "gate_up", "down"}
+    assert int8_matrices(int8) == {"qkv", "o", "gate_up", "down"}
     rng = np.random.default_rng(10)
     query = [int(t) for t in rng.integers(0, 384, 30)]
     items = [[int(t) for t in rng.integers(0, 384, n)] for n in (3, 30, 60)]
@@ -381,7 +382,7 @@ def test_int8_keeps_the_named_matrices_in_bf16(tiny_checkpoints, rounding):
         name: model.score(query, items, [1, 2, 3])
         for name, model in {
             "f32": load_model(path, dtype="float32", progress=False),
-            "int8": load_model(path, **options),
+            "int8": int8,
             "down": down,
         }.items()
     }

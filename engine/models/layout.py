@@ -27,7 +27,7 @@ def place_decoder(params: dict, cfg: ModelConfig, dtype, dense: Dense | Roles) -
     layers = params["layers"]
     qkv, b_qkv = _qkv(layers, cfg, dtype, for_role(dense, "qkv"))
     embed = to_device(params["embed"], dtype)
-    up = for_role(dense, "up")
+    gated = for_role(dense, "up")
     return {
         "embed": embed,
         "final_norm": to_device(params["final_norm"], jnp.float32),
@@ -36,7 +36,7 @@ def place_decoder(params: dict, cfg: ModelConfig, dtype, dense: Dense | Roles) -
         "matrices": {
             "qkv": qkv,
             "o": _output(layers["wo"], cfg, dtype, for_role(dense, "o")),
-            "gate_up": up.prepare_gated(layers["w_gate"], layers["w_up"], dtype),
+            "gate_up": gated.prepare_gated(layers["w_gate"], layers["w_up"], dtype),
             "down": _output(layers["w_down"], cfg, dtype, for_role(dense, "down")),
         },
     }
