@@ -82,16 +82,14 @@ def run_workload(args, path, name: str) -> tuple[dict, object]:
         "items_per_s": len(items) / base_s,
         **deviation(base_logprobs, reference),
     }
-    int8 = sides_out["int8"]["items_per_s"]
+    speed = lambda mode: sides_out[mode]["items_per_s"]
     report = {
         "items": len(items),
         "sides": sides_out,
-        "int8_over_bf16": int8 / sides_out["bfloat16"]["items_per_s"],
-        "int8_gptq_over_bf16": sides_out["int8-gptq"]["items_per_s"]
-        / sides_out["bfloat16"]["items_per_s"],
-        "int8_gptq_down_bf16_over_bf16": sides_out["int8-gptq-down-bf16"]["items_per_s"]
-        / sides_out["bfloat16"]["items_per_s"],
-        "int8_over_transformers_bf16": int8 / sides_out["transformers-bfloat16"]["items_per_s"],
+        "int8_over_bf16": speed("int8") / speed("bfloat16"),
+        "int8_gptq_over_bf16": speed("int8-gptq") / speed("bfloat16"),
+        "int8_gptq_down_bf16_over_bf16": speed("int8-gptq-down-bf16") / speed("bfloat16"),
+        "int8_over_transformers_bf16": speed("int8") / speed("transformers-bfloat16"),
     }
     return report, runs["float32"]["config"]
 

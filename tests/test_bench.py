@@ -361,9 +361,10 @@ def test_int8_beside_bf16_and_f32(tiny, tmp_path):
     assert json.loads(out.read_text())["workloads"].keys() == {"w1", "w2"}
     for workload in report["workloads"].values():
         sides = workload["sides"]
-        modes = ["float32", "bfloat16", "int8", "int8-gptq", "int8-gptq-down-bf16"]
-        modes.append("transformers-bfloat16")
-        assert list(sides) == modes
+        assert list(sides) == [
+            *("float32", "bfloat16", "int8", "int8-gptq", "int8-gptq-down-bf16"),
+            "transformers-bfloat16",
+        ]
         assert sides["float32"]["max_abs_logprob_dev_vs_f32"] == 0
         assert sides["float32"]["spearman_vs_f32"] == pytest.approx(1)
         assert sides["float32"]["kendall_tau_vs_f32"] == 1
