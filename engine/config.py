@@ -24,7 +24,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     dtype: str = "bfloat16"
     # under dtype "int8", how the layer matrices are rounded to int8: "nearest" (each weight to
     # its nearest grid point) | "gptq" (GPTQ against their inputs in a float32 pass over
-    # built-in texts at load, docs/int8.md)
+    # built-in texts at load, its result kept in compile_cache_dir for the next start;
+    # docs/int8.md)
     int8_rounding: str = "nearest"
     # under dtype "int8", the layer matrices left in bf16, by name: "qkv", "o", "up" (the MLP's
     # first product: a gated MLP's gate and up), "down"; the most sensitive (a decoder's down
@@ -77,8 +78,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # reuse cached prefixes across requests and batches, and chunk work longer than a batch;
     # False computes every request from scratch
     prefix_cache: bool = True
-    # compiled programs and dense-path measurements kept between starts (None: not kept);
-    # by default ~/.cache/llm-scoring-engine/jax
+    # compiled programs, dense-path measurements and GPTQ's int8 roundings kept between starts
+    # (None: not kept); by default ~/.cache/llm-scoring-engine/jax
     compile_cache_dir: str | None = msgspec.field(default_factory=default_compile_cache_dir)
     # compile the (T, S, L) grid before serving: each token bucket up to token_budget with each of
     # its row buckets (one by default: 20 programs at the default budget); the compile cache

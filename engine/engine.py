@@ -16,7 +16,7 @@ import tokenizers
 import trio
 
 import _native
-from engine import calibration, late_interaction, runner, templates
+from engine import calibration, late_interaction, rounding_cache, runner, templates
 from engine.capabilities import Ability, capabilities_of
 from engine.config import EngineConfig
 from engine.device.placement import Placement, device_groups
@@ -36,8 +36,10 @@ from engine.results import (
     RerankResult,
     ScoreResult,
 )
+from engine.rounding_cache import RoundingMiss
 from engine.tasks import scores_from_logprobs
 from score_kernels import devices
+from score_kernels.calibration import Rounding
 from score_kernels.dense import ROLES
 
 log = logging.getLogger("engine")
@@ -316,8 +318,6 @@ async def open_engine(config: EngineConfig | None = None) -> AsyncIterator[Engin
     if config.reranker is not None and no_recipe:
         raise InvalidInput("reranker", no_recipe)
     groups = device_groups(config.data_parallel, config.tensor_parallel)
-    gptq = config.dtype == "int8" and config.int8_rounding == "gptq"
-    hessians = await _calibrated(config, checkpoint) if gptq else None
     make = functools.partial(
         DeviceProgram,
         checkpoint,
@@ -329,18 +329,17 @@ async def open_engine(config: EngineConfig | None = None) -> AsyncIterator[Engin
         block_size=config.block_size,
         share=config.kv_pool_share * (len(groups) if devices.share_memory() else 1),
         dense_cache_dir=config.compile_cache_dir,
-        hessians=hessians,
         int8_bf16=config.int8_bf16,
     )
-    programs = [
-        await trio.to_thread.run_sync(functools.partial(make, placement=Placement(group)))
-        for group in groups
-    ]
+    if config.dtype == "int8" and config.int8_rounding == "gptq":
+        programs = await _rounded_programs(make, groups, config, checkpoint)
+    else:
+        programs = await _programs(make, groups)
     if programs[0].dense_choice is not None:
         log.info("%s", programs[0].dense_choice.summary())
     engine = Engine(config, checkpoint.tokenizer, programs, checkpoint.source)
-    # the host copies of the weights (and GPTQ's): the programs hold them on the device
-    del checkpoint, hessians, make
+    # the host copies of the weights: the programs hold them on the device
+    del checkpoint, make
     async with _running(engine):
         yield engine
 
@@ -365,6 +364,31 @@ def _check_int8_bf16(config: EngineConfig) -> None:
     unknown = sorted(set(config.int8_bf16) - set(ROLES))
     if unknown:
         raise InvalidInput("int8_bf16", f"{unknown} are not among {', '.join(ROLES)}")
+
+
+async def _programs(make, groups, rounding: Rounding | None = None) -> list[DeviceProgram]:
+    """A `DeviceProgram` of `make` per device group, its int8 matrices rounded by `rounding`."""
+    place = functools.partial(make, rounding=rounding)
+    return [
+        await trio.to_thread.run_sync(functools.partial(place, placement=Placement(group)))
+        for group in groups
+    ]
+
+
+async def _rounded_programs(make, groups, config: EngineConfig, checkpoint) -> list[DeviceProgram]:
+    """The programs with their int8 matrices rounded by GPTQ: as the rounding cache kept them
+    (`engine.rounding_cache`) where it has every one, else calibrated, filling the cache."""
+    fingerprinted = functools.partial(rounding_cache.for_checkpoint, config.compile_cache_dir)
+    cache = await trio.to_thread.run_sync(fingerprinted, checkpoint)
+    if cache is not None and not cache.empty():
+        try:
+            programs = await _programs(make, groups, cache)
+            log.info("int8: GPTQ's rounding read from %s", cache.directory)
+            return programs
+        except RoundingMiss:
+            log.info("int8: GPTQ's rounding cache lacks a matrix; calibrating")
+    hessians = await _calibrated(config, checkpoint)
+    return await _programs(make, groups, hessians if cache is None else cache.calibrated(hessians))
 
 
 async def _calibrated(config: EngineConfig, checkpoint) -> calibration.Hessians:

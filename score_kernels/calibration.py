@@ -7,12 +7,15 @@ to `hessians` (an `io_callback`), rounded to bf16 and rotated as the int8 kernel
 given (`digest`): the int8 placement of the same checkpoint prepares the same stacks, and
 `rounding_by(dense, hessians)` hands `dense` each one it has sums for rounded by GPTQ
 (`score_kernels.gptq`, a `quant.Rounded`), the rest as they are (rounded to nearest there).
+Anything that answers `rounded(w)` as `Hessians` does (a `Rounding`: a store of their results
+kept between starts) can stand in for them.
 """
 
 import functools
 import hashlib
 import threading
 from collections.abc import Callable
+from typing import Protocol
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +24,13 @@ from jax.experimental import io_callback
 
 from score_kernels import gptq, quant
 from score_kernels.dense import XLA, Dense
+
+
+class Rounding(Protocol):
+    """What rounds layer stacks for an int8 strategy: `Hessians`, or a store of their results."""
+
+    def rounded(self, w):
+        """w [L, K, N] (or [K, N]) as a `quant.Rounded`, or w itself to be rounded to nearest."""
 
 
 class Hessians:
@@ -162,10 +172,10 @@ def recording(hessians: Hessians) -> Dense:
     )
 
 
-def rounding_by(dense: Dense, hessians: Hessians) -> Dense:
-    """`dense` (an int8 strategy) preparing each layer stack `hessians` has sums for as GPTQ
-    rounds it."""
-    r = hessians.rounded
+def rounding_by(dense: Dense, rounding: Rounding) -> Dense:
+    """`dense` (an int8 strategy) preparing each layer stack as `rounding` rounds it (by GPTQ
+    where `Hessians` have sums for it)."""
+    r = rounding.rounded
     return dense._replace(
         prepare=lambda w, dtype: dense.prepare(r(w), dtype),
         prepare_gated=lambda g, u, dtype: dense.prepare_gated(r(g), r(u), dtype),

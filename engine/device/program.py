@@ -20,7 +20,7 @@ from engine.kinds import Output
 from engine.loaders import Checkpoint
 from engine.models import Dense, ModelConfig, PackedInputs
 from score_kernels import devices, select_attention, select_dense
-from score_kernels.calibration import Hessians, rounding_by
+from score_kernels.calibration import Rounding, rounding_by
 from score_kernels.dense import Roles
 from score_kernels.dense_choice import DenseChoice
 from score_kernels.paging import write
@@ -74,7 +74,8 @@ class DeviceProgram:
     the runners whose devices share one memory (a CPU's host devices). The measured dense
     strategy keeps its choices under `dense_cache_dir` (None: measured once per process).
     `dense` may also be a strategy itself (`score_kernels.calibration.recording`). In int8,
-    `hessians` (`score_kernels.calibration`) has the layer matrices rounded by GPTQ, and
+    `rounding` has the layer matrices rounded by GPTQ (`score_kernels.calibration.Hessians`, or
+    their results kept by `engine.rounding_cache`), and
     `int8_bf16` names the layer matrices left in bf16 (`score_kernels.dense.ROLES`).
     """
 
@@ -91,7 +92,7 @@ class DeviceProgram:
         placement: Placement | None = None,
         share: int = 1,
         dense_cache_dir: str | None = None,
-        hessians: Hessians | None = None,
+        rounding: Rounding | None = None,
         int8_bf16: tuple[str, ...] = (),
     ):
         if dtype not in DTYPES:
@@ -114,9 +115,12 @@ class DeviceProgram:
             if dense is None or isinstance(dense, str)
             else dense
         )
-        if hessians is not None and dtype == "int8":
-            self.dense = rounding_by(self.dense, hessians)
-        placing = self._placing(int8_bf16, backend, dense_cache_dir)
+        # the rounding prepares the weights only: the forward's strategy does not keep it (nor
+        # GPTQ's Hessians) alive
+        rounded = self.dense
+        if rounding is not None and dtype == "int8":
+            rounded = rounding_by(self.dense, rounding)
+        placing = self._placing(rounded, int8_bf16, backend, dense_cache_dir)
         try:
             self.attention = select_attention(
                 attention,
@@ -148,16 +152,19 @@ class DeviceProgram:
         self._programs: dict[tuple, Callable] = {}
         self._forward = self._program(self.output)
 
-    def _placing(self, int8_bf16: tuple[str, ...], backend: str, cache_dir) -> Dense | Roles:
-        """What prepares the weights: the program's strategy, or in int8 with matrices kept in
-        bf16 (`int8_bf16`: `score_kernels.dense.ROLES`) that strategy for the rest and the
-        bf16 mode's for those, which the int8 mode's measured choice multiplies as they are."""
+    def _placing(
+        self, dense: Dense, int8_bf16: tuple[str, ...], backend: str, cache_dir
+    ) -> Dense | Roles:
+        """What prepares the weights: `dense` (the program's strategy, rounding as it is told),
+        or in int8 with matrices kept in bf16 (`int8_bf16`: `score_kernels.dense.ROLES`)
+        `dense` for the rest and the bf16 mode's strategy for those, which the int8 mode's
+        measured choice multiplies as they are."""
         if not int8_bf16:
-            return self.dense
+            return dense
         if self.dtype != "int8" or self.dense.choice is None:
             raise InvalidInput("int8_bf16", WITH_INT8)
         kept = _selected(None, backend, "bfloat16", cache_dir)
-        return Roles(self.dense, kept, frozenset(int8_bf16))
+        return Roles(dense, kept, frozenset(int8_bf16))
 
     def forward_of(self, attention, *, output: Output | None = None) -> Callable:
         """This program's forward with `attention` (`Task.forward_of`) answering `output` (by
