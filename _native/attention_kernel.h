@@ -13,8 +13,10 @@
 // Layout: q [T, H, D], k and v [T, Hkv, D] row-major (bf16 or f32), out like q; the context
 // region's keys (C of them, before the batch's) are rows of this layer's pool pages
 // [P, page, Hkv, D], found through the page table. Work items are
-// (query tile of `tile_tokens` tokens, kv head); a work item's rows are its tokens times the G
-// query heads of that kv head. Scores never leave a key tile held in cache: QK^T, the mask,
+// (query tile of `tile_tokens` tokens, set of kv heads: all of them where the tiles alone give
+// every thread work); for each kv head in turn, an item's rows are its tokens times the G query
+// heads of that kv head, and what they see of each key tile is worked out once for all its
+// heads. Scores never leave a key tile held in cache: QK^T, the mask,
 // an online softmax (exp2 with log2(e) folded into the query scale) and PV are fused per tile.
 // Rows go in blocks of 4, and each block computes only the key vectors its rows see in the tile:
 // short spans (an encoder's texts, a decoder's items) skip most of the tiles they overlap.
@@ -606,11 +608,12 @@ struct Bf16Tiles {
 
 // Online-softmax step over one key tile, each row over its block's vectors: scores become
 // probabilities (masked keys 0), alpha the rescale of each row's accumulator; rows [rows,
-// padded) and rows that see no key here get zeros and alpha 1.
+// padded) and rows that see no key here get zeros and alpha 1. seen[t - tok0]: what token t
+// sees of the tile (`classify`).
 template <int KT>
 void softmax_tile(const Problem& p, int tok0, int tok1, int group, int key0,
-                  const VectorRange* blocks, int padded, vf* score, float* row_max, vf* row_sum,
-                  float* alpha) {
+                  const Visible* seen, const VectorRange* blocks, int padded, vf* score,
+                  float* row_max, vf* row_sum, float* alpha) {
   constexpr int kKeyVecs = KT / kLanes;
   const int rows = (tok1 - tok0) * group;
   auto no_keys = [&](int r) {
@@ -619,16 +622,15 @@ void softmax_tile(const Problem& p, int tok0, int tok1, int group, int key0,
     alpha[r] = 1.0f;
   };
   for (int t = tok0; t < tok1; ++t) {
-    Visible seen = classify<KT>(p, t, key0);
     for (int i = 0; i < group; ++i) {
       int r = (t - tok0) * group + i;
-      if (seen == Visible::kNone) {
+      if (seen[t - tok0] == Visible::kNone) {
         no_keys(r);
         continue;
       }
       vf* s = score + r * kKeyVecs;
       const auto [c0, c1] = blocks[r / 4];
-      if (seen == Visible::kPartial) mask_row(p, t, key0, c0, c1, s);
+      if (seen[t - tok0] == Visible::kPartial) mask_row(p, t, key0, c0, c1, s);
       vf top = s[c0];
       for (int c = c0 + 1; c < c1; ++c) top = top > s[c] ? top : s[c];
       float m = row_max[r], a = 1.0f;
@@ -649,7 +651,41 @@ void softmax_tile(const Problem& p, int tok0, int tok1, int group, int key0,
   for (int r = rows; r < padded; ++r) no_keys(r);
 }
 
-// One work item per (query tile, kv head); `Tiles` supplies the score and value kernels.
+// What the rows of one query tile see, key tile by key tile: the same for every kv head, so
+// worked out once per work item and read by each of its heads.
+template <int KT>
+struct TileWalk {
+  std::vector<int> tiles;                  // the key tiles any token sees, ascending
+  std::vector<VectorRange> blocks;         // [tile][padded / 4]: each row block's key vectors
+  std::vector<Visible> seen;               // [tile][token]: `classify`
+  std::vector<std::pair<int, int>> spans;  // scratch of `visited_tiles`
+
+  // For tokens [tok0, tok1) and `padded` rows; tiles no row block sees are dropped.
+  void plan(const Problem& p, int tok0, int tok1, int group, int padded) {
+    visited_tiles<KT>(p, tok0, tok1, &tiles, &spans);
+    const int n_blocks = padded / 4, tokens = tok1 - tok0;
+    blocks.resize(tiles.size() * n_blocks);
+    seen.resize(tiles.size() * tokens);
+    size_t kept = 0;
+    for (int tile : tiles) {
+      const int key0 = tile * KT;
+      VectorRange* b = blocks.data() + kept * n_blocks;
+      if (!block_vectors<KT>(p, tok0, tok1, group, key0, padded, b)) continue;
+      for (int t = tok0; t < tok1; ++t) seen[kept * tokens + t - tok0] = classify<KT>(p, t, key0);
+      tiles[kept++] = tile;
+    }
+    tiles.resize(kept);
+  }
+};
+
+// Work items per query tile: the kv heads split into this many sets, enough items for every
+// thread (4 each) when the tiles alone are too few; the heads of one item share its TileWalk.
+inline int head_sets(int q_tiles, int kv_heads) {
+  const int wanted = 4 * native_cpu::thread_count();
+  return std::clamp((wanted + q_tiles - 1) / q_tiles, 1, kv_heads);
+}
+
+// One work item per (query tile, set of kv heads); `Tiles` supplies the score and value kernels.
 template <typename In, int D, typename Tiles>
 void attend(const Problem& p, const In* q, const Tiles& tiles, In* out) {
   using QueryWord = typename Tiles::QueryWord;
@@ -659,47 +695,48 @@ void attend(const Problem& p, const In* q, const Tiles& tiles, In* out) {
   const int group = p.heads / p.kv_heads;
   const int tile_tokens = std::max(1, 64 / group);
   const int q_tiles = (p.tokens + tile_tokens - 1) / tile_tokens;
+  const int sets = head_sets(q_tiles, p.kv_heads);
   constexpr int kRowStep = Tiles::kRowStep;
   const int max_rows = (tile_tokens * group + kRowStep - 1) / kRowStep * kRowStep;
-  parallel_for(q_tiles * p.kv_heads, [&](int item) {
-    int g = item % p.kv_heads;
-    int tok0 = (item / p.kv_heads) * tile_tokens;
+  parallel_for(q_tiles * sets, [&](int item) {
+    const int set = item % sets;
+    int tok0 = (item / sets) * tile_tokens;
     int tok1 = std::min(p.tokens, tok0 + tile_tokens);
     int padded = ((tok1 - tok0) * group + kRowStep - 1) / kRowStep * kRowStep;
+    const int n_blocks = padded / 4, tokens = tok1 - tok0;
     thread_local std::vector<QueryWord> q_rows;
     thread_local std::vector<float> row_max, alpha;
     thread_local Vectors scores, acc, sums;
-    thread_local std::vector<int> visited;
-    thread_local std::vector<std::pair<int, int>> spans;
-    thread_local std::vector<VectorRange> blocks;
-    q_rows.assign(size_t(max_rows) * kWords, QueryWord{});
-    row_max.assign(max_rows, -INFINITY);
-    vf* const row_sum = sums.resize<vf>(max_rows);
-    std::fill(row_sum, row_sum + max_rows, vf{});
-    alpha.assign(max_rows, 1.0f);
+    thread_local TileWalk<KT> walk;
+    walk.plan(p, tok0, tok1, group, padded);
     vf* const score = scores.resize<vf>(size_t(max_rows) * Tiles::kKeyVecs);
-    vf* const out_rows = acc.resize<vf>(size_t(max_rows) * kVecs);
-    std::fill(out_rows, out_rows + size_t(max_rows) * kVecs, vf{});
-    // Row r = (token - tok0) * group + i holds query head g * group + i of that token.
-    tiles.load_queries(p, q, tok0, tok1, g, group, &q_rows);
-    visited_tiles<KT>(p, tok0, tok1, &visited, &spans);
-    blocks.resize(padded / 4);
-    for (int tile : visited) {
-      int key0 = tile * KT;
-      if (!block_vectors<KT>(p, tok0, tok1, group, key0, padded, blocks.data())) continue;
-      tiles.scores(q_rows, g, tile, blocks.data(), padded / 4, score);
-      softmax_tile<KT>(p, tok0, tok1, group, key0, blocks.data(), padded, score,
-                       row_max.data(), row_sum, alpha.data());
-      tiles.values(score, alpha.data(), g, tile, blocks.data(), padded / 4, out_rows);
-    }
-    for (int t = tok0; t < tok1; ++t)
-      for (int i = 0; i < group; ++i) {
-        int r = (t - tok0) * group + i;
-        int64_t base = (int64_t(t) * p.heads + g * group + i) * D;
-        const float* o = reinterpret_cast<const float*>(out_rows + r * kVecs);
-        float inv = 1.0f / hsum(row_sum[r]);
-        for (int d = 0; d < D; ++d) store(out, base + d, o[d] * inv);
+    for (int g = set * p.kv_heads / sets; g < (set + 1) * p.kv_heads / sets; ++g) {
+      q_rows.assign(size_t(max_rows) * kWords, QueryWord{});
+      row_max.assign(max_rows, -INFINITY);
+      vf* const row_sum = sums.resize<vf>(max_rows);
+      std::fill(row_sum, row_sum + max_rows, vf{});
+      alpha.assign(max_rows, 1.0f);
+      vf* const out_rows = acc.resize<vf>(size_t(max_rows) * kVecs);
+      std::fill(out_rows, out_rows + size_t(max_rows) * kVecs, vf{});
+      // Row r = (token - tok0) * group + i holds query head g * group + i of that token.
+      tiles.load_queries(p, q, tok0, tok1, g, group, &q_rows);
+      for (size_t j = 0; j < walk.tiles.size(); ++j) {
+        const int tile = walk.tiles[j];
+        const VectorRange* blocks = walk.blocks.data() + j * n_blocks;
+        tiles.scores(q_rows, g, tile, blocks, n_blocks, score);
+        softmax_tile<KT>(p, tok0, tok1, group, tile * KT, walk.seen.data() + j * tokens, blocks,
+                         padded, score, row_max.data(), row_sum, alpha.data());
+        tiles.values(score, alpha.data(), g, tile, blocks, n_blocks, out_rows);
       }
+      for (int t = tok0; t < tok1; ++t)
+        for (int i = 0; i < group; ++i) {
+          int r = (t - tok0) * group + i;
+          int64_t base = (int64_t(t) * p.heads + g * group + i) * D;
+          const float* o = reinterpret_cast<const float*>(out_rows + r * kVecs);
+          float inv = 1.0f / hsum(row_sum[r]);
+          for (int d = 0; d < D; ++d) store(out, base + d, o[d] * inv);
+        }
+    }
   });
 }
 

@@ -36,7 +36,6 @@ from engine.results import (
     RerankResult,
     ScoreResult,
 )
-from engine.rounding_cache import RoundingMiss
 from engine.tasks import scores_from_logprobs
 from score_kernels import devices
 from score_kernels.calibration import Rounding
@@ -385,7 +384,7 @@ async def _rounded_programs(make, groups, config: EngineConfig, checkpoint) -> l
             programs = await _programs(make, groups, cache)
             log.info("int8: GPTQ's rounding read from %s", cache.directory)
             return programs
-        except RoundingMiss:
+        except rounding_cache.RoundingMiss:
             log.info("int8: GPTQ's rounding cache lacks a matrix; calibrating")
     hessians = await _calibrated(config, checkpoint)
     return await _programs(make, groups, hessians if cache is None else cache.calibrated(hessians))
