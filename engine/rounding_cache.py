@@ -70,7 +70,7 @@ class RoundingCache:
             return None
         if self.hessians is None:
             raise RoundingMiss(key)
-        rounded = self.hessians.rounded(w)
+        rounded = self.hessians.rounded(w, key)
         if rounded is w:
             self._write(unseen, lambda f: None)
             return None

@@ -63,10 +63,11 @@ class Hessians:
         not multiplied (or not in every layer)."""
         return self._layers(digest(w), w)
 
-    def rounded(self, w):
+    def rounded(self, w, key: str | None = None):
         """w [L, K, N] (or [K, N]) rounded by GPTQ against its sums, a `quant.Rounded` (once per
-        stack: data-parallel runners place the same ones); w itself where there are none."""
-        key = digest(w)
+        stack: data-parallel runners place the same ones); w itself where there are none.
+        `key`: w's `digest`, where the caller has it."""
+        key = key or digest(w)
         if key not in self._rounded:
             self._rounded[key] = self._gptq(w, self._layers(key, w))
         rounded = self._rounded[key]
