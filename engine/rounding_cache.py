@@ -12,7 +12,6 @@ makes the start calibrate again (`RoundingMiss`), filling in what is missing.
 """
 
 import hashlib
-import logging
 import os
 import tempfile
 from pathlib import Path
@@ -23,8 +22,6 @@ from engine.calibration import sequences
 from engine.loaders import Checkpoint
 from score_kernels import gptq, quant
 from score_kernels.calibration import Hessians, digest
-
-log = logging.getLogger("engine")
 
 # the calibration's arithmetic (the recording, the rotation, GPTQ, the int8 grid): a change to
 # any of it changes this, so that no earlier rounding is read for it
@@ -50,6 +47,7 @@ class RoundingCache:
         return RoundingCache(self.directory, hessians)
 
     def empty(self) -> bool:
+        """Whether no rounding is kept yet (a first start calibrates without trying to read)."""
         return not self.directory.is_dir() or not any(self.directory.iterdir())
 
     def rounded(self, w):
