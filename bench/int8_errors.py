@@ -19,7 +19,12 @@ The report's sections:
 - `methods`: the whole model per column without rotation (the int8 mode before the rotation),
   rotated (the int8 mode now), and rotated with GPTQ rounding (`score_kernels.gptq`) against
   the Hessians of each matrix's rotated inputs from a calibration set that the measured inputs
-  are not in (W1's documents, or the embedder's texts, of another seed).
+  are not in (W1's documents, or the embedder's texts, of another seed); then each of those
+  three after SmoothQuant's smoothing: every input channel j divided by
+  s_j = max|X_j|^alpha / max|W_j|^(1 - alpha) (`--alpha`; X's maxima from the calibration set,
+  W the weights of every matrix multiplying that input: q, k and v share one s, as gate and up
+  do) and the weights' row j multiplied by it, so the product is unchanged but the
+  activations' outlier channels move into the weights.
 """
 
 import os
@@ -43,6 +48,7 @@ def parse(argv):
     p.add_argument("--doc-tokens", type=int, nargs=2, default=(130, 230))
     p.add_argument("--texts", type=int, default=2000, help="an embedder's measured texts")
     p.add_argument("--calibration", type=int, default=16, help="GPTQ's W1 documents (x16 texts)")
+    p.add_argument("--alpha", type=float, default=0.5, help="SmoothQuant's migration strength")
     p.add_argument("--no-layers", dest="layers", action="store_false")
     return common.parse_args(p, argv, QUICK)
 
@@ -57,13 +63,13 @@ def main(argv=None) -> dict:
         "description": "int8 error by source, matrix kind, layer and method, vs float32",
         **common.environment(args, path, side.config),
         "metric": side.metric,
-        **measure(side, args.layers),
+        **measure(side, args.layers, args.alpha),
     }
     common.publish(report, args, common.model_tag(args, path), chart, summary(report))
     return report
 
 
-def measure(side, layers: bool) -> dict:
+def measure(side, layers: bool, alpha: float) -> dict:
     """Every section of the report, each entry the metrics of one `FakeInt8` placement."""
     sites = list(linears(side.layers))
     kinds = list(dict.fromkeys(kind for _, kind, _ in sites))
@@ -87,15 +93,26 @@ def measure(side, layers: bool) -> dict:
         "rotated (the int8 mode)": sources["both, rotated"],
         "rotated + GPTQ": side.measure(everything, hessians=side.hessians()),
     }
+    smooth = side.smoothing(alpha)
+    out["methods"] |= {
+        f"smoothed (alpha {alpha}), per column": side.measure(everything, smooth, rotate=False),
+        f"smoothed (alpha {alpha}), rotated": side.measure(everything, smooth),
+        f"smoothed (alpha {alpha}), rotated + GPTQ": side.measure(
+            everything, smooth, hessians=side.hessians(smooth)
+        ),
+    }
     return out
 
 
 class FakeInt8:
     """`score_kernels.quant`'s arithmetic on an `nn.Linear` (weight [N, K]), dequantised."""
 
-    def __init__(self, linear, *, weights=True, acts=True, rotate=True, hessian=None):
+    def __init__(self, linear, *, weights=True, acts=True, rotate=True, hessian=None, smooth=None):
         self.linear, self.acts, self.rotate = linear, acts, rotate
+        self.smooth = None if smooth is None else torch.from_numpy(smooth).float()  # [K]
         w = linear.weight.detach().double().T.numpy()  # [K, N]
+        if smooth is not None:
+            w = w * smooth[:, None]
         if rotate:
             w = quant.rotate_weights(w)
         if weights:
@@ -108,6 +125,8 @@ class FakeInt8:
         self.w = torch.from_numpy(np.asarray(w, np.float32))  # [K, N]
 
     def __call__(self, x):  # [..., K] -> [..., N]
+        if self.smooth is not None:
+            x = x / self.smooth
         x = x.to(torch.bfloat16).float()
         if self.rotate:
             x = rotate_rows(x)
@@ -165,27 +184,37 @@ class Placed(torch.nn.Module):
         return self.fake(x)
 
 
-def place(layers, chosen: set, hessians: dict | None = None, **options) -> None:
-    """FakeInt8 at the (layer, kind) sites in `chosen`, the original nn.Linear everywhere else."""
+def place(
+    layers, chosen: set, hessians: dict | None = None, smooth: dict | None = None, **options
+) -> None:
+    """FakeInt8 at the (layer, kind) sites in `chosen`, the original nn.Linear everywhere else;
+    `hessians` and `smooth` by site."""
     for i, kind, (parent, attr) in list(linears(layers)):
         module = getattr(parent, attr)
         linear = module.fake.linear if isinstance(module, Placed) else module
         if (i, kind) in chosen:
-            hessian = hessians[(i, kind)] if hessians else None
-            setattr(parent, attr, Placed(FakeInt8(linear, hessian=hessian, **options)))
+            extra = {
+                "hessian": hessians[(i, kind)] if hessians else None,
+                "smooth": smooth[(i, kind)] if smooth else None,
+            }
+            setattr(parent, attr, Placed(FakeInt8(linear, **extra, **options)))
         else:
             setattr(parent, attr, linear)
 
 
-def input_hessians(layers, run) -> dict:
-    """X^T X f64[K, K] of each nn.Linear's rotated inputs over `run()`."""
-    hessians, hooks = {}, []
+def recorded(layers, run, record, shares: dict | None = None) -> None:
+    """`record(site, x)` with each nn.Linear's real input rows f32[rows, K] over `run()`;
+    `shares`, where given, filled with each site's first site multiplying the same input (a
+    layer's q, k and v; gate and up), itself where none does."""
+    hooks, last = [], [None, None]  # the site called last and its input
     for i, kind, (parent, attr) in linears(layers):
 
         def hook(module, inputs, output, key=(i, kind)):
+            if shares is not None:
+                shares[key] = shares[last[0]] if inputs[0] is last[1] else key
+                last[:] = key, inputs[0]
             x = inputs[0].reshape(-1, inputs[0].shape[-1])
-            x = rotate_rows(x[x.abs().sum(1) > 0].to(torch.bfloat16).float()).double()
-            hessians[key] = hessians.get(key, 0) + x.T @ x
+            record(key, x[x.abs().sum(1) > 0].detach().float())
 
         hooks.append(getattr(parent, attr).register_forward_hook(hook))
     try:
@@ -193,7 +222,43 @@ def input_hessians(layers, run) -> dict:
     finally:
         for h in hooks:
             h.remove()
+
+
+def input_hessians(layers, run, smooth: dict | None = None) -> dict:
+    """X^T X f64[K, K] of each nn.Linear's rotated inputs over `run()` (divided by `smooth`'s
+    scales first where given)."""
+    hessians = {}
+
+    def record(key, x):
+        if smooth:
+            x = x / torch.from_numpy(smooth[key]).float()
+        x = rotate_rows(x.to(torch.bfloat16).float()).double()
+        hessians[key] = hessians.get(key, 0) + x.T @ x
+
+    recorded(layers, run, record)
     return hessians
+
+
+def input_maxima(layers, run, shares: dict | None = None) -> dict:
+    """max |X_j| f64[K] of each nn.Linear's input channels over `run()` (`shares`: as
+    `recorded` fills it)."""
+    maxima = {}
+
+    def record(key, x):
+        top = x.abs().amax(0).double().numpy()
+        maxima[key] = np.maximum(maxima[key], top) if key in maxima else top
+
+    recorded(layers, run, record, shares)
+    return maxima
+
+
+def smoothing_scales(maxima: np.ndarray, w: np.ndarray, alpha: float) -> np.ndarray:
+    """SmoothQuant's s_j = max|X_j|^alpha / max|W_j|^(1 - alpha), for inputs maxima f64[K] and
+    weights w [N, K] (every matrix that multiplies those inputs, stacked); 1 where a channel or
+    its weights are all zero."""
+    w_max = np.abs(w).max(0)
+    s = maxima**alpha / np.where(w_max > 0, w_max, 1) ** (1 - alpha)
+    return np.where((maxima > 0) & (w_max > 0), s, 1.0)
 
 
 class Side:
@@ -204,12 +269,31 @@ class Side:
     inputs: list  # what is measured
     calibration: list  # GPTQ's inputs, none of them measured
 
-    def hessians(self) -> dict:
+    def hessians(self, smooth: dict | None = None) -> dict:
         place(self.layers, set())
-        return input_hessians(self.layers, lambda: self._run(self.calibration))
+        return input_hessians(self.layers, lambda: self._run(self.calibration), smooth)
 
-    def measure(self, chosen: set, hessians=None, **options) -> dict:
-        place(self.layers, chosen, hessians, **options)
+    def smoothing(self, alpha: float) -> dict:
+        """SmoothQuant's scales f64[K] by site, from the calibration set's input maxima: one
+        per input, from the weights of every matrix multiplying it (a layer's q, k and v share
+        theirs, as they share one quantisation of their input in the int8 kernels)."""
+        place(self.layers, set())
+        shares = {}
+        maxima = input_maxima(self.layers, lambda: self._run(self.calibration), shares)
+        weights = {
+            (i, k): getattr(p, a).weight.detach().double().numpy()
+            for i, k, (p, a) in linears(self.layers)
+        }
+        stacked = {}
+        for site, owner in shares.items():
+            stacked.setdefault(owner, []).append(weights[site])
+        scales = {
+            o: smoothing_scales(maxima[o], np.concatenate(w), alpha) for o, w in stacked.items()
+        }
+        return {site: scales[owner] for site, owner in shares.items()}
+
+    def measure(self, chosen: set, smooth=None, hessians=None, **options) -> dict:
+        place(self.layers, chosen, hessians, smooth, **options)
         outputs = self._run(self.inputs)
         place(self.layers, set())
         return self._compare(outputs)

@@ -67,6 +67,7 @@ def test_rounded_stacks_are_gptq_of_each_layer():
     for layer in range(2):
         x = rng.standard_normal((300, 256)).astype(np.float32) * (1 + layer)
         strategy.matmul(x, prepared, jnp.int32(layer))
+    jax.effects_barrier()  # every recording landed (an io_callback runs asynchronously)
     rounded = hessians.rounded(w)
     assert isinstance(rounded, quant.Rounded) and rounded.shape == w.shape
     for layer, h in enumerate(hessians.of(w)):
