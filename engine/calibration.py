@@ -1,7 +1,7 @@
 """The int8 mode's calibration pass: the checkpoint run in float32 over the built-in texts
 (`engine.calibration_texts`), each layer matrix's inputs recorded
 (`score_kernels.calibration.recording`), for GPTQ to round the int8 weights against
-(`EngineConfig.int8_rounding`)."""
+(`EngineConfig.int8_rounding`) and SmoothQuant to smooth them by (`EngineConfig.int8_smoothing`)."""
 
 import logging
 
@@ -30,13 +30,23 @@ def sequences() -> list[str]:
     return [*QUESTIONS, *PASSAGES, *prompts]
 
 
+def calibrates(config: EngineConfig) -> bool:
+    """Whether `config`'s int8 rounding needs the calibration pass (GPTQ, or smoothing)."""
+    return config.int8_rounding == "gptq" or config.int8_smoothing > 0
+
+
+def method(config: EngineConfig) -> tuple[str, float]:
+    """What the calibrated rounding of `config` is, for the rounding cache to tell apart."""
+    return config.int8_rounding, float(config.int8_smoothing)
+
+
 def recording_program(
     config: EngineConfig, checkpoint: Checkpoint
 ) -> tuple[DeviceProgram, Hessians]:
     """`checkpoint` in float32 with XLA's products, each recording its inputs into the Hessians
     returned beside it, for an engine of `config` to run `request` through."""
-    log.info("int8: calibrating GPTQ's rounding over the built-in texts in float32")
-    hessians = Hessians()
+    log.info("int8: calibrating the rounding over the built-in texts in float32")
+    hessians = Hessians(gptq=config.int8_rounding == "gptq", alpha=config.int8_smoothing)
     program = DeviceProgram(
         checkpoint,
         dtype="float32",

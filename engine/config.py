@@ -27,6 +27,11 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # built-in texts at load, its result kept in compile_cache_dir for the next start;
     # docs/int8.md)
     int8_rounding: str = "nearest"
+    # under dtype "int8", SmoothQuant's migration strength alpha in (0, 1]: each layer matrix's
+    # input channels divided by max|X|^alpha / max|W|^(1 - alpha) (X from the same float32
+    # pass as "gptq", its result kept beside it) and its weights' rows multiplied by it before
+    # rounding; 0 smooths nothing (docs/int8.md)
+    int8_smoothing: float = 0.0
     # under dtype "int8", the layer matrices left in bf16, by name: "qkv", "o", "up" (the MLP's
     # first product: a gated MLP's gate and up), "down"; the most sensitive (a decoder's down
     # product) buy accuracy with part of int8's speed (docs/int8.md). Needs dense unset

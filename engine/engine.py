@@ -305,6 +305,8 @@ async def open_engine(config: EngineConfig | None = None) -> AsyncIterator[Engin
     late_interaction.check_weights(config.hybrid_weights)
     if config.int8_rounding not in calibration.ROUNDINGS:
         raise InvalidInput("int8_rounding", f"must be one of {', '.join(calibration.ROUNDINGS)}")
+    if not 0 <= config.int8_smoothing <= 1:
+        raise InvalidInput("int8_smoothing", "must be within 0 (none) and 1")
     _check_int8_bf16(config)
     if config.kv_pool_share < 1:
         raise InvalidInput("kv_pool_share", "must be 1 or more")
@@ -330,7 +332,7 @@ async def open_engine(config: EngineConfig | None = None) -> AsyncIterator[Engin
         dense_cache_dir=config.compile_cache_dir,
         int8_bf16=config.int8_bf16,
     )
-    if config.dtype == "int8" and config.int8_rounding == "gptq":
+    if config.dtype == "int8" and calibration.calibrates(config):
         programs = await _rounded_programs(make, groups, config, checkpoint)
     else:
         programs = await _programs(make, groups)
@@ -375,17 +377,20 @@ async def _programs(make, groups, rounding: Rounding | None = None) -> list[Devi
 
 
 async def _rounded_programs(make, groups, config: EngineConfig, checkpoint) -> list[DeviceProgram]:
-    """The programs with their int8 matrices rounded by GPTQ: as the rounding cache kept them
-    (`engine.rounding_cache`) where it has every one, else calibrated, filling the cache."""
-    fingerprinted = functools.partial(rounding_cache.for_checkpoint, config.compile_cache_dir)
+    """The programs with their int8 matrices rounded as calibrated (GPTQ, smoothing): as the
+    rounding cache kept them (`engine.rounding_cache`) where it has every one, else calibrated,
+    filling the cache."""
+    fingerprinted = functools.partial(
+        rounding_cache.for_checkpoint, config.compile_cache_dir, method=calibration.method(config)
+    )
     cache = await trio.to_thread.run_sync(fingerprinted, checkpoint)
     if cache is not None and not cache.empty():
         try:
             programs = await _programs(make, groups, cache)
-            log.info("int8: GPTQ's rounding read from %s", cache.directory)
+            log.info("int8: the calibrated rounding read from %s", cache.directory)
             return programs
         except rounding_cache.RoundingMiss:
-            log.info("int8: GPTQ's rounding cache lacks a matrix; calibrating")
+            log.info("int8: the rounding cache lacks a matrix; calibrating")
     hessians = await _calibrated(config, checkpoint)
     return await _programs(make, groups, hessians if cache is None else cache.calibrated(hessians))
 

@@ -1,12 +1,14 @@
-"""GPTQ's int8 roundings kept between starts, beside the compile cache: the calibration pass
-and the rounding (`engine.calibration`, `EngineConfig.int8_rounding="gptq"`) cost a load tens
-of seconds; a restart of the same checkpoint reads their result instead.
+"""Calibrated int8 roundings kept between starts, beside the compile cache: the calibration
+pass and the rounding (`engine.calibration`: `EngineConfig.int8_rounding="gptq"`, or
+`int8_smoothing`) cost a load tens of seconds; a restart of the same checkpoint reads their
+result instead.
 
 A checkpoint's roundings live in a directory of their own, named by the checkpoint's
-`fingerprint` (its config, tokenizer and weights, the calibration texts and the arithmetic's
-version), one file per layer stack by its digest (`score_kernels.calibration.digest`): the
-stack's int8 values and column scales, or a mark that GPTQ left it to nearest rounding (a
-stack the pass did not see in every layer). Files are written whole (to a temporary name, then
+`fingerprint` (its config, tokenizer and weights, the calibration texts, the method and the
+arithmetic's version), one file per layer stack by its digest
+(`score_kernels.calibration.digest`): the stack's int8 values, column scales and smoothing
+divisors, or a mark that the calibration left it to plain nearest rounding (a stack the pass
+did not see in every layer). Files are written whole (to a temporary name, then
 renamed), so a start that dies part way leaves only complete entries; a stack without an entry
 makes the start calibrate again (`RoundingMiss`), filling in what is missing.
 """
@@ -25,8 +27,8 @@ from score_kernels.calibration import Hessians, digest
 
 # the calibration's arithmetic (the recording, the rotation, GPTQ, the int8 grid): a change to
 # any of it changes this, so that no earlier rounding is read for it
-VERSION = 1
-FOLDER = "int8-gptq"
+VERSION = 2
+FOLDER = "int8-calibrated"
 
 
 class RoundingMiss(Exception):
@@ -34,7 +36,7 @@ class RoundingMiss(Exception):
 
 
 class RoundingCache:
-    """The GPTQ roundings of one checkpoint's layer stacks under `directory`; with `hessians`
+    """The calibrated roundings of one checkpoint's layer stacks under `directory`; with `hessians`
     (`score_kernels.calibration.Hessians`) those not there yet are rounded by them and written,
     without, they raise `RoundingMiss`. `rounded(w)` answers as `Hessians.rounded` does."""
 
@@ -51,8 +53,8 @@ class RoundingCache:
         return not self.directory.is_dir() or not any(self.directory.iterdir())
 
     def rounded(self, w):
-        """w [L, K, N] (or [K, N]) as GPTQ rounds it (a `quant.Rounded`), or w itself where
-        GPTQ leaves it to nearest rounding."""
+        """w [L, K, N] (or [K, N]) as the calibration rounds it (a `quant.Rounded`), or w itself
+        where it leaves it to plain nearest rounding."""
         key = digest(w)
         if key not in self._read:
             self._read[key] = self._entry(key, w)
@@ -63,7 +65,7 @@ class RoundingCache:
         values, unseen = self._path(key, ".npz"), self._path(key, ".none")
         if values.exists():
             with np.load(values) as f:
-                return quant.Rounded(f["q"], f["scale"])
+                return quant.Rounded(f["q"], f["scale"], f.get("smooth"))
         if unseen.exists():
             return None
         if self.hessians is None:
@@ -72,7 +74,8 @@ class RoundingCache:
         if rounded is w:
             self._write(unseen, lambda f: None)
             return None
-        self._write(values, lambda f: np.savez(f, q=rounded.q, scale=rounded.scale))
+        smooth = {} if rounded.smooth is None else {"smooth": rounded.smooth}
+        self._write(values, lambda f: np.savez(f, q=rounded.q, scale=rounded.scale, **smooth))
         return rounded
 
     def _path(self, key: str, suffix: str) -> Path:
@@ -90,19 +93,22 @@ class RoundingCache:
             raise
 
 
-def for_checkpoint(compile_cache_dir: str | None, checkpoint: Checkpoint) -> RoundingCache | None:
-    """The cache of `checkpoint`'s roundings under `compile_cache_dir` (None: none kept)."""
+def for_checkpoint(
+    compile_cache_dir: str | None, checkpoint: Checkpoint, method: tuple = ("gptq", 0.0)
+) -> RoundingCache | None:
+    """The cache of `checkpoint`'s roundings by `method` (`engine.calibration.method`) under
+    `compile_cache_dir` (None: none kept)."""
     if compile_cache_dir is None:
         return None
-    return RoundingCache(Path(compile_cache_dir) / FOLDER / fingerprint(checkpoint))
+    return RoundingCache(Path(compile_cache_dir) / FOLDER / fingerprint(checkpoint, method))
 
 
-def fingerprint(checkpoint: Checkpoint) -> str:
-    """What GPTQ's roundings of `checkpoint` depend on, as a digest: its config, tokenizer and
-    weights, the calibration texts, and the arithmetic (`VERSION`, GPTQ's damping, the
-    activation block)."""
+def fingerprint(checkpoint: Checkpoint, method: tuple = ("gptq", 0.0)) -> str:
+    """What the calibrated roundings of `checkpoint` by `method` depend on, as a digest: its
+    config, tokenizer and weights, the calibration texts, the method, and the arithmetic
+    (`VERSION`, GPTQ's damping, the activation block)."""
     h = hashlib.blake2b(digest_size=16)
-    settings = (VERSION, gptq.DAMP, quant.ACT_BLOCK, repr(checkpoint.config), sequences())
+    settings = (VERSION, method, gptq.DAMP, quant.ACT_BLOCK, repr(checkpoint.config), sequences())
     h.update(repr(settings).encode())
     h.update(checkpoint.tokenizer.to_str().encode())
     for name, leaf in _leaves(checkpoint.params):

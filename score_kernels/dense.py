@@ -355,6 +355,7 @@ class Int8(NamedTuple):
 
     q: jax.Array  # i8[L, K, N]
     scale: jax.Array  # f32[L, N]
+    unsmooth: jax.Array | None = None  # f32[L, K]: 1 / each input channel's smoothing divisor
 
 
 class Int8Packed(NamedTuple):
@@ -362,21 +363,45 @@ class Int8Packed(NamedTuple):
 
     data: jax.Array  # u8[L, N/16, K/4, 64]: q + 128
     scale: jax.Array  # f32[L, N]
+    unsmooth: jax.Array | None = None  # f32[L, K], as `Int8`'s
+
+
+def _unsmooth(smooth) -> jax.Array | None:
+    """The multipliers of a stack's activations, 1 / its smoothing divisors (None: none)."""
+    return None if smooth is None else to_device((1 / np.asarray(smooth)).astype(np.float32))
+
+
+def _smoothed(x: jax.Array, w, layer) -> jax.Array:
+    """x with its channels divided by `w`'s smoothing divisors (SmoothQuant: `quant.smoothing`),
+    rounded to bf16 as the int8 arithmetic rounds its inputs; x itself where `w` has none. XLA
+    fuses the multiplication into x's producer where that is an elementwise chain (a norm)."""
+    if w.unsmooth is None:
+        return x
+    return (x.astype(jnp.float32) * w.unsmooth[layer]).astype(jnp.bfloat16)
+
+
+def _pair_smooth(gate, up):
+    """The smoothing divisors of a gated pair: gate and up multiply the same inputs, so theirs
+    are one (`score_kernels.calibration` smooths an input once for all its matrices)."""
+    if (gate is None) != (up is None) or (gate is not None and not np.array_equal(gate, up)):
+        raise ValueError("a gated pair's gate and up are smoothed differently")
+    return gate
 
 
 def _int8_prepare(w, dtype) -> Int8:
-    q, scale = quant.rounded(w)
-    return Int8(to_device(q), to_device(scale))
+    q, scale, smooth = quant.rounded(w)
+    return Int8(to_device(q), to_device(scale), _unsmooth(smooth))
 
 
 def _int8_matmul(x: jax.Array, w: Int8, layer: jax.Array, rows=None) -> jax.Array:
-    return quant.int8_matmul(x, w.q[layer], w.scale[layer])
+    return quant.int8_matmul(_smoothed(x, w, layer), w.q[layer], w.scale[layer])
 
 
 def _int8_prepare_gated(gate, up, dtype) -> Int8:
-    (qg, sg), (qu, su) = quant.rounded(gate), quant.rounded(up)
+    (qg, sg, smooth), (qu, su, smooth_up) = quant.rounded(gate), quant.rounded(up)
+    smooth = _pair_smooth(smooth, smooth_up)
     scale = np.stack([sg, su], axis=-1).reshape(*sg.shape[:-1], -1)  # as `_pairs` the columns
-    return Int8(to_device(_pairs(qg, qu)), to_device(scale))
+    return Int8(to_device(_pairs(qg, qu)), to_device(scale), _unsmooth(smooth))
 
 
 def _int8_gated(x, w: Int8, layer, rows=None, activation: str = "silu") -> jax.Array:
@@ -403,13 +428,13 @@ INT8_XLA = Dense(
 def _vnni_prepare(w, dtype) -> Int8Packed | Int8:
     if not cpu.int8_supports(*w.shape[-2:]):
         return _int8_prepare(w, dtype)
-    q, scale = quant.rounded(w)
-    return Int8Packed(jax.device_put(cpu.pack_int8(q)), to_device(scale))
+    q, scale, smooth = quant.rounded(w)
+    return Int8Packed(jax.device_put(cpu.pack_int8(q)), to_device(scale), _unsmooth(smooth))
 
 
 def _vnni_matmul(x: jax.Array, w: Int8Packed | Int8, layer: jax.Array, rows=None) -> jax.Array:
     if isinstance(w, Int8Packed):
-        return cpu.dense_int8(x, w.data, w.scale, layer, rows=rows)
+        return cpu.dense_int8(_smoothed(x, w, layer), w.data, w.scale, layer, rows=rows)
     return _int8_matmul(x, w, layer)
 
 
@@ -419,32 +444,37 @@ class Int8PackedQkv(NamedTuple):
 
     data: jax.Array  # u8[L, N/16, K/4, 64]: q + 128
     scale: jax.Array  # f32[L, N]
+    unsmooth: jax.Array | None = None  # f32[L, K], as `Int8`'s
 
 
 def _vnni_prepare_qkv(w, dtype, heads: int, kv_heads: int) -> Int8PackedQkv | Int8Packed | Int8:
     d = w.shape[-1] // (heads + 2 * kv_heads)
     if d % 16 or not cpu.int8_supports(*w.shape[-2:]):
         return _vnni_prepare(w, dtype)
-    q, scale = quant.rounded(w)  # per column: the same values whatever the columns' order
+    q, scale, smooth = quant.rounded(w)  # per column: the same values whatever the columns' order
     order = cpu.qkv_order(heads, kv_heads, d)
     packed = cpu.pack_int8(np.asarray(q)[..., order])
-    return Int8PackedQkv(jax.device_put(packed), to_device(np.asarray(scale)[..., order]))
+    scale = to_device(np.asarray(scale)[..., order])
+    return Int8PackedQkv(jax.device_put(packed), scale, _unsmooth(smooth))
 
 
 def _vnni_qkv(x, w, layer, bias, heads: int, kv_heads: int, rows=None, rope=None):
     if isinstance(w, Int8PackedQkv):
+        x = _smoothed(x, w, layer)
         return cpu.qkv_int8(x, w.data, w.scale, layer, bias, heads, kv_heads, rows=rows, rope=rope)
     return _then_split(_then_activate(_vnni_matmul))(x, w, layer, bias, heads, kv_heads, rows, rope)
 
 
 def _vnni_activated(x, w: Int8Packed | Int8, layer, bias, activation: str, rows=None):
     if isinstance(w, Int8Packed):
+        x = _smoothed(x, w, layer)
         return cpu.activated_int8(x, w.data, w.scale, layer, bias, activation, rows=rows)
     return _then_activate(_int8_matmul)(x, w, layer, bias, activation, rows)
 
 
 def _vnni_residual(x, w: Int8Packed | Int8, layer, residual, bias=None, rows=None):
     if isinstance(w, Int8Packed):
+        x = _smoothed(x, w, layer)
         return cpu.dense_add_int8(x, w.data, w.scale, layer, residual, bias, rows=rows)
     return _then_add(_int8_matmul)(x, w, layer, residual, bias, rows)
 
@@ -452,13 +482,16 @@ def _vnni_residual(x, w: Int8Packed | Int8, layer, residual, bias=None, rows=Non
 def _vnni_prepare_gated(gate, up, dtype) -> Int8Packed | Int8:
     if not cpu.int8_supports(*gate.shape[-2:]):
         return _int8_prepare_gated(gate, up, dtype)
-    (qg, sg), (qu, su) = quant.rounded(gate), quant.rounded(up)
+    (qg, sg, smooth), (qu, su, smooth_up) = quant.rounded(gate), quant.rounded(up)
+    smooth = _pair_smooth(smooth, smooth_up)
     packed = cpu.pack_int8_gated(qg, qu)
-    return Int8Packed(jax.device_put(packed), to_device(cpu.interleave_int8_scales(sg, su)))
+    scale = to_device(cpu.interleave_int8_scales(sg, su))
+    return Int8Packed(jax.device_put(packed), scale, _unsmooth(smooth))
 
 
 def _vnni_gated(x, w: Int8Packed | Int8, layer, rows=None, activation: str = "silu"):
     if isinstance(w, Int8Packed):
+        x = _smoothed(x, w, layer)
         return cpu.gated_int8(x, w.data, w.scale, layer, rows=rows, activation=activation)
     return _int8_gated(x, w, layer, rows, activation)
 

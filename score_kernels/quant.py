@@ -88,21 +88,51 @@ def sylvester(n: int) -> np.ndarray:  # f64[n, n]
 
 
 class Rounded(NamedTuple):
-    """A stack of weights already on the int8 grid (by GPTQ: `score_kernels.calibration`), handed
-    to an int8 strategy's `prepare` in place of the float weights it would round itself."""
+    """A stack of weights already on the int8 grid (by GPTQ or after smoothing:
+    `score_kernels.calibration`), handed to an int8 strategy's `prepare` in place of the float
+    weights it would round itself."""
 
-    q: np.ndarray  # i8[L, K, N]: the rotated weights' grid points
+    q: np.ndarray  # i8[L, K, N]: the rotated (smoothed) weights' grid points
     scale: np.ndarray  # f32[L, N]
+    smooth: np.ndarray | None = None  # f32[L, K]: the divisors of the inputs' channels (None: 1)
 
     @property
     def shape(self) -> tuple[int, ...]:
         return self.q.shape
 
 
-def rounded(w) -> tuple[np.ndarray, np.ndarray]:
-    """int8 q [..., K, N] and f32 scale [..., N] of w: a `Rounded` stack's own, else
-    `quantize_columns(w)`."""
-    return (w.q, w.scale) if isinstance(w, Rounded) else quantize_columns(w)
+def rounded(w) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """int8 q [..., K, N], f32 scale [..., N] and the smoothing divisors f32[..., K] (or None) of
+    w: a `Rounded` stack's own, else `quantize_columns(w)` and no smoothing."""
+    return tuple(w) if isinstance(w, Rounded) else (*quantize_columns(w), None)
+
+
+def smoothing(maxima, weight_maxima, alpha: float) -> np.ndarray:  # f64[..., K] x2 -> f32[..., K]
+    """SmoothQuant's divisors of a matrix's input channels: `maxima ** alpha /
+    weight_maxima ** (1 - alpha)`, from each channel's largest magnitude over calibration inputs
+    and the largest weight it meets (over every matrix multiplying those inputs); 1 for a channel
+    never seen non-zero or meeting only zero weights. Dividing the inputs' channel j by s_j and
+    multiplying the weights' row j by it leaves the product as it was, but moves part of the
+    activations' outlier channels into the weights."""
+    maxima, weight_maxima = np.asarray(maxima, np.float64), np.asarray(weight_maxima, np.float64)
+    live = (maxima > 0) & (weight_maxima > 0)
+    s = np.where(live, maxima, 1) ** alpha / np.where(live, weight_maxima, 1) ** (1 - alpha)
+    return np.where(live, s, 1.0).astype(np.float32)
+
+
+def rotate_hessian(h) -> np.ndarray:  # f64[K, K] -> f64[K, K]
+    """X^T X of x's rows rotated (`rotate_rows`), from X^T X of the rows themselves: H^T A H on
+    each pair of blocks (H symmetric)."""
+
+    def left(a):  # each row block of a times H from the left
+        out, start = [], 0
+        for width in block_widths(a.shape[0]):
+            part = a[start : start + width]
+            out.append(sylvester(width) @ part if rotated(width) else part)
+            start += width
+        return np.concatenate(out)
+
+    return left(left(np.asarray(h, np.float64)).T).T
 
 
 def quantize_columns(w, block: int = ACT_BLOCK) -> tuple[np.ndarray, np.ndarray]:
