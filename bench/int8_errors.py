@@ -252,15 +252,6 @@ def input_maxima(layers, run, shares: dict | None = None) -> dict:
     return maxima
 
 
-def smoothing_scales(maxima: np.ndarray, w: np.ndarray, alpha: float) -> np.ndarray:
-    """SmoothQuant's s_j = max|X_j|^alpha / max|W_j|^(1 - alpha), for inputs maxima f64[K] and
-    weights w [N, K] (every matrix that multiplies those inputs, stacked); 1 where a channel or
-    its weights are all zero."""
-    w_max = np.abs(w).max(0)
-    s = maxima**alpha / np.where(w_max > 0, w_max, 1) ** (1 - alpha)
-    return np.where((maxima > 0) & (w_max > 0), s, 1.0)
-
-
 class Side:
     """A model measured against its float32 self: `_run(inputs)` computes its outputs,
     `_compare(outputs)` the metrics against `self.reference`."""
@@ -274,9 +265,10 @@ class Side:
         return input_hessians(self.layers, lambda: self._run(self.calibration), smooth)
 
     def smoothing(self, alpha: float) -> dict:
-        """SmoothQuant's scales f64[K] by site, from the calibration set's input maxima: one
-        per input, from the weights of every matrix multiplying it (a layer's q, k and v share
-        theirs, as they share one quantisation of their input in the int8 kernels)."""
+        """SmoothQuant's scales f32[K] by site (`quant.smoothing`), from the calibration set's
+        input maxima: one per input, from the weights of every matrix multiplying it (a layer's
+        q, k and v share theirs, as they share one quantisation of their input in the int8
+        kernels)."""
         place(self.layers, set())
         shares = {}
         maxima = input_maxima(self.layers, lambda: self._run(self.calibration), shares)
@@ -288,7 +280,8 @@ class Side:
         for site, owner in shares.items():
             stacked.setdefault(owner, []).append(weights[site])
         scales = {
-            o: smoothing_scales(maxima[o], np.concatenate(w), alpha) for o, w in stacked.items()
+            o: quant.smoothing(maxima[o], np.abs(np.concatenate(w)).max(0), alpha)
+            for o, w in stacked.items()
         }
         return {site: scales[owner] for site, owner in shares.items()}
 

@@ -373,8 +373,8 @@ def _unsmooth(smooth) -> jax.Array | None:
 
 def _smoothed(x: jax.Array, w, layer) -> jax.Array:
     """x with its channels divided by `w`'s smoothing divisors (SmoothQuant: `quant.smoothing`),
-    rounded to bf16 as the int8 arithmetic rounds its inputs; x itself where `w` has none. XLA
-    fuses the multiplication into x's producer where that is an elementwise chain (a norm)."""
+    rounded to bf16 as the int8 arithmetic rounds its inputs; x itself where `w` has none. (An
+    elementwise pass over x, which XLA can fuse into x's producer where that is one too.)"""
     if w.unsmooth is None:
         return x
     return (x.astype(jnp.float32) * w.unsmooth[layer]).astype(jnp.bfloat16)

@@ -17,6 +17,9 @@ kernel (`_native/dense_int8.cc`) computes, and the path where that kernel does n
   into that multiplication, and the kernel does what XLA does.)
 - The product: `y[m, n] = scale[n] * sum_b s[m, b] * (sum_{k in b} q_x[m, k] q_w[k, n])`, each
   block's sum exact in int32. Rounding is to nearest, ties to even, divisions in f32.
+- Smoothing, where a calibrated stack carries it (`smoothing`, `Rounded.smooth`): the weights'
+  rows multiplied by their channel's divisor before the rotation, the activations' channels
+  multiplied by its reciprocal (in f32, then rounded to bf16) before the rest.
 
 Blocks keep one large activation (LLMs have a few outlier channels) from flattening the
 resolution of the whole row; a block of 128 costs the kernel one float fix-up per 32 int8 dot
