@@ -1,6 +1,7 @@
 """int8 compute beside bf16: W1 and W2 through the engine in f32, bf16 and int8 (its weights
-rounded to nearest, and by GPTQ: `EngineConfig.int8_rounding`; and by GPTQ with the down
-projection left in bf16: `EngineConfig.int8_bf16`), and transformers in bf16, in one run.
+rounded to nearest, and by GPTQ: `EngineConfig.int8_rounding`; by GPTQ with the down
+projection left in bf16: `EngineConfig.int8_bf16`; and smoothed, alpha 0.5, then rounded to
+nearest: `EngineConfig.int8_smoothing`), and transformers in bf16, in one run.
 
     python -m bench int8 [--model PATH] [--workloads w1 w2] [--repeats 3] [--quick]
 
@@ -23,13 +24,14 @@ import numpy as np
 from bench import common, sides, w1, w2
 from bench.parity import kendall_tau, spearman
 
-# a side's name: its EngineConfig dtype, int8_rounding and int8_bf16
+# a side's name: its EngineConfig dtype, int8_rounding, int8_bf16 and int8_smoothing
 MODES = {
-    "float32": ("float32", "nearest", ()),
-    "bfloat16": ("bfloat16", "nearest", ()),
-    "int8": ("int8", "nearest", ()),
-    "int8-gptq": ("int8", "gptq", ()),
-    "int8-gptq-down-bf16": ("int8", "gptq", ("down",)),
+    "float32": ("float32", "nearest", (), 0.0),
+    "bfloat16": ("bfloat16", "nearest", (), 0.0),
+    "int8": ("int8", "nearest", (), 0.0),
+    "int8-gptq": ("int8", "gptq", (), 0.0),
+    "int8-gptq-down-bf16": ("int8", "gptq", ("down",), 0.0),
+    "int8-smoothed": ("int8", "nearest", (), 0.5),
 }
 QUICK = dict(
     docs=8,
@@ -60,10 +62,12 @@ def run_workload(args, path, name: str) -> tuple[dict, object]:
     """The workload's report in every mode and transformers bf16, and the model's config."""
     build = partial(w1.build if name == "w1" else w2.build, args)
     runs = {}
-    for mode, (dtype, rounding, bf16) in MODES.items():
+    for mode, (dtype, rounding, bf16, alpha) in MODES.items():
         args.dtype = dtype
         config = sides.engine_config(args, path)
-        config = msgspec.structs.replace(config, int8_rounding=rounding, int8_bf16=bf16)
+        config = msgspec.structs.replace(
+            config, int8_rounding=rounding, int8_bf16=bf16, int8_smoothing=alpha
+        )
         runs[mode] = sides.run_engine(config, build, args.repeats)
     query, items, labels = runs["float32"]["request"]
     hf = sides.load_baseline(path, "bfloat16", args.baseline_device)
@@ -89,6 +93,7 @@ def run_workload(args, path, name: str) -> tuple[dict, object]:
         "int8_over_bf16": speed("int8") / speed("bfloat16"),
         "int8_gptq_over_bf16": speed("int8-gptq") / speed("bfloat16"),
         "int8_gptq_down_bf16_over_bf16": speed("int8-gptq-down-bf16") / speed("bfloat16"),
+        "int8_smoothed_over_bf16": speed("int8-smoothed") / speed("bfloat16"),
         "int8_over_transformers_bf16": speed("int8") / speed("transformers-bfloat16"),
     }
     return report, runs["float32"]["config"]
@@ -140,7 +145,8 @@ def summary(report: dict) -> str:
         parts.append(
             f"{name}: {modes}; int8/bf16 {r['int8_over_bf16']:.2f}x, "
             f"int8-gptq/bf16 {r['int8_gptq_over_bf16']:.2f}x, "
-            f"int8-gptq-down-bf16/bf16 {r['int8_gptq_down_bf16_over_bf16']:.2f}x"
+            f"int8-gptq-down-bf16/bf16 {r['int8_gptq_down_bf16_over_bf16']:.2f}x, "
+            f"int8-smoothed/bf16 {r['int8_smoothed_over_bf16']:.2f}x"
         )
     return "; ".join(parts)
 

@@ -363,6 +363,7 @@ def test_int8_beside_bf16_and_f32(tiny, tmp_path):
         sides = workload["sides"]
         assert list(sides) == [
             *("float32", "bfloat16", "int8", "int8-gptq", "int8-gptq-down-bf16"),
+            "int8-smoothed",
             "transformers-bfloat16",
         ]
         assert sides["float32"]["max_abs_logprob_dev_vs_f32"] == 0
@@ -375,10 +376,12 @@ def test_int8_beside_bf16_and_f32(tiny, tmp_path):
         assert 0 < sides["int8"]["mean_abs_logprob_dev_vs_f32"] < 0.25
         gptq = sides["int8-gptq"]["mean_abs_logprob_dev_vs_f32"]
         down_bf16 = sides["int8-gptq-down-bf16"]["mean_abs_logprob_dev_vs_f32"]
+        smoothed = sides["int8-smoothed"]["mean_abs_logprob_dev_vs_f32"]
         assert 0 < gptq < 0.25 and 0 < down_bf16 < 0.25 and down_bf16 != gptq
+        assert 0 < smoothed < 0.25 and smoothed != sides["int8"]["mean_abs_logprob_dev_vs_f32"]
         assert sides["transformers-bfloat16"]["max_abs_logprob_dev_vs_f32"] < 0.25
         positive(workload, "int8_over_bf16", "int8_gptq_over_bf16", "int8_over_transformers_bf16")
-        positive(workload, "int8_gptq_down_bf16_over_bf16")
+        positive(workload, "int8_gptq_down_bf16_over_bf16", "int8_smoothed_over_bf16")
 
 
 def test_dense_paths_side_by_side(tiny, tmp_path):
