@@ -96,9 +96,7 @@ class Hessians:
         maxima = self._layers(self.maxima, key, w)
         if not self.alpha or maxima is None:
             return None
-        weights = self.weights.get(self._alias.get(key, key))
-        if weights is None:  # not weighed when prepared: its own rows
-            weights = np.abs(np.asarray(w, np.float64)).max(-1).reshape(len(maxima), -1)
+        weights = self.weights[self._alias.get(key, key)]  # weighed by `recording` with them
         pairs = zip(maxima, weights, strict=True)
         return np.stack([quant.smoothing(m, top, self.alpha) for m, top in pairs])
 

@@ -73,13 +73,21 @@ def rotate_rows(x: jax.Array, block: int = ACT_BLOCK) -> jax.Array:  # f32[M, K]
 
 def rotate_weights(w, block: int = ACT_BLOCK) -> np.ndarray:  # [..., K, N] -> f32[..., K, N]
     """H w / n on each block of w's rows whose width n is a power of two (in float64)."""
-    w = np.asarray(w, np.float64)
+    return _hadamard_rows(w, block, normalised=True).astype(np.float32)
+
+
+def _hadamard_rows(a, block: int, normalised: bool) -> np.ndarray:  # [..., K, N] -> f64
+    """H a (H a / n where `normalised`) on each block of a's rows whose width n is a power of
+    two, in float64; the other blocks as they are."""
+    a = np.asarray(a, np.float64)
     out, start = [], 0
-    for width in block_widths(w.shape[-2], block):
-        part = w[..., start : start + width, :]
-        out.append(sylvester(width) @ part / width if rotated(width) else part)
+    for width in block_widths(a.shape[-2], block):
+        part = a[..., start : start + width, :]
+        if rotated(width):
+            part = sylvester(width) @ part / (width if normalised else 1)
+        out.append(part)
         start += width
-    return np.concatenate(out, axis=-2).astype(np.float32)
+    return np.concatenate(out, axis=-2)
 
 
 def sylvester(n: int) -> np.ndarray:  # f64[n, n]
@@ -123,19 +131,11 @@ def smoothing(maxima, weight_maxima, alpha: float) -> np.ndarray:  # f64[..., K]
     return np.where(live, s, 1.0).astype(np.float32)
 
 
-def rotate_hessian(h) -> np.ndarray:  # f64[K, K] -> f64[K, K]
+def rotate_hessian(h, block: int = ACT_BLOCK) -> np.ndarray:  # f64[K, K] -> f64[K, K]
     """X^T X of x's rows rotated (`rotate_rows`), from X^T X of the rows themselves: H^T A H on
     each pair of blocks (H symmetric)."""
-
-    def left(a):  # each row block of a times H from the left
-        out, start = [], 0
-        for width in block_widths(a.shape[0]):
-            part = a[start : start + width]
-            out.append(sylvester(width) @ part if rotated(width) else part)
-            start += width
-        return np.concatenate(out)
-
-    return left(left(np.asarray(h, np.float64)).T).T
+    left = _hadamard_rows(h, block, normalised=False)
+    return _hadamard_rows(left.T, block, normalised=False).T
 
 
 def quantize_columns(w, block: int = ACT_BLOCK) -> tuple[np.ndarray, np.ndarray]:
