@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "xla/ffi/api/ffi.h"
 
@@ -33,6 +34,17 @@ class Choice {
   bool (*const runs_)(int);
   std::atomic<int> set_{-1};
 };
+
+// Calls fn(std::integral_constant<int, code>{}) for a run-time `code` in [0, N) (none outside
+// it): a kernel's activation code (simd.h's Activation) as the compile-time template argument
+// of its epilogue.
+template <int N, int I = 0, class Fn>
+void with_code(int code, const Fn& fn) {
+  if constexpr (I < N) {
+    if (code == I) return fn(std::integral_constant<int, I>{});
+    with_code<N, I + 1>(code, fn);
+  }
+}
 
 // A buffer's shape as "[d0, d1, ...]".
 inline std::string dims(const xla::ffi::AnyBuffer& buffer) {

@@ -262,13 +262,6 @@ void run_activated(const Problem& p) {
   run_build<amx::AmxAct<Act>, avx512bf16::StoreAct<Act>, avx2::StoreAct<Act>>(p);
 }
 
-// by activation code (simd.h's Activation)
-using Run = void (*)(const Problem&);
-constexpr Run kGatedRuns[] = {&run_gated<0>, &run_gated<1>, &run_gated<2>, &run_gated<3>,
-                              &run_gated<4>};
-constexpr Run kActivatedRuns[] = {&run_activated<0>, &run_activated<1>, &run_activated<2>,
-                                  &run_activated<3>, &run_activated<4>};
-static_assert(std::size(kGatedRuns) == kActivations && std::size(kActivatedRuns) == kActivations);
 static_assert(amx::kActivations == kActivations);
 #endif
 
@@ -277,7 +270,10 @@ void run(const Problem& p, Form form, int activation) {
   if (form == kSums) return run_build<amx::AmxF32, avx512bf16::StoreF32, avx2::StoreF32>(p);
   if (form == kQkv) return run_build<amx::AmxQkv, avx512bf16::StoreQkv, avx2::StoreQkv>(p);
   if (form == kAdd) return run_build<amx::AmxAdd, avx512bf16::StoreAdd, avx2::StoreAdd>(p);
-  (form == kGated ? kGatedRuns : kActivatedRuns)[activation](p);
+  native_builds::with_code<kActivations>(activation, [&](auto act) {
+    constexpr int kAct = decltype(act)::value;
+    form == kGated ? run_gated<kAct>(p) : run_activated<kAct>(p);
+  });
 #endif
 }
 

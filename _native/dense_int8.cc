@@ -163,21 +163,17 @@ void run_activated(const Problem& p) {
             avx2::StoreAct<Act>>(p);
 }
 
-// by activation code (simd.h's Activation)
-using Run = void (*)(const Problem&);
-constexpr Run kGatedRuns[] = {&run_gated<0>, &run_gated<1>, &run_gated<2>, &run_gated<3>,
-                              &run_gated<4>};
-constexpr Run kActivatedRuns[] = {&run_activated<0>, &run_activated<1>, &run_activated<2>,
-                                  &run_activated<3>, &run_activated<4>};
-static_assert(std::size(kGatedRuns) == kActivations && std::size(kActivatedRuns) == kActivations);
 static_assert(amx::kActivations == kActivations);
 #endif
 
 // The call's form (`activation`: the gated and activated forms', a code of simd.h's).
 void run(const Problem& p, Form form, int activation) {
 #if DENSE_INT8_NATIVE
-  if (form == kGated) return kGatedRuns[activation](p);
-  if (form == kActivated) return kActivatedRuns[activation](p);
+  if (form == kGated || form == kActivated)
+    return native_builds::with_code<kActivations>(activation, [&](auto act) {
+      constexpr int kAct = decltype(act)::value;
+      form == kGated ? run_gated<kAct>(p) : run_activated<kAct>(p);
+    });
   if (form == kQkv)
     return run_build<amx::AmxQkv, avx512vnni::StoreQkv, avxvnni::StoreQkv, avx2::StoreQkv>(p);
   if (form == kAdd)
