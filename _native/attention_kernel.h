@@ -685,57 +685,78 @@ inline int head_sets(int q_tiles, int kv_heads) {
   return std::clamp((wanted + q_tiles - 1) / q_tiles, 1, kv_heads);
 }
 
+// A work item's rows for one kv head at a time: their queries and running online softmax
+// (max, per-lane sum, rescale) and output accumulators, kept per thread and reset per head.
+template <typename QueryWord, int kVecs>
+struct HeadRows {
+  std::vector<QueryWord> q_rows;  // [rows][words]
+  std::vector<float> row_max, alpha;
+  Vectors acc, sums;
+
+  // Room for `rows` rows of `words` query words each, every row at its start state.
+  void reset(int rows, int words) {
+    q_rows.assign(size_t(rows) * words, QueryWord{});
+    row_max.assign(rows, -INFINITY);
+    alpha.assign(rows, 1.0f);
+    vf* const row_sum = sums.resize<vf>(rows);
+    std::fill(row_sum, row_sum + rows, vf{});
+    vf* const out_rows = acc.resize<vf>(size_t(rows) * kVecs);
+    std::fill(out_rows, out_rows + size_t(rows) * kVecs, vf{});
+  }
+  vf* row_sum() const { return sums.as<vf>(); }
+  vf* out_rows() const { return acc.as<vf>(); }
+};
+
+// Writes the finished rows of kv head g for tokens [tok0, tok1): each row's accumulator over
+// its softmax sum, at query head g * group + i of its token.
+template <typename In, int D>
+void write_rows(const Problem& p, int tok0, int tok1, int g, int group, const vf* out_rows,
+                const vf* row_sum, In* out) {
+  constexpr int kVecs = D / kLanes;
+  for (int t = tok0; t < tok1; ++t)
+    for (int i = 0; i < group; ++i) {
+      const int r = (t - tok0) * group + i;
+      const int64_t base = (int64_t(t) * p.heads + g * group + i) * D;
+      const float* o = reinterpret_cast<const float*>(out_rows + r * kVecs);
+      const float inv = 1.0f / hsum(row_sum[r]);
+      for (int d = 0; d < D; ++d) store(out, base + d, o[d] * inv);
+    }
+}
+
 // One work item per (query tile, set of kv heads); `Tiles` supplies the score and value kernels.
+// Row r = (token - tok0) * group + i of an item holds query head g * group + i of that token.
 template <typename In, int D, typename Tiles>
 void attend(const Problem& p, const In* q, const Tiles& tiles, In* out) {
-  using QueryWord = typename Tiles::QueryWord;
   constexpr int KT = Tiles::kKeyTile;
-  constexpr int kVecs = D / kLanes;
-  constexpr int kWords = Tiles::kQueryWords;
+  constexpr int kRowStep = Tiles::kRowStep;
   const int group = p.heads / p.kv_heads;
   const int tile_tokens = std::max(1, 64 / group);
   const int q_tiles = (p.tokens + tile_tokens - 1) / tile_tokens;
   const int sets = head_sets(q_tiles, p.kv_heads);
-  constexpr int kRowStep = Tiles::kRowStep;
   const int max_rows = (tile_tokens * group + kRowStep - 1) / kRowStep * kRowStep;
   parallel_for(q_tiles * sets, [&](int item) {
     const int set = item % sets;
-    int tok0 = (item / sets) * tile_tokens;
-    int tok1 = std::min(p.tokens, tok0 + tile_tokens);
-    int padded = ((tok1 - tok0) * group + kRowStep - 1) / kRowStep * kRowStep;
+    const int tok0 = (item / sets) * tile_tokens;
+    const int tok1 = std::min(p.tokens, tok0 + tile_tokens);
+    const int padded = ((tok1 - tok0) * group + kRowStep - 1) / kRowStep * kRowStep;
     const int n_blocks = padded / 4, tokens = tok1 - tok0;
-    thread_local std::vector<QueryWord> q_rows;
-    thread_local std::vector<float> row_max, alpha;
-    thread_local Vectors scores, acc, sums;
+    thread_local HeadRows<typename Tiles::QueryWord, D / kLanes> rows;
+    thread_local Vectors scores;
     thread_local TileWalk<KT> walk;
     walk.plan(p, tok0, tok1, group, padded);
     vf* const score = scores.resize<vf>(size_t(max_rows) * Tiles::kKeyVecs);
     for (int g = set * p.kv_heads / sets; g < (set + 1) * p.kv_heads / sets; ++g) {
-      q_rows.assign(size_t(max_rows) * kWords, QueryWord{});
-      row_max.assign(max_rows, -INFINITY);
-      vf* const row_sum = sums.resize<vf>(max_rows);
-      std::fill(row_sum, row_sum + max_rows, vf{});
-      alpha.assign(max_rows, 1.0f);
-      vf* const out_rows = acc.resize<vf>(size_t(max_rows) * kVecs);
-      std::fill(out_rows, out_rows + size_t(max_rows) * kVecs, vf{});
-      // Row r = (token - tok0) * group + i holds query head g * group + i of that token.
-      tiles.load_queries(p, q, tok0, tok1, g, group, &q_rows);
+      rows.reset(max_rows, Tiles::kQueryWords);
+      tiles.load_queries(p, q, tok0, tok1, g, group, &rows.q_rows);
       for (size_t j = 0; j < walk.tiles.size(); ++j) {
         const int tile = walk.tiles[j];
         const VectorRange* blocks = walk.blocks.data() + j * n_blocks;
-        tiles.scores(q_rows, g, tile, blocks, n_blocks, score);
+        tiles.scores(rows.q_rows, g, tile, blocks, n_blocks, score);
         softmax_tile<KT>(p, tok0, tok1, group, tile * KT, walk.seen.data() + j * tokens, blocks,
-                         padded, score, row_max.data(), row_sum, alpha.data());
-        tiles.values(score, alpha.data(), g, tile, blocks, n_blocks, out_rows);
+                         padded, score, rows.row_max.data(), rows.row_sum(), rows.alpha.data());
+        tiles.values(score, rows.alpha.data(), g, tile, blocks, n_blocks, rows.out_rows());
       }
-      for (int t = tok0; t < tok1; ++t)
-        for (int i = 0; i < group; ++i) {
-          int r = (t - tok0) * group + i;
-          int64_t base = (int64_t(t) * p.heads + g * group + i) * D;
-          const float* o = reinterpret_cast<const float*>(out_rows + r * kVecs);
-          float inv = 1.0f / hsum(row_sum[r]);
-          for (int d = 0; d < D; ++d) store(out, base + d, o[d] * inv);
-        }
+      write_rows<In, D>(p, tok0, tok1, g, group, rows.out_rows(), rows.row_sum(), out);
     }
   });
 }
