@@ -2,6 +2,7 @@
 a kind or a layer at a time, against the model in float32, in PyTorch.
 
     python -m bench int8-errors [--model PATH] [--docs 64] [--texts 2000] [--no-layers]
+        [--alpha 0.5] [--divisor-forms]
 
 Each `nn.Linear` of the model's layers is replaced by `FakeInt8`, which computes what
 `score_kernels.quant` defines (bf16-rounded activations, rotated and quantised per row block of
@@ -24,7 +25,10 @@ The report's sections:
   s_j = max|X_j|^alpha / max|W_j|^(1 - alpha) (`--alpha`; X's maxima from the calibration set,
   W the weights of every matrix multiplying that input: q, k and v share one s, as gate and up
   do) and the weights' row j multiplied by it, so the product is unchanged but the
-  activations' outlier channels move into the weights.
+  activations' outlier channels move into the weights. `--divisor-forms` adds smoothing with a
+  divisor per matrix (each from its own weights: q, k and v would each quantise the shared
+  input apart), without and with GPTQ, and smoothing only the inputs one matrix takes alone
+  (o's and down's), with GPTQ.
 """
 
 import os
@@ -49,6 +53,12 @@ def parse(argv):
     p.add_argument("--texts", type=int, default=2000, help="an embedder's measured texts")
     p.add_argument("--calibration", type=int, default=16, help="GPTQ's W1 documents (x16 texts)")
     p.add_argument("--alpha", type=float, default=0.5, help="SmoothQuant's migration strength")
+    p.add_argument(
+        "--divisor-forms",
+        action="store_true",
+        help="methods: also smoothing with a divisor per matrix, and only where one matrix "
+        "takes the input",
+    )
     p.add_argument("--no-layers", dest="layers", action="store_false")
     return common.parse_args(p, argv, QUICK)
 
@@ -63,13 +73,13 @@ def main(argv=None) -> dict:
         "description": "int8 error by source, matrix kind, layer and method, vs float32",
         **common.environment(args, path, side.config),
         "metric": side.metric,
-        **measure(side, args.layers, args.alpha),
+        **measure(side, args.layers, args.alpha, args.divisor_forms),
     }
     common.publish(report, args, common.model_tag(args, path), chart, summary(report))
     return report
 
 
-def measure(side, layers: bool, alpha: float) -> dict:
+def measure(side, layers: bool, alpha: float, divisor_forms: bool = False) -> dict:
     """Every section of the report, each entry the metrics of one `FakeInt8` placement."""
     sites = list(linears(side.layers))
     kinds = list(dict.fromkeys(kind for _, kind, _ in sites))
@@ -101,6 +111,20 @@ def measure(side, layers: bool, alpha: float) -> dict:
             everything, smooth, hessians=side.hessians(smooth)
         ),
     }
+    if divisor_forms:
+        own = side.smoothing(alpha, "matrix")
+        alone = side.smoothing(alpha, "alone")
+        out["methods"] |= {
+            f"smoothed (alpha {alpha}), a divisor per matrix, rotated": side.measure(
+                everything, own
+            ),
+            f"smoothed (alpha {alpha}), a divisor per matrix, rotated + GPTQ": side.measure(
+                everything, own, hessians=side.hessians(own)
+            ),
+            f"smoothed (alpha {alpha}) where one matrix takes the input, rotated + GPTQ": (
+                side.measure(everything, alone, hessians=side.hessians(alone))
+            ),
+        }
     return out
 
 
@@ -264,11 +288,12 @@ class Side:
         place(self.layers, set())
         return input_hessians(self.layers, lambda: self._run(self.calibration), smooth)
 
-    def smoothing(self, alpha: float) -> dict:
+    def smoothing(self, alpha: float, divisors: str = "input") -> dict:
         """SmoothQuant's scales f32[K] by site (`quant.smoothing`), from the calibration set's
-        input maxima: one per input, from the weights of every matrix multiplying it (a layer's
-        q, k and v share theirs, as they share one quantisation of their input in the int8
-        kernels)."""
+        input maxima. `divisors`: "input", one per input from the weights of every matrix
+        multiplying it (a layer's q, k and v share theirs, as they share one quantisation of
+        their input in the int8 kernels); "matrix", each matrix's from its own weights; "alone",
+        the input's where one matrix alone multiplies it, none (ones) where several do."""
         place(self.layers, set())
         shares = {}
         maxima = input_maxima(self.layers, lambda: self._run(self.calibration), shares)
@@ -278,12 +303,19 @@ class Side:
         }
         stacked = {}
         for site, owner in shares.items():
-            stacked.setdefault(owner, []).append(weights[site])
+            stacked.setdefault(owner if divisors != "matrix" else site, []).append(weights[site])
         scales = {
-            o: quant.smoothing(maxima[o], np.abs(np.concatenate(w)).max(0), alpha)
+            o: quant.smoothing(maxima[shares[o]], np.abs(np.concatenate(w)).max(0), alpha)
             for o, w in stacked.items()
         }
-        return {site: scales[owner] for site, owner in shares.items()}
+        if divisors == "matrix":
+            return scales
+        several = {owner for owner, w in stacked.items() if len(w) > 1}
+        shared = several if divisors == "alone" else set()
+        return {
+            site: np.ones_like(scales[owner]) if owner in shared else scales[owner]
+            for site, owner in shares.items()
+        }
 
     def measure(self, chosen: set, smooth=None, hessians=None, **options) -> dict:
         place(self.layers, chosen, hessians, smooth, **options)

@@ -75,25 +75,39 @@ def test_smoothing_moves_an_outlier_channel_into_the_weights():
     np.testing.assert_array_equal(zero, np.ones(256))
 
 
+class Block(torch.nn.Module):
+    """q and k multiply one input, o another."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.o = (torch.nn.Linear(*kn) for kn in ((64, 8), (64, 8), (8, 64)))
+
+    def forward(self, x):
+        return self.o(self.q(x) * self.k(x))
+
+
+class Blocks(int8_errors.Side):
+    """Two `Block`s as a measured side (its calibration: 5 random rows)."""
+
+    def __init__(self):
+        torch.manual_seed(3)
+        self.layers = torch.nn.ModuleList([Block(), Block()])
+        self.calibration = torch.randn(5, 64)
+
+    def _run(self, x):
+        for block in self.layers:
+            x = block(x)
+        return x
+
+
 def test_matrices_of_one_input_share_its_smoothing():
     """q and k multiply one input (one quantisation of it in the int8 kernels): `recorded` finds
     them together, so `Side.smoothing` gives them one scale; o has its own."""
-
-    class Block(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.q, self.k, self.o = (torch.nn.Linear(*kn) for kn in ((64, 8), (64, 8), (8, 64)))
-
-        def forward(self, x):
-            return self.o(self.q(x) * self.k(x))
-
-    torch.manual_seed(3)
-    layers = torch.nn.ModuleList([Block(), Block()])
+    side = Blocks()
+    layers = side.layers
 
     def run():
-        h = torch.randn(5, 64)
-        for block in layers:
-            h = block(h)
+        side._run(side.calibration)
 
     shares = {}
     maxima = int8_errors.input_maxima(layers, run, shares)
@@ -101,6 +115,27 @@ def test_matrices_of_one_input_share_its_smoothing():
     assert shares == owners
     np.testing.assert_array_equal(maxima[(1, "q")], maxima[(1, "k")])
     assert maxima[(0, "o")].shape == (8,)
+
+
+def test_smoothing_divisor_forms():
+    """One divisor per input from the weights of all its matrices; per matrix from each one's
+    own; "alone" only where one matrix takes the input (q and k's input left unsmoothed)."""
+    side = Blocks()
+    shared, own, alone = (side.smoothing(0.5, d) for d in ("input", "matrix", "alone"))
+    maxima = int8_errors.input_maxima(side.layers, lambda: side._run(side.calibration))
+    weight = lambda i, k: getattr(side.layers[i], k).weight.detach().double().numpy()
+    for i in (0, 1):
+        both = np.abs(np.concatenate([weight(i, "q"), weight(i, "k")])).max(0)
+        expect = quant.smoothing(maxima[(i, "q")], both, 0.5)
+        np.testing.assert_array_equal(shared[(i, "q")], expect)
+        np.testing.assert_array_equal(shared[(i, "k")], expect)
+        for k in "qk":
+            mine = quant.smoothing(maxima[(i, k)], np.abs(weight(i, k)).max(0), 0.5)
+            np.testing.assert_array_equal(own[(i, k)], mine)
+            np.testing.assert_array_equal(alone[(i, k)], np.ones(64))
+        assert not np.array_equal(own[(i, "q")], own[(i, "k")])
+        np.testing.assert_array_equal(alone[(i, "o")], shared[(i, "o")])
+        np.testing.assert_array_equal(own[(i, "o")], shared[(i, "o")])
 
 
 def test_kendall_tau_is_scipys():
@@ -114,8 +149,10 @@ def test_kendall_tau_is_scipys():
 def test_a_decoders_report(tiny_path, tmp_path):
     out = tmp_path / "errors.json"
     args = ["--model", tiny_path, "--docs", "6", "--doc-tokens", "12", "24", "--calibration", "2"]
-    report = int8_errors.main([*args, "--no-progress", "--json", str(out)])
+    report = int8_errors.main([*args, "--divisor-forms", "--no-progress", "--json", str(out)])
     assert json.loads(out.read_text())["methods"].keys() == report["methods"].keys()
+    assert sum("a divisor per matrix" in m for m in report["methods"]) == 2
+    assert sum("where one matrix takes the input" in m for m in report["methods"]) == 1
     kinds = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     assert [k.rpartition(".")[2] for k in report["matmuls"]] == kinds
     assert list(report["layers"]) == ["0", "1"]
