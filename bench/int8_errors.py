@@ -294,6 +294,8 @@ class Side:
         multiplying it (a layer's q, k and v share theirs, as they share one quantisation of
         their input in the int8 kernels); "matrix", each matrix's from its own weights; "alone",
         the input's where one matrix alone multiplies it, none (ones) where several do."""
+        if divisors not in ("input", "matrix", "alone"):
+            raise ValueError(f"divisors: {divisors!r} is not input, matrix or alone")
         place(self.layers, set())
         shares = {}
         maxima = input_maxima(self.layers, lambda: self._run(self.calibration), shares)

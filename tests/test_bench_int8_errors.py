@@ -136,6 +136,8 @@ def test_smoothing_divisor_forms():
         assert not np.array_equal(own[(i, "q")], own[(i, "k")])
         np.testing.assert_array_equal(alone[(i, "o")], shared[(i, "o")])
         np.testing.assert_array_equal(own[(i, "o")], shared[(i, "o")])
+    with pytest.raises(ValueError, match="divisors"):
+        side.smoothing(0.5, "column")
 
 
 def test_kendall_tau_is_scipys():
