@@ -10,7 +10,9 @@ W2: a 2000-token prompt and 500 items of 20 tokens), timed as `python -m bench w
 it (warm-up, then the best of `--repeats` passes with the KV cache flushed). Reported per mode:
 items/s and the ratio to bf16; the label log-probs' deviation from the f32 engine (largest and
 mean |d log-prob|); the Spearman rank correlation with the f32 engine of the rerank score
-P(yes) / (P(yes) + P(no)), and the Kendall tau of the yes-minus-no margins. transformers bf16
+P(yes) / (P(yes) + P(no)), the Kendall tau of the yes-minus-no margins, and the margins'
+deviation split into its mean over the items (a shift, which reorders nothing) and its spread
+around that mean (what reorders items of close margins). transformers bf16
 (W1: left-padded batches, the best of 1/8/16/32; W2: the prompt once, then the items on its KV
 cache in batches of 32) is timed beside and compared the same way. Prints one line per
 workload; writes the JSON report and a chart.
@@ -114,16 +116,22 @@ def baseline(args, hf, name, run, query, items, labels) -> tuple[float, np.ndarr
 
 
 def deviation(logprobs: np.ndarray, reference: np.ndarray) -> dict:
-    """|d log-prob| from the f32 engine, and the rank correlations of the rerank scores
-    (Spearman's) and of the yes-minus-no margins (Kendall's tau)."""
+    """|d log-prob| from the f32 engine, the rank correlations of the rerank scores
+    (Spearman's) and of the yes-minus-no margins (Kendall's tau), and the margins' deviation
+    split in two: its mean over the items (`margin_shift`: every item moved alike, no order
+    changed) and its standard deviation around that mean (`margin_spread`: what reorders
+    items whose margins are close)."""
     logprobs = np.asarray(logprobs)
     diff = np.abs(logprobs - reference)
     margin = lambda lp: lp[:, 0] - lp[:, 1]
+    moved = margin(np.asarray(logprobs, np.float64)) - margin(np.asarray(reference, np.float64))
     return {
         "max_abs_logprob_dev_vs_f32": float(diff.max()),
         "mean_abs_logprob_dev_vs_f32": float(diff.mean()),
         "spearman_vs_f32": spearman(relevance(logprobs), relevance(reference)),
         "kendall_tau_vs_f32": kendall_tau(margin(logprobs), margin(reference)),
+        "margin_shift_vs_f32": float(moved.mean()),
+        "margin_spread_vs_f32": float(moved.std()),
     }
 
 
@@ -139,7 +147,8 @@ def summary(report: dict) -> str:
         sides_ = r["sides"]
         modes = ", ".join(
             f"{m} {s['items_per_s']:.2f} items/s (dev {s['mean_abs_logprob_dev_vs_f32']:.3g}, "
-            f"rho {s['spearman_vs_f32']:.4f}, tau {s['kendall_tau_vs_f32']:.4f})"
+            f"rho {s['spearman_vs_f32']:.4f}, tau {s['kendall_tau_vs_f32']:.4f}, "
+            f"margin spread {s['margin_spread_vs_f32']:.3g})"
             for m, s in sides_.items()
         )
         parts.append(

@@ -384,6 +384,24 @@ def test_int8_beside_bf16_and_f32(tiny, tmp_path):
         positive(workload, "int8_gptq_down_bf16_over_bf16", "int8_smoothed_over_bf16")
 
 
+def test_int8_deviation_splits_the_margins_shift_from_their_spread():
+    from bench.int8 import deviation
+
+    reference = np.log([[0.6, 0.3], [0.2, 0.7], [0.4, 0.5], [0.1, 0.8]])  # (yes, no) per item
+    shifted = reference + [0.3, -0.1]  # every margin up by 0.4: no item moves past another
+    same_order = deviation(shifted, reference)
+    assert same_order["margin_shift_vs_f32"] == pytest.approx(0.4)
+    assert same_order["margin_spread_vs_f32"] == pytest.approx(0, abs=1e-12)
+    assert same_order["kendall_tau_vs_f32"] == 1
+    assert same_order["mean_abs_logprob_dev_vs_f32"] == pytest.approx(0.2)
+    moved = reference.copy()
+    moved[2, 0] += 1  # the third margin, -0.22, now passes the first's 0.69
+    apart = deviation(moved, reference)
+    assert apart["margin_shift_vs_f32"] == pytest.approx(0.25)
+    assert apart["margin_spread_vs_f32"] == pytest.approx(np.std([0, 0, 1, 0]))
+    assert apart["kendall_tau_vs_f32"] < 1
+
+
 def test_dense_paths_side_by_side(tiny, tmp_path):
     from bench import dense_paths
     from score_kernels import cpu, onednn
