@@ -24,7 +24,7 @@ import msgspec
 import numpy as np
 
 from bench import common, sides, w1, w2
-from bench.parity import kendall_tau, spearman
+from bench.parity import kendall_tau, margin_moves, spearman
 
 # a side's name: its EngineConfig dtype, int8_rounding, int8_bf16 and int8_smoothing
 MODES = {
@@ -117,21 +117,19 @@ def baseline(args, hf, name, run, query, items, labels) -> tuple[float, np.ndarr
 
 def deviation(logprobs: np.ndarray, reference: np.ndarray) -> dict:
     """|d log-prob| from the f32 engine, the rank correlations of the rerank scores
-    (Spearman's) and of the yes-minus-no margins (Kendall's tau), and the margins' deviation
-    split in two: its mean over the items (`margin_shift`: every item moved alike, no order
-    changed) and its standard deviation around that mean (`margin_spread`: what reorders
-    items whose margins are close)."""
+    (Spearman's) and of the yes-minus-no margins (Kendall's tau), and how the margins moved
+    (`parity.margin_moves`: their shift and their spread)."""
     logprobs = np.asarray(logprobs)
     diff = np.abs(logprobs - reference)
     margin = lambda lp: lp[:, 0] - lp[:, 1]
-    moved = margin(np.asarray(logprobs, np.float64)) - margin(np.asarray(reference, np.float64))
+    shift, spread = margin_moves(logprobs, reference)
     return {
         "max_abs_logprob_dev_vs_f32": float(diff.max()),
         "mean_abs_logprob_dev_vs_f32": float(diff.mean()),
         "spearman_vs_f32": spearman(relevance(logprobs), relevance(reference)),
         "kendall_tau_vs_f32": kendall_tau(margin(logprobs), margin(reference)),
-        "margin_shift_vs_f32": float(moved.mean()),
-        "margin_spread_vs_f32": float(moved.std()),
+        "margin_shift_vs_f32": shift,
+        "margin_spread_vs_f32": spread,
     }
 
 

@@ -9,9 +9,11 @@ Each `nn.Linear` of the model's layers is replaced by `FakeInt8`, which computes
 128; weights rotated and quantised per output column), dequantised and multiplied in f32, so the
 error is int8's alone (the engine's int8 mode adds bf16's for the rest of the model). A decoder
 is measured on W1 (`python -m bench w1`'s query and `--docs` documents, the label log-probs of
-" yes"/" no"): mean and max |d log-prob| and the Kendall tau of yes-minus-no against float32. An
-embedder (a sentence-transformers directory given as `--model`) on `--texts` texts of 8-256
-tokens (`python -m bench embed`'s): the minimum and mean cosine to its float32 embeddings.
+" yes"/" no"): mean and max |d log-prob|, the Kendall tau of yes-minus-no against float32, and
+how those margins moved (`parity.margin_moves`: a shift shared by every document, and the
+spread around it that reorders them). An embedder (a sentence-transformers directory given as
+`--model`) on `--texts` texts of 8-256 tokens (`python -m bench embed`'s): the minimum and mean
+cosine to its float32 embeddings.
 
 The report's sections:
 - `sources`: weights alone, activations alone and both quantised, with and without the rotation;
@@ -39,7 +41,7 @@ import torch
 
 from bench import common, w1
 from bench.embed import texts_of
-from bench.parity import kendall_tau
+from bench.parity import kendall_tau, margin_moves
 from score_kernels import gptq, quant
 
 QUICK = dict(docs=8, doc_tokens=(20, 40), texts=64, layers=False, calibration=4)
@@ -358,10 +360,13 @@ class Decoder(Side):
     def _compare(self, logprobs: np.ndarray) -> dict:
         d = np.abs(logprobs - self.reference)
         margin = lambda lp: lp[:, 0] - lp[:, 1]
+        shift, spread = margin_moves(logprobs, self.reference)
         return {
             "mean_abs_logprob_dev": float(d.mean()),
             "max_abs_logprob_dev": float(d.max()),
             "kendall_tau": kendall_tau(margin(logprobs), margin(self.reference)),
+            "margin_shift": shift,
+            "margin_spread": spread,
         }
 
 
@@ -401,7 +406,7 @@ def headline(metrics: dict) -> str:
         return f"min cos {metrics['min_cosine']:.5f}"
     return (
         f"mean {metrics['mean_abs_logprob_dev']:.3f} / max {metrics['max_abs_logprob_dev']:.3f},"
-        f" tau {metrics['kendall_tau']:.3f}"
+        f" tau {metrics['kendall_tau']:.3f}, margin spread {metrics['margin_spread']:.3f}"
     )
 
 

@@ -40,6 +40,15 @@ def kendall_tau(a: np.ndarray, b: np.ndarray) -> float:
     return float(signs[upper].sum() / (n * (n - 1) / 2))
 
 
+def margin_moves(logprobs, reference) -> tuple[float, float]:
+    """How the yes-minus-no margins of log-probs [N, >= 2] moved from `reference`'s: the mean
+    over the items (a shift, which reorders nothing) and the standard deviation around it (the
+    spread, which reorders items whose margins are close)."""
+    margin = lambda lp: np.asarray(lp, np.float64)[:, 0] - np.asarray(lp, np.float64)[:, 1]
+    moved = margin(logprobs) - margin(reference)
+    return float(moved.mean()), float(moved.std())
+
+
 def label_ids(tokenizer, texts=(" yes", " no")) -> list[int]:
     return [tokenizer.encode(t, add_special_tokens=False).ids[0] for t in texts]
 

@@ -167,6 +167,9 @@ def test_a_decoders_report(tiny_path, tmp_path):
     for m in entries:
         assert 0 < m["mean_abs_logprob_dev"] <= m["max_abs_logprob_dev"] < 1
         assert -1 <= m["kendall_tau"] <= 1
+        # a margin moves by at most two log-probs' deviations
+        assert 0 < m["margin_spread"] <= 2 * m["max_abs_logprob_dev"]
+        assert abs(m["margin_shift"]) <= 2 * m["max_abs_logprob_dev"]
     assert report["model"] == "llama-untied" and "/" not in report["model"]
 
 
