@@ -44,8 +44,8 @@ def margin_moves(logprobs, reference) -> tuple[float, float]:
     """How the yes-minus-no margins of log-probs [N, >= 2] moved from `reference`'s: the mean
     over the items (a shift, which reorders nothing) and the standard deviation around it (the
     spread, which reorders items whose margins are close)."""
-    margin = lambda lp: np.asarray(lp, np.float64)[:, 0] - np.asarray(lp, np.float64)[:, 1]
-    moved = margin(logprobs) - margin(reference)
+    moved = np.asarray(logprobs, np.float64) - np.asarray(reference, np.float64)
+    moved = moved[:, 0] - moved[:, 1]  # the margin's move: each label's, one less the other
     return float(moved.mean()), float(moved.std())
 
 
