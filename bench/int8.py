@@ -24,7 +24,7 @@ import msgspec
 import numpy as np
 
 from bench import common, sides, w1, w2
-from bench.parity import kendall_tau, margin_moves, spearman
+from bench.parity import kendall_tau, margin_moves, margins, spearman
 
 # a side's name: its EngineConfig dtype, int8_rounding, int8_bf16 and int8_smoothing
 MODES = {
@@ -121,13 +121,12 @@ def deviation(logprobs: np.ndarray, reference: np.ndarray) -> dict:
     (`parity.margin_moves`: their shift and their spread)."""
     logprobs = np.asarray(logprobs)
     diff = np.abs(logprobs - reference)
-    margin = lambda lp: lp[:, 0] - lp[:, 1]
     shift, spread = margin_moves(logprobs, reference)
     return {
         "max_abs_logprob_dev_vs_f32": float(diff.max()),
         "mean_abs_logprob_dev_vs_f32": float(diff.mean()),
         "spearman_vs_f32": spearman(relevance(logprobs), relevance(reference)),
-        "kendall_tau_vs_f32": kendall_tau(margin(logprobs), margin(reference)),
+        "kendall_tau_vs_f32": kendall_tau(margins(logprobs), margins(reference)),
         "margin_shift_vs_f32": shift,
         "margin_spread_vs_f32": spread,
     }

@@ -41,7 +41,7 @@ import torch
 
 from bench import common, w1
 from bench.embed import texts_of
-from bench.parity import kendall_tau, margin_moves
+from bench.parity import kendall_tau, margin_moves, margins
 from score_kernels import gptq, quant
 
 QUICK = dict(docs=8, doc_tokens=(20, 40), texts=64, layers=False, calibration=4)
@@ -359,12 +359,11 @@ class Decoder(Side):
 
     def _compare(self, logprobs: np.ndarray) -> dict:
         d = np.abs(logprobs - self.reference)
-        margin = lambda lp: lp[:, 0] - lp[:, 1]
         shift, spread = margin_moves(logprobs, self.reference)
         return {
             "mean_abs_logprob_dev": float(d.mean()),
             "max_abs_logprob_dev": float(d.max()),
-            "kendall_tau": kendall_tau(margin(logprobs), margin(self.reference)),
+            "kendall_tau": kendall_tau(margins(logprobs), margins(self.reference)),
             "margin_shift": shift,
             "margin_spread": spread,
         }

@@ -40,12 +40,18 @@ def kendall_tau(a: np.ndarray, b: np.ndarray) -> float:
     return float(signs[upper].sum() / (n * (n - 1) / 2))
 
 
+def margins(logprobs) -> np.ndarray:  # [N, >= 2] -> [N]
+    """The yes-minus-no margin of each item's label log-probs (yes first, no second)."""
+    logprobs = np.asarray(logprobs)
+    return logprobs[:, 0] - logprobs[:, 1]
+
+
 def margin_moves(logprobs, reference) -> tuple[float, float]:
-    """How the yes-minus-no margins of log-probs [N, >= 2] moved from `reference`'s: the mean
-    over the items (a shift, which reorders nothing) and the standard deviation around it (the
-    spread, which reorders items whose margins are close)."""
-    moved = np.asarray(logprobs, np.float64) - np.asarray(reference, np.float64)
-    moved = moved[:, 0] - moved[:, 1]  # the margin's move: each label's, one less the other
+    """How the `margins` of log-probs moved from `reference`'s: the mean over the items (a
+    shift, which reorders nothing) and the standard deviation around it (the spread, which
+    reorders items whose margins are close)."""
+    f64 = lambda lp: np.asarray(lp, np.float64)
+    moved = margins(f64(logprobs)) - margins(f64(reference))
     return float(moved.mean()), float(moved.std())
 
 
